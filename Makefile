@@ -1,0 +1,32 @@
+# `make study` and `make test` both create .venv when it is missing and install the package.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SPEC ?= configs/studies/smoke.yaml
+OUT ?= runs/smoke
+
+.PHONY: study test install lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+study: $(STAMP)
+	$(BIN)/scalestudy study --spec $(SPEC) --out $(OUT)
+
+test: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Architecture x objective scaling studies of language models in JAX/Flax NNX."""

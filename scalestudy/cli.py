@@ -1,0 +1,245 @@
+"""The `scalestudy` command: a thin layer that parses arguments and calls the package.
+
+Each subcommand has one `_cmd_<name>` handler. Heavy modules (JAX, TensorFlow) are imported
+inside the handlers so that `scalestudy --help` and config errors answer instantly.
+Every `ScalestudyError` is printed as `error: ...` with exit status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from scalestudy.config import ScalestudyError, load_config
+
+
+def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--config", required=required, help="experiment or model YAML file")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+
+
+def _print(obj: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2, sort_keys=False, default=str))
+    else:
+        width = max(len(k) for k in obj)
+        for k, v in obj.items():
+            print(f"{k:<{width}}  {v}")
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    from scalestudy.models import counting
+
+    cfg = load_config(args.config, args.overrides)
+    _print(counting.describe(cfg), args.json)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from scalestudy.train.loop import train
+
+    workdir = Path(args.workdir)
+    cfg_path = args.config
+    if cfg_path is None:
+        resolved = workdir / "config.yaml"
+        if not resolved.is_file():
+            raise ScalestudyError(
+                f"--config not given and {resolved} does not exist; give --config FILE to "
+                "start a run, or --workdir of an existing run to resume it"
+            )
+        cfg_path = resolved
+    cfg = load_config(cfg_path, args.overrides)
+    summary = train(cfg, workdir)
+    _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from scalestudy.evaluate.rank import evaluate_run
+
+    results = evaluate_run(
+        Path(args.workdir),
+        tasks=args.tasks,
+        data_dir=args.data_dir,
+        step=args.step,
+        max_examples=args.max_examples,
+    )
+    _print(results, args.json)
+    return 0
+
+
+def _cmd_study(args: argparse.Namespace) -> int:
+    from scalestudy.study.sweep import run_study
+
+    run_study(Path(args.spec), Path(args.out), overrides=args.overrides, dry_run=args.dry_run)
+    return 0
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from scalestudy.scaling.laws import fit_main
+
+    return fit_main(args)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from scalestudy.scaling.plots import plot_main
+
+    return plot_main(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "data":
+        from scalestudy.data.pipeline import bench as bench_fn
+    elif args.what == "train":
+        from scalestudy.train.loop import bench as bench_fn
+    else:
+        from scalestudy.evaluate.rank import bench as bench_fn
+    cfg = load_config(args.config, args.overrides) if args.config else None
+    _print(bench_fn(cfg, steps=args.steps), args.json)
+    return 0
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from scalestudy.train.loop import compile_only
+
+    cfg = load_config(args.config, args.overrides)
+    _print(compile_only(cfg, topology=args.topology), args.json)
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from scalestudy.study.sweep import launch
+
+    print(launch(Path(args.spec), args.executor, Path(args.out), submit=args.submit))
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from scalestudy.probes import probe_run
+
+    _print(probe_run(Path(args.workdir), step=args.step), args.json)
+    return 0
+
+
+def _cmd_vocab(args: argparse.Namespace) -> int:
+    from scalestudy.data.vocab import train_sentencepiece
+
+    path = train_sentencepiece(
+        [Path(p) for p in args.inputs], Path(args.out), vocab_size=args.vocab_size
+    )
+    print(path)
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scalestudy", description="Architecture x objective scaling studies in JAX/Flax."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("describe", help="parameter and FLOP counts of a config (no weights)")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_describe)
+
+    p = sub.add_parser("train", help="train one run; resumes from --workdir by default")
+    _add_config_args(p, required=False)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_train)
+
+    p = sub.add_parser("eval", help="zero-shot evaluation of a run's checkpoint")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--tasks", nargs="*", default=None, help="task names or task YAML files")
+    p.add_argument("--data-dir", default=None, help="directory holding released task files")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_eval)
+
+    p = sub.add_parser("study", help="run (or resume) a whole study from its spec")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    p.set_defaults(fn=_cmd_study)
+
+    p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
+    p.add_argument("source", help="registry .sqlite, study directory, .csv or .jsonl")
+    p.add_argument("--law", default="chinchilla3", help="kaplan_n | kaplan_d | kaplan_c | ...")
+    p.add_argument("--n-col", default=None)
+    p.add_argument("--d-col", default=None)
+    p.add_argument("--c-col", default=None)
+    p.add_argument("--loss-col", default=None)
+    p.add_argument("--group-cols", default=None, help="comma-separated columns to fit apart")
+    p.add_argument("--n-kind", choices=["total", "non_embedding"], default="non_embedding")
+    p.add_argument("--c-kind", choices=["6nd", "counted"], default="counted")
+    p.add_argument("--bootstrap", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the fit JSON here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_fit)
+
+    p = sub.add_parser("plot", help="figures (PNG + SVG) from a study's results and fits")
+    p.add_argument("source", help="registry .sqlite, study directory, .csv or .jsonl")
+    p.add_argument("--out", required=True, help="directory for the figures")
+    p.add_argument("--fits", default=None, help="fit JSON from `scalestudy fit --out`")
+    p.set_defaults(fn=_cmd_plot)
+
+    p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")
+    p.add_argument("what", choices=["data", "train", "eval"])
+    _add_config_args(p, required=False)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_bench)
+
+    p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
+    _add_config_args(p)
+    p.add_argument("--topology", default=None, help="e.g. v4-128 (default: local devices)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_compile)
+
+    p = sub.add_parser("launch", help="render (and optionally submit) cluster jobs for a study")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--executor", choices=["slurm", "tpu"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--submit", action="store_true")
+    p.set_defaults(fn=_cmd_launch)
+
+    p = sub.add_parser("probe", help="attention-rank and representation-collapse probes")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_probe)
+
+    p = sub.add_parser("vocab", help="train a SentencePiece vocabulary from text files")
+    p.add_argument("action", choices=["train"])
+    p.add_argument("inputs", nargs="+")
+    p.add_argument("--out", required=True, help="output .model path")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.set_defaults(fn=_cmd_vocab)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ScalestudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,444 @@
+"""Typed, frozen configs for every concern, loaded from YAML with dotted overrides.
+
+One pydantic model per concern (model, data, objective, optim, mesh, train, eval) and an
+`ExperimentConfig` that holds one of each. Every field has a default, so any YAML file that
+sets a subset (a model preset, an experiment) is a complete experiment. Validation happens
+here, at load time, before any JAX work: unknown keys, wrong types and impossible values are
+`ConfigError`s that name the key, the value and what would be accepted.
+
+YAML files may start with `include: [other.yaml, ...]` (paths relative to the including file);
+included files are deep-merged first, then the file's own keys, then command-line overrides
+of the form `model.d_model=512` (values parsed as YAML scalars).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ScalestudyError(Exception):
+    """Base of every error meant for the user: the CLI prints it without a traceback."""
+
+
+class ConfigError(ScalestudyError, ValueError):
+    """A config key or value is wrong; the message names the key, value and accepted values."""
+
+
+Arch = Literal["causal_decoder", "noncausal_decoder", "encoder_decoder"]
+ObjectiveName = Literal["flm", "plm", "mlm"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+OBJECTIVES: tuple[str, ...] = get_args(ObjectiveName)
+
+# The grid of Wang et al. (2022) plus the causal decoder trained on prefix-LM examples.
+VALID_CELLS: dict[str, tuple[str, ...]] = {
+    "causal_decoder": ("flm", "plm", "mlm"),
+    "noncausal_decoder": ("plm", "mlm"),
+    "encoder_decoder": ("plm", "mlm"),
+}
+INVALID_CELL_REASON = (
+    "full language modeling (flm) has no inputs: every token is a target, so there is no "
+    "prefix for a non-causal decoder to attend to bidirectionally and nothing for an encoder "
+    "to read"
+)
+
+
+def check_cell(arch: str, objective: str) -> None:
+    """Raise ConfigError unless (arch, objective) is a trainable cell of the grid."""
+    if arch not in VALID_CELLS:
+        raise ConfigError(f"model.arch: got {arch!r}; accepted: {', '.join(ARCHS)}")
+    if objective not in VALID_CELLS[arch]:
+        cells = "; ".join(f"{a}: {', '.join(o)}" for a, o in VALID_CELLS.items())
+        raise ConfigError(
+            f"objective.name={objective!r} with model.arch={arch!r} is not a valid cell: "
+            f"{INVALID_CELL_REASON}. Valid cells are {cells}"
+        )
+
+
+Tuple = Annotated[tuple, Field(strict=False)]  # YAML gives lists; accept them for tuples.
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    def replace(self, **changes: Any) -> _Frozen:
+        """A validated copy with `changes` applied (nested models may be given as dicts)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
+
+class ModelConfig(_Frozen):
+    """Transformer shape and family options; T5.1.1 conventions by default."""
+
+    arch: Arch = "causal_decoder"
+    vocab_size: int = Field(384, ge=2)
+    d_model: int = Field(64, ge=1)
+    n_layers: int = Field(2, ge=1)  # decoder-only depth, or the decoder stack of enc-dec
+    n_encoder_layers: int | None = Field(None, ge=1)  # enc-dec only; defaults to n_layers
+    n_heads: int = Field(4, ge=1)
+    d_kv: int | None = Field(None, ge=1)  # per-head width; defaults to d_model // n_heads
+    d_ff: int = Field(256, ge=1)
+    activation: Literal["gated_gelu", "gated_silu", "gelu", "relu"] = "gated_gelu"
+    position: Literal["relative_bias", "rope", "none"] = "relative_bias"
+    rel_buckets: int = Field(32, ge=2)
+    rel_max_distance: int = Field(128, ge=2)
+    tie_embeddings: bool = False
+    # "mixed": in bidirectional stacks, half the heads see only the past (forward) and half only
+    # the future (backward). Causal stacks ignore it.
+    attention: Literal["standard", "mixed"] = "standard"
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    scan_layers: bool = True
+    remat: Literal["none", "full"] = "none"
+    # Counting convention: count causal attention score/value FLOPs at half (only the lower
+    # triangle is needed). Off by default, as in Kaplan et al. and Chinchilla.
+    halve_causal_attention_flops: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_kv if self.d_kv is not None else self.d_model // self.n_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.n_encoder_layers if self.n_encoder_layers is not None else self.n_layers
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.arch == "encoder_decoder"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.d_kv is None and self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads} does not divide model.d_model={self.d_model}; "
+                "choose n_heads dividing d_model, or set model.d_kv (the per-head width) "
+                "explicitly as T5 does"
+            )
+        if self.n_encoder_layers is not None and not self.is_encoder_decoder:
+            raise ConfigError(
+                f"model.n_encoder_layers={self.n_encoder_layers} is only meaningful for "
+                f"arch 'encoder_decoder' (got arch {self.arch!r}); remove it"
+            )
+        if self.position == "rope" and self.head_dim % 2:
+            raise ConfigError(
+                f"model.position='rope' needs an even head width; got head_dim={self.head_dim}"
+            )
+        return self
+
+
+class SyntheticConfig(_Frozen):
+    """The built-in synthetic corpus (data/synthetic.py)."""
+
+    n_train_documents: int = Field(20000, ge=1)
+    n_validation_documents: int = Field(500, ge=1)
+    seed: int = 1234
+
+
+class DataConfig(_Frozen):
+    """Where text comes from and how it becomes token ids."""
+
+    source: Literal["synthetic", "text", "tfds"] = "synthetic"
+    # text: files or directories; documents are whole files, lines, or delimited chunks.
+    paths: Tuple = ()
+    validation_paths: Tuple = ()  # if empty, hold out `validation_fraction` of documents
+    validation_fraction: float = Field(0.02, gt=0.0, lt=1.0)
+    split_by: Literal["file", "line", "delimiter"] = "delimiter"
+    delimiter: str = "<|endoftext|>"
+    # tfds
+    tfds_name: str | None = None
+    tfds_data_dir: str | None = None
+    text_key: str = "text"
+    train_split: str = "train"
+    validation_split: str = "validation"
+    # vocabulary
+    vocab: Literal["byte", "sentencepiece"] = "byte"
+    spm_path: str | None = None
+    extra_ids: int = Field(100, ge=0)
+    synthetic: SyntheticConfig = SyntheticConfig()
+    shuffle_buffer: int = Field(1024, ge=1)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        if self.source == "text" and not self.paths:
+            raise ConfigError(
+                "data.paths is empty but data.source='text'; give one or more text files or "
+                "directories, e.g. data.paths=[corpus/train.txt]"
+            )
+        if self.source == "tfds" and not self.tfds_name:
+            raise ConfigError(
+                "data.tfds_name is required when data.source='tfds' (e.g. 'c4/en:3.*', 'lm1b')"
+            )
+        if self.vocab == "sentencepiece" and not self.spm_path:
+            raise ConfigError(
+                "data.spm_path is required when data.vocab='sentencepiece'; train one with "
+                "`scalestudy vocab train` or point at an existing .model file"
+            )
+        return self
+
+
+class ObjectiveConfig(_Frozen):
+    """Pretraining objective and task feature lengths.
+
+    Decoder-only models see sequences of `inputs_length + targets_length` positions; the
+    encoder-decoder's encoder sees `inputs_length` and its decoder `targets_length`.
+    """
+
+    name: ObjectiveName = "flm"
+    inputs_length: int = Field(48, ge=1)
+    targets_length: int = Field(16, ge=1)
+    noise_density: float = Field(0.15, gt=0.0, lt=1.0)  # mlm
+    mean_noise_span_length: float = Field(3.0, ge=1.0)  # mlm
+    pack: bool = True
+
+    @property
+    def decoder_length(self) -> int:
+        return self.inputs_length + self.targets_length
+
+
+class OptimConfig(_Frozen):
+    """Optimizer and learning-rate schedule (train/optim.py)."""
+
+    name: Literal["adamw", "adafactor"] = "adamw"
+    learning_rate: float = Field(1e-3, gt=0.0)  # peak
+    schedule: Literal["constant", "linear", "rsqrt", "cosine", "wsd"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    final_lr_fraction: float = Field(0.1, ge=0.0, le=1.0)  # end of linear/cosine/wsd decay
+    cooldown_fraction: float = Field(0.2, gt=0.0, le=1.0)  # wsd: share of steps in cooldown
+    cooldown_shape: Literal["linear", "sqrt", "cosine"] = "sqrt"
+    weight_decay: float = Field(0.0, ge=0.0)
+    b1: float = Field(0.9, ge=0.0, lt=1.0)
+    b2: float = Field(0.95, ge=0.0, lt=1.0)
+    eps: float = Field(1e-8, gt=0.0)
+    grad_clip_norm: float | None = Field(1.0, gt=0.0)
+    # adafactor (Shazeer & Stern 2018, as configured in T5X / Wang et al. 2022)
+    decay_rate: float = Field(0.8, gt=0.0, le=1.0)
+    factored: bool = True
+    multiply_by_parameter_scale: bool = True
+    clipping_threshold: float | None = Field(1.0, gt=0.0)
+
+
+class MeshConfig(_Frozen):
+    """Device mesh shape; one axis may be -1 for 'all remaining devices'."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+
+    @model_validator(mode="after")
+    def _check(self) -> MeshConfig:
+        bad = {k: v for k, v in self.shape.items() if v == 0 or v < -1}
+        if bad:
+            raise ConfigError(
+                f"mesh sizes must be positive or -1 ('the rest'); got {bad}; full mesh {self.shape}"
+            )
+        if sum(v == -1 for v in self.shape.values()) > 1:
+            raise ConfigError(
+                f"at most one mesh axis may be -1; got {self.shape}. Give the others explicit sizes"
+            )
+        return self
+
+
+class TrainConfig(_Frozen):
+    """Run length, batch, logging and checkpoint cadence (train/loop.py)."""
+
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(8, ge=1)  # global, in sequences
+    microbatches: int = Field(1, ge=1)  # gradient accumulation inside the step
+    seed: int = 0
+    z_loss: float = Field(1e-4, ge=0.0)
+    log_every: int = Field(10, ge=1)
+    eval_every: int = Field(0, ge=0)  # 0: evaluate only at the end
+    eval_batches: int = Field(4, ge=1)
+    checkpoint_every: int = Field(100, ge=1)
+    keep_last: int = Field(2, ge=1)
+    keep_every: int | None = Field(None, ge=1)
+    async_checkpoint: bool = True
+    stop_after_steps: int | None = Field(
+        None, ge=1
+    )  # end early (staged training) with a checkpoint
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.batch_size % self.microbatches:
+            raise ConfigError(
+                f"train.microbatches={self.microbatches} must divide "
+                f"train.batch_size={self.batch_size}"
+            )
+        return self
+
+
+class TaskConfig(_Frozen):
+    """A multiple-choice task defined entirely in YAML over a JSONL file (evaluate/tasks.py)."""
+
+    name: str
+    path: str
+    context_field: str = "query"
+    choices_field: str | None = "choices"  # a list field ...
+    choice_fields: Tuple = ()  # ... or several fields, one per choice
+    label_field: str = "gold"  # an index or the text of the right choice
+    template: str | None = None  # Jinja over the row's fields; default: the context field
+    choice_template: str | None = None
+    metric: Literal["acc", "acc_norm"] = "acc"
+
+
+class EvalConfig(_Frozen):
+    """Zero-shot evaluation: task names from the registry, YAML task files, or inline tasks."""
+
+    tasks: Tuple = ("synthetic_probes",)
+    custom_tasks: Tuple = ()  # tuple[TaskConfig]: validated by evaluate/tasks.py
+    data_dir: str | None = None  # where released task files live
+    batch_size: int = Field(32, ge=1)
+    max_examples: int | None = Field(None, ge=1)  # per task
+    prompts: Literal["harness", "promptsource"] = "harness"
+    every_steps: int = Field(0, ge=0)  # 0: only at the end of training
+
+
+class ExperimentConfig(_Frozen):
+    """Everything one training run needs; `config.yaml` in a run directory is one of these."""
+
+    name: str = "run"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optim: OptimConfig = OptimConfig()
+    mesh: MeshConfig = MeshConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        check_cell(self.model.arch, self.objective.name)
+        if self.objective.name == "mlm" and self.data.extra_ids < 1:
+            raise ConfigError(
+                "objective.name='mlm' needs sentinel ids: data.extra_ids must be >= 1 "
+                f"(got {self.data.extra_ids}); T5 uses 100"
+            )
+        return self
+
+    def hash(self) -> str:
+        """Stable 12-hex-digit id of the resolved config (the run id in studies)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """Merge `update` into a copy of `base`: mappings merge recursively, the rest replaces."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML mapping, resolving `include:` lists relative to the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    resolved = path.resolve()
+    if resolved in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, resolved))
+        raise ConfigError(f"include cycle: {chain}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
+    includes = raw.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    merged: dict = {}
+    for inc in includes:
+        merged = deep_merge(merged, read_yaml(path.parent / inc, (*_seen, resolved)))
+    return deep_merge(merged, raw)
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict."""
+    out = dict(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(
+                f"override {item!r} is not of the form key.sub=value (e.g. model.d_model=128)"
+            )
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        *parents, leaf = key.split(".")
+        node: dict[str, Any] = {leaf: value}
+        for parent in reversed(parents):
+            node = {parent: node}
+        out = deep_merge(out, node)
+    return out
+
+
+def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names accepted at `loc` (a pydantic error location) within `model`."""
+    cls: Any = model
+    for part in loc[:-1]:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        cls = field.annotation
+    return sorted(getattr(cls, "model_fields", {}))
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
+    """Turn a pydantic error into lines that name key, value and what is accepted."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            accepted = _accepted_keys(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"unknown key {key!r}{hint}; accepted keys here: {', '.join(accepted)}")
+        elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
+            lines.append(str(e["ctx"]["error"]))
+        else:
+            msg = e["msg"].replace("Value error, ", "")
+            lines.append(f"{key}: {msg}; got {e.get('input')!r}")
+    return f"{source}: invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate(model: type[_Frozen], data: dict, source: str = "config") -> Any:
+    """Validate `data` as `model`, raising ConfigError with readable messages."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, model, source)) from None
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> ExperimentConfig:
+    """Load an ExperimentConfig from YAML (or defaults when `path` is None) plus overrides."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides)
+    return validate(ExperimentConfig, data, str(path or "defaults"))
+
+
+def to_yaml(cfg: BaseModel) -> str:
+    """The resolved config as YAML (what a run directory's `config.yaml` holds)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
