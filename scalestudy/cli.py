@@ -33,9 +33,9 @@ def _print(obj: dict, as_json: bool) -> None:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
     from scalestudy.models import counting
 
-    cfg = load_config(args.config, args.overrides)
     _print(counting.describe(cfg), args.json)
     return 0
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -336,6 +337,29 @@ class ExperimentConfig(_Frozen):
 # ----------------------------------------------------------------------------- loading
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML text (safe; scientific notation without a dot is a float)."""
+    return yaml.load(text, Loader=_YamlLoader)
+
+
 def deep_merge(base: dict, update: dict) -> dict:
     """Merge `update` into a copy of `base`: mappings merge recursively, the rest replaces."""
     out = dict(base)
@@ -357,7 +381,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         chain = " -> ".join(str(p) for p in (*_seen, resolved))
         raise ConfigError(f"include cycle: {chain}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -381,7 +405,7 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
                 f"override {item!r} is not of the form key.sub=value (e.g. model.d_model=128)"
             )
         try:
-            value = yaml.safe_load(text) if text else ""
+            value = parse_yaml(text) if text else ""
         except yaml.YAMLError:
             value = text
         *parents, leaf = key.split(".")

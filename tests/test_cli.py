@@ -1,0 +1,37 @@
+"""The `scalestudy` command: help, argument errors and user errors without tracebacks."""
+
+import subprocess
+import sys
+
+from scalestudy.cli import build_parser, main
+
+SUBCOMMANDS = {"describe", "train", "eval", "study", "fit", "plot", "bench", "compile", "launch"}
+
+
+def test_parser_has_every_subcommand():
+    actions = [a for a in build_parser()._actions if a.dest == "command"]
+    assert set(actions[0].choices) >= SUBCOMMANDS
+
+
+def test_config_error_is_one_clear_line_and_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {d_model: 64, n_heads: 5}\n")
+    assert main(["describe", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "n_heads=5" in err and "Traceback" not in err
+
+
+def test_bad_override_and_missing_file(capsys, tmp_path):
+    assert main(["describe", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+    good = tmp_path / "ok.yaml"
+    good.write_text("model: {d_model: 64}\n")
+    assert main(["describe", "--config", str(good), "model.d_model"]) == 2
+    assert "key.sub=value" in capsys.readouterr().err
+
+
+def test_unknown_subcommand_is_an_argparse_error():
+    proc = subprocess.run(
+        [sys.executable, "-m", "scalestudy.cli", "frobnicate"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr

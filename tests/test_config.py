@@ -1,0 +1,126 @@
+"""Config loading, overrides, includes and validation errors."""
+
+from pathlib import Path
+
+import pytest
+
+from scalestudy.config import (
+    VALID_CELLS,
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    load_config,
+    to_yaml,
+)
+
+# (overrides, words the error message must contain): each a distinct way to get a config wrong.
+BAD_INPUTS = [
+    (["model.d_modl=64"], ["model.d_modl", "d_model"]),  # typo, with a suggestion
+    (["modle.d_model=64"], ["modle", "model"]),  # unknown section
+    (["model.d_model=abc"], ["model.d_model", "abc"]),  # wrong type
+    (["model.d_model=12.5"], ["model.d_model", "12.5"]),  # float for int
+    (["model.d_model=0"], ["model.d_model", "greater than or equal"]),
+    (["model.n_heads=3"], ["n_heads=3", "d_model=64", "d_kv"]),  # heads do not divide width
+    (["model.arch=transformer"], ["model.arch", "causal_decoder"]),
+    (["model.arch=encoder_decoder"], ["flm", "encoder_decoder", "Valid cells"]),
+    (["model.arch=noncausal_decoder"], ["flm", "noncausal_decoder", "Valid cells"]),
+    (["model.n_encoder_layers=2"], ["n_encoder_layers", "encoder_decoder"]),
+    (["model.position=alibi"], ["model.position", "rope"]),
+    (["model.position=rope", "model.d_kv=7"], ["rope", "head_dim=7"]),
+    (["model.dropout=1.0"], ["model.dropout", "less than 1"]),
+    (["model.tie_embeddings=maybe"], ["model.tie_embeddings", "maybe"]),
+    (["mesh.data=-1", "mesh.fsdp=-1"], ["at most one mesh axis", "-1"]),
+    (["mesh.tensor=0"], ["mesh sizes", "tensor"]),
+    (["mesh.fsdp=-2"], ["mesh sizes", "-2"]),
+    (["train.microbatches=3"], ["train.microbatches=3", "batch_size=8"]),
+    (["train.steps=0"], ["train.steps"]),
+    (["optim.name=sgd"], ["optim.name", "adamw", "adafactor"]),
+    (["optim.schedule=step"], ["optim.schedule", "wsd"]),
+    (["optim.learning_rate=-1"], ["optim.learning_rate", "greater than 0"]),
+    (["objective.name=clm"], ["objective.name", "flm"]),
+    (["objective.noise_density=1.5"], ["objective.noise_density"]),
+    (["objective.name=mlm", "data.extra_ids=0"], ["extra_ids", "sentinel"]),
+    (["data.source=text"], ["data.paths", "empty"]),
+    (["data.source=tfds"], ["data.tfds_name", "c4/en"]),
+    (["data.vocab=sentencepiece"], ["data.spm_path", "vocab train"]),
+    (["data.source=hub"], ["data.source", "synthetic"]),
+    (["model.d_model"], ["key.sub=value"]),  # malformed override
+    (["model..d_model=3"], ["key.sub=value"]),
+    (["eval.batch_size=0"], ["eval.batch_size"]),
+]
+
+
+@pytest.mark.parametrize("overrides,words", BAD_INPUTS, ids=lambda x: str(x))
+def test_bad_inputs_name_key_and_accepted_values(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    message = str(err.value)
+    for word in words:
+        assert word in message, f"{word!r} missing from: {message}"
+
+
+def test_bad_inputs_are_distinct_and_numerous():
+    assert len({tuple(o) for o, _ in BAD_INPUTS}) == len(BAD_INPUTS) >= 20
+
+
+def test_overrides_parse_yaml_scalars_and_lists():
+    cfg = load_config(
+        None,
+        ["model.d_model=128", "optim.learning_rate=3e-4", "data.source=text", "data.paths=[a, b]"],
+    )
+    assert cfg.model.d_model == 128
+    assert cfg.optim.learning_rate == pytest.approx(3e-4)
+    assert cfg.data.paths == ("a", "b")
+    assert apply_overrides({"a": {"b": 1, "c": 2}}, ["a.b=3"]) == {"a": {"b": 3, "c": 2}}
+
+
+def test_includes_merge_then_file_then_overrides(tmp_path: Path):
+    (tmp_path / "base.yaml").write_text("model: {d_model: 96, n_heads: 4}\ntrain: {steps: 7}\n")
+    (tmp_path / "exp.yaml").write_text("include: [base.yaml]\nmodel: {n_layers: 3}\n")
+    cfg = load_config(tmp_path / "exp.yaml", ["train.steps=9"])
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.train.steps) == (96, 3, 9)
+
+
+def test_include_cycle_and_missing_file_are_errors(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text("include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("include: a.yaml\n")
+    with pytest.raises(ConfigError, match="include cycle"):
+        load_config(tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_yaml_round_trip_and_stable_hash():
+    cfg = load_config(None, ["model.d_model=32", "objective.name=plm"])
+    again = load_config(None, ["objective.name=plm", "model.d_model=32"])
+    assert cfg == again and cfg.hash() == again.hash()
+    assert load_config(None, ["model.d_model=48"]).hash() != cfg.hash()
+    import yaml
+
+    assert ExperimentConfig.model_validate(yaml.safe_load(to_yaml(cfg))) == cfg
+
+
+def test_every_valid_cell_loads_and_configs_are_frozen():
+    for arch, objectives in VALID_CELLS.items():
+        for objective in objectives:
+            cfg = load_config(None, [f"model.arch={arch}", f"objective.name={objective}"])
+            assert (cfg.model.arch, cfg.objective.name) == (arch, objective)
+    with pytest.raises(Exception, match="frozen"):
+        cfg.model.d_model = 3  # type: ignore[misc]
+
+
+def test_derived_properties():
+    cfg = load_config(None, ["model.d_model=64", "model.n_heads=4"])
+    assert cfg.model.head_dim == 16
+    t5 = load_config(None, ["model.d_model=512", "model.n_heads=6", "model.d_kv=64"])
+    assert t5.model.head_dim == 64
+    assert cfg.objective.decoder_length == cfg.objective.inputs_length + 16
+
+
+def test_scientific_notation_without_a_dot_is_a_float(tmp_path: Path):
+    (tmp_path / "exp.yaml").write_text("optim: {learning_rate: 1e-3, eps: 1E-8}\n")
+    cfg = load_config(tmp_path / "exp.yaml")
+    assert cfg.optim.learning_rate == pytest.approx(1e-3) and cfg.optim.eps == pytest.approx(1e-8)
