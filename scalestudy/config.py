@@ -213,6 +213,7 @@ class OptimConfig(_Frozen):
     final_lr_fraction: float = Field(0.1, ge=0.0, le=1.0)  # end of linear/cosine/wsd decay
     cooldown_fraction: float = Field(0.2, gt=0.0, le=1.0)  # wsd: share of steps in cooldown
     cooldown_shape: Literal["linear", "sqrt", "cosine"] = "sqrt"
+    cooldown_steps: int | None = Field(None, ge=1)  # wsd: overrides cooldown_fraction
     weight_decay: float = Field(0.0, ge=0.0)
     b1: float = Field(0.9, ge=0.0, lt=1.0)
     b2: float = Field(0.95, ge=0.0, lt=1.0)
@@ -269,6 +270,11 @@ class TrainConfig(_Frozen):
         None, ge=1
     )  # end early (staged training) with a checkpoint
     progress: bool = True
+    # Start from another run's checkpoint (e.g. a WSD cooldown branch from a stable-phase
+    # run): a run directory or its checkpoints/ directory, and the step (default: latest).
+    # Ignored once this run has checkpoints of its own (it then resumes from them).
+    init_from: str | None = None
+    init_step: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
@@ -276,6 +282,10 @@ class TrainConfig(_Frozen):
             raise ConfigError(
                 f"train.microbatches={self.microbatches} must divide "
                 f"train.batch_size={self.batch_size}"
+            )
+        if self.init_step is not None and self.init_from is None:
+            raise ConfigError(
+                f"train.init_step={self.init_step} needs train.init_from (a run directory)"
             )
         return self
 

@@ -1,0 +1,130 @@
+"""Optimizers and learning-rate schedules from `OptimConfig`.
+
+Schedules map the 0-based update count (the number of updates already applied) to a
+learning rate. `warmup_steps` W ramps linearly, `(step + 1) / W`, so the first update is
+not wasted; the exception is `rsqrt`, where W is the constant phase of T5 / Wang et al.
+(2022): `lr * sqrt(W / max(step, W))`, i.e. 0.01 until step 10k and `1/sqrt(step)` after
+with `learning_rate=0.01, warmup_steps=10000`.
+
+Decays run over `progress = (step - start) / length` in [0, 1] and end at
+`final_lr_fraction * learning_rate`:
+
+- linear, cosine: start = W, length = total - W;
+- wsd (warmup-stable-decay, Hägele et al. 2024): stable at the peak, then a cooldown of
+  `cooldown_steps` (or `cooldown_fraction * total`) steps ending at `total`, shaped
+  linear `1 - p`, sqrt `1 - sqrt(p)` or cosine `(1 + cos(pi p)) / 2`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from scalestudy.config import ConfigError, OptimConfig
+
+Schedule = Callable[[jax.Array | int], jax.Array]
+
+
+def _warmup_factor(step: jax.Array, warmup: int) -> jax.Array:
+    if warmup <= 0:
+        return jnp.ones_like(step, jnp.float32)
+    return jnp.minimum(1.0, (step + 1.0) / warmup)
+
+
+def _progress(step: jax.Array, start: int, length: int) -> jax.Array:
+    return jnp.clip((step - start) / max(length, 1), 0.0, 1.0)
+
+
+def _decay(p: jax.Array, shape: str, final: float) -> jax.Array:
+    """Factor going from 1 at p=0 to `final` at p=1."""
+    if shape == "linear":
+        unit = 1.0 - p
+    elif shape == "sqrt":
+        unit = 1.0 - jnp.sqrt(p)
+    else:  # cosine
+        unit = 0.5 * (1.0 + jnp.cos(jnp.pi * p))
+    return final + (1.0 - final) * unit
+
+
+def cooldown_steps(cfg: OptimConfig, total_steps: int) -> int:
+    """Length of the WSD cooldown for a run of `total_steps` updates."""
+    if cfg.cooldown_steps is not None:
+        return min(cfg.cooldown_steps, total_steps)
+    return max(1, round(cfg.cooldown_fraction * total_steps))
+
+
+def make_schedule(cfg: OptimConfig, total_steps: int) -> Schedule:
+    """The learning-rate schedule of `cfg` for a run of `total_steps` updates."""
+    peak, warmup, final = cfg.learning_rate, cfg.warmup_steps, cfg.final_lr_fraction
+    if cfg.schedule in ("linear", "cosine", "wsd") and warmup >= total_steps:
+        raise ConfigError(
+            f"optim.warmup_steps={warmup} must be smaller than train.steps={total_steps} "
+            f"for schedule {cfg.schedule!r}"
+        )
+    cooldown = cooldown_steps(cfg, total_steps)
+    if cfg.schedule == "wsd" and total_steps - cooldown < warmup:
+        raise ConfigError(
+            f"optim: the wsd cooldown ({cooldown} steps) overlaps the warmup "
+            f"({warmup} steps) in a run of {total_steps} steps; shorten one of them"
+        )
+
+    def schedule(step: jax.Array | int) -> jax.Array:
+        step = jnp.asarray(step, jnp.float32)
+        if cfg.schedule == "constant":
+            factor = _warmup_factor(step, warmup)
+        elif cfg.schedule == "rsqrt":
+            w = max(warmup, 1)
+            factor = jnp.sqrt(w / jnp.maximum(step, w))
+        elif cfg.schedule in ("linear", "cosine"):
+            p = _progress(step, warmup, total_steps - warmup)
+            factor = _warmup_factor(step, warmup) * _decay(p, cfg.schedule, final)
+        else:  # wsd
+            p = _progress(step, total_steps - cooldown, cooldown)
+            factor = _warmup_factor(step, warmup) * _decay(p, cfg.cooldown_shape, final)
+        return (peak * factor).astype(jnp.float32)
+
+    return schedule
+
+
+def make_optimizer(
+    cfg: OptimConfig, total_steps: int, decay_mask: Any = None
+) -> tuple[optax.GradientTransformation, Schedule]:
+    """(optimizer, schedule) for `cfg`: global-norm clipping, then AdamW or Adafactor.
+
+    `decay_mask` (a params-shaped tree of bools, or None for all) selects the parameters
+    that receive weight decay; the loop passes "matrices only".
+    """
+    schedule = make_schedule(cfg, total_steps)
+    parts: list[optax.GradientTransformation] = []
+    if cfg.grad_clip_norm is not None:
+        parts.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
+    if cfg.name == "adamw":
+        parts.append(
+            optax.adamw(
+                schedule,
+                b1=cfg.b1,
+                b2=cfg.b2,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                mask=decay_mask,
+            )
+        )
+    else:
+        # Wang et al. (2022) / T5X: factored second moments with decay step^-0.8, updates
+        # clipped to RMS 1 and scaled by each parameter's RMS, no momentum.
+        parts.append(
+            optax.adafactor(
+                schedule,
+                decay_rate=cfg.decay_rate,
+                factored=cfg.factored,
+                multiply_by_parameter_scale=cfg.multiply_by_parameter_scale,
+                clipping_threshold=cfg.clipping_threshold,
+                weight_decay_rate=cfg.weight_decay or None,
+                weight_decay_mask=decay_mask,
+            )
+        )
+    return optax.chain(*parts), schedule

@@ -1,0 +1,102 @@
+"""Schedules against hand-computed values; optimizers make progress on a quadratic."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scalestudy.config import ConfigError, OptimConfig
+from scalestudy.train.optim import make_optimizer, make_schedule
+
+
+def lrs(cfg: OptimConfig, total: int, steps: list[int]) -> list[float]:
+    schedule = make_schedule(cfg, total)
+    return [float(schedule(s)) for s in steps]
+
+
+def test_constant_with_linear_warmup():
+    cfg = OptimConfig(schedule="constant", learning_rate=0.1, warmup_steps=4)
+    np.testing.assert_allclose(
+        lrs(cfg, 100, [0, 1, 3, 4, 99]), [0.025, 0.05, 0.1, 0.1, 0.1], rtol=1e-6
+    )
+
+
+def test_rsqrt_is_wang_et_al():
+    # lr 0.01 until step 10k, then 1/sqrt(step).
+    cfg = OptimConfig(schedule="rsqrt", learning_rate=0.01, warmup_steps=10_000)
+    got = lrs(cfg, 200_000, [0, 5_000, 10_000, 40_000, 160_000])
+    np.testing.assert_allclose(got, [0.01, 0.01, 0.01, 0.005, 0.0025], rtol=1e-6)
+
+
+def test_linear_decay():
+    cfg = OptimConfig(schedule="linear", learning_rate=1.0, warmup_steps=10, final_lr_fraction=0.1)
+    # warmup (s+1)/10; decay over [10, 110]: 1 - 0.9 * (s - 10) / 100
+    got = lrs(cfg, 110, [0, 9, 10, 60, 110, 500])
+    np.testing.assert_allclose(got, [0.1, 1.0, 1.0, 0.55, 0.1, 0.1], rtol=1e-6)
+
+
+def test_cosine_decay():
+    cfg = OptimConfig(schedule="cosine", learning_rate=2.0, warmup_steps=0, final_lr_fraction=0.0)
+    got = lrs(cfg, 100, [0, 25, 50, 100])
+    want = [2.0, 2.0 * 0.5 * (1 + math.cos(math.pi / 4)), 1.0, 0.0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "shape,mid",  # value at half the cooldown, final fraction 0
+    [("linear", 0.5), ("sqrt", 1 - math.sqrt(0.5)), ("cosine", 0.5)],
+)
+def test_wsd_shapes(shape, mid):
+    cfg = OptimConfig(
+        schedule="wsd",
+        learning_rate=1.0,
+        warmup_steps=10,
+        cooldown_fraction=0.2,
+        cooldown_shape=shape,
+        final_lr_fraction=0.0,
+    )
+    # 100 steps: warmup 0..9, stable to 79, cooldown over [80, 100].
+    got = lrs(cfg, 100, [4, 50, 79, 80, 90, 100])
+    np.testing.assert_allclose(got, [0.5, 1.0, 1.0, 1.0, mid, 0.0], rtol=1e-6, atol=1e-7)
+
+
+def test_wsd_cooldown_steps_overrides_fraction_and_shares_the_stable_phase():
+    base = OptimConfig(schedule="wsd", learning_rate=1.0, warmup_steps=5, cooldown_steps=20)
+    long, short = make_schedule(base, 1000), make_schedule(base, 200)
+    # A branch that cools down at 200 follows the long run exactly until its cooldown.
+    for s in [0, 3, 50, 179]:
+        assert float(long(s)) == float(short(s))
+    assert float(short(190)) < 1.0 and float(long(190)) == 1.0
+
+
+def test_bad_warmup_is_a_config_error():
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        make_schedule(OptimConfig(schedule="cosine", warmup_steps=100), 50)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor"])
+def test_optimizers_minimise_a_quadratic(name):
+    cfg = OptimConfig(name=name, schedule="constant", learning_rate=0.05, grad_clip_norm=1.0)
+    tx, _ = make_optimizer(cfg, 100)
+    target = jnp.arange(12.0).reshape(3, 4) / 10
+    # Nonzero start: Adafactor scales updates by each parameter's RMS.
+    params = {"w": jnp.full((3, 4), 0.5), "b": jnp.ones((4,))}
+    loss = lambda p: jnp.sum((p["w"] - target) ** 2) + jnp.sum(p["b"] ** 2)
+    state = tx.init(params)
+    start = loss(params)
+    for _ in range(100):
+        updates, state = tx.update(jax.grad(loss)(params), state, params)
+        params = jax.tree.map(jnp.add, params, updates)
+    assert loss(params) < 0.05 * start
+
+
+def test_weight_decay_mask_spares_vectors():
+    cfg = OptimConfig(name="adamw", schedule="constant", learning_rate=0.1, weight_decay=0.5)
+    params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
+    tx, _ = make_optimizer(cfg, 10, decay_mask={"w": True, "b": False})
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, tx.init(params), params)
+    np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)
+    np.testing.assert_allclose(updates["b"], 0.0)
