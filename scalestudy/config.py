@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 
 class ScalestudyError(Exception):
@@ -291,29 +298,71 @@ class TrainConfig(_Frozen):
 
 
 class TaskConfig(_Frozen):
-    """A multiple-choice task defined entirely in YAML over a JSONL file (evaluate/tasks.py)."""
+    """A zero-shot task defined entirely in YAML over a JSONL file (evaluate/generic.py).
 
-    name: str
-    path: str
+    kind "choice": each row has a context and choices, scored as context + delimiter + choice;
+    "partial": the choices field holds one context per option, all followed by the shared
+    `continuation_field` (Winogrande); "last_word": context + continuation, exact match and
+    perplexity (LAMBADA).
+    """
+
+    name: str = Field(min_length=1)
+    path: str  # JSONL; relative paths: to the task YAML's folder, then eval.data_dir, then cwd
+    kind: Literal["choice", "partial", "last_word"] = "choice"
     context_field: str = "query"
     choices_field: str | None = "choices"  # a list field ...
-    choice_fields: Tuple = ()  # ... or several fields, one per choice
-    label_field: str = "gold"  # an index or the text of the right choice
+    choice_fields: Tuple = ()  # ... or several fields, one per choice ...
+    choices: Tuple = ()  # ... or the same choice texts for every row (e.g. [no, yes])
+    label_field: str = "gold"  # an index, a digit string, a bool, or the text of the right choice
+    label_names: Tuple = ()  # label values in choice order, e.g. [entailment, not_entailment]
+    label_offset: int = 0  # subtracted from integer labels (1 for 1-based labels)
+    continuation_field: str = "continuation"  # partial and last_word
     template: str | None = None  # Jinja over the row's fields; default: the context field
-    choice_template: str | None = None
+    choice_template: str | None = None  # Jinja over the row's fields and `choice`
+    delimiter: str = " "
     metric: Literal["acc", "acc_norm"] = "acc"
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskConfig:
+        if self.kind == "last_word":
+            return self
+        sources = [
+            f"choices_field={self.choices_field!r}" if self.choices_field else "",
+            f"choice_fields={list(self.choice_fields)}" if self.choice_fields else "",
+            f"choices={list(self.choices)}" if self.choices else "",
+        ]
+        if self.choice_fields or self.choices:  # explicit lists replace the default list field
+            sources[0] = ""
+        given = [s for s in sources if s]
+        if len(given) != 1:
+            raise ConfigError(
+                f"task {self.name!r}: give exactly one source of choices (choices_field: a list "
+                f"field; choice_fields: one field per choice; choices: fixed texts); got "
+                f"{', '.join(given) or 'none'}"
+            )
+        return self
+
+    @property
+    def choice_source(self) -> str:
+        if self.choices:
+            return "choices"
+        return "choice_fields" if self.choice_fields else "choices_field"
 
 
 class EvalConfig(_Frozen):
     """Zero-shot evaluation: task names from the registry, YAML task files, or inline tasks."""
 
     tasks: Tuple = ("synthetic_probes",)
-    custom_tasks: Tuple = ()  # tuple[TaskConfig]: validated by evaluate/tasks.py
-    data_dir: str | None = None  # where released task files live
-    batch_size: int = Field(32, ge=1)
+    custom_tasks: Annotated[tuple[TaskConfig, ...], Field(strict=False)] = ()
+    data_dir: str | None = None  # where released task files live (layout: README `eval`)
+    tfds_data_dir: str | None = None  # TFDS tasks: where datasets are prepared (None: default)
+    batch_size: int = Field(32, ge=1)  # rows (context-choice pairs) per scoring call
     max_examples: int | None = Field(None, ge=1)  # per task
     prompts: Literal["harness", "promptsource"] = "harness"
     every_steps: int = Field(0, ge=0)  # 0: only at the end of training
+    # Scoring lengths; None: the run's objective lengths. Longer contexts are cut from the left.
+    inputs_length: int | None = Field(None, ge=1)
+    targets_length: int | None = Field(None, ge=1)
 
 
 class ExperimentConfig(_Frozen):
@@ -476,3 +525,162 @@ def load_config(
 def to_yaml(cfg: BaseModel) -> str:
     """The resolved config as YAML (what a run directory's `config.yaml` holds)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+# ----------------------------------------------------------------------------- Study spec
+# A study spec (configs/studies/*.yaml) describes a whole sweep; study/sweep.py expands it in
+# code into ExperimentConfigs, one per (cell, size, budget point, seed).
+
+_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_count(value: Any) -> Any:
+    """Read a count written as a number, '1e6', '1.5e18' or with a suffix ('300K', '168B')."""
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        scale = _COUNT_SUFFIXES.get(text[-1:].upper(), 1.0) if text else 1.0
+        if scale != 1.0:
+            text = text[:-1]
+        try:
+            return float(text) * scale
+        except ValueError:
+            raise ConfigError(
+                f"cannot read {value!r} as a count; write a number such as 2e6, 1.5e18, "
+                "300K, 20M or 168B"
+            ) from None
+    return value
+
+
+Count = Annotated[float, BeforeValidator(parse_count), Field(strict=False, gt=0)]
+MatchingMode = Literal["equal_total_params", "equal_stack_shape", "equal_flops"]
+
+
+class LadderConfig(_Frozen):
+    """Model sizes of a study: a named preset, target sizes, or explicit shapes.
+
+    `sizes` entries are rung names ('1M', '30M'), target non-embedding parameter counts of a
+    decoder stack (2e6), model preset YAML files (relative to the spec), or mappings of
+    ModelConfig keys with a `name`. Shapes for targets come from study/ladder.py's rule.
+    """
+
+    preset: str | None = None
+    sizes: Tuple = ()
+    head_dim: int = Field(64, ge=4)  # per-head width once d_model reaches 4 * head_dim
+    ff_multiplier: float = Field(8 / 3, gt=0.0)  # d_ff / d_model (gated MLP: 8/3 keeps 12 d^2)
+    aspect_small: float = Field(16.0, gt=0.0)  # d_model / n_layers at 1e5 parameters
+    aspect_large: float = Field(128.0, gt=0.0)  # ... at 1e11 parameters (log-linear between)
+    min_layers: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> LadderConfig:
+        if self.preset is None and not self.sizes:
+            raise ConfigError(
+                "ladder: give a preset (e.g. ladder.preset=smoke) or a list of ladder.sizes"
+            )
+        return self
+
+
+class BudgetConfig(_Frozen):
+    """How long each run trains: fixed steps, fixed tokens, tokens per parameter, or IsoFLOP.
+
+    Tokens are processed positions (decoder positions, plus encoder positions for the
+    encoder-decoder), so every architecture sees the same text for the same budget.
+    """
+
+    kind: Literal["steps", "tokens", "tokens_per_param", "isoflop"] = "steps"
+    steps: int | None = Field(None, ge=1)
+    tokens: Count | None = None
+    tokens_per_param: float = Field(20.0, gt=0.0)  # Chinchilla's ratio
+    param_kind: Literal["total", "non_embedding"] = "non_embedding"
+    compute: Tuple = ()  # isoflop: training FLOPs budgets, e.g. [1e15, 3e15]
+    min_steps: int = Field(10, ge=1)  # isoflop: drop (size, budget) points shorter than this
+
+    @model_validator(mode="after")
+    def _check(self) -> BudgetConfig:
+        need = {"steps": self.steps, "tokens": self.tokens}.get(self.kind, True)
+        if need is None:
+            raise ConfigError(f"budget.kind={self.kind!r} needs budget.{self.kind} to be set")
+        if self.kind == "isoflop":
+            if not self.compute:
+                raise ConfigError("budget.kind='isoflop' needs budget.compute: a list of FLOPs")
+            for c in self.compute:
+                if not isinstance(parse_count(c), int | float) or parse_count(c) <= 0:
+                    raise ConfigError(f"budget.compute: {c!r} is not a positive FLOP count")
+        return self
+
+
+class FitConfig(_Frozen):
+    """Scaling-law fits run at the end of a study (scalestudy.scaling)."""
+
+    laws: Tuple = ("kaplan_n", "chinchilla3")
+    n_kind: Literal["total", "non_embedding"] = "non_embedding"
+    c_kind: Literal["6nd", "counted"] = "counted"
+    bootstrap: int = Field(200, ge=0)
+    seed: int = 0
+
+
+class SlurmConfig(_Frozen):
+    """SLURM job-array settings (launch/slurm.sbatch.tmpl)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str = "24:00:00"
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=0)
+    cpus_per_task: int = Field(16, ge=1)
+    mem: str | None = None
+    max_parallel: int | None = Field(None, ge=1)
+    setup: Tuple = ()  # shell lines run before training (module load, venv activation, ...)
+    scalestudy: str = "scalestudy"  # the command, e.g. /path/.venv/bin/scalestudy
+
+
+class TpuConfig(_Frozen):
+    """TPU VM settings for `gcloud compute tpus` (launch/tpu_*.sh.tmpl)."""
+
+    name: str = "scalestudy"
+    project: str | None = None
+    zone: str = "us-central2-b"
+    accelerator_type: str = "v4-8"
+    runtime_version: str = "tpu-ubuntu2204-base"
+    queued: bool = True  # queued resources rather than a directly created TPU VM
+    spot: bool = False
+    repo_dir: str = "~/scalestudy"
+    setup: Tuple = ()
+    scalestudy: str = ".venv/bin/scalestudy"
+
+
+class StudySpec(_Frozen):
+    """A whole study: base experiment, grid axes, sizes, budgets, matching, evaluation, fits."""
+
+    name: str
+    description: str = ""
+    base_config: str | None = None  # experiment YAML, relative to the spec file
+    base: dict = {}  # inline ExperimentConfig keys, merged over base_config
+    archs: Tuple = ARCHS
+    objectives: Tuple = OBJECTIVES
+    cells: Tuple = ()  # [[arch, objective], ...]; empty: every valid cell of archs x objectives
+    ladder: LadderConfig
+    budget: BudgetConfig = BudgetConfig(kind="steps", steps=100)
+    matching: MatchingMode = "equal_stack_shape"
+    match_tolerance: float = Field(0.03, gt=0.0, lt=1.0)  # equal_total_params: relative
+    seeds: Tuple = (0,)
+    tasks: Tuple = ()  # evaluation tasks; empty: base eval.tasks
+    fit: FitConfig = FitConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    tpu: TpuConfig = TpuConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> StudySpec:
+        for arch in self.archs:
+            if arch not in ARCHS:
+                raise ConfigError(f"archs: got {arch!r}; accepted: {', '.join(ARCHS)}")
+        for obj in self.objectives:
+            if obj not in OBJECTIVES:
+                raise ConfigError(f"objectives: got {obj!r}; accepted: {', '.join(OBJECTIVES)}")
+        for cell in self.cells:
+            if not isinstance(cell, list | tuple) or len(cell) != 2:
+                raise ConfigError(f"cells: each entry is [arch, objective]; got {cell!r}")
+            check_cell(*cell)
+        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
+            raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
+        return self

@@ -1,0 +1,310 @@
+"""The study registry: one SQLite file per study holding runs, final results and curves.
+
+Crash safety: the database runs in WAL mode with synchronous=FULL and every change is one
+transaction, so a study killed at any instant (even with SIGKILL) leaves a consistent file;
+a run caught mid-training is simply still `running` and is resumed on the next invocation.
+
+Tables
+- runs:    one row per run (id = ExperimentConfig.hash()), its resolved config, cell, size,
+           matching numbers (total / non-embedding parameters, stack shape, FLOPs), status,
+           timestamps and final losses.
+- finals:  (run_id, name, value) final scalars, notably `eval/<task>/<metric>`.
+- metrics: (run_id, step, name, value) copied from the run's metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config import ScalestudyError
+
+STATUSES = ("pending", "running", "done", "failed")
+
+# Columns of `runs` besides the id, in order; numbers are REAL/INTEGER, the rest TEXT.
+RUN_COLUMNS: dict[str, str] = {
+    "study": "TEXT",
+    "name": "TEXT",
+    "arch": "TEXT",
+    "objective": "TEXT",
+    "size": "TEXT",
+    "size_index": "INTEGER",
+    "budget": "TEXT",
+    "seed": "INTEGER",
+    "matching": "TEXT",
+    "status": "TEXT",
+    "workdir": "TEXT",
+    "config": "TEXT",
+    "d_model": "INTEGER",
+    "n_layers": "INTEGER",
+    "n_encoder_layers": "INTEGER",
+    "n_heads": "INTEGER",
+    "d_ff": "INTEGER",
+    "params_total": "INTEGER",
+    "params_non_embedding": "INTEGER",
+    "params_embedding": "INTEGER",
+    "flops_per_token": "REAL",
+    "flops_per_example": "REAL",
+    "positions_per_example": "INTEGER",
+    "batch_size": "INTEGER",
+    "steps": "INTEGER",
+    "planned_flops": "REAL",
+    "tokens": "REAL",
+    "positions": "REAL",
+    "flops": "REAL",
+    "flops_6nd": "REAL",
+    "loss": "REAL",
+    "train_loss": "REAL",
+    "best_val_loss": "REAL",
+    "wall_time_s": "REAL",
+    "created_at": "REAL",
+    "started_at": "REAL",
+    "finished_at": "REAL",
+    "error": "TEXT",
+}
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY,
+  {", ".join(f"{k} {t}" for k, t in RUN_COLUMNS.items())}
+);
+CREATE TABLE IF NOT EXISTS finals (
+  run_id TEXT NOT NULL, name TEXT NOT NULL, value REAL, PRIMARY KEY (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS metrics (
+  run_id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL,
+  PRIMARY KEY (run_id, step, name)
+);
+"""
+
+
+class RegistryError(ScalestudyError):
+    """The registry file is missing, unreadable or not a scalestudy registry."""
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+class Registry:
+    """A study's SQLite store; safe to reopen after a crash."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise RegistryError(f"no study registry at {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise RegistryError(f"{self.path}: not a usable SQLite registry ({e})") from None
+        self._conn.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # ------------------------------------------------------------------ writes
+
+    def add_runs(self, rows: Iterable[dict[str, Any]]) -> int:
+        """Insert planned runs (status pending); existing ids are left as they are."""
+        n = 0
+        with self._tx() as c:
+            for row in rows:
+                row = {k: v for k, v in row.items() if k in RUN_COLUMNS or k == "run_id"}
+                row.setdefault("status", "pending")
+                row.setdefault("created_at", time.time())
+                cols = ", ".join(row)
+                marks = ", ".join("?" for _ in row)
+                cur = c.execute(
+                    f"INSERT OR IGNORE INTO runs ({cols}) VALUES ({marks})", list(row.values())
+                )
+                n += cur.rowcount
+        return n
+
+    def update(self, run_id: str, **fields: Any) -> None:
+        """Set columns of one run (unknown column names are an error)."""
+        bad = [k for k in fields if k not in RUN_COLUMNS]
+        if bad:
+            raise KeyError(f"unknown run columns {bad}")
+        if "status" in fields and fields["status"] not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}; got {fields['status']!r}")
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._tx() as c:
+            c.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*fields.values(), run_id])
+
+    def mark_running(self, run_id: str) -> None:
+        self.update(run_id, status="running", started_at=time.time(), error=None)
+
+    def mark_failed(self, run_id: str, error: str) -> None:
+        self.update(run_id, status="failed", error=error[-4000:], finished_at=time.time())
+
+    def finish(
+        self, run_id: str, summary: dict[str, Any], curves: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Record a finished run: summary numbers, final scalars and its metrics, atomically."""
+        fields = {
+            "tokens": summary.get("tokens"),
+            "positions": summary.get("positions"),
+            "flops": summary.get("flops"),
+            "flops_6nd": summary.get("flops_6nd"),
+            "loss": _number(summary.get("final_val_loss")),
+            "train_loss": _number(summary.get("final_train_loss")),
+            "best_val_loss": _number(summary.get("best_val_loss")),
+            "wall_time_s": summary.get("wall_time_s"),
+            "status": "done",
+            "finished_at": time.time(),
+            "error": None,
+        }
+        finals = {
+            k: v for k, v in summary.items() if not isinstance(v, dict) and _number(v) is not None
+        }
+        finals.update(
+            {
+                f"eval/{k}": v
+                for k, v in (summary.get("eval") or {}).items()
+                if _number(v) is not None
+            }
+        )
+        with self._tx() as c:
+            sets = ", ".join(f"{k} = ?" for k in fields)
+            c.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*fields.values(), run_id])
+            c.execute("DELETE FROM finals WHERE run_id = ?", (run_id,))
+            c.executemany(
+                "INSERT INTO finals VALUES (?, ?, ?)",
+                [(run_id, k, _number(v)) for k, v in finals.items()],
+            )
+            if curves is not None:
+                c.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+                c.executemany(
+                    "INSERT OR REPLACE INTO metrics VALUES (?, ?, ?, ?)",
+                    [
+                        (run_id, int(rec["step"]), k, _number(v))
+                        for rec in curves
+                        if "step" in rec
+                        for k, v in rec.items()
+                        if k != "step" and _number(v) is not None
+                    ],
+                )
+
+    # ------------------------------------------------------------------ reads
+
+    def runs(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Run rows (plain dicts) in insertion order, optionally of one status."""
+        q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY rowid"
+        return [dict(r) for r in self._conn.execute(q, (status,) if status else ())]
+
+    def status_counts(self) -> dict[str, int]:
+        rows = self._conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
+        return {s: n for s, n in rows}
+
+    def finals(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for run_id, name, value in self._conn.execute("SELECT * FROM finals"):
+            out.setdefault(run_id, {})[name] = value
+        return out
+
+    def metrics(self) -> dict[str, dict[int, dict[str, float]]]:
+        out: dict[str, dict[int, dict[str, float]]] = {}
+        q = "SELECT run_id, step, name, value FROM metrics ORDER BY run_id, step"
+        for run_id, step, name, value in self._conn.execute(q):
+            out.setdefault(run_id, {}).setdefault(step, {})[name] = value
+        return out
+
+
+def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a run's metrics.jsonl; a torn last line (killed writer) is ignored."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def _registry_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path / "registry.sqlite" if path.is_dir() else path
+
+
+def load_runs(path: str | Path) -> list[dict[str, Any]]:
+    """Every run of a study (a registry file or a study directory) as flat dicts.
+
+    Keys: run_id, study, arch, objective, size, seed, status, params_total,
+    params_non_embedding, flops_per_token, tokens, positions, flops, flops_6nd, loss (final
+    validation loss), train_loss, wall_time_s, the stack shape, and `eval/<task>/<metric>`.
+    """
+    with Registry(_registry_path(path), create=False) as reg:
+        finals = reg.finals()
+        out = []
+        for row in reg.runs():
+            row.pop("config", None)
+            row.update(
+                {k: v for k, v in finals.get(row["run_id"], {}).items() if k.startswith("eval/")}
+            )
+            out.append(row)
+        return out
+
+
+def load_curves(path: str | Path) -> list[dict[str, Any]]:
+    """Per-step training curves: run_id, arch, objective, size, params, step, tokens, flops,
+    positions, loss (training loss at the step) and val_loss (None where not evaluated)."""
+    with Registry(_registry_path(path), create=False) as reg:
+        info = {r["run_id"]: r for r in reg.runs()}
+        out = []
+        for run_id, steps in reg.metrics().items():
+            run = info.get(run_id)
+            if run is None:
+                continue
+            for step, m in steps.items():
+                out.append(
+                    {
+                        "run_id": run_id,
+                        "arch": run["arch"],
+                        "objective": run["objective"],
+                        "size": run["size"],
+                        "seed": run["seed"],
+                        "params_total": run["params_total"],
+                        "params_non_embedding": run["params_non_embedding"],
+                        "step": step,
+                        "tokens": m.get("tokens"),
+                        "positions": m.get("positions"),
+                        "flops": m.get("flops"),
+                        "loss": m.get("train/loss"),
+                        "val_loss": m.get("val/loss"),
+                    }
+                )
+        return out

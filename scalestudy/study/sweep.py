@@ -1,0 +1,266 @@
+"""Study specs expanded into runs with stable ids, and the main job `scalestudy study`.
+
+`expand(study)` turns a StudySpec into one PlannedRun per (size, cell, budget point, seed), in
+that order (size-major, so a study stopped early still holds complete grids at small sizes).
+A run's id is the hash of its resolved ExperimentConfig, so re-expanding the same spec gives the
+same ids and a changed config gives a new run. `run_study` records the plan in the registry,
+trains what is missing (resuming unfinished runs from their checkpoints), then fits, plots and
+writes the report.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config import (
+    VALID_CELLS,
+    ConfigError,
+    ExperimentConfig,
+    ModelConfig,
+    StudySpec,
+    apply_overrides,
+    deep_merge,
+    read_yaml,
+    to_yaml,
+    validate,
+)
+from scalestudy.study import ladder
+
+REGISTRY_NAME = "registry.sqlite"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a study: its resolved config and the numbers matched comparisons need."""
+
+    run_id: str
+    cfg: ExperimentConfig
+    size: str
+    size_index: int
+    budget: str
+    seed: int
+    matching: str
+    params: dict[str, int]
+    flops: dict[str, Any]
+
+    @property
+    def arch(self) -> str:
+        return self.cfg.model.arch
+
+    @property
+    def objective(self) -> str:
+        return self.cfg.objective.name
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.cfg.name}-{self.run_id}"
+
+    @property
+    def planned_flops(self) -> float:
+        return self.cfg.train.steps * self.cfg.train.batch_size * self.flops["flops_per_example"]
+
+    def row(self, study: str, workdir: Path) -> dict[str, Any]:
+        """The registry row planned for this run (status pending)."""
+        m = self.cfg.model
+        return {
+            "run_id": self.run_id,
+            "study": study,
+            "name": self.cfg.name,
+            "arch": self.arch,
+            "objective": self.objective,
+            "size": self.size,
+            "size_index": self.size_index,
+            "budget": self.budget,
+            "seed": self.seed,
+            "matching": self.matching,
+            "workdir": str(workdir),
+            "config": to_yaml(self.cfg),
+            "d_model": m.d_model,
+            "n_layers": m.n_layers,
+            "n_encoder_layers": m.encoder_layers if m.is_encoder_decoder else None,
+            "n_heads": m.n_heads,
+            "d_ff": m.d_ff,
+            "params_total": self.params["total"],
+            "params_non_embedding": self.params["non_embedding"],
+            "params_embedding": self.params["embedding"],
+            "flops_per_token": self.flops["flops_per_token"],
+            "flops_per_example": self.flops["flops_per_example"],
+            "positions_per_example": self.flops["positions_per_example"],
+            "batch_size": self.cfg.train.batch_size,
+            "steps": self.cfg.train.steps,
+            "planned_flops": self.planned_flops,
+        }
+
+
+def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudySpec:
+    """Read and validate a study spec YAML (with `include:` and dotted overrides)."""
+    data = apply_overrides(read_yaml(path), overrides)
+    return validate(StudySpec, data, str(path))
+
+
+def base_config(study: StudySpec, spec_dir: Path | None = None) -> dict:
+    """The study's base experiment as a dict: base_config file, then inline `base` keys."""
+    data: dict = {}
+    if study.base_config:
+        path = Path(study.base_config)
+        data = read_yaml(path if path.is_absolute() or spec_dir is None else spec_dir / path)
+    data = deep_merge(data, dict(study.base))
+    if study.tasks:
+        data = deep_merge(data, {"eval": {"tasks": list(study.tasks)}})
+    return data
+
+
+def cells(study: StudySpec) -> list[tuple[str, str]]:
+    """The (arch, objective) cells of a study, in the order the spec gives them."""
+    if study.cells:
+        return [tuple(c) for c in study.cells]
+    return [(a, o) for a in study.archs for o in study.objectives if o in VALID_CELLS[a]]
+
+
+def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
+    """Every run of the study, size-major, with stable ids (the resolved config's hash)."""
+    from scalestudy.models import counting
+
+    base = base_config(study, spec_dir)
+    base_model = validate(ModelConfig, base.get("model", {}), "base.model")
+    rungs = ladder.resolve_ladder(study.ladder, spec_dir, base_model.activation)
+    grid = cells(study)
+    if not grid:
+        raise ConfigError(
+            f"the study has no valid cells: archs={list(study.archs)}, "
+            f"objectives={list(study.objectives)}"
+        )
+    runs: list[PlannedRun] = []
+    for (i, rung), (tag, compute), seed in itertools.product(
+        enumerate(rungs), ladder.budget_points(study.budget), study.seeds
+    ):
+        # A rung is a decoder-stack shape; the cell's architecture is applied by matching.
+        keys = {k: v for k, v in rung.model.items() if k not in ("arch", "n_encoder_layers")}
+        shape = validate(
+            ModelConfig,
+            {**base_model.model_dump(), **keys, "arch": "causal_decoder", "n_encoder_layers": None},
+            f"ladder rung {rung.name}",
+        )
+        reference_params = counting.count_params(shape)
+        for arch, objective in grid:
+            model = ladder.match_model(shape, arch, study.matching, study.match_tolerance)
+            name = ".".join(p for p in (arch, objective, rung.name, tag, f"s{seed}") if p)
+            data = deep_merge(
+                base,
+                {
+                    "name": f"{study.name}.{name}",
+                    "model": model.model_dump(),
+                    "objective": {"name": objective},
+                    "train": {"seed": seed},
+                },
+            )
+            cfg = validate(ExperimentConfig, data, f"run {name}")
+            steps = _steps(cfg, shape, study, compute, reference_params)
+            if steps == 0:
+                continue  # an IsoFLOP point too short for this size
+            cfg = cfg.replace(train=cfg.train.replace(steps=steps))
+            runs.append(
+                PlannedRun(
+                    run_id=cfg.hash(),
+                    cfg=cfg,
+                    size=rung.name,
+                    size_index=i,
+                    budget=tag,
+                    seed=seed,
+                    matching=study.matching,
+                    params=counting.count_params(cfg.model),
+                    flops=counting.flops(cfg),
+                )
+            )
+    if not runs:
+        raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
+    return runs
+
+
+def _steps(
+    cfg: ExperimentConfig,
+    shape: ModelConfig,
+    study: StudySpec,
+    compute: float | None,
+    reference_params: dict[str, int],
+) -> int:
+    if study.matching != "equal_flops":
+        return ladder.steps_for_budget(cfg, study.budget, compute, reference_params)
+    # Every cell spends the training FLOPs of the causal decoder at this rung and budget.
+    ref = cfg.replace(model=shape)
+    ref_steps = ladder.steps_for_budget(ref, study.budget, compute, reference_params)
+    if ref_steps == 0:
+        return 0
+    ref = ref.replace(train=ref.train.replace(steps=ref_steps))
+    from scalestudy.models import counting
+
+    ref_flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
+    return ladder.steps_for_flops(cfg, ref_flops)
+
+
+def plan_table(runs: list[PlannedRun]) -> str:
+    """A fixed-width table of the planned runs (what --dry-run prints)."""
+    head = f"{'run':<44} {'id':<12} {'d':>5} {'L':>5} {'d_ff':>6} {'N total':>10} "
+    head += f"{'N non-emb':>10} {'steps':>7} {'FLOPs':>9}"
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        m = r.cfg.model
+        depth = f"{m.encoder_layers}+{m.n_layers}" if m.is_encoder_decoder else str(m.n_layers)
+        lines.append(
+            f"{r.cfg.name.split('.', 1)[-1]:<44} {r.run_id:<12} {m.d_model:>5} {depth:>5} "
+            f"{m.d_ff:>6} {r.params['total']:>10.3g} {r.params['non_embedding']:>10.3g} "
+            f"{r.cfg.train.steps:>7} {r.planned_flops:>9.2e}"
+        )
+    total = sum(r.planned_flops for r in runs)
+    lines.append(f"{len(runs)} runs, {total:.3e} training FLOPs in all")
+    return "\n".join(lines)
+
+
+def run_study(
+    spec: Path,
+    out: Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    dry_run: bool = False,
+    *,
+    train_fn: Any = None,
+) -> None:
+    """Run (or resume) a whole study: train what is missing, then fit, plot and report.
+
+    `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it).
+    """
+    from scalestudy.study import executors, report
+    from scalestudy.study.registry import Registry
+
+    spec = Path(spec)
+    study = load_study(spec, overrides)
+    runs = expand(study, spec.parent)
+    print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
+    if dry_run:
+        print(plan_table(runs))
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.yaml").write_text(to_yaml(study))
+    with Registry(out / REGISTRY_NAME) as reg:
+        reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
+        failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
+    report.finalize(study, out)
+    if failed:
+        raise executors.StudyRunError(
+            f"{len(failed)} run(s) failed: {', '.join(failed)}; see the `error` column of "
+            f"{out / REGISTRY_NAME} and each run's directory. Re-run the same command to retry "
+            "them; finished runs are kept"
+        )
+
+
+def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
+    """Render (and with `submit`, submit) the cluster jobs of a study; returns the script."""
+    from scalestudy.study import executors
+
+    spec = Path(spec)
+    study = load_study(spec)
+    runs = expand(study, spec.parent)
+    return executors.launch(study, spec, runs, executor, Path(out), submit=submit)
