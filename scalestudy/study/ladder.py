@@ -62,7 +62,7 @@ class Rung:
 
 
 def _round_to(x: float, q: int) -> int:
-    return max(q, int(round(x / q)) * q)
+    return max(q, round(x / q) * q)
 
 
 def shape_for(target: float, cfg: LadderConfig, activation: str = "gated_gelu") -> dict[str, int]:
@@ -79,7 +79,7 @@ def shape_for(target: float, cfg: LadderConfig, activation: str = "gated_gelu") 
     head_dim = cfg.head_dim if d_model >= 4 * cfg.head_dim else max(4, d_model // 4)
     if d_model % head_dim:
         d_model = _round_to(d_model, head_dim)
-    n_layers = max(cfg.min_layers, int(round(target / (per_d2 * d_model**2))))
+    n_layers = max(cfg.min_layers, round(target / (per_d2 * d_model**2)))
     ff_quantum = 8 if d_model < 1024 else 128
     d_ff = _round_to(cfg.ff_multiplier * d_model, ff_quantum)
     return {
@@ -175,7 +175,7 @@ def match_model(
     n_a = counting.count_params(shallow.replace(d_ff=8))["total"]
     n_b = counting.count_params(shallow.replace(d_ff=16))["total"]
     slope = (n_b - n_a) / 8
-    d_ff = int(round((8 + (target - n_a) / slope) / 8)) * 8
+    d_ff = round((8 + (target - n_a) / slope) / 8) * 8
     if d_ff < 8:
         raise ConfigError(
             f"matching=equal_total_params: cannot shrink an encoder-decoder to {target} "
@@ -240,4 +240,4 @@ def steps_for_flops(cfg: ExperimentConfig, train_flops: float) -> int:
     from scalestudy.models import counting
 
     per_step = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
-    return max(1, int(round(train_flops / per_step)))
+    return max(1, round(train_flops / per_step))
