@@ -1,0 +1,134 @@
+"""Run metrics: JSONL and TensorBoard writers, throughput and model-FLOPs utilisation.
+
+MFU = counted model FLOPs per second / peak FLOP/s, where the peak is *measured*: the best
+throughput of a large batched matmul on the same devices in the same process (max over
+float32 and bfloat16). On accelerators this is close to the datasheet peak; on CPU it is the
+only honest denominator.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able Python scalar from a numpy/jax scalar (NaN stays NaN)."""
+    if isinstance(value, np.ndarray | np.generic | jax.Array):
+        value = np.asarray(value).item()
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per log step to metrics.jsonl and mirrors scalars to TensorBoard.
+
+    Appending (rather than rewriting) keeps earlier steps when a run resumes; on resume the
+    loop truncates lines past the restored step so the file has no duplicates.
+    """
+
+    def __init__(self, workdir: Path, *, tensorboard: bool = True):
+        self.path = Path(workdir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+        self._tb = None
+        if tensorboard:
+            import tensorflow as tf
+            from tensorflow.core.framework import summary_pb2
+
+            self._tf = tf
+            # tf.summary.scalar lives in the tensorboard package; the core write op plus the
+            # "scalars" plugin tag produces the same events without it.
+            self._scalar_meta = summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+            )
+            self._tb = tf.summary.create_file_writer(str(Path(workdir) / TENSORBOARD_DIR))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Record `metrics` at `step`; returns them as plain Python values."""
+        row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            with self._tb.as_default(step=int(step)):
+                for k, v in row.items():
+                    if k != "step" and isinstance(v, int | float) and math.isfinite(v):
+                        self._tf.summary.write(
+                            k, self._tf.constant(v, self._tf.float32), metadata=self._scalar_meta
+                        )
+        return row
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+
+
+def truncate_after(workdir: Path, step: int) -> None:
+    """Drop metrics.jsonl rows after `step` (they belong to work lost at a preemption)."""
+    path = Path(workdir) / METRICS_FILE
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+def read_metrics(workdir: Path) -> list[dict[str, Any]]:
+    """All rows of a run's metrics.jsonl."""
+    path = Path(workdir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+class Throughput:
+    """Tokens/s over the steps since the last call, from wall-clock time."""
+
+    def __init__(self) -> None:
+        self._t, self._count = time.perf_counter(), 0.0
+
+    def update(self, count: float) -> float:
+        now = time.perf_counter()
+        rate = (count - self._count) / max(now - self._t, 1e-9)
+        self._t, self._count = now, count
+        return rate
+
+
+@functools.cache
+def measured_peak_flops(n: int = 512, repeats: int = 5) -> dict[str, float]:
+    """Best measured matmul FLOP/s over all local devices: {"flops_per_s", "dtype"}."""
+    devices = jax.local_devices()
+    mesh = jax.sharding.Mesh(np.array(devices), ("d",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    best = {"flops_per_s": 0.0, "dtype": "float32"}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jax.device_put(jnp.ones((len(devices), n, n), dtype), sharding)
+        matmul = jax.jit(lambda a: jnp.einsum("bij,bjk->bik", a, a))
+        matmul(x).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            matmul(x).block_until_ready()
+            times.append(time.perf_counter() - t)
+        rate = 2 * len(devices) * n**3 / min(times)
+        if rate > best["flops_per_s"]:
+            best = {"flops_per_s": rate, "dtype": jnp.dtype(dtype).name}
+    return best
+
+
+def mfu(model_flops: float, seconds: float) -> float:
+    """Model FLOPs utilisation of `model_flops` done in `seconds` against the measured peak."""
+    if seconds <= 0:
+        return 0.0
+    return model_flops / seconds / measured_peak_flops()["flops_per_s"]
