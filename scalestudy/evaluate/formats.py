@@ -1,0 +1,194 @@
+"""Readers for the released file formats of the evaluation sets.
+
+Each reader turns one release (JSONL, the original COPA XML, PIQA's labels file, WiC's
+tab-separated text) into `Row`s: a dict of fields plus where it came from, so that every later
+error can name the file, the line and the field. No prompts here (tasks.py owns those).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config import ScalestudyError
+
+
+class TaskDataError(ScalestudyError):
+    """An evaluation file is missing or malformed; the message names file, line and field."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One record of a release file and its origin (`path:line`, or an item id for XML)."""
+
+    fields: dict[str, Any]
+    where: str
+
+    def get(self, name: str, kind: type | tuple[type, ...] | None = None) -> Any:
+        """The field `name`, checked to be of `kind`; a TaskDataError naming it otherwise."""
+        if name not in self.fields:
+            have = ", ".join(sorted(self.fields)) or "none"
+            raise TaskDataError(f"{self.where}: missing field {name!r}; fields present: {have}")
+        value = self.fields[name]
+        if kind is not None and not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise TaskDataError(
+                f"{self.where}: field {name!r} should be {names}, got "
+                f"{type(value).__name__} {_short(value)}"
+            )
+        return value
+
+    def error(self, message: str) -> TaskDataError:
+        return TaskDataError(f"{self.where}: {message}")
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def require_file(path: str | Path, what: str = "task file") -> Path:
+    """`path` as a Path if it is an existing file; a TaskDataError naming it otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        parent = path.parent
+        near = sorted(p.name for p in parent.iterdir())[:12] if parent.is_dir() else []
+        hint = f"; {parent} holds: {', '.join(near)}" if near else f"; {parent} does not exist"
+        raise TaskDataError(f"{what} not found: {path}{hint}")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[Row]:
+    """Rows of a JSON-lines file (blank lines skipped); each line must be a JSON object."""
+    path = require_file(path)
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskDataError(
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno})"
+                ) from None
+            if not isinstance(obj, dict):
+                raise TaskDataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            rows.append(Row(obj, where))
+    if not rows:
+        raise TaskDataError(f"{path}: no rows")
+    return rows
+
+
+def read_labels(path: str | Path, n_rows: int) -> list[int]:
+    """One integer label per line (PIQA's `*-labels.lst`), aligned with `n_rows` data rows."""
+    path = require_file(path, "labels file")
+    labels = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            labels.append(int(line))
+        except ValueError:
+            raise TaskDataError(f"{path}:{n}: label {line!r} is not an integer") from None
+    if len(labels) != n_rows:
+        raise TaskDataError(f"{path}: {len(labels)} labels for {n_rows} data rows; they must align")
+    return labels
+
+
+def read_copa_xml(path: str | Path) -> list[Row]:
+    """The original COPA release: `<item id asks-for most-plausible-alternative>` p/a1/a2.
+
+    Fields as in the JSONL conversion and SuperGLUE: premise, choice1, choice2, question
+    ("cause"/"effect"), label (0-based), id.
+    """
+    path = require_file(path)
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        raise TaskDataError(f"{path}: not valid XML ({e})") from None
+    rows = []
+    for i, item in enumerate(root.iter("item"), start=1):
+        where = f"{path}: item {item.get('id', f'#{i}')}"
+        texts = {}
+        for tag in ("p", "a1", "a2"):
+            node = item.find(tag)
+            if node is None or not (node.text or "").strip():
+                raise TaskDataError(f"{where}: missing or empty <{tag}>")
+            texts[tag] = node.text.strip()
+        alt = item.get("most-plausible-alternative")
+        if alt not in ("1", "2"):
+            raise TaskDataError(f"{where}: most-plausible-alternative={alt!r}; accepted: 1, 2")
+        fields = {
+            "id": int(item.get("id", i)),
+            "premise": texts["p"],
+            "choice1": texts["a1"],
+            "choice2": texts["a2"],
+            "question": item.get("asks-for"),
+            "label": int(alt) - 1,
+        }
+        rows.append(Row(fields, where))
+    if not rows:
+        raise TaskDataError(f"{path}: no <item> elements")
+    return rows
+
+
+def read_piqa(path: str | Path) -> list[Row]:
+    """PIQA: goal/sol1/sol2 JSONL with labels inline or in the aligned `<stem>-labels.lst`."""
+    path = Path(path)
+    rows = read_jsonl(path)
+    if "label" in rows[0].fields:
+        return rows
+    labels = read_labels(path.with_name(f"{path.stem}-labels.lst"), len(rows))
+    return [Row({**r.fields, "label": y}, r.where) for r, y in zip(rows, labels, strict=True)]
+
+
+def read_wic_txt(path: str | Path) -> list[Row]:
+    """WiC's original release: `dev.data.txt` (word, pos, i-j, s1, s2) + `dev.gold.txt` (T/F)."""
+    path = require_file(path)
+    gold_path = require_file(path.with_name(path.name.replace(".data.", ".gold.")), "gold file")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    gold = gold_path.read_text().split()
+    if len(gold) != len(lines):
+        raise TaskDataError(f"{gold_path}: {len(gold)} labels for {len(lines)} rows in {path}")
+    rows = []
+    for n, (line, g) in enumerate(zip(lines, gold, strict=True), start=1):
+        parts = line.split("\t")
+        if len(parts) != 5 or g not in ("T", "F"):
+            raise TaskDataError(
+                f"{path}:{n}: expected 5 tab-separated fields and a T/F gold label, got "
+                f"{len(parts)} fields and {g!r}"
+            )
+        word, pos, idx, s1, s2 = parts
+        i1, _, i2 = idx.partition("-")
+        fields = {
+            "word": word,
+            "pos": pos,
+            "word_index1": int(i1),
+            "word_index2": int(i2),
+            "sentence1": s1,
+            "sentence2": s2,
+            "label": g == "T",
+        }
+        rows.append(Row(fields, f"{path}:{n}"))
+    return rows
+
+
+def read_rows(path: str | Path) -> list[Row]:
+    """Rows of any supported release file, chosen by its name.
+
+    `.xml`: original COPA; `*.data.txt`: original WiC (with `*.gold.txt`); `.jsonl`: one
+    object per line, with labels from an aligned `<stem>-labels.lst` when there is one (PIQA).
+    """
+    path = Path(path)
+    if path.suffix == ".xml":
+        return read_copa_xml(path)
+    if path.name.endswith(".data.txt"):
+        return read_wic_txt(path)
+    if path.with_name(f"{path.stem}-labels.lst").is_file():
+        return read_piqa(path)
+    return read_jsonl(path)

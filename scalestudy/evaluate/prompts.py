@@ -1,0 +1,254 @@
+"""Harness prompts: one function per task turning a release row into an `Example`.
+
+The prompts are those of the public evaluation harness (EleutherAI lm-evaluation-harness) for
+each task. Every builder accepts the released file's fields and, where they differ, the field
+names of the TFDS/HF version of the dataset, so the same task reads from either source.
+Files already in harness form (`{query, choices, gold}`) are taken as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scalestudy.evaluate.formats import Row
+
+
+@dataclass(frozen=True)
+class Example:
+    """One item: the choices are scored as `context + delimiter + choice`.
+
+    `contexts` holds one shared context, or one per choice (partial scoring: Winogrande's
+    option-filled contexts before one shared continuation).
+    """
+
+    contexts: tuple[str, ...]
+    choices: tuple[str, ...]
+    gold: int = 0
+    group: str = ""  # sub-task (probe name, prompt template) for per-group metrics
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(context, continuation) for each choice."""
+        if len(self.contexts) == 1:
+            return [(self.contexts[0], c) for c in self.choices]
+        return list(zip(self.contexts, self.choices, strict=True))
+
+
+def gold_index(row: Row, field: str, choices: tuple[str, ...], names: tuple = ()) -> int:
+    """The gold label as an index into `choices`: an int, a bool, a digit string, one of
+    `names` (label values in choice order), or the text of a choice."""
+    value = row.get(field, (int, str, bool))
+    n = len(choices)
+    if isinstance(value, bool):
+        value = int(value)
+    elif isinstance(value, str):
+        stripped = value.strip()
+        if names and stripped in names:
+            return list(names).index(stripped)
+        if stripped in choices:
+            return choices.index(stripped)
+        if stripped.lstrip("-").isdigit():
+            value = int(stripped)
+        else:
+            accepted = list(names) if names else list(choices)
+            raise row.error(f"field {field!r}: label {value!r} is none of {accepted}")
+    if not 0 <= value < n:
+        raise row.error(
+            f"field {field!r}: gold label {value} out of range for {n} choices "
+            f"(accepted 0..{n - 1})"
+        )
+    return value
+
+
+def check_choices(row: Row, choices: tuple[str, ...], field: str) -> tuple[str, ...]:
+    """`choices` if there are at least two, all non-empty strings; a row error otherwise."""
+    if len(choices) < 2:
+        raise row.error(f"field {field!r}: need at least 2 choices, got {len(choices)}")
+    for i, c in enumerate(choices):
+        if not isinstance(c, str):
+            raise row.error(f"field {field!r}: choice {i} is {type(c).__name__}, not text")
+        if not c.strip():
+            raise row.error(f"field {field!r}: choice {i} is empty")
+    return choices
+
+
+def _harness_form(row: Row, suffix: str = "") -> Example:
+    """A `{query, choices, gold}` row, the prompt already applied (plus `suffix` if missing)."""
+    query = row.get("query", str)
+    if suffix and not query.rstrip().endswith(suffix.strip()):
+        query += suffix
+    choices = check_choices(row, tuple(row.get("choices", list)), "choices")
+    return Example((query,), choices, gold_index(row, "gold", choices))
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def copa(row: Row) -> Example:
+    if "query" in row.fields:
+        return _harness_form(row)
+    premise = row.get("premise", str).strip()
+    question = row.get("question", str)
+    connectors = {"cause": "because", "effect": "therefore"}
+    if question not in connectors:
+        raise row.error(f"field 'question' is {question!r}; accepted: cause, effect")
+    context = f"{premise.removesuffix('.')} {connectors[question]}"
+    fields = ("choice1", "choice2")
+    choices = check_choices(row, tuple(_lower_first(row.get(f, str)) for f in fields), "choice*")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def piqa(row: Row) -> Example:
+    if "query" in row.fields:
+        return _harness_form(row)
+    context = f"Question: {row.get('goal', str)}\nAnswer:"
+    choices = check_choices(row, (row.get("sol1", str), row.get("sol2", str)), "sol*")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def _hellaswag_clean(text: str) -> str:
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def hellaswag(row: Row) -> Example:
+    if "query" in row.fields:
+        context = row.get("query", str)
+    else:  # TFDS/HF fields
+        ctx = row.get("context" if "context" in row.fields else "ctx", str)
+        context = f"{row.get('activity_label', str)}: {ctx}"
+    choices = tuple(_hellaswag_clean(e) for e in row.get("endings", list))
+    choices = check_choices(row, choices, "endings")
+    field = "label" if "label" in row.fields else "gold"
+    return Example((_hellaswag_clean(context),), choices, gold_index(row, field, choices))
+
+
+def boolq(row: Row) -> Example:
+    if "query" in row.fields:
+        return _harness_form(row, "\nAnswer:")
+    context = f"{row.get('passage', str)}\nQuestion: {row.get('question', str)}?\nAnswer:"
+    choices = ("no", "yes")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def arc(row: Row) -> Example:
+    if "query" in row.fields:
+        return _harness_form(row, "\nAnswer:")
+    choice_obj = row.get("choices", dict)
+    choices = check_choices(row, tuple(choice_obj.get("text", ())), "choices.text")
+    keys = tuple(str(k) for k in choice_obj.get("label", ()))
+    context = f"Question: {row.get('question', str)}\nAnswer:"
+    return Example((context,), choices, gold_index(row, "answerKey", choices, keys))
+
+
+def winogrande(row: Row) -> Example:
+    if "context_options" in row.fields:
+        options = tuple(row.get("context_options", list))
+        check_choices(row, options, "context_options")
+        continuation = row.get("continuation", str)
+        gold = gold_index(row, "gold", options)
+    else:  # TFDS/HF fields: sentence with a blank "_", option1, option2
+        sentence = row.get("sentence", str)
+        if "_" not in sentence:
+            raise row.error("field 'sentence' has no blank '_' to fill")
+        cut = sentence.index("_")
+        options = tuple(sentence[:cut] + row.get(f, str) for f in ("option1", "option2"))
+        continuation = sentence[cut + 1 :].strip()
+        field = "answer" if "answer" in row.fields else "label"
+        gold = gold_index(row, field, ("1", "2") if field == "answer" else options, ("1", "2"))
+    if not continuation.strip():
+        raise row.error("the shared continuation is empty")
+    return Example(options, (continuation,) * len(options), gold)
+
+
+def lambada(row: Row) -> Example:
+    if "text" in row.fields and "context" not in row.fields:
+        context, _, word = row.get("text", str).rpartition(" ")
+    else:
+        context, word = row.get("context", str), row.get("continuation", str)
+    if not word.strip():
+        raise row.error("the target word ('continuation') is empty")
+    return Example((context,), (word,))
+
+
+def rte(row: Row) -> Example:
+    context = (
+        f"{row.get('premise', str)}\nQuestion: {row.get('hypothesis', str)} True or False?\nAnswer:"
+    )
+    choices = ("True", "False")
+    return Example((context,), choices, gold_index(row, "label", choices, RTE_LABELS))
+
+
+def cb(row: Row) -> Example:
+    context = (
+        f"{row.get('premise', str)}\nQuestion: {row.get('hypothesis', str)}. "
+        "True, False, or Neither?\nAnswer:"
+    )
+    choices = ("True", "False", "Neither")
+    return Example((context,), choices, gold_index(row, "label", choices, CB_LABELS))
+
+
+def wic(row: Row) -> Example:
+    s1, s2 = row.get("sentence1", str), row.get("sentence2", str)
+    if "start1" in row.fields:
+        word = s1[row.get("start1", int) : row.get("end1", int)]
+    else:
+        tokens, i = s1.split(" "), row.get("word_index1", int)
+        if not 0 <= i < len(tokens):
+            raise row.error(f"field 'word_index1'={i} outside sentence1's {len(tokens)} words")
+        word = tokens[i]
+    context = (
+        f"Sentence 1: {s1}\nSentence 2: {s2}\nQuestion: Is the word '{word}' used in the same "
+        "way in the two sentences above?\nAnswer:"
+    )
+    choices = ("no", "yes")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def _detokenize(text: str) -> str:
+    """Undo the release's whitespace tokenisation around punctuation and quotes."""
+    text = text.replace(" n't", "n't").replace(" 's", "'s").replace("( ", "(").replace(" )", ")")
+    text = text.replace('" ', '"').replace(' "', '"')
+    return re.sub(r" ([.,;:?!])", r"\1", text)
+
+
+def wsc(row: Row) -> Example:
+    target = Row(row.fields["target"], row.where) if "target" in row.fields else row
+    text = row.get("text", str)
+    pronoun, noun = target.get("span2_text", str), target.get("span1_text", str)
+    before = " ".join(text.split()[: target.get("span2_index", int)])
+    after = text[len(before) + len(pronoun) + 1 :]
+    passage = _detokenize(f"{before} *{pronoun}*{after}")
+    context = (
+        f"Passage: {passage}\nQuestion: In the passage above, does the pronoun "
+        f'"*{pronoun}*" refer to "*{noun}*"?\nAnswer:'
+    )
+    choices = ("no", "yes")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def generic(row: Row) -> Example:
+    """`{query, choices, gold}` rows (any task already in harness form)."""
+    return _harness_form(row)
+
+
+RTE_LABELS = ("entailment", "not_entailment")
+CB_LABELS = ("entailment", "contradiction", "neutral")
+BUILDERS: dict[str, Callable[[Row], Example]] = {
+    "copa": copa,
+    "piqa": piqa,
+    "hellaswag": hellaswag,
+    "boolq": boolq,
+    "arc_easy": arc,
+    "arc_challenge": arc,
+    "winogrande": winogrande,
+    "lambada": lambada,
+    "rte": rte,
+    "cb": cb,
+    "wic": wic,
+    "wsc": wsc,
+    "mc": generic,
+}

@@ -1,0 +1,289 @@
+"""Zero-shot task registry: released files, generic YAML tasks, TFDS, synthetic probes.
+
+A task name resolves, in order, to:
+  `synthetic_probes`           the built-in corpus's probe tasks (data/synthetic.py)
+  `text:PATH`                  held-out loss / bits per byte over a text file
+  `NAME:PATH`                  a registered task read from an explicit release file
+  `tfds:NAME` or `a/b`         a TFDS dataset prepared on this machine (e.g. `super_glue/copa`)
+  `PATH.yaml`                  a generic multiple-choice task (a TaskConfig mapping)
+  `NAME`                       a registered task read from its release file under `data_dir`
+
+`data_dir` has the layout of ../shared/data/eval (see `DEFAULT_FILES`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from scalestudy.config import (
+    ConfigError,
+    EvalConfig,
+    SyntheticConfig,
+    TaskConfig,
+    read_yaml,
+    validate,
+)
+from scalestudy.evaluate import generic, prompts
+from scalestudy.evaluate.formats import Row, TaskDataError, read_rows, require_file
+from scalestudy.evaluate.prompts import Example
+
+Kind = Literal["choice", "last_word", "text"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Examples to score and how to report them.
+
+    kind "choice": rank classification (acc, acc_norm); "last_word": greedy exact match of the
+    continuation and perplexity; "text": loss per token and bits per byte over documents.
+    `aggregate` combines per-group accuracies into the task's (promptsource: median).
+    """
+
+    name: str
+    kind: Kind
+    examples: tuple[Example, ...]
+    source: str
+    metric: str = "acc"
+    delimiter: str = " "
+    aggregate: Literal["all", "median"] = "all"
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A registered task: its release file under data_dir and how to read it."""
+
+    files: tuple[str, ...]  # candidates under data_dir, first existing wins
+    kind: Kind = "choice"
+    metric: str = "acc"
+    keep: tuple[str, int, int] | None = None  # (field, lo, hi): the default file's standard split
+    tfds: tuple[str, str] | None = None  # (name, split)
+    promptsource: str | None = None  # directory under promptsource_templates/
+
+
+REGISTRY: dict[str, Spec] = {
+    # COPA: the SuperGLUE validation split (dev ids 401-500), as the harness and T0 evaluate it.
+    "copa": Spec(
+        ("copa/copa-dev.xml", "copa/copa-dev.jsonl"),
+        keep=("id", 401, 500),
+        tfds=("super_glue/copa", "validation"),
+        promptsource="super_glue/copa",
+    ),
+    "piqa": Spec(
+        ("piqa/valid.jsonl",), metric="acc_norm", tfds=("piqa", "validation"), promptsource="piqa"
+    ),
+    "hellaswag": Spec(
+        ("hellaswag/hellaswag_val.jsonl",),
+        metric="acc_norm",
+        tfds=("hellaswag", "validation"),
+        promptsource="hellaswag",
+    ),
+    "boolq": Spec(
+        ("boolq/boolq_dev.llmfoundry.jsonl",),
+        tfds=("super_glue/boolq", "validation"),
+        promptsource="super_glue/boolq",
+    ),
+    "arc_easy": Spec(
+        ("arc_easy/arc_easy_test.llmfoundry.jsonl",),
+        metric="acc_norm",
+        tfds=("ai2_arc/ARC-Easy", "test"),
+        promptsource="ai2_arc/ARC-Easy",
+    ),
+    "winogrande": Spec(
+        ("winogrande/winogrande_xl_dev.llmfoundry.jsonl",),
+        tfds=("winogrande/winogrande_xl", "validation"),
+    ),
+    "lambada": Spec(
+        ("lambada/lambada_openai_test.llmfoundry.jsonl",),
+        kind="last_word",
+        tfds=("lambada", "test"),
+    ),
+    "rte": Spec(
+        ("rte/val.jsonl",), tfds=("super_glue/rte", "validation"), promptsource="super_glue/rte"
+    ),
+    "cb": Spec(
+        ("cb/val.jsonl",), tfds=("super_glue/cb", "validation"), promptsource="super_glue/cb"
+    ),
+    "wic": Spec(
+        ("wic/dev.jsonl", "wic/dev.data.txt"),
+        tfds=("super_glue/wic", "validation"),
+        promptsource="super_glue/wic",
+    ),
+    "wsc": Spec(
+        ("wsc_superglue/val.jsonl",),
+        tfds=("super_glue/wsc.fixed", "validation"),
+        promptsource="super_glue/wsc.fixed",
+    ),
+}
+DEFAULT_FILES = {name: spec.files[0] for name, spec in REGISTRY.items()}
+TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds}
+
+
+def _resolve_data_dir(data_dir: str | Path | None) -> Path:
+    if data_dir is None:
+        data_dir = os.environ.get("SCALESTUDY_EVAL_DIR")
+    if data_dir is None:
+        raise TaskDataError(
+            "no evaluation data directory: pass --data-dir DIR or set eval.data_dir (a "
+            "directory laid out like copa/copa-dev.xml, piqa/valid.jsonl, ...; see README `eval`)"
+        )
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise TaskDataError(f"evaluation data directory not found: {path}")
+    return path
+
+
+def build_examples(name: str, rows: list[Row]) -> tuple[Example, ...]:
+    """Examples of registered task `name` from release rows (harness prompts)."""
+    build = prompts.BUILDERS[name]
+    return tuple(build(row) for row in rows)
+
+
+def _registered(name: str, path: Path | None, data_dir, prompt_set: str) -> Task:
+    spec = REGISTRY[name]
+    keep = None
+    if path is None:
+        root = _resolve_data_dir(data_dir)
+        found = [root / f for f in spec.files if (root / f).is_file()]
+        if not found:
+            raise TaskDataError(
+                f"task {name!r}: none of {', '.join(spec.files)} under {root}; give the file "
+                f"explicitly as {name}:PATH, or --data-dir pointing at the released task files"
+            )
+        path, keep = found[0], spec.keep
+    rows = read_rows(path)
+    if keep is not None:
+        key, lo, hi = keep
+        rows = [r for r in rows if lo <= int(r.get(key, (int, str))) <= hi]
+    if prompt_set == "promptsource":
+        from scalestudy.evaluate.promptsource import promptsource_task
+
+        return promptsource_task(name, spec, rows, str(path), data_dir)
+    return Task(name, spec.kind, build_examples(name, rows), str(path), spec.metric)
+
+
+def _decode(value):
+    """TFDS numpy values -> plain Python (bytes to str, arrays to lists, dicts recursively)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):
+        return _decode(value.tolist())
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def _tfds(tfds_name: str, tfds_data_dir: str | None) -> Task:
+    base = tfds_name.partition(":")[0]  # name[:version]
+    if base not in TFDS_NAMES:
+        raise TaskDataError(
+            f"no prompt mapping for TFDS dataset {base!r}; accepted: "
+            f"{', '.join(sorted(TFDS_NAMES))} (or write a generic task YAML over a JSONL export)"
+        )
+    name = TFDS_NAMES[base]
+    split = REGISTRY[name].tfds[1]
+    import tensorflow_datasets as tfds
+
+    try:  # try_gcs=False and no download: a missing dataset is an error, never a network wait
+        builder = tfds.builder(tfds_name, data_dir=tfds_data_dir, try_gcs=False)
+        prepared = builder.is_prepared()
+    except Exception as e:  # TFDS raises several types for unknown or unregistered names
+        raise TaskDataError(f"TFDS dataset {tfds_name!r} unavailable: {e}") from None
+    if not prepared:
+        raise TaskDataError(
+            f"TFDS dataset {tfds_name!r} is not prepared in {builder.data_dir}; prepare it with "
+            f"`tfds build {base}` where there is network access (or set eval.tfds_data_dir), "
+            f"or use the released files: --tasks {name} --data-dir DIR"
+        )
+    ds = builder.as_dataset(split=split)
+    rows = [
+        Row(_decode(x), f"tfds:{tfds_name}[{split}] #{i}") for i, x in enumerate(tfds.as_numpy(ds))
+    ]
+    spec = REGISTRY[name]
+    return Task(name, spec.kind, build_examples(name, rows), f"tfds:{tfds_name}", spec.metric)
+
+
+def _probes(synthetic: SyntheticConfig | None) -> Task:
+    from scalestudy.data.synthetic import probe_tasks
+
+    examples = []
+    for group, items in probe_tasks(synthetic or SyntheticConfig()).items():
+        for i, item in enumerate(items):
+            row = Row(item, f"synthetic probe {group} #{i}")
+            choices = prompts.check_choices(
+                row, tuple(row.get("choices", (list, tuple))), "choices"
+            )
+            gold = prompts.gold_index(row, "gold", choices)
+            examples.append(Example((row.get("context", str),), choices, gold, group))
+    return Task("synthetic_probes", "choice", tuple(examples), "data.synthetic.probe_tasks")
+
+
+def _text(path: str, name: str = "text") -> Task:
+    file = require_file(path, "text file")
+    text = file.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise TaskDataError(f"{file}: empty text file")
+    return Task(name, "text", (Example(("",), (text,)),), str(file), "bpb")
+
+
+def load_task(
+    name_or_path: str | TaskConfig,
+    data_dir: str | Path | None = None,
+    prompts: str = "harness",
+    *,
+    synthetic: SyntheticConfig | None = None,
+    tfds_data_dir: str | None = None,
+) -> Task:
+    """Load one task by name, `NAME:PATH`, TFDS name, task YAML file or TaskConfig."""
+    if isinstance(name_or_path, TaskConfig):
+        return generic.generic_task(name_or_path, data_dir)
+    spec = str(name_or_path)
+    if prompts not in ("harness", "promptsource"):
+        raise ConfigError(f"eval.prompts={prompts!r}; accepted: harness, promptsource")
+    if spec == "synthetic_probes":
+        return _probes(synthetic)
+    head, sep, tail = spec.partition(":")
+    if sep and head == "text":
+        return _text(tail)
+    if sep and head == "tfds":
+        return _tfds(tail, tfds_data_dir)
+    if sep and head in REGISTRY:
+        return _registered(head, Path(tail), data_dir, prompts)
+    if spec.endswith((".yaml", ".yml")):
+        path = require_file(spec, "task YAML file")
+        cfg = validate(TaskConfig, read_yaml(path), str(path))
+        return generic.generic_task(cfg, data_dir, base_dir=path.parent)
+    if spec in REGISTRY:
+        return _registered(spec, None, data_dir, prompts)
+    if "/" in spec and spec.split(":")[0] in TFDS_NAMES:
+        return _tfds(spec, tfds_data_dir)
+    accepted = ["synthetic_probes", *REGISTRY, "NAME:PATH", "text:PATH", "tfds:NAME", "FILE.yaml"]
+    raise TaskDataError(f"unknown task {spec!r}; accepted: {', '.join(accepted)}")
+
+
+def load_tasks(
+    eval_cfg: EvalConfig,
+    synthetic: SyntheticConfig | None = None,
+    names: list[str] | None = None,
+    data_dir: str | None = None,
+) -> list[Task]:
+    """The tasks of an EvalConfig: `tasks` plus `custom_tasks`, or just `names` when given."""
+    data_dir = eval_cfg.data_dir if data_dir is None else data_dir
+    tasks = [
+        load_task(
+            n, data_dir, eval_cfg.prompts, synthetic=synthetic, tfds_data_dir=eval_cfg.tfds_data_dir
+        )
+        for n in (eval_cfg.tasks if names is None else names)
+    ]
+    if names is None:
+        tasks += [generic.generic_task(tc, data_dir) for tc in eval_cfg.custom_tasks]
+    seen = [t.name for t in tasks]
+    dupes = sorted({n for n in seen if seen.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"duplicate task names {dupes}; give each task a distinct name")
+    return tasks
