@@ -169,6 +169,7 @@ class DataConfig(_Frozen):
     spm_path: str | None = None
     extra_ids: int = Field(100, ge=0)
     synthetic: SyntheticConfig = SyntheticConfig()
+    max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora
     shuffle_buffer: int = Field(1024, ge=1)
     seed: int = 0
 
@@ -203,6 +204,10 @@ class ObjectiveConfig(_Frozen):
     targets_length: int = Field(16, ge=1)
     noise_density: float = Field(0.15, gt=0.0, lt=1.0)  # mlm
     mean_noise_span_length: float = Field(3.0, ge=1.0)  # mlm
+    # plm: "uniform" splits an n-token piece at 1..n-1 (the encoder-decoder then keeps the last
+    # inputs_length input and first targets_length target tokens); "fit" draws only splits
+    # that fit (inputs_length, targets_length) untruncated, the same for every architecture.
+    plm_split: Literal["uniform", "fit"] = "uniform"
     pack: bool = True
 
     @property

@@ -1,0 +1,202 @@
+"""Pretraining objectives: raw token pieces -> (inputs, targets) examples.
+
+An objective never knows the architecture: it turns a piece of one document into an
+(inputs, targets) pair, and `pipeline.py` converts pairs into each architecture's features.
+
+Chunking (how much raw text one example consumes), with I = inputs_length, T = targets_length
+and L = I + T:
+- flm: a document plus EOS is cut into consecutive pieces of L tokens (the last may be
+  shorter); inputs are empty and the whole piece is the target.
+- plm: the same pieces of L tokens; a piece of n >= 2 tokens is split at s, drawn uniformly
+  from 1..n-1 (`plm_split='uniform'`) or from the splits that fit (I, T) without truncation,
+  max(1, n-T)..min(n-1, I) (`plm_split='fit'`). inputs = piece[:s], targets = piece[s:].
+- mlm: a document (no EOS) is cut into pieces of R raw tokens, R the largest length whose
+  corrupted inputs fit in I (T5's rule: I=512 -> R=568 and targets 114); noise spans are
+  replaced by sentinels; inputs and targets each end with EOS.
+Pieces shorter than the objective's minimum (1 token for flm, 2 otherwise) are dropped.
+
+Randomness for example k is a pure function of (seed, k) (`uniforms`), so any example can be
+rebuilt on its own: this is what makes the batch stream resumable and process-independent.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from scalestudy.config import ObjectiveConfig
+from scalestudy.data import DataError
+
+EOS_ID = 1  # seqio convention for both vocabularies (0 = padding)
+
+# ----------------------------------------------------------------------------- randomness
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser: a bijective, well-mixing map on uint64."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(seed: int, index: int, n: int) -> np.ndarray:
+    """n floats in [0, 1), a pure function of (seed, index); a prefix of a longer draw."""
+    with np.errstate(over="ignore"):
+        key = _mix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        key = _mix64(key + np.uint64(index & 0xFFFFFFFFFFFFFFFF))
+        z = _mix64(key + _GOLDEN * np.arange(1, n + 1, dtype=np.uint64))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+# ----------------------------------------------------------------------------- span corruption
+
+
+def span_counts(n: int, noise_density: float, mean_span: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) for a piece of n tokens, as T5's random_spans_noise_mask."""
+    num_noise = min(max(round(n * noise_density), 1), n - 1)
+    num_spans = max(round(num_noise / mean_span), 1)
+    # Every noise and non-noise span holds at least one token.
+    num_spans = min(num_spans, num_noise, n - num_noise)
+    return num_noise, num_spans
+
+
+def span_lengths(n: int, noise_density: float, mean_span: float) -> tuple[int, int]:
+    """(inputs, targets) lengths after corrupting n tokens, EOS included."""
+    noise, spans = span_counts(n, noise_density, mean_span)
+    return n - noise + spans + 1, noise + spans + 1
+
+
+@functools.lru_cache(maxsize=64)
+def mlm_piece_length(inputs_length: int, noise_density: float, mean_span: float) -> int:
+    """The largest raw piece R whose corrupted inputs (of any piece <= R) fit inputs_length."""
+    best = 0
+    for n in range(2, 4 * inputs_length + 8):
+        if span_lengths(n, noise_density, mean_span)[0] > inputs_length:
+            break
+        best = n
+    if best == 0:
+        raise DataError(
+            f"objective.inputs_length={inputs_length} is too short for span corruption: even "
+            "2 raw tokens need 3 input positions (token, sentinel, EOS); use inputs_length >= 3"
+        )
+    return best
+
+
+def noise_mask(n: int, noise_density: float, mean_span: float, u: np.ndarray) -> np.ndarray:
+    """Boolean mask of noise tokens: spans alternate non-noise, noise, ..., starting non-noise.
+
+    Span lengths are uniform random compositions (every split equally likely) of the noise
+    and non-noise token counts, as in T5; `u` holds at least n - 2 uniforms.
+    """
+    num_noise, num_spans = span_counts(n, noise_density, mean_span)
+    noise_ends = _composition_ends(num_noise, num_spans, u[: max(num_noise - 1, 0)])
+    keep_ends = _composition_ends(n - num_noise, num_spans, u[max(num_noise - 1, 0) :])
+    noise_len = np.diff(noise_ends, prepend=0)
+    keep_len = np.diff(keep_ends, prepend=0)
+    lengths = np.stack([keep_len, noise_len], axis=1).reshape(-1)
+    flags = np.tile(np.array([False, True]), num_spans)
+    return np.repeat(flags, lengths)
+
+
+def _composition_ends(total: int, parts: int, u: np.ndarray) -> np.ndarray:
+    """End offsets of a uniformly random split of `total` items into `parts` non-empty runs."""
+    if parts == 1:
+        return np.array([total])
+    cuts = np.sort(np.argpartition(u[: total - 1], parts - 2)[: parts - 1]) + 1
+    return np.append(cuts, total)
+
+
+def span_corrupt(
+    piece: np.ndarray, mask: np.ndarray, vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """T5 span corruption of `piece` given its noise mask; sentinels count down from the top."""
+    starts = mask & ~np.concatenate([[False], mask[:-1]])
+    sentinel_at = (vocab_size - np.cumsum(starts)).astype(np.int32)  # top id for span 0
+    # inputs: non-noise tokens, each noise span replaced by its sentinel.
+    inputs = np.where(starts, sentinel_at, piece)[~mask | starts].astype(np.int32)
+    # targets: each noise span preceded by the same sentinel.
+    noise = np.flatnonzero(mask)
+    span_starts = np.flatnonzero(starts[noise])
+    targets = np.insert(piece[noise].astype(np.int32), span_starts, sentinel_at[noise][span_starts])
+    eos = np.array([EOS_ID], dtype=np.int32)
+    return np.concatenate([inputs, eos]), np.concatenate([targets, eos])
+
+
+# ----------------------------------------------------------------------------- examples
+
+
+class Objective:
+    """One objective bound to its config: piece lengths, example sizes and examples."""
+
+    def __init__(self, cfg: ObjectiveConfig, vocab_size: int, extra_ids: int, seed: int) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.seed = seed
+        self.vocab_size = vocab_size
+        L = cfg.decoder_length
+        if cfg.name == "mlm":
+            self.piece_length = mlm_piece_length(
+                cfg.inputs_length, cfg.noise_density, cfg.mean_noise_span_length
+            )
+            worst = [
+                span_lengths(n, cfg.noise_density, cfg.mean_noise_span_length)
+                for n in range(2, self.piece_length + 1)
+            ]
+            need_targets = max(t for _, t in worst)
+            if need_targets > cfg.targets_length:
+                raise DataError(
+                    f"objective.targets_length={cfg.targets_length} is too short for span "
+                    f"corruption with inputs_length={cfg.inputs_length}, noise_density="
+                    f"{cfg.noise_density}, mean_noise_span_length={cfg.mean_noise_span_length}:"
+                    f" targets need up to {need_targets} tokens; set targets_length >= "
+                    f"{need_targets}"
+                )
+            max_spans = max(
+                span_counts(n, cfg.noise_density, cfg.mean_noise_span_length)[1]
+                for n in range(2, self.piece_length + 1)
+            )
+            if extra_ids < max_spans:
+                raise DataError(
+                    f"data.extra_ids={extra_ids} is too few sentinels for span corruption: "
+                    f"pieces of {self.piece_length} tokens have up to {max_spans} noise spans; "
+                    f"set data.extra_ids >= {max_spans} (T5 uses 100)"
+                )
+            self.min_piece = 2
+        else:
+            self.piece_length = L
+            self.min_piece = 1 if cfg.name == "flm" else 2
+            if self.min_piece > L:
+                raise DataError(f"objective {cfg.name!r} needs sequences of >= 2 tokens; got L={L}")
+        self.append_eos = cfg.name != "mlm"
+
+    def sizes(self, n: int, index: int) -> tuple[int, int]:
+        """(len(inputs), len(targets)) of example `index` made from an n-token piece."""
+        if self.name == "flm":
+            return 0, n
+        if self.name == "plm":
+            s = self._split(n, uniforms(self.seed, index, 1)[0])
+            return s, n - s
+        return span_lengths(n, self.cfg.noise_density, self.cfg.mean_noise_span_length)
+
+    def _split(self, n: int, u: float) -> int:
+        if self.cfg.plm_split == "uniform":
+            lo, hi = 1, n - 1
+        else:
+            lo = max(1, n - self.cfg.targets_length)
+            hi = min(n - 1, self.cfg.inputs_length)
+        return lo + min(int(u * (hi - lo + 1)), hi - lo)
+
+    def example(self, piece: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets) int32 arrays of example `index` made from `piece`."""
+        n = piece.size
+        if self.name == "flm":
+            return piece[:0], piece
+        if self.name == "plm":
+            s = self._split(n, uniforms(self.seed, index, 1)[0])
+            return piece[:s], piece[s:]
+        u = uniforms(self.seed, index, max(n - 2, 1))
+        mask = noise_mask(n, self.cfg.noise_density, self.cfg.mean_noise_span_length, u)
+        return span_corrupt(piece, mask, self.vocab_size)

@@ -1,0 +1,184 @@
+"""Document sources: the built-in synthetic corpus, local text files, TFDS datasets by name.
+
+Every source answers `documents(data_cfg, split) -> list[str]` for split 'train' or
+'validation'. Local text: each path is a file or a directory (walked recursively for `*.txt`);
+a document is a whole file (`split_by='file'`), a non-empty line ('line'), or the text between
+delimiters ('delimiter', default `<|endoftext|>`). The validation split is
+`data.validation_paths` when given, else a deterministic held-out `validation_fraction` of the
+documents. TFDS datasets are read through `seqio.TfdsDataSource`; their presence under the
+data directory is checked on the local filesystem first, so absent data is a clear error,
+never a download attempt or a network retry loop.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+
+import numpy as np
+
+from scalestudy.config import DataConfig
+from scalestudy.data import DataError, synthetic
+from scalestudy.data.objectives import uniforms
+
+SPLITS = ("train", "validation")
+_TEXT_SUFFIXES = (".txt", ".text")
+
+
+def documents(cfg: DataConfig, split: str) -> list[str]:
+    """The documents of `split` ('train' or 'validation') of the configured source."""
+    if split not in SPLITS:
+        raise DataError(f"split {split!r} is not known; accepted: {', '.join(SPLITS)}")
+    if cfg.source == "synthetic":
+        docs = synthetic.documents(cfg.synthetic, split)
+    elif cfg.source == "text":
+        docs = _text_documents(cfg, split)
+    else:
+        docs = _tfds_documents(cfg, split)
+    if cfg.max_documents is not None:
+        docs = docs[: cfg.max_documents]
+    if not docs:
+        raise DataError(
+            f"the {split} split of data.source={cfg.source!r} has no documents"
+            + (f" (paths: {', '.join(map(str, cfg.paths))})" if cfg.source == "text" else "")
+        )
+    return docs
+
+
+# ----------------------------------------------------------------------------- local text
+
+
+def _files(paths: tuple, key: str) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _TEXT_SUFFIXES
+            )
+            if not found:
+                raise DataError(f"{key}: directory {str(p)!r} holds no *.txt files")
+            files.extend(found)
+        else:
+            raise DataError(f"{key}: {str(p)!r} does not exist (give text files or directories)")
+    return files
+
+
+def split_text(text: str, cfg: DataConfig) -> list[str]:
+    """One file's text cut into documents as `data.split_by` says; empty documents dropped."""
+    if cfg.split_by == "file":
+        parts = [text]
+    elif cfg.split_by == "line":
+        parts = text.splitlines()
+    else:
+        parts = text.split(cfg.delimiter)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _read_all(files: list[Path], cfg: DataConfig) -> list[str]:
+    docs: list[str] = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise DataError(f"cannot read {str(f)!r}: {e}") from None
+        docs.extend(split_text(text, cfg))
+    return docs
+
+
+def _text_documents(cfg: DataConfig, split: str) -> list[str]:
+    docs = _read_all(_files(cfg.paths, "data.paths"), cfg)
+    if cfg.validation_paths:
+        if split == "validation":
+            return _read_all(_files(cfg.validation_paths, "data.validation_paths"), cfg)
+        return docs
+    if not docs:
+        return docs
+    held = held_out(len(docs), cfg.validation_fraction)
+    if split == "validation" and not held.any():
+        raise DataError(
+            f"data.paths give only {len(docs)} document(s), too few to hold out a validation "
+            "split; give data.validation_paths, or split_by='line'/'delimiter'"
+        )
+    keep = held if split == "validation" else ~held
+    return [d for d, k in zip(docs, keep) if k]
+
+
+def held_out(n: int, fraction: float) -> np.ndarray:
+    """Boolean mask of the n documents held out for validation (fixed; at least 1 if n >= 2)."""
+    u = uniforms(0x5EED, 0, n)
+    held = u < fraction
+    if n >= 2 and not held.any():
+        held[int(np.argmin(u))] = True
+    return held
+
+
+# ----------------------------------------------------------------------------- TFDS
+
+
+def tfds_data_dir(cfg: DataConfig) -> str:
+    """data.tfds_data_dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's default)."""
+    return (
+        cfg.tfds_data_dir
+        or os.environ.get("TFDS_DATA_DIR")
+        or str(Path("~/tensorflow_datasets").expanduser())
+    )
+
+
+def find_prepared(name: str, data_dir: str) -> Path | None:
+    """The prepared version directory of TFDS `name` ('c4/en:3.*') under a local data_dir."""
+    base, _, version = name.partition(":")
+    root = Path(data_dir) / base
+    if not root.is_dir():
+        return None
+    candidates = []
+    for info in list(root.glob("*/dataset_info.json")) + list(root.glob("*/*/dataset_info.json")):
+        vdir = info.parent
+        # With a config in the name the version is the next level; without one, a dataset
+        # with a default config keeps it one level deeper (name/default_config/version).
+        if version and not fnmatch.fnmatch(vdir.name, version):
+            continue
+        candidates.append(vdir)
+
+    def key(p: Path) -> tuple:
+        return tuple(int(x) if x.isdigit() else 0 for x in p.name.split("."))
+
+    return max(candidates, key=key) if candidates else None
+
+
+def _tfds_documents(cfg: DataConfig, split: str) -> list[str]:
+    name = str(cfg.tfds_name)
+    data_dir = tfds_data_dir(cfg)
+    remote = "://" in data_dir
+    if not remote and find_prepared(name, data_dir) is None:
+        base = name.partition(":")[0]
+        raise DataError(
+            f"TFDS dataset {name!r} is not prepared under {data_dir!r}. Prepare it once on a "
+            f"machine with network access: `tfds build {base} --data_dir {data_dir}` (or "
+            "`python -m tensorflow_datasets.scripts.download_and_prepare --datasets "
+            f"{base} --data_dir {data_dir}`), copy the directory here if needed, and set "
+            "data.tfds_data_dir; or use data.source='text' or the built-in 'synthetic' corpus"
+        )
+    import seqio
+
+    tfds_split = cfg.train_split if split == "train" else cfg.validation_split
+    source = seqio.TfdsDataSource(tfds_name=name, tfds_data_dir=data_dir)
+    if tfds_split not in source.splits:
+        raise DataError(
+            f"TFDS dataset {name!r} has no split {tfds_split!r}; it has "
+            f"{', '.join(sorted(source.splits))} (set data.train_split / data.validation_split)"
+        )
+    ds = source.get_dataset(split=tfds_split, shuffle=False)
+    if cfg.max_documents is not None:
+        ds = ds.take(cfg.max_documents)
+    docs = []
+    for row in ds.as_numpy_iterator():
+        if cfg.text_key not in row:
+            raise DataError(
+                f"TFDS dataset {name!r} has no feature {cfg.text_key!r} (data.text_key); "
+                f"features: {', '.join(sorted(row))}"
+            )
+        docs.append(row[cfg.text_key].decode("utf-8", errors="replace"))
+    return docs
