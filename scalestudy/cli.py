@@ -173,25 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_study)
 
     p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
-    p.add_argument("source", help="registry .sqlite, study directory, .csv or .jsonl")
-    p.add_argument("--law", default="chinchilla3", help="kaplan_n | kaplan_d | kaplan_c | ...")
-    p.add_argument("--n-col", default=None)
-    p.add_argument("--d-col", default=None)
-    p.add_argument("--c-col", default=None)
-    p.add_argument("--loss-col", default=None)
-    p.add_argument("--group-cols", default=None, help="comma-separated columns to fit apart")
-    p.add_argument("--n-kind", choices=["total", "non_embedding"], default="non_embedding")
-    p.add_argument("--c-kind", choices=["6nd", "counted"], default="counted")
-    p.add_argument("--bootstrap", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
+    from scalestudy.scaling import report as scaling_report
+
+    scaling_report.add_data_args(p)
+    scaling_report.add_fit_args(p)
     p.add_argument("--out", default=None, help="write the fit JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_fit)
 
     p = sub.add_parser("plot", help="figures (PNG + SVG) from a study's results and fits")
-    p.add_argument("source", help="registry .sqlite, study directory, .csv or .jsonl")
+    p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
     p.add_argument("--out", required=True, help="directory for the figures")
     p.add_argument("--fits", default=None, help="fit JSON from `scalestudy fit --out`")
+    scaling_report.add_data_args(p)
     p.set_defaults(fn=_cmd_plot)
 
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")

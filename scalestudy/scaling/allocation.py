@@ -1,0 +1,218 @@
+"""Compute-optimal allocation from runs: Chinchilla approaches 1 and 2, and the loss frontier.
+
+Approach 1 takes, at each of many FLOP budgets, the run whose training curve reaches the
+lowest loss at that compute, and fits N_opt(C) = G C^a and D_opt(C) = H C^b to those runs.
+Approach 2 groups runs into IsoFLOP budgets, fits a parabola of loss in log N (and log D) per
+budget, and fits the same power laws to the parabolas' minima. Both bootstrap over runs with
+the multiplicities from `bootstrap.run_counts`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scalestudy.scaling.bootstrap import summarise
+from scalestudy.scaling.io import RunTable, ScalingDataError
+
+
+def loglinear(logc_RB: np.ndarray, logy_RB: np.ndarray, w_RB: np.ndarray):
+    """Weighted least squares of logy = intercept + slope * logc, per row: (slope, intercept)."""
+    sw = w_RB.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mx = (w_RB * logc_RB).sum(axis=1) / sw
+        my = (w_RB * logy_RB).sum(axis=1) / sw
+        dx = logc_RB - mx[:, None]
+        slope = (w_RB * dx * (logy_RB - my[:, None])).sum(axis=1) / (w_RB * dx * dx).sum(axis=1)
+    ok = (w_RB > 0).sum(axis=1) >= 2
+    slope = np.where(ok, slope, np.nan)
+    return slope, np.where(ok, my - slope * mx, np.nan)
+
+
+def _power_laws(logc_RB, logn_RB, logd_RB, w_RB) -> dict[str, np.ndarray]:
+    a, log_g = loglinear(logc_RB, logn_RB, w_RB)
+    b, log_h = loglinear(logc_RB, logd_RB, w_RB)
+    return {"a": a, "b": b, "G": np.exp(log_g), "H": np.exp(log_h)}
+
+
+def _result(point, samples, ci, extra) -> dict:
+    return {
+        "formula": "N_opt = G C^a, D_opt = H C^b",
+        "params": summarise({k: v[0] for k, v in point.items()}, samples, ci),
+        **extra,
+    }
+
+
+# ----------------------------------------------------------------------------- approach 1
+
+
+def envelope(table: RunTable, n_budgets: int = 80):
+    """Loss of every run's curve at log-spaced budgets: (budgets_B, loss_JB, D_JB); inf outside."""
+    ids = [r for r in table.run_id if r in table.curves]
+    if len(ids) < 2:
+        raise ScalingDataError(
+            "approach 1 (and the compute frontier) need training curves for at least 2 runs; "
+            f"found {len(ids)}; give a registry with curves or a table with --run-col"
+        )
+    lo = min(table.curves[r]["C"].min() for r in ids)
+    hi = max(table.curves[r]["C"].max() for r in ids)
+    budgets = np.geomspace(lo, hi, n_budgets)
+    lb = np.log(budgets)
+    loss = np.full((len(table.run_id), n_budgets), np.inf)
+    dd = np.full_like(loss, np.nan)
+    for j, r in enumerate(table.run_id):
+        if r not in table.curves:
+            continue
+        c = table.curves[r]
+        lc = np.log(c["C"])
+        inside = (lb >= lc[0]) & (lb <= lc[-1])
+        loss[j, inside] = np.exp(np.interp(lb[inside], lc, np.log(c["loss"])))
+        dd[j, inside] = np.exp(np.interp(lb[inside], lc, np.log(c["D"])))
+    return budgets, loss, dd
+
+
+def approach1(table: RunTable, counts_RJ: np.ndarray, ci: float) -> dict:
+    """Chinchilla approach 1: minimum loss over runs per FLOP budget -> N_opt(C), D_opt(C)."""
+    budgets, loss_JB, d_JB = envelope(table)
+    logc = np.log(budgets)
+    present = np.concatenate([np.ones((1, len(table.run_id))), counts_RJ]) > 0  # row 0: all
+    masked = np.where(present[:, :, None], loss_JB[None], np.inf)  # [R+1, J, B]
+    best = masked.argmin(axis=1)
+    valid = np.isfinite(np.take_along_axis(masked, best[:, None], 1)[:, 0])
+    # A budget reached by only one run says nothing about the optimum there.
+    valid &= np.isfinite(masked).sum(axis=1) >= 2
+    logn = np.log(table.N)[best]
+    logd = np.log(np.where(np.isnan(d_JB), 1.0, d_JB))[best, np.arange(len(budgets))]
+    w = valid.astype(float)
+    R1 = len(w)
+    laws = _power_laws(np.broadcast_to(logc, (R1, len(logc))), logn, logd, w)
+    point = {k: v[:1] for k, v in laws.items()}
+    flags = []
+    sizes = np.unique(table.N[best[0][valid[0]]])
+    if sizes.size < 3:
+        flags.append(
+            f"only {sizes.size} distinct model size(s) on the loss envelope: the N_opt(C) "
+            "exponent rests on too few sizes"
+        )
+    if valid[0].sum() < 2:
+        raise ScalingDataError("approach 1: fewer than 2 FLOP budgets are covered by 2+ runs")
+    return _result(
+        point,
+        {k: v[1:] for k, v in laws.items()},
+        ci,
+        {
+            "n_budgets": int(valid[0].sum()),
+            "frontier": {
+                "C": budgets[valid[0]].tolist(),
+                "loss": np.take_along_axis(loss_JB, best[0][None], 0)[0][valid[0]].tolist(),
+                "N": np.exp(logn[0][valid[0]]).tolist(),
+                "D": np.exp(logd[0][valid[0]]).tolist(),
+            },
+            "flags": flags,
+        },
+    )
+
+
+# ----------------------------------------------------------------------------- approach 2
+
+
+def isoflop_groups(C: np.ndarray, tol_dex: float) -> np.ndarray:
+    """Budget index per run: runs whose log10 C differ by gaps < tol_dex share a budget."""
+    order = np.argsort(C)
+    lc = np.log10(C[order])
+    group_sorted = np.concatenate([[0], np.cumsum(np.diff(lc) > tol_dex)])
+    groups = np.empty(len(C), dtype=int)
+    groups[order] = group_sorted
+    return groups
+
+
+def _parabola_min(x_J, y_J, w_RJ, member_J):
+    """Weighted parabola y = c0 + c1 x + c2 x^2 over the members; argmin x per row, NaN if bad."""
+    xm = x_J[member_J]
+    x0 = xm.mean()
+    u = x_J - x0
+    V = np.stack([np.ones_like(u), u, u * u], axis=1)  # [J, 3]
+    w = w_RJ * member_J
+    A = np.einsum("rj,ji,jk->rik", w, V, V)
+    rhs = np.einsum("rj,ji,j->ri", w, V, y_J)
+    distinct = np.array([np.unique(x_J[(wr > 0)]).size for wr in w])
+    ok = distinct >= 3
+    coef = np.full((len(w), 3), np.nan)
+    coef[ok] = np.linalg.solve(A[ok], rhs[ok][..., None])[..., 0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xmin = x0 - coef[:, 1] / (2.0 * coef[:, 2])
+    inside = (xmin >= xm.min()) & (xmin <= xm.max())
+    good = ok & (coef[:, 2] > 0) & inside
+    return np.where(good, xmin, np.nan), coef, x0, good
+
+
+def approach2(table: RunTable, counts_RJ: np.ndarray, ci: float, tol_dex: float = 0.1) -> dict:
+    """Chinchilla approach 2: IsoFLOP parabolas in log N and log D -> N_opt(C), D_opt(C)."""
+    groups = isoflop_groups(table.C, tol_dex)
+    w_RJ = np.concatenate([np.ones((1, len(table.run_id))), counts_RJ])
+    logn, logd, loss = np.log(table.N), np.log(table.D), table.loss
+    rows, profiles, flags = [], [], []
+    for g in range(groups.max() + 1):
+        member = groups == g
+        if np.unique(table.N[member]).size < 3:
+            continue
+        n_min, coef, x0, good = _parabola_min(logn, loss, w_RJ, member)
+        d_min, *_ = _parabola_min(logd, loss, w_RJ, member)
+        c_g = float(np.exp(np.log(table.C[member]).mean()))
+        rows.append((np.log(c_g), n_min, d_min))
+        profiles.append(
+            {
+                "C": c_g,
+                "runs": int(member.sum()),
+                "parabola_logN": {"c0": coef[0, 0], "c1": coef[0, 1], "c2": coef[0, 2], "x0": x0},
+                "N_opt": float(np.exp(n_min[0])) if good[0] else None,
+                "D_opt": float(np.exp(d_min[0])) if np.isfinite(d_min[0]) else None,
+            }
+        )
+        if not good[0]:
+            flags.append(
+                f"budget C={c_g:.3g}: the parabola has no minimum inside the sampled sizes "
+                "(not convex or optimum at the edge); budget left out"
+            )
+    if not rows:
+        raise ScalingDataError(
+            "approach 2 needs IsoFLOP budgets with at least 3 model sizes each; found none "
+            f"(runs are grouped by compute within {tol_dex} dex; see --isoflop-tol)"
+        )
+    logc = np.array([r[0] for r in rows])[None].repeat(len(w_RJ), 0)
+    ln = np.stack([r[1] for r in rows], axis=1)
+    ld = np.stack([r[2] for r in rows], axis=1)
+    w = (np.isfinite(ln) & np.isfinite(ld)).astype(float)
+    if w[0].sum() < 2:
+        raise ScalingDataError(
+            f"approach 2: only {int(w[0].sum())} IsoFLOP budget(s) have a usable minimum; "
+            "need at least 2"
+        )
+    laws = _power_laws(logc, np.nan_to_num(ln), np.nan_to_num(ld), w)
+    return _result(
+        {k: v[:1] for k, v in laws.items()},
+        {k: v[1:] for k, v in laws.items()},
+        ci,
+        {"n_budgets": int(w[0].sum()), "isoflop": profiles, "flags": flags},
+    )
+
+
+# ----------------------------------------------------------------------------- frontier
+
+
+def frontier_points(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C, loss, run index) of the compute-efficient frontier: the curves' envelope when
+    curves exist, else the runs no cheaper run beats."""
+    if sum(r in table.curves for r in table.run_id) >= 2:
+        budgets, loss_JB, _ = envelope(table, n_budgets=40)
+        best = loss_JB.argmin(axis=0)
+        lb = loss_JB[best, np.arange(len(budgets))]
+        ok = np.isfinite(lb)
+        return budgets[ok], lb[ok], best[ok]
+    order = np.argsort(table.C)
+    keep, best = [], np.inf
+    for j in order:
+        if table.loss[j] < best:
+            keep.append(j)
+            best = table.loss[j]
+    idx = np.array(keep)
+    return table.C[idx], table.loss[idx], idx

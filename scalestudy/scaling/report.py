@@ -1,0 +1,293 @@
+"""Cross-cell comparison, the readable table, JSON output and the command-line settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from scalestudy.scaling.bootstrap import interval
+from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.io import DataSettings, ScalingDataError
+
+
+def loss_at_compute(law: str, theta_KQ: np.ndarray, C: np.ndarray, k: float) -> np.ndarray:
+    """Predicted loss [K, len(C)]: on the compute-optimal allocation (chinchilla3) or the
+    compute frontier law (kaplan_c)."""
+    form = get_form(law)
+    p = form.named(np.atleast_2d(theta_KQ))
+    C = np.asarray(C, dtype=np.float64)[None]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if law.startswith("chinchilla3"):
+            al, be = p["alpha"][:, None], p["beta"][:, None]
+            A, B = p["A"][:, None], p["B"][:, None]
+            G = (al * A / (be * B)) ** (1.0 / (al + be))
+            n = G * (C / k) ** (be / (al + be))
+            d = (C / k) / n
+            E = p.get("E", np.zeros(len(al)))[:, None]
+            return E + A / n**al + B / d**be
+        if law.startswith("kaplan_c"):
+            E = p.get("E", np.zeros(len(p["alpha_C"])))[:, None]
+            return (p["C_c"][:, None] / C) ** p["alpha_C"][:, None] + E
+    raise ScalingDataError(f"law {law!r} does not predict loss from compute")
+
+
+def _comparable(cell: dict) -> str | None:
+    for law in ("chinchilla3", "chinchilla3_noE", "kaplan_c", "kaplan_c_noE"):
+        if "theta" in cell["fits"].get(law, {}):
+            return law
+    return None
+
+
+def _first_crossing(diff_KG: np.ndarray, logc_G: np.ndarray) -> np.ndarray:
+    """Compute of the first sign change of each row (NaN if none), log-interpolated."""
+    s = np.sign(diff_KG)
+    change = (s[:, :-1] * s[:, 1:]) < 0
+    out = np.full(len(diff_KG), np.nan)
+    rows, cols = np.nonzero(change)
+    first = {}
+    for r, c in zip(rows, cols):
+        first.setdefault(r, c)
+    for r, c in first.items():
+        d0, d1 = diff_KG[r, c], diff_KG[r, c + 1]
+        out[r] = np.exp(logc_G[c] + (logc_G[c + 1] - logc_G[c]) * d0 / (d0 - d1))
+    return out
+
+
+def compare_cells(result: dict, s) -> dict:
+    """Predicted loss per cell at given budgets (with intervals) and pairwise crossovers."""
+    cells = {c: (law, v) for c, v in result["cells"].items() if (law := _comparable(v)) is not None}
+    if not cells:
+        return {"skipped": "no cell has a chinchilla3 or kaplan_c fit"}
+    cmax = max(v["summary"]["C"][1] for _, v in cells.values())
+    cmin = min(v["summary"]["C"][0] for _, v in cells.values())
+    budgets = np.array(s.compare_at or [cmax, 10 * cmax, 100 * cmax], dtype=np.float64)
+    grid = np.geomspace(cmin / 10.0, cmax * 1e6, 241)
+    pred, samp = {}, {}
+    for c, (law, v) in cells.items():
+        k = v["flops_per_nd"]["k"]
+        pred[c] = (
+            loss_at_compute(law, np.array(v["fits"][law]["theta"]), budgets, k)[0],
+            loss_at_compute(law, np.array(v["fits"][law]["theta"]), grid, k)[0],
+        )
+        ts = v["fits"][law].get("_theta_samples")
+        if ts is not None and len(ts):
+            samp[c] = (loss_at_compute(law, ts, budgets, k), loss_at_compute(law, ts, grid, k))
+    at = []
+    for i, b in enumerate(budgets):
+        entry = {}
+        for c in cells:
+            ci = interval(samp[c][0][:, i], s.ci)[0] if c in samp else None
+            entry[c] = {"loss": float(pred[c][0][i]), "ci": ci}
+        best = min(entry, key=lambda c: entry[c]["loss"])
+        at.append({"C": float(b), "cells": entry, "best": best})
+    crossings = []
+    names = sorted(cells)
+    for i, c1 in enumerate(names):
+        for c2 in names[i + 1 :]:
+            d = pred[c1][1] - pred[c2][1]
+            cross = _first_crossing(d[None], np.log(grid))[0]
+            entry = {"cells": [c1, c2], "C": None if np.isnan(cross) else float(cross)}
+            if not np.isnan(cross):
+                lower = c1 if d[0] < 0 else c2
+                other = c2 if lower == c1 else c1
+                entry["meaning"] = f"{other} overtakes {lower} above C = {cross:.3g} FLOPs"
+            if c1 in samp and c2 in samp:
+                R = min(len(samp[c1][1]), len(samp[c2][1]))
+                bc = _first_crossing(samp[c1][1][:R] - samp[c2][1][:R], np.log(grid))
+                entry["ci"] = interval(bc, s.ci)[0] if np.isfinite(bc).sum() >= 2 else None
+                entry["fraction_of_resamples_crossing"] = float(np.isfinite(bc).mean())
+            crossings.append(entry)
+    objectives = {c.split("/")[-1] for c in cells}
+    note = None
+    if "objective" in result["data"].get("groups", []) and len(objectives) > 1:
+        note = (
+            "cells with different objectives have losses on different targets; compare their "
+            "losses within an objective, and across objectives on zero-shot accuracy"
+        )
+    return {
+        "law": {c: law for c, (law, _) in cells.items()},
+        "at": at,
+        "crossovers": crossings,
+        "search_range_C": [grid[0], grid[-1]],
+        "note": note,
+    }
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def strip_private(obj):
+    """The result without in-memory keys (leading '_') and with numpy scalars as floats."""
+    if isinstance(obj, dict):
+        return {k: strip_private(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, list | tuple):
+        return [strip_private(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    """Write the fit result as JSON (creating parent directories)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(strip_private(result), indent=2))
+    return path
+
+
+def _g(v) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def format_table(result: dict) -> str:
+    """A readable summary: per cell and law, each parameter with its interval, and flags."""
+    s = result["settings"]
+    lines = [
+        f"data: N = {result['data']['N']}; D = {result['data']['D']}; C = {result['data']['C']}",
+        f"bootstrap: {s['bootstrap']} resamples of runs, seed {s['seed']}, "
+        f"{s['ci']:.0%} percentile intervals; Huber delta {s['huber_delta']}",
+    ]
+    for cell, v in result["cells"].items():
+        sm = v["summary"]
+        lines += [
+            "",
+            f"== {cell}: {sm['runs']} runs, {sm['distinct_N']} sizes, C in "
+            f"[{_g(sm['C'] and sm['C'][0])}, {_g(sm['C'] and sm['C'][1])}] FLOPs",
+        ]
+        for law, fit in v["fits"].items():
+            if "skipped" in fit:
+                lines.append(f"  {law:<16} skipped: {fit['skipped']}")
+                continue
+            extra = f"rmse(log) {fit['residuals']['rmse_log']:.3g}" if "residuals" in fit else ""
+            lines.append(f"  {law:<16} {fit['formula']}   {extra}")
+            for name, p in fit["params"].items():
+                ci = p.get("ci")
+                cis = f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else ""
+                lines.append(f"      {name:<8} {_g(p['value']):>11}  {cis}")
+            if "holdout" in fit and "rmse_log" in fit["holdout"]:
+                lines.append(f"      held-out rmse(log) {fit['holdout']['rmse_log']:.3g}")
+            lines += [f"      ! {f}" for f in fit.get("flags", [])]
+    cmp_ = result.get("comparison", {})
+    if "at" in cmp_:
+        lines += ["", "== comparison (predicted loss at compute)"]
+        for row in cmp_["at"]:
+            cells = ", ".join(
+                f"{c} {_g(e['loss'])}"
+                + (f" [{_g(e['ci'][0])}, {_g(e['ci'][1])}]" if e["ci"] else "")
+                for c, e in row["cells"].items()
+            )
+            lines.append(f"  C={row['C']:.3g}: {cells}; best {row['best']}")
+        for x in cmp_["crossovers"]:
+            if x["C"] is not None:
+                lines.append(f"  {x['meaning']}")
+        if cmp_.get("note"):
+            lines.append(f"  note: {cmp_['note']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """Flags that say how a registry or table of runs maps to N, D, C and loss."""
+    p.add_argument("--n-col", default=None, help="column of parameter counts N")
+    p.add_argument("--d-col", default=None, help="column of training tokens D")
+    p.add_argument("--c-col", default=None, help="column of training FLOPs C")
+    p.add_argument("--loss-col", default=None, help="column of final loss")
+    p.add_argument("--run-col", default=None, help="run id column (repeated ids: curve points)")
+    p.add_argument(
+        "--group-cols",
+        default=None,
+        help="comma-separated columns fitted apart (default arch,objective if "
+        "present; '' for one group)",
+    )
+    p.add_argument("--n-unit", default="", help="multiplier of N values: 1e6, M, B, ...")
+    p.add_argument("--d-unit", default="", help="multiplier of D values: 1e9, B, T, ...")
+    p.add_argument("--c-unit", default="", help="multiplier of C values: 1e18, PF-days, ...")
+    p.add_argument(
+        "--n-kind",
+        choices=["total", "non_embedding"],
+        default="non_embedding",
+        help="registry: which parameter count is N",
+    )
+    p.add_argument(
+        "--d-kind",
+        choices=["positions", "tokens"],
+        default="positions",
+        help="registry: D as processed positions or loss-bearing tokens",
+    )
+    p.add_argument(
+        "--c-kind",
+        choices=["counted", "6nd"],
+        default=None,
+        help="C as counted FLOPs or 6ND (default: counted if a C column exists)",
+    )
+    p.add_argument(
+        "--drop-invalid",
+        action="store_true",
+        help="drop runs with NaN/non-positive values instead of failing",
+    )
+
+
+def data_settings_from_args(args) -> DataSettings:
+    groups = None
+    if args.group_cols is not None:
+        groups = tuple(g.strip() for g in args.group_cols.split(",") if g.strip())
+    return DataSettings(
+        n_col=args.n_col,
+        d_col=args.d_col,
+        c_col=args.c_col,
+        loss_col=args.loss_col,
+        run_col=args.run_col,
+        group_cols=groups,
+        n_kind=args.n_kind,
+        d_kind=args.d_kind,
+        c_kind=args.c_kind,
+        n_unit=args.n_unit,
+        d_unit=args.d_unit,
+        c_unit=args.c_unit,
+        drop_invalid=args.drop_invalid,
+    )
+
+
+def add_fit_args(p: argparse.ArgumentParser) -> None:
+    """Flags of `scalestudy fit` beyond the data flags."""
+    p.add_argument("--law", default="auto", help="comma-separated laws, or auto")
+    p.add_argument("--bootstrap", type=int, default=200, help="resamples of runs (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ci", type=float, default=0.95, help="interval coverage")
+    p.add_argument("--huber-delta", type=float, default=1e-3)
+    p.add_argument("--flops-per-nd", type=float, default=None, help="k in C = k N D")
+    p.add_argument("--holdout", type=int, default=0, help="hold out the N largest-C runs")
+    p.add_argument("--isoflop-tol", type=float, default=0.1, help="dex; IsoFLOP grouping")
+    p.add_argument("--compare-at", default=None, help="comma-separated compute budgets")
+
+
+def settings_from_args(args):
+    """(FitSettings, source) from parsed `scalestudy fit` arguments."""
+    from scalestudy.scaling.laws import FitSettings
+
+    compare = ()
+    if getattr(args, "compare_at", None):
+        try:
+            compare = tuple(float(x) for x in args.compare_at.split(","))
+        except ValueError:
+            raise ScalingDataError(f"--compare-at: not numbers: {args.compare_at!r}") from None
+    settings = FitSettings(
+        laws=tuple(x.strip() for x in args.law.split(",")),
+        data=data_settings_from_args(args),
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        ci=args.ci,
+        huber_delta=args.huber_delta,
+        flops_per_nd=args.flops_per_nd,
+        holdout=args.holdout,
+        isoflop_tol=args.isoflop_tol,
+        compare_at=compare,
+    )
+    return settings, args.source
