@@ -1,0 +1,157 @@
+"""Exact parameter counts and model FLOPs from the config alone (no weights).
+
+Conventions:
+- "embedding" parameters are the vocabulary-sized matrices: the input embedding and, when
+  untied, the output projection. Everything else (including relative-position tables and
+  norms) is "non-embedding".
+- FLOPs count every matmul as 2 * m * n * k: the q/k/v/o projections, attention scores
+  (QK^T) and values (PV), the feed-forward, and the output logits; encoder-decoders count both
+  stacks and the cross-attention (whose key/value projections run over the encoder length).
+  Norms, softmax, activations and the position bias are not counted (they are O(L * D) or
+  O(L^2 * H), small next to the matmuls). Training = forward + backward = 3 * forward.
+- Causal self-attention scores and values are counted in full (what the dense kernels
+  compute) unless `model.halve_causal_attention_flops`: then the causal region is counted at
+  half (the non-causal decoder's bidirectional prefix stays full).
+- `flops_per_token_6n` is Kaplan's 6 * N with N the non-embedding parameters, per position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scalestudy.config import ExperimentConfig, ModelConfig
+
+
+def _attention_params(cfg: ModelConfig) -> int:
+    return 4 * cfg.d_model * cfg.n_heads * cfg.head_dim  # q, k, v [D,H,K] and o [H,K,D]
+
+
+def _mlp_params(cfg: ModelConfig) -> int:
+    n_in = 2 if cfg.activation.startswith("gated_") else 1
+    return (n_in + 1) * cfg.d_model * cfg.d_ff
+
+
+def _relpos_params(cfg: ModelConfig, mode: str) -> int:
+    if cfg.position != "relative_bias":
+        return 0
+    factor = 2 if mode == "prefix" else 1  # see layers.RelativePositionBias
+    return factor * cfg.rel_buckets * cfg.n_heads
+
+
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+    """Exact parameter counts: total, embedding (vocab-sized matrices) and non-embedding."""
+    d = cfg.d_model
+    embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    attn, mlp = _attention_params(cfg), _mlp_params(cfg)
+    if cfg.is_encoder_decoder:
+        encoder = cfg.encoder_layers * (attn + mlp + 2 * d) + d
+        encoder += _relpos_params(cfg, "bidirectional")
+        decoder = cfg.n_layers * (2 * attn + mlp + 3 * d) + d + _relpos_params(cfg, "causal")
+        stacks = encoder + decoder
+    else:
+        mode = "prefix" if cfg.arch == "noncausal_decoder" else "causal"
+        stacks = cfg.n_layers * (attn + mlp + 2 * d) + d + _relpos_params(cfg, mode)
+    return {"total": embedding + stacks, "embedding": embedding, "non_embedding": stacks}
+
+
+def _self_attention_pairs(length: int, prefix: int, causal: bool, halve: bool) -> float:
+    """Query-key pairs counted for one self-attention layer of `length` positions."""
+    if not causal or not halve:
+        return float(length * length)
+    # Bidirectional prefix block in full, the causal remainder at half.
+    return prefix * prefix + (length * length - prefix * prefix) / 2
+
+
+def forward_flops(cfg: ModelConfig, decoder_length: int, encoder_length: int = 0, prefix: int = 0):
+    """Forward matmul FLOPs of one example (decoder `decoder_length` positions, encoder
+    `encoder_length`, bidirectional decoder prefix `prefix` for the non-causal decoder)."""
+    d, hk = cfg.d_model, cfg.n_heads * cfg.head_dim
+    n_in = 2 if cfg.activation.startswith("gated_") else 1
+    halve = cfg.halve_causal_attention_flops
+
+    def mlp(n: int) -> float:
+        return 2.0 * n * (n_in + 1) * d * cfg.d_ff
+
+    def self_attention(n: int, pairs: float) -> float:
+        return 2.0 * n * d * hk * 4 + 2.0 * 2 * hk * pairs  # projections; scores + values
+
+    length = decoder_length
+    dec_prefix = prefix if cfg.arch == "noncausal_decoder" else 0
+    pairs = _self_attention_pairs(length, dec_prefix, True, halve)
+    per_layer = self_attention(length, pairs) + mlp(length)
+    total = cfg.n_layers * per_layer + 2.0 * length * d * cfg.vocab_size
+    if cfg.is_encoder_decoder:
+        s = encoder_length
+        enc_layer = self_attention(s, float(s * s)) + mlp(s)
+        # q and o over decoder positions, k and v over encoder positions, L x S scores/values.
+        cross = 2.0 * length * d * hk * 2 + 2.0 * s * d * hk * 2 + 2.0 * 2 * hk * length * s
+        total += cfg.encoder_layers * enc_layer + cfg.n_layers * cross
+    return total
+
+
+def flops(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Training FLOPs (forward + backward) per example and per position for `cfg`'s lengths."""
+    m, obj = cfg.model, cfg.objective
+    if m.is_encoder_decoder:
+        dec_len, enc_len, prefix = obj.targets_length, obj.inputs_length, 0
+    else:
+        dec_len, enc_len = obj.decoder_length, 0
+        prefix = obj.inputs_length if obj.name != "flm" else 0
+    forward = forward_flops(m, dec_len, enc_len, prefix)
+    positions = dec_len + enc_len
+    per_example = 3.0 * forward
+    return {
+        "flops_per_example": per_example,
+        "forward_flops_per_example": forward,
+        "positions_per_example": positions,
+        "flops_per_token": per_example / positions,
+        "flops_per_token_6n": 6.0 * count_params(m)["non_embedding"],
+        "causal_attention_halved": m.halve_causal_attention_flops,
+    }
+
+
+def _shapes(cfg: ModelConfig) -> dict[str, str]:
+    """'path/to/param' -> 'shape  (logical axes)' from abstract evaluation."""
+    import jax
+
+    from scalestudy.models.api import build_model
+
+    model = build_model(cfg)
+    abstract = model.abstract_params()
+    flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    axes = jax.tree.leaves(model.param_axes(), is_leaf=lambda x: isinstance(x, tuple))
+    out = {}
+    for (path, leaf), names in zip(flat, axes, strict=True):
+        key = "/".join(str(getattr(p, "key", p)) for p in path)
+        out[key] = f"{tuple(leaf.shape)} {names}"
+    counted = sum(int(_prod(leaf.shape)) for _, leaf in flat)
+    if counted != count_params(cfg)["total"]:
+        raise AssertionError(f"count_params disagrees with the model ({counted} parameters)")
+    return out
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def describe(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Counts, FLOPs and parameter shapes of `cfg`'s model (what `scalestudy describe` shows)."""
+    m = cfg.model
+    counts = count_params(m)
+    f = flops(cfg)
+    return {
+        "arch": m.arch,
+        "objective": cfg.objective.name,
+        "params_total": counts["total"],
+        "params_embedding": counts["embedding"],
+        "params_non_embedding": counts["non_embedding"],
+        "flops_per_token_6n": f["flops_per_token_6n"],
+        "flops_per_token": f["flops_per_token"],
+        "flops_per_example": f["flops_per_example"],
+        "positions_per_example": f["positions_per_example"],
+        "causal_attention_halved": f["causal_attention_halved"],
+        "shapes": _shapes(m),
+    }

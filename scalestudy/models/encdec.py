@@ -1,0 +1,61 @@
+"""Encoder-decoder transformer (T5.1.1): a bidirectional encoder stack, a causal decoder stack
+with cross-attention, one input embedding shared by both, and a tied or untied output
+projection. Masks come in from `models/api.py`."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from scalestudy.config import ModelConfig
+from scalestudy.models.decoder import ACT_BLD, Context, Stack, output_logits
+from scalestudy.models.layers import Embed, constrain, dropout, param
+
+
+class EncoderDecoder(nnx.Module):
+    """T5-style encoder-decoder with `encode()` and `decode()`."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = Embed(cfg, rngs)
+        self.encoder = Stack(cfg, cfg.encoder_layers, False, "bidirectional", rngs)
+        self.decoder = Stack(cfg, cfg.n_layers, True, "causal", rngs)
+        if not cfg.tie_embeddings:
+            self.logits = param(
+                rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
+                cfg.param_dtype,
+            )  # fmt: skip
+
+    def encode(
+        self,
+        tokens_BS: jax.Array,
+        mask_BHSS: jax.Array,
+        positions_BS: jax.Array,
+        rng: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Encoder output [B, S, D] in the compute dtype."""
+        keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
+        x_BSD = dropout(self.embed(tokens_BS), self.cfg.dropout, keys[0], deterministic)
+        x_BSD = constrain(x_BSD, ACT_BLD)
+        x_BSD = self.encoder(x_BSD, Context(mask_BHSS, None, positions_BS), keys[1], deterministic)
+        return dropout(x_BSD, self.cfg.dropout, keys[2], deterministic)
+
+    def decode(
+        self,
+        encoded_BSD: jax.Array,
+        tokens_BL: jax.Array,
+        mask_BHLL: jax.Array,
+        cross_mask_BHLS: jax.Array,
+        positions_BL: jax.Array,
+        rng: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Float32 logits [B, L, V] of the decoder given the encoder output."""
+        keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
+        x_BLD = dropout(self.embed(tokens_BL), self.cfg.dropout, keys[0], deterministic)
+        x_BLD = constrain(x_BLD, ACT_BLD)
+        ctx = Context(mask_BHLL, None, positions_BL, encoded_BSD, cross_mask_BHLS)
+        x_BLD = self.decoder(x_BLD, ctx, keys[1], deterministic)
+        x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)
+        return output_logits(self, x_BLD)

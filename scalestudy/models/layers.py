@@ -1,0 +1,241 @@
+"""Transformer building blocks (Flax NNX), T5.1.1 conventions.
+
+Shape letters: B batch, L query length, S key length, D model, H heads, K head dim,
+F feed-forward, V vocab, N relative-position buckets.
+
+Every parameter carries its logical axis names as `out_sharding` metadata (mapped to mesh
+axes only by `train/sharding.py`); parameters are stored in `param_dtype` and cast to the
+compute dtype where used. Masks come from `models/masks.py`; this module never decides who
+may attend to whom.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.core import spmd as flax_spmd
+from flax.linen import spmd as linen_spmd
+
+from scalestudy.config import ModelConfig
+
+NEG_INF = -1e10  # finite, so a fully masked (padding) row gives a uniform softmax, not NaN
+
+
+def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+    """Constrain an activation's sharding by logical axis names (no-op without active rules)."""
+    if not flax_spmd.get_logical_axis_rules() or jax.sharding.get_abstract_mesh().empty:
+        return x
+    return linen_spmd.with_logical_constraint(x, names)
+
+
+def param(
+    rngs: nnx.Rngs,
+    shape: Sequence[int],
+    axes: tuple[str | None, ...],
+    std: float,
+    dtype: str,
+) -> nnx.Param:
+    """A normally initialised parameter annotated with logical axes (std 0 means ones)."""
+    if std == 0.0:
+        value = jnp.ones(shape, dtype)
+    else:
+        value = std * jax.random.normal(rngs.params(), tuple(shape), dtype)
+    return nnx.Param(value, out_sharding=axes)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None, deterministic: bool) -> jax.Array:
+    """Inverted dropout; identity when deterministic or rate is 0."""
+    if deterministic or rate == 0.0:
+        return x
+    if rng is None:
+        raise ValueError("dropout > 0 with deterministic=False needs an rng")
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """T5 layer norm: scale only, no mean subtraction, no bias; computed in float32."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.scale = param(rngs, (cfg.d_model,), ("embed",), 0.0, cfg.param_dtype)
+        self.dtype = cfg.dtype
+
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        x = x_BLD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class Embed(nnx.Module):
+    """Token embedding table [V, D]; also the output projection when tied."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.table = param(
+            rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), 1.0, cfg.param_dtype
+        )
+        self.dtype = cfg.dtype
+
+    def __call__(self, tokens_BL: jax.Array) -> jax.Array:
+        return jnp.take(self.table[...], tokens_BL, axis=0).astype(self.dtype)
+
+    def attend(self, x_BLD: jax.Array) -> jax.Array:
+        """Logits against the embedding table, in float32."""
+        table_VD = self.table[...].astype(self.dtype)
+        return jnp.einsum("BLD,VD->BLV", x_BLD, table_VD, preferred_element_type=jnp.float32)
+
+
+def rope(x_BLHK: jax.Array, positions_BL: jax.Array, base: float = 10000.0) -> jax.Array:
+    """Rotary position embedding over the head dimension (halves rotated together)."""
+    half = x_BLHK.shape[-1] // 2
+    freq_K = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle_BLK = positions_BL.astype(jnp.float32)[..., None] * freq_K
+    sin, cos = jnp.sin(angle_BLK)[:, :, None], jnp.cos(angle_BLK)[:, :, None]
+    x1, x2 = jnp.split(x_BLHK.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BLHK.dtype)
+
+
+class Attention(nnx.Module):
+    """Multi-head dot-product attention without biases; the mask and position bias come in.
+
+    As in T5 there is no 1/sqrt(K) logit scaling: it is folded into the query initialisation.
+    """
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, k = cfg.d_model, cfg.n_heads, cfg.head_dim
+        pd = cfg.param_dtype
+        self.q = param(rngs, (d, h, k), ("embed", "heads", "kv"), (d * k) ** -0.5, pd)
+        self.k = param(rngs, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
+        self.v = param(rngs, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
+        self.o = param(rngs, (h, k, d), ("heads", "kv", "embed"), (h * k) ** -0.5, pd)
+        self.dtype = cfg.dtype
+        self.rope = cfg.position == "rope"
+        self.dropout = cfg.dropout
+
+    def __call__(
+        self,
+        x_BLD: jax.Array,
+        kv_BSD: jax.Array,
+        mask_BHLS: jax.Array,
+        bias_BHLS: jax.Array | None = None,
+        q_positions_BL: jax.Array | None = None,
+        k_positions_BS: jax.Array | None = None,
+        rng: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        dt = self.dtype
+        q_BLHK = jnp.einsum("BLD,DHK->BLHK", x_BLD, self.q[...].astype(dt))
+        k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
+        v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
+        q_BLHK = constrain(q_BLHK, ("batch", "length", "heads", "kv"))
+        if self.rope and q_positions_BL is not None:
+            q_BLHK = rope(q_BLHK, q_positions_BL)
+            k_BSHK = rope(k_BSHK, k_positions_BS)
+        logits_BHLS = jnp.einsum(
+            "BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=jnp.float32
+        )
+        if bias_BHLS is not None:
+            logits_BHLS = logits_BHLS + bias_BHLS
+        logits_BHLS = jnp.where(mask_BHLS, logits_BHLS, NEG_INF)
+        probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(dt)
+        probs_BHLS = dropout(probs_BHLS, self.dropout, rng, deterministic)
+        out_BLHK = jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
+        return jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
+
+
+_ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "silu": jax.nn.silu}
+
+
+class MLP(nnx.Module):
+    """Feed-forward block: gated (T5.1.1 gated-GELU: wi_0 activated times wi_1) or plain."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
+        self.gated = cfg.activation.startswith("gated_")
+        name = cfg.activation.removeprefix("gated_")
+        self.act = jax.nn.relu if name == "relu" else _ACTIVATIONS[name]
+        self.wi_0 = param(rngs, (d, f), ("embed", "mlp"), d**-0.5, pd)
+        if self.gated:
+            self.wi_1 = param(rngs, (d, f), ("embed", "mlp"), d**-0.5, pd)
+        self.wo = param(rngs, (f, d), ("mlp", "embed"), f**-0.5, pd)
+        self.dtype = cfg.dtype
+        self.dropout = cfg.dropout
+
+    def __call__(
+        self, x_BLD: jax.Array, rng: jax.Array | None = None, deterministic: bool = True
+    ) -> jax.Array:
+        dt = self.dtype
+        h_BLF = self.act(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_0[...].astype(dt)))
+        if self.gated:
+            h_BLF = h_BLF * jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_1[...].astype(dt))
+        h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
+        h_BLF = dropout(h_BLF, self.dropout, rng, deterministic)
+        return jnp.einsum("BLF,FD->BLD", h_BLF, self.wo[...].astype(dt))
+
+
+def relative_bucket(
+    rel_BLS: jax.Array, *, bidirectional: bool, n_buckets: int, max_distance: int
+) -> jax.Array:
+    """T5's bucketing of `rel = key_position - query_position`.
+
+    Unidirectional: only the past (rel <= 0) is distinguished, with all `n_buckets`; the future
+    falls into bucket 0. Bidirectional: half the buckets for the past, half for the future.
+    Within a direction, half the buckets are exact distances, the rest log-spaced up to
+    `max_distance`.
+    """
+    distance = -rel_BLS  # > 0 for keys in the past
+    bucket = jnp.zeros_like(rel_BLS)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = bucket + (distance < 0).astype(rel_BLS.dtype) * n_buckets
+        distance = jnp.abs(distance)
+    else:
+        distance = jnp.maximum(distance, 0)
+    n_exact = n_buckets // 2
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / n_exact) / math.log(
+        max_distance / n_exact
+    )
+    large = n_exact + (log_ratio * (n_buckets - n_exact)).astype(rel_BLS.dtype)
+    large = jnp.minimum(large, n_buckets - 1)
+    return bucket + jnp.where(distance < n_exact, distance, large)
+
+
+class RelativePositionBias(nnx.Module):
+    """One bucketed bias table per stack, shared by all its layers (as in T5).
+
+    mode "causal": unidirectional buckets (causal decoders). mode "bidirectional": T5's
+    encoder buckets. mode "prefix" (non-causal decoder): the causal buckets for the past plus a
+    mirrored set of `n_buckets` for the future (reachable only inside the prefix), so pairs in
+    the bidirectional prefix are told apart by direction, and with an empty prefix the model is
+    exactly a causal decoder.
+    """
+
+    TABLE_FACTOR: ClassVar[dict[str, int]] = {"causal": 1, "bidirectional": 1, "prefix": 2}
+
+    def __init__(self, cfg: ModelConfig, mode: str, rngs: nnx.Rngs):
+        self.mode = mode
+        self.n_buckets = cfg.rel_buckets
+        self.max_distance = cfg.rel_max_distance
+        rows = self.TABLE_FACTOR[mode] * cfg.rel_buckets
+        self.table = param(
+            rngs, (rows, cfg.n_heads), ("relpos_buckets", "heads"), rows**-0.5, cfg.param_dtype
+        )
+
+    def __call__(self, q_positions_BL: jax.Array, k_positions_BS: jax.Array) -> jax.Array:
+        """[B, H, L, S] float32 bias."""
+        rel_BLS = k_positions_BS[:, None, :] - q_positions_BL[:, :, None]
+        kw = {"n_buckets": self.n_buckets, "max_distance": self.max_distance}
+        if self.mode == "bidirectional":
+            bucket_BLS = relative_bucket(rel_BLS, bidirectional=True, **kw)
+        else:
+            bucket_BLS = relative_bucket(rel_BLS, bidirectional=False, **kw)
+            if self.mode == "prefix":
+                future_BLS = self.n_buckets + relative_bucket(-rel_BLS, bidirectional=False, **kw)
+                bucket_BLS = jnp.where(rel_BLS > 0, future_BLS, bucket_BLS)
+        bias_BLSH = jnp.take(self.table[...].astype(jnp.float32), bucket_BLS, axis=0)
+        return jnp.transpose(bias_BLSH, (0, 3, 1, 2))

@@ -1,0 +1,90 @@
+"""Attention masks as pure functions of the batch features.
+
+Every mask is boolean, True where a query may attend to a key, shaped [B, H or 1, Q, K] so it
+broadcasts over heads. The three architectures differ only in which of these they combine
+(see `models/api.py`): the causal decoder uses `causal`; the non-causal decoder adds the
+bidirectional prefix of `decoder_causal_attention`; the encoder is bidirectional and the
+encoder-decoder's cross-attention only joins matching packed segments.
+
+"Mixed" attention (for bidirectional regions only) gives the first half of the heads a forward
+(lower-triangular, key <= query) mask and the second half a backward (upper-triangular,
+key >= query) mask.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+
+def causal(q_len: int, k_len: int | None = None) -> jnp.ndarray:
+    """[1, 1, Q, K] lower-triangular mask: query i sees keys j <= i."""
+    k_len = q_len if k_len is None else k_len
+    q_Q1 = jnp.arange(q_len)[:, None]
+    k_1K = jnp.arange(k_len)[None, :]
+    return (k_1K <= q_Q1)[None, None]
+
+
+def directions(length: int, n_heads: int, mixed: bool) -> jnp.ndarray:
+    """[1, H or 1, L, L] head directions of a bidirectional region.
+
+    Standard attention sees everything (all True, one head); mixed attention gives heads
+    [0, H/2) the forward mask (key <= query) and heads [H/2, H) the backward mask
+    (key >= query).
+    """
+    if not mixed:
+        return jnp.ones((1, 1, length, length), bool)
+    forward_LL = causal(length)[0, 0]
+    backward_LL = forward_LL.T
+    is_forward_H = jnp.arange(n_heads) < (n_heads + 1) // 2
+    return jnp.where(is_forward_H[:, None, None], forward_LL, backward_LL)[None]
+
+
+def padding(q_valid_BQ: jnp.ndarray, k_valid_BK: jnp.ndarray) -> jnp.ndarray:
+    """[B, 1, Q, K]: both the query and the key are real (non-padding) positions."""
+    return (q_valid_BQ.astype(bool)[:, None, :, None]) & (k_valid_BK.astype(bool)[:, None, None, :])
+
+
+def segments(q_segment_BQ: jnp.ndarray, k_segment_BK: jnp.ndarray) -> jnp.ndarray:
+    """[B, 1, Q, K]: query and key belong to the same packed segment (0 is padding)."""
+    same = q_segment_BQ[:, None, :, None] == k_segment_BK[:, None, None, :]
+    return same & padding(q_segment_BQ > 0, k_segment_BK > 0)
+
+
+def prefix(causal_attention_BL: jnp.ndarray, n_heads: int = 1, mixed: bool = False) -> jnp.ndarray:
+    """[B, H or 1, L, L] prefix-LM mask: causal, plus both-ways among prefix positions.
+
+    `causal_attention_BL` is 1 over the bidirectional prefix (seqio's
+    `decoder_causal_attention`). Pairs inside the prefix follow `directions` (all visible, or
+    one direction per head when mixed); every other pair is causal. An all-zero prefix gives
+    exactly the causal mask.
+    """
+    length = causal_attention_BL.shape[-1]
+    in_prefix_BL = causal_attention_BL.astype(bool)
+    both_BQK = in_prefix_BL[:, None, :, None] & in_prefix_BL[:, None, None, :]
+    return jnp.where(both_BQK, directions(length, n_heads, mixed), causal(length))
+
+
+def decoder_self(
+    segment_BL: jnp.ndarray,
+    causal_attention_BL: jnp.ndarray | None = None,
+    n_heads: int = 1,
+    mixed: bool = False,
+) -> jnp.ndarray:
+    """Decoder self-attention: causal (or prefix-LM when `causal_attention_BL` is given),
+    restricted to the query's own packed segment."""
+    length = segment_BL.shape[-1]
+    if causal_attention_BL is None:
+        within = causal(length)
+    else:
+        within = prefix(causal_attention_BL, n_heads, mixed)
+    return within & segments(segment_BL, segment_BL)
+
+
+def encoder_self(segment_BS: jnp.ndarray, n_heads: int = 1, mixed: bool = False) -> jnp.ndarray:
+    """Encoder self-attention: bidirectional (or mixed) within each packed segment."""
+    return directions(segment_BS.shape[-1], n_heads, mixed) & segments(segment_BS, segment_BS)
+
+
+def cross(decoder_segment_BL: jnp.ndarray, encoder_segment_BS: jnp.ndarray) -> jnp.ndarray:
+    """Encoder-decoder attention: each decoder position reads its own example's encoder."""
+    return segments(decoder_segment_BL, encoder_segment_BS)

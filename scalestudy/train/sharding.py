@@ -1,0 +1,180 @@
+"""Device mesh and the one table mapping logical axis names to mesh axes.
+
+Mesh axes: "data" (pure data parallelism: parameters replicated), "fsdp" (data parallelism
+with parameters and optimizer state sharded over their "embed" dimension, gathered per layer
+by XLA), "tensor" (Megatron-style model parallelism over heads, feed-forward and vocabulary).
+The batch dimension is split over data and fsdp together.
+
+Models name their parameter and activation dimensions logically (`Model.param_axes()`,
+`layers.constrain`); this module is the only place those names meet mesh axes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax.core import spmd as flax_spmd
+from flax.linen import spmd as linen_spmd
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from scalestudy.config import ConfigError, MeshConfig, ModelConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical name -> mesh axes, in order of precedence: a mesh axis already used by an earlier
+# rule for the same array is skipped, so activations [batch, length, embed] shard batch over
+# (data, fsdp) and leave embed whole, while parameters [embed, mlp] shard embed over fsdp.
+AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("embed", "fsdp"),
+    ("kv", None),
+    ("length", None),
+    ("layers", None),
+    ("relpos_buckets", None),
+)
+
+
+class MeshError(ConfigError):
+    """The mesh shape does not fit the devices or the model."""
+
+
+def mesh_shape(cfg: MeshConfig, n_devices: int) -> dict[str, int]:
+    """Resolve the -1 axis and check that the mesh uses exactly `n_devices` devices."""
+    sizes = dict(cfg.shape)
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    rest = [k for k, v in sizes.items() if v == -1]
+    if rest:
+        if n_devices % fixed:
+            raise MeshError(
+                f"mesh {cfg.shape}: the fixed axes use {fixed} devices, which does not divide "
+                f"the {n_devices} available; choose sizes whose product divides {n_devices}"
+            )
+        sizes[rest[0]] = n_devices // fixed
+    elif fixed != n_devices:
+        raise MeshError(
+            f"mesh {cfg.shape} uses {fixed} devices but {n_devices} are available; make the "
+            f"product of mesh.data, mesh.fsdp and mesh.tensor equal {n_devices}, or set one "
+            "of them to -1 ('the rest')"
+        )
+    return sizes
+
+
+def check_model_fits(sizes: Mapping[str, int], model: ModelConfig) -> None:
+    """Raise MeshError when the tensor axis does not divide heads, d_ff or the vocabulary."""
+    tensor = sizes["tensor"]
+    for name, value in (
+        ("model.n_heads", model.n_heads),
+        ("model.d_ff", model.d_ff),
+        ("model.vocab_size", model.vocab_size),
+    ):
+        if value % tensor:
+            raise MeshError(
+                f"mesh.tensor={tensor} does not divide {name}={value}; choose a tensor size "
+                f"that divides n_heads ({model.n_heads}), d_ff ({model.d_ff}) and vocab_size "
+                f"({model.vocab_size})"
+            )
+    fsdp = sizes["fsdp"]
+    if model.d_model % fsdp:
+        raise MeshError(
+            f"mesh.fsdp={fsdp} does not divide model.d_model={model.d_model}; choose an fsdp "
+            "size dividing d_model"
+        )
+
+
+def make_mesh(
+    cfg: MeshConfig, devices: list | None = None, *, model: ModelConfig | None = None
+) -> Mesh:
+    """A ("data", "fsdp", "tensor") mesh over `devices` (default: all); checks sizes, and
+    that `model` (when given) can be split as the rules say."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_shape(cfg, len(devices))
+    if model is not None:
+        check_model_fits(sizes, model)
+    shape = tuple(sizes[a] for a in MESH_AXES)
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+
+
+def logical_to_mesh_spec(axes: tuple[str | None, ...]) -> PartitionSpec:
+    """The PartitionSpec of an array whose dimensions have these logical names."""
+    return linen_spmd.logical_to_mesh_axes(tuple(axes), AXIS_RULES)
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def param_shardings(mesh: Mesh, param_axes_tree: Any) -> Any:
+    """NamedShardings for a tree of logical-axis tuples (e.g. `Model.param_axes()`)."""
+    return jax.tree.map(
+        lambda axes: NamedSharding(mesh, logical_to_mesh_spec(axes)),
+        param_axes_tree,
+        is_leaf=_is_axes,
+    )
+
+
+def optimizer_state_shardings(
+    mesh: Mesh, abstract_opt_state: Any, abstract_params: Any, param_axes_tree: Any
+) -> Any:
+    """Shardings for an optimizer state: a leaf shaped like a parameter (moments) is split
+    like that parameter; any other leaf (counts, factored second moments) is replicated.
+
+    Parameter-shaped leaves are matched by the parameter's path appearing at the end of the
+    state leaf's path (optax states hold copies of the parameter tree).
+    """
+    flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    flat_axes = jax.tree.leaves(param_axes_tree, is_leaf=_is_axes)
+    by_path = {
+        tuple(path): (leaf.shape, axes)
+        for (path, leaf), axes in zip(flat_params, flat_axes, strict=True)
+    }
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def one(path: tuple, leaf: Any) -> NamedSharding:
+        shape = getattr(leaf, "shape", ())
+        for start in range(len(path)):
+            hit = by_path.get(tuple(path[start:]))
+            if hit is not None and tuple(hit[0]) == tuple(shape):
+                return NamedSharding(mesh, logical_to_mesh_spec(hit[1]))
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(one, abstract_opt_state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Sharding of [B, ...] batch arrays: rows over (data, fsdp), the rest replicated."""
+    return NamedSharding(mesh, logical_to_mesh_spec(("batch",)))
+
+
+def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    """Assemble this process's rows of each feature into global arrays split over the mesh."""
+    sharding = batch_sharding(mesh)
+    split = mesh.shape["data"] * mesh.shape["fsdp"]
+    out = {}
+    for name, local in batch.items():
+        local = np.asarray(local)
+        rows = local.shape[0] * jax.process_count()
+        if rows % split:
+            raise MeshError(
+                f"batch feature {name!r} has {rows} global rows, not divisible by the "
+                f"{split} data-parallel shards (mesh.data x mesh.fsdp); choose "
+                f"train.batch_size as a multiple of {split}"
+            )
+        global_shape = (rows, *local.shape[1:])
+        out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+    return out
+
+
+@contextlib.contextmanager
+def axis_rules(mesh: Mesh) -> Iterator[Mesh]:
+    """Activate the mesh and the logical rules, so models' activation constraints apply while
+    tracing inside this block."""
+    with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(AXIS_RULES):
+        yield mesh
