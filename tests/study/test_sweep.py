@@ -1,0 +1,94 @@
+"""Spec expansion: run counts, stable ids, matching modes, spec files, cluster rendering."""
+
+from pathlib import Path
+
+import pytest
+
+from scalestudy.config import ConfigError, load_config
+from scalestudy.study import sweep
+
+counting = pytest.importorskip("scalestudy.models.counting")
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = sorted((REPO / "configs" / "studies").glob("*.yaml"))
+
+
+def _expand(path, overrides=()):
+    return sweep.expand(sweep.load_study(path, overrides), Path(path).parent)
+
+
+def test_smoke_spec_has_every_cell_at_four_sizes():
+    runs = _expand(REPO / "configs" / "studies" / "smoke.yaml")
+    cells = {(r.arch, r.objective) for r in runs}
+    assert len(cells) == 7 and ("noncausal_decoder", "flm") not in cells
+    assert len(runs) == 7 * len({r.size for r in runs}) and len({r.size for r in runs}) >= 4
+    # One sequence/batch shape for the whole study (compiled steps differ only by size).
+    assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in runs}) == 1
+    sizes = [r.size_index for r in runs]
+    assert sizes == sorted(sizes)  # size-major
+
+
+def test_ids_stable_unique_and_config_sensitive(tiny_spec):
+    a, b = _expand(tiny_spec), _expand(tiny_spec)
+    assert [r.run_id for r in a] == [r.run_id for r in b]
+    assert len({r.run_id for r in a}) == len(a) == 4
+    assert all(r.run_id == r.cfg.hash() for r in a)
+    changed = _expand(tiny_spec, ["budget.steps=5"])
+    assert not {r.run_id for r in a} & {r.run_id for r in changed}
+    seeds = _expand(tiny_spec, ["seeds=[0, 1, 2]"])
+    assert len(seeds) == 12 and {r.seed for r in seeds} == {0, 1, 2}
+
+
+def test_equal_flops_matches_training_flops(tiny_spec):
+    runs = _expand(tiny_spec, ["matching=equal_flops", "budget.steps=40"])
+    for size in {r.size for r in runs}:
+        dec, ed = sorted((r for r in runs if r.size == size), key=lambda r: r.arch)
+        assert ed.cfg.model.encoder_layers == ed.cfg.model.n_layers == dec.cfg.model.n_layers
+        per_step = ed.planned_flops / ed.cfg.train.steps
+        assert abs(ed.planned_flops - dec.planned_flops) <= per_step / 2 + 1e-6
+
+
+def test_equal_total_params_mode(tiny_spec):
+    runs = _expand(tiny_spec, ["matching=equal_total_params", "match_tolerance=0.05"])
+    for size in {r.size for r in runs}:
+        dec, ed = sorted((r for r in runs if r.size == size), key=lambda r: r.arch)
+        assert abs(ed.params["total"] - dec.params["total"]) <= 0.05 * dec.params["total"]
+
+
+def test_isoflop_grid(tiny_spec):
+    runs = _expand(tiny_spec, ["budget={kind: isoflop, compute: [3e9, 1e10], min_steps: 2}"])
+    assert {r.budget for r in runs} <= {"C3e09", "C1e10"}
+    for r in runs:
+        c = float(r.budget[1:])
+        per_step = r.planned_flops / r.cfg.train.steps
+        assert c - per_step < r.planned_flops <= c
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_every_study_spec_validates(path, capsys):
+    sweep.run_study(path, Path("unused"), dry_run=True)
+    assert "runs" in capsys.readouterr().out
+
+
+def test_bad_specs_name_the_problem(tiny_spec):
+    with pytest.raises(ConfigError, match="not a valid cell"):
+        _expand(tiny_spec, ["cells=[[encoder_decoder, flm]]"])
+    with pytest.raises(ConfigError, match="unknown key 'matchng'"):
+        _expand(tiny_spec, ["matchng=equal_flops"])
+    with pytest.raises(ConfigError, match="d_model"):
+        _expand(tiny_spec, ["base.model.d_model=-1"])
+
+
+def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
+    out = tmp_path / "study"
+    text = sweep.launch(tiny_spec, "slurm", out, submit=False)
+    assert "#SBATCH --array=0-3" in text
+    assert "scalestudy train --config" in text and "scalestudy study --spec" in text
+    listed = (out / "runs.txt").read_text().split()
+    assert len(listed) == 4
+    runs = _expand(tiny_spec)
+    for run, workdir in zip(runs, listed):
+        assert load_config(Path(workdir) / "config.yaml").hash() == run.run_id
+    tpu = sweep.launch(tiny_spec, "tpu", out, submit=False)
+    assert "gcloud compute tpus queued-resources create" in tpu
+    assert tpu.count("train --config") == 4 and "--worker=all" in tpu
