@@ -168,8 +168,6 @@ class Objective:
         else:
             self.piece_length = L
             self.min_piece = 1 if cfg.name == "flm" else 2
-            if self.min_piece > L:
-                raise DataError(f"objective {cfg.name!r} needs sequences of >= 2 tokens; got L={L}")
         self.append_eos = cfg.name != "mlm"
 
     def sizes(self, n: int, index: int) -> tuple[int, int]:
