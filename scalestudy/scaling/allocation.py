@@ -147,7 +147,12 @@ def _parabola_min(x_J, y_J, w_RJ, member_J):
 
 def approach2(table: RunTable, counts_RJ: np.ndarray, ci: float, tol_dex: float = 0.1) -> dict:
     """Chinchilla approach 2: IsoFLOP parabolas in log N and log D -> N_opt(C), D_opt(C)."""
-    groups = isoflop_groups(table.C, tol_dex)
+    if any(table.budget):
+        # Budgets named by the study (e.g. 'C1e18'): exact IsoFLOP membership.
+        labels = sorted(set(table.budget))
+        groups = np.array([labels.index(b) for b in table.budget])
+    else:
+        groups = isoflop_groups(table.C, tol_dex)
     w_RJ = np.concatenate([np.ones((1, len(table.run_id))), counts_RJ])
     logn, logd, loss = np.log(table.N), np.log(table.D), table.loss
     rows, profiles, flags = [], [], []

@@ -47,6 +47,7 @@ class DataSettings:
     c_col: str | None = None
     loss_col: str | None = None
     run_col: str | None = None  # repeated ids: rows are points of training curves
+    budget_col: str | None = None  # IsoFLOP budget labels; None: 'budget' when present
     group_cols: tuple[str, ...] | None = None  # None: arch,objective when present
     n_kind: str = "non_embedding"  # registry: "total" | "non_embedding"
     d_kind: str = "positions"  # registry: "positions" | "tokens" (loss-bearing)
@@ -70,6 +71,7 @@ class RunTable:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     curves: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # run -> C, D, loss
     choices: dict = field(default_factory=dict)
+    budget: list[str] = field(default_factory=list)  # IsoFLOP budget label per run ('' if none)
 
     def cells(self) -> list[str]:
         return sorted(set(self.cell))
@@ -88,6 +90,7 @@ class RunTable:
             extra={k: v[idx] for k, v in self.extra.items()},
             curves={r: self.curves[r] for r in ids if r in self.curves},
             choices=self.choices,
+            budget=[self.budget[i] for i in idx] if self.budget else [],
         )
 
 
@@ -286,6 +289,10 @@ def build_table(
     if missing:
         raise ScalingDataError(f"group columns {missing} not in the table; columns: {columns}")
     cell = ["/".join(str(r.get(g)) for g in groups) or "all" for r in rows]
+    budget_col = s.budget_col or ("budget" if "budget" in columns else None)
+    if budget_col is not None and budget_col not in columns:
+        raise ScalingDataError(f"budget column {budget_col!r} not in the table; columns: {columns}")
+    budget = [str(r.get(budget_col) or "") if budget_col else "" for r in rows]
     ids = [str(r[run_col]) if run_col else str(i) for i, r in enumerate(rows)]
 
     table_curves: dict[str, dict[str, np.ndarray]] = {}
@@ -294,6 +301,7 @@ def build_table(
         # final point (largest compute) stands for the run.
         table_curves, keep = _curves_from_rows(ids, C, D, loss)
         ids, cell = [ids[i] for i in keep], [cell[i] for i in keep]
+        budget = [budget[i] for i in keep]
         N, D, C, loss, rows = N[keep], D[keep], C[keep], loss[keep], [rows[i] for i in keep]
     elif curves:
         table_curves = _curves_from_registry(curves, ids, C, D)
@@ -302,7 +310,7 @@ def build_table(
     for col in columns:
         if col.startswith("eval/"):
             extra[col] = _values(rows, col, 1.0)
-    table = RunTable(ids, cell, N, D, C, loss, extra, table_curves)
+    table = RunTable(ids, cell, N, D, C, loss, extra, table_curves, budget=budget)
     table.choices = {
         "source_kind": kind,
         "N": f"column {n_col!r}" + (f" ({s.n_kind} parameters)" if kind == "registry" else ""),
@@ -375,6 +383,7 @@ def _validate(t: RunTable, drop_invalid: bool) -> RunTable:
             {k: v[keep] for k, v in t.extra.items()},
             {r: c for r, c in t.curves.items() if r in {t.run_id[i] for i in keep}},
             {**t.choices, "dropped_invalid": dropped},
+            [t.budget[i] for i in keep] if t.budget else [],
         )
         if not keep.size:
             raise ScalingDataError("every run was invalid; nothing left to fit")

@@ -1,0 +1,147 @@
+"""Reading runs: published-style tables with units, registries, and bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from scalestudy.cli import main
+from scalestudy.scaling.io import DataSettings, ScalingDataError, load_table, to_float
+from scalestudy.scaling.laws import FitSettings, fit_cells
+
+
+def test_numbers_with_suffixes_and_separators():
+    assert to_float("70B") == 70e9
+    assert to_float("1.4T") == pytest.approx(1.4e12)
+    assert to_float("1,234") == 1234.0
+    assert to_float("5.76e23") == 5.76e23
+    assert np.isnan(to_float("n/a"))
+
+
+def test_published_table_with_named_columns_and_units(tmp_path):
+    # Columns as a paper's table gives them: parameters in millions, tokens in billions.
+    path = tmp_path / "paper.tsv"
+    rows = ["# refit of a published table", "Model Size (M)\tTraining Tokens (B)\tFinal Loss"]
+    rows += [f"{n}\t{d}\t{3.0 - 0.1 * i}" for i, (n, d) in enumerate([(44, 1), (90, 2), (140, 3)])]
+    path.write_text("\n".join(rows) + "\n")
+    s = DataSettings(
+        n_col="Model Size (M)",
+        d_col="Training Tokens (B)",
+        loss_col="Final Loss",
+        n_unit="M",
+        d_unit="B",
+    )
+    t = load_table(path, s)
+    assert t.N.tolist() == [44e6, 90e6, 140e6]
+    assert t.D.tolist() == [1e9, 2e9, 3e9]
+    np.testing.assert_allclose(t.C, 6 * t.N * t.D)  # no compute column: C = 6ND, recorded
+    assert t.choices["c_kind"] == "6nd"
+    assert t.cells() == ["all"]
+
+
+def test_autodetected_columns_and_clear_errors(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("params,tokens,flops,loss\n1e6,1e8,6e14,4.0\n2e6,1e8,1.2e15,3.8\n")
+    t = load_table(path)
+    assert t.choices["c_kind"] == "counted"
+    with pytest.raises(ScalingDataError, match=r"'nope'.*columns: params, tokens, flops, loss"):
+        load_table(path, DataSettings(n_col="nope"))
+    path.write_text("params,n,loss\n1,2,3\n")
+    with pytest.raises(ScalingDataError, match="several columns could be n"):
+        load_table(path)
+    with pytest.raises(ScalingDataError, match="unknown unit"):
+        load_table(path, DataSettings(n_col="n", n_unit="furlongs"))
+
+
+def test_nan_and_non_positive_rows_fail_or_are_dropped(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    rows = [
+        {"N": 1e6, "D": 1e9, "loss": 3.0},
+        {"N": -1, "D": 1e9, "loss": 3.0},
+        {"N": 1e7, "D": 1e9, "loss": float("nan")},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ScalingDataError, match=r"2 run\(s\).*non-positive.*--drop-invalid"):
+        load_table(path)
+    t = load_table(path, DataSettings(drop_invalid=True))
+    assert len(t.run_id) == 1 and t.choices["dropped_invalid"] == 2
+
+
+def _registry(path, runs):
+    from scalestudy.study.registry import Registry
+
+    with Registry(path) as reg:
+        reg.add_runs([{k: v for k, v in r.items() if k != "summary"} for r in runs])
+        for r in runs:
+            if "summary" in r:
+                s = r["summary"]
+                curve = [
+                    {
+                        "step": st,
+                        "train/loss": s["final_val_loss"] + 1.0 / st,
+                        "flops": s["flops"] * st / 4,
+                        "tokens": s["tokens"] * st / 4,
+                    }
+                    for st in (1, 2, 3, 4)
+                ]
+                reg.finish(r["run_id"], s, curves=curve)
+
+
+def test_study_registry_runs_and_curves(tmp_path, make_isoflop):
+    iso = make_isoflop(noise=0.002, budgets=(1e18, 1e19, 1e20), sizes=5)
+    runs = []
+    for i in range(len(iso.N)):
+        n, d = float(iso.N[i]), float(iso.D[i])
+        runs.append(
+            {
+                "run_id": f"r{i}",
+                "arch": "causal_decoder",
+                "objective": "flm",
+                "params_total": int(n * 1.1),
+                "params_non_embedding": int(n),
+                "budget": f"C{iso.C[i]:.0e}",
+                "summary": {
+                    "tokens": d / 2,
+                    "positions": d,
+                    "flops": 6.3 * n * d,
+                    "flops_6nd": 6 * n * d,
+                    "final_val_loss": float(iso.loss[i]),
+                    "eval": {"copa/acc": 0.5 + 0.01 * i},
+                },
+            }
+        )
+    runs.append({"run_id": "unfinished", "arch": "causal_decoder", "objective": "flm"})
+    _registry(tmp_path / "registry.sqlite", runs)
+    t = load_table(tmp_path)  # a study directory
+    assert len(t.run_id) == len(iso.N) and t.choices["unfinished_runs_left_out"] == 1
+    np.testing.assert_allclose(t.N, np.floor(iso.N))  # non-embedding by default
+    np.testing.assert_allclose(t.D, iso.D)  # positions by default
+    assert t.cells() == ["causal_decoder/flm"]
+    assert "eval/copa/acc" in t.extra and len(t.curves) == len(iso.N)
+    # A curve point at a quarter of training has a quarter of the run's C and D.
+    c = t.curves["r0"]
+    np.testing.assert_allclose(c["C"], t.C[0] * np.array([0.25, 0.5, 0.75, 1.0]))
+    t6 = load_table(tmp_path / "registry.sqlite", DataSettings(c_kind="6nd", n_kind="total"))
+    np.testing.assert_allclose(t6.C, 6 * t6.N * t6.D)
+    res = fit_cells(t, settings=FitSettings(laws=("chinchilla2",), bootstrap=20))
+    fit = res["cells"]["causal_decoder/flm"]["fits"]["chinchilla2"]
+    assert fit["n_budgets"] == 3  # grouped by the registry's budget labels
+
+
+def test_cli_fit_writes_json_and_reports_errors(tmp_path, make_isoflop, capsys):
+    t = make_isoflop(budgets=(1e18, 1e19, 1e20), sizes=5)
+    path = tmp_path / "runs.csv"
+    lines = ["N,D,loss"] + [f"{n},{d},{x}" for n, d, x in zip(t.N, t.D, t.loss)]
+    path.write_text("\n".join(lines))
+    out = tmp_path / "fit.json"
+    rc = main(
+        ["fit", str(path), "--law", "chinchilla3,kaplan_nd", "--bootstrap", "10", "--out", str(out)]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    fit = res["cells"]["all"]["fits"]["chinchilla3"]
+    assert set(fit["params"]) == {"A", "B", "E", "alpha", "beta", "a", "b", "G"}
+    assert res["data"]["C"].startswith("C = 6 N D")
+    assert "chinchilla3" in capsys.readouterr().out
+    assert main(["fit", str(path), "--loss-col", "val"]) == 2
+    assert "column 'val'" in capsys.readouterr().err
