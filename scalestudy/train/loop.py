@@ -1,0 +1,322 @@
+"""`train(cfg, workdir)`: build, compile, run, checkpoint, resume; stop on NaN or a signal.
+
+The loop never waits for the device except at log steps (metrics of step t are read after
+step t+1 has been dispatched), evaluation and checkpoints. Running totals (tokens,
+positions, wall time, best validation loss) are host-side Python numbers saved with the data
+iterator state in every checkpoint, so a resumed run continues them exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from scalestudy.config import ExperimentConfig, ScalestudyError, to_yaml
+from scalestudy.data import pipeline
+from scalestudy.models import counting
+from scalestudy.train import checkpoint, metrics, step
+
+EvalFn = Callable[[Any, Any, int], dict[str, float]]
+
+
+class NonFiniteLoss(ScalestudyError):
+    """The training loss became NaN or infinite."""
+
+
+class Preempted(ScalestudyError):
+    """SIGTERM/SIGINT arrived; a checkpoint was saved and the run can be resumed."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+def enable_compilation_cache() -> None:
+    """Persist compiled programs across processes (a run re-launched after preemption, the
+    next study) unless the user configured a cache already."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalestudy/jax"
+    path = Path(os.environ.get("SCALESTUDY_JAX_CACHE", default))
+    with contextlib.suppress(OSError):
+        path.mkdir(parents=True, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+
+
+@contextlib.contextmanager
+def _signals_to_flag() -> Iterator[dict[str, int | None]]:
+    """Turn SIGTERM/SIGINT into a flag the loop checks between steps."""
+    flag: dict[str, int | None] = {"signum": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        flag["signum"] = signum
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _validate(program: step.Program, params: Any, batches: list[dict]) -> dict[str, float]:
+    sums = [program.eval_step(params, b) for b in batches]
+    sums = jax.device_get(sums)
+    tokens = max(sum(float(s["tokens"]) for s in sums), 1.0)
+    return {f"val/{k}": sum(float(s[k]) for s in sums) / tokens for k in ("loss", "ce", "accuracy")}
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+def _progress_bar(cfg: ExperimentConfig, start: int, stop: int) -> Any:
+    if not (cfg.train.progress and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=stop, initial=start, desc=cfg.name, unit="step", dynamic_ncols=True)
+
+
+def _restore(
+    cfg: ExperimentConfig, ckpt: checkpoint.Checkpointer, program: step.Program
+) -> tuple[Any, dict, int] | None:
+    """(state, saved data dict, step) from this run, else from `train.init_from`, else None."""
+    restored = ckpt.restore(program.abstract_state)
+    if restored is None and cfg.train.init_from is not None:
+        source = checkpoint.checkpoint_dir(Path(cfg.train.init_from))
+        if not source.is_dir():
+            raise checkpoint.CheckpointError(
+                f"train.init_from={cfg.train.init_from!r}: no checkpoints directory there"
+            )
+        other = checkpoint.Checkpointer(source, read_only=True)
+        restored = other.restore(program.abstract_state, step=cfg.train.init_step)
+        if restored is None:
+            raise checkpoint.CheckpointError(f"train.init_from: no checkpoint in {source}")
+    return restored
+
+
+def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None) -> dict[str, Any]:
+    """Train (or resume) the run in `workdir`; returns what it writes to summary.json."""
+    t_start = time.perf_counter()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    enable_compilation_cache()
+    (workdir / "config.yaml").write_text(to_yaml(cfg))
+    tc = cfg.train
+    stop = min(tc.steps, tc.stop_after_steps or tc.steps)
+
+    process = {"process_index": jax.process_index(), "process_count": jax.process_count()}
+    train_it = pipeline.make_iterator(cfg, "train", **process)
+    val_it = pipeline.make_iterator(cfg, "validation", **process)
+    val_batches = [next(val_it) for _ in range(tc.eval_batches)]
+    program = step.build_program(cfg, val_batches[0])
+    val_batches = [program.shard_batch(b) for b in val_batches]
+
+    ckpt = checkpoint.Checkpointer(
+        workdir / checkpoint.CHECKPOINTS,
+        keep_last=tc.keep_last,
+        keep_every=tc.keep_every,
+        async_save=tc.async_checkpoint,
+    )
+    restored = _restore(cfg, ckpt, program)
+    if restored is None:
+        state, start = program.init(), 0
+        totals: dict[str, Any] = {"tokens": 0.0, "positions": 0.0, "wall_time_s": 0.0}
+    else:
+        state, saved, start = restored
+        train_it.restore(saved["iterator"])
+        totals = saved["totals"]
+    metrics.truncate_after(workdir, start)
+    tokens0 = totals["tokens"]
+    counts = counting.flops(cfg)
+    flops_per_step = tc.batch_size * counts["flops_per_example"]
+    writer = metrics.MetricsWriter(workdir)
+    timing = {"compile_s": program.compile_s, "checkpoint_s": 0.0, "eval_s": 0.0}
+    last_logged: dict[str, float] = {}
+    pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
+    to_log: tuple[int, Any] | None = None
+    done = start
+
+    def flush(upto: int) -> None:
+        """Bring metrics of steps <= upto to the host: totals always, a row at log steps."""
+        nonlocal pending, to_log
+        ready = [p for p in pending if p[0] <= upto]
+        pending = [p for p in pending if p[0] > upto]
+        fetched = jax.device_get([(m["step_tokens"], m["step_positions"]) for _, m in ready])
+        for tok, pos in fetched:
+            totals["tokens"] += float(tok)
+            totals["positions"] += float(pos)
+        if to_log is None or to_log[0] > upto:
+            return
+        s, m = to_log
+        to_log = None
+        row = {k: float(v) for k, v in jax.device_get(m).items() if not k.startswith("step_")}
+        if not _finite(row["train/loss"]):
+            nonfinite(row["train/loss"], s)
+        elapsed = totals["wall_time_s"] + time.perf_counter() - t_start
+        row |= {
+            "tokens": totals["tokens"],
+            "positions": totals["positions"],
+            "flops": s * flops_per_step,
+            "wall_time_s": elapsed,
+            "tokens_per_s": rate.update(totals["tokens"]),
+        }
+        last_logged.update(writer.write(s, row))
+        if bar is not None:
+            bar.set_postfix(loss=f"{row['train/loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+
+    def nonfinite(loss: float, at: int) -> None:
+        ckpt.wait()
+        good = ckpt.latest_step()
+        where = f"step {good} in {ckpt.directory}" if good is not None else "none (none saved)"
+        raise NonFiniteLoss(
+            f"training loss is {loss} at step {at}; stopped without saving. The last good "
+            f"checkpoint is {where}. Lower optim.learning_rate, set optim.grad_clip_norm or "
+            "add warmup, then re-run to resume from it"
+        )
+
+    def save(at: int) -> None:
+        t = time.perf_counter()
+        flush(at)
+        if last_metrics is not None:  # never checkpoint a diverged state
+            loss = float(jax.device_get(last_metrics["train/loss"]))
+            if not _finite(loss):
+                nonfinite(loss, at)
+        data = {
+            "iterator": train_it.state(),
+            "totals": {**totals, "wall_time_s": totals["wall_time_s"] + t - t_start},
+        }
+        ckpt.save(at, state, data, cfg)
+        timing["checkpoint_s"] += time.perf_counter() - t
+
+    def evaluate(at: int, final: bool) -> dict[str, float]:
+        t = time.perf_counter()
+        out: dict[str, float] = {}
+        if final or (tc.eval_every and at % tc.eval_every == 0):
+            out |= _validate(program, state["params"], val_batches)
+            best = totals.get("best_val_loss")
+            totals["best_val_loss"] = (
+                out["val/loss"] if best is None else min(best, out["val/loss"])
+            )
+        every = cfg.eval.every_steps
+        if eval_fn is not None and (final or (every and at % every == 0)):
+            out |= {f"eval/{k}": v for k, v in eval_fn(program.model, state["params"], at).items()}
+        if out:
+            writer.write(at, out)
+            last_logged.update(out)
+        timing["eval_s"] += time.perf_counter() - t
+        return out
+
+    bar = _progress_bar(cfg, start, stop)
+    rate = metrics.Throughput()
+    last_metrics: Any = None
+    t_loop = time.perf_counter()
+    try:
+        with _signals_to_flag() as flag:
+            for done in range(start + 1, stop + 1):
+                if flag["signum"] is not None:
+                    done -= 1
+                    break
+                batch = program.shard_batch(next(train_it))
+                state, last_metrics = program.train_step(state, batch)
+                pending.append((done, last_metrics))
+                if to_log is not None:  # the previous log step's metrics, now this one is queued
+                    flush(to_log[0])
+                if done % tc.log_every == 0 or done == stop:
+                    to_log = (done, last_metrics)
+                if bar is not None:
+                    bar.update(1)
+                if tc.eval_every and done % tc.eval_every == 0 and done != stop:
+                    flush(done)
+                    evaluate(done, final=False)
+                if done % tc.checkpoint_every == 0 and done != stop:
+                    save(done)
+            else:
+                done = stop
+            flush(done)
+            train_time = time.perf_counter() - t_loop
+            if flag["signum"] is not None:
+                if done > start:
+                    save(done)
+                ckpt.wait()
+                name = signal.Signals(flag["signum"]).name
+                raise Preempted(
+                    f"{name} received: saved a checkpoint at step {done} in {ckpt.directory}; "
+                    "run the same command again to resume",
+                    flag["signum"],
+                )
+            final_eval = evaluate(done, final=True)
+            if done > start:
+                save(done)
+            t = time.perf_counter()
+            ckpt.wait()
+            timing["checkpoint_s"] += time.perf_counter() - t
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+        ckpt.close()
+    totals["wall_time_s"] += time.perf_counter() - t_start
+    summary = _summary(
+        cfg, counts, done, totals, last_logged, final_eval, train_time, start, tokens0
+    )
+    summary["timing"] = {k: round(v, 3) for k, v in timing.items()}
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _summary(
+    cfg: ExperimentConfig,
+    counts: dict,
+    done: int,
+    totals: dict,
+    last: dict,
+    final_eval: dict,
+    train_time: float,
+    start: int,
+    tokens0: float,
+) -> dict[str, Any]:
+    params = counting.count_params(cfg.model)
+    flops = done * cfg.train.batch_size * counts["flops_per_example"]
+    this_run_flops = (done - start) * cfg.train.batch_size * counts["flops_per_example"]
+    this_run_tokens = totals["tokens"] - tokens0
+    return {
+        "name": cfg.name,
+        "arch": cfg.model.arch,
+        "objective": cfg.objective.name,
+        "params_total": params["total"],
+        "params_non_embedding": params["non_embedding"],
+        "params_embedding": params["embedding"],
+        "flops_per_token": counts["flops_per_token"],
+        "flops_per_token_6n": counts["flops_per_token_6n"],
+        "steps": done,
+        "complete": done >= cfg.train.steps,
+        "tokens": totals["tokens"],
+        "positions": totals["positions"],
+        "flops": flops,
+        # 6N per position processed (D = positions: inputs and targets alike).
+        "flops_6nd": counts["flops_per_token_6n"] * totals["positions"],
+        "final_train_loss": last.get("train/loss"),
+        "final_val_loss": final_eval.get("val/loss"),
+        "best_val_loss": totals.get("best_val_loss"),
+        "wall_time_s": totals["wall_time_s"],
+        "tokens_per_s": this_run_tokens / max(train_time, 1e-9),
+        "mfu": metrics.mfu(this_run_flops, train_time),
+        "eval": {k[len("eval/") :]: v for k, v in final_eval.items() if k.startswith("eval/")},
+    }

@@ -1,0 +1,256 @@
+"""The train and eval steps: pure functions, compiled ahead of time with explicit shardings.
+
+The train state is a plain dict `{"step", "params", "opt_state", "rng"}` (`rng` holds the raw
+key data of the run seed); dropout keys are derived inside the step from `(rng, step,
+microbatch)`. Gradients over `k` microbatches are accumulated inside the compiled step with
+`lax.scan`; each microbatch contributes `loss * tokens`, so the result is the gradient of
+the mean over all loss-bearing tokens of the global batch, as with one big batch.
+
+`build_program(cfg, example_batch)` returns a `Program` of compiled functions for one
+(config, shapes, mesh); equal inputs in the same process reuse the compiled program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from scalestudy.config import ExperimentConfig
+from scalestudy.models.api import Model, build_model
+from scalestudy.train import optim, sharding
+
+State = dict[str, Any]
+Batch = Mapping[str, jax.Array]
+
+# Per-step sums the loop turns into means and running totals.
+_SUMMED = ("loss", "ce", "z_loss", "accuracy")
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def decay_mask(param_axes: Any) -> Any:
+    """True for matrices (two or more axes besides a scanned `layers` axis), False otherwise."""
+    return jax.tree.map(
+        lambda axes: sum(a != "layers" for a in axes) >= 2, param_axes, is_leaf=_is_axes
+    )
+
+
+def state_shardings(
+    mesh: jax.sharding.Mesh, abstract_state: State, model: Model, param_sh: Any
+) -> State:
+    """Shardings of the whole state: parameters (and optimizer moments shaped like them) by
+    their logical axes; step, RNG and other optimizer statistics replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_sh = sharding.optimizer_state_shardings(
+        mesh, abstract_state["opt_state"], abstract_state["params"], model.param_axes()
+    )
+    return {"step": replicated, "params": param_sh, "opt_state": opt_sh, "rng": replicated}
+
+
+def _split_microbatches(batch: Batch, k: int, mesh: jax.sharding.Mesh) -> Batch:
+    """[B, ...] -> [k, B/k, ...] with microbatch j = rows j, j+k, ...: each device's rows
+    feed every microbatch, so no data moves between devices."""
+
+    def split(x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+        spec = sharding.logical_to_mesh_spec((None, "batch") + (None,) * (x.ndim - 2))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return {name: split(x) for name, x in batch.items()}
+
+
+def make_train_step(
+    cfg: ExperimentConfig,
+    model: Model,
+    tx: optax.GradientTransformation,
+    schedule: optim.Schedule,
+    mesh: jax.sharding.Mesh,
+) -> Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]:
+    """The pure train step `(state, batch) -> (state, metrics)` for `cfg`."""
+    k, z_loss = cfg.train.microbatches, cfg.train.z_loss
+
+    def weighted_loss(params: Any, batch: Batch, rng: jax.Array) -> tuple[jax.Array, dict]:
+        loss, aux = model.loss(params, batch, rng, z_loss=z_loss, deterministic=False)
+        tokens = jax.lax.stop_gradient(aux["tokens"])
+        sums = {"loss": loss * tokens, **{m: aux[m] * tokens for m in _SUMMED[1:]}}
+        sums = jax.lax.stop_gradient(sums)
+        return loss * tokens, {**sums, "tokens": tokens, "positions": aux["positions"]}
+
+    grad_fn = jax.grad(weighted_loss, has_aux=True)
+
+    def train_step(state: State, batch: Batch) -> tuple[State, dict[str, jax.Array]]:
+        params = state["params"]
+        rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        if k == 1:
+            grads, sums = grad_fn(params, batch, jax.random.fold_in(rng, 0))
+        else:
+
+            def body(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+                micro, i = xs
+                g, s = grad_fn(params, micro, jax.random.fold_in(rng, i))
+                return jax.tree.map(jnp.add, carry, (g, s)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            sums0 = {m: jnp.zeros((), jnp.float32) for m in (*_SUMMED, "tokens", "positions")}
+            micro = _split_microbatches(batch, k, mesh)
+            (grads, sums), _ = jax.lax.scan(body, (zeros, sums0), (micro, jnp.arange(k)))
+        denom = jnp.maximum(sums["tokens"], 1.0)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        params = optax.apply_updates(params, updates)
+        metrics = {f"train/{m}": sums[m] / denom for m in _SUMMED}
+        metrics |= {
+            "train/grad_norm": optax.global_norm(grads),
+            "train/param_norm": optax.global_norm(params),
+            "lr": schedule(state["step"]),
+            "step_tokens": sums["tokens"],
+            "step_positions": sums["positions"],
+        }
+        new_state = {**state, "step": state["step"] + 1, "params": params, "opt_state": opt_state}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(cfg: ExperimentConfig, model: Model) -> Callable[[Any, Batch], dict]:
+    """`(params, batch) -> sums` of loss, ce and accuracy weighted by tokens, and tokens."""
+
+    def eval_step(params: Any, batch: Batch) -> dict[str, jax.Array]:
+        loss, aux = model.loss(params, batch, None, z_loss=cfg.train.z_loss, deterministic=True)
+        t = aux["tokens"]
+        return {"loss": loss * t, "ce": aux["ce"] * t, "accuracy": aux["accuracy"] * t, "tokens": t}
+
+    return eval_step
+
+
+@dataclasses.dataclass
+class Program:
+    """Compiled functions and shardings for one (config, batch shapes, mesh)."""
+
+    model: Model
+    mesh: jax.sharding.Mesh
+    schedule: optim.Schedule
+    abstract_state: State
+    state_sharding: State
+    batch_sharding: NamedSharding
+    init: Any  # () -> State, created sharded
+    train_step: Any  # (State, Batch) -> (State, metrics); donates the state
+    eval_step: Any  # (params, Batch) -> sums
+    compile_s: float
+
+    def shard_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        return sharding.shard_batch(self.mesh, dict(batch))
+
+
+_PROGRAMS: OrderedDict[str, Program] = OrderedDict()
+_MAX_PROGRAMS = 8
+
+
+def _program_key(cfg: ExperimentConfig, shapes: dict, mesh: jax.sharding.Mesh) -> str:
+    parts = (
+        cfg.model.model_dump_json(),
+        cfg.optim.model_dump_json(),
+        cfg.train.steps,
+        cfg.train.microbatches,
+        cfg.train.z_loss,
+        cfg.train.seed,
+        sorted(shapes.items()),
+        tuple(mesh.shape.items()),
+        tuple(d.id for d in mesh.devices.flat),
+    )
+    return repr(parts)
+
+
+def _init_state(cfg: ExperimentConfig, model: Model, tx: optax.GradientTransformation) -> State:
+    key = jax.random.key(cfg.train.seed)
+    init_key, dropout_key = jax.random.split(key)
+    params = model.init(init_key)
+    return {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "opt_state": tx.init(params),
+        "rng": jax.random.key_data(dropout_key),
+    }
+
+
+def build_program(
+    cfg: ExperimentConfig,
+    example_batch: Mapping[str, Any],
+    mesh: jax.sharding.Mesh | None = None,
+    *,
+    compile: bool = True,
+) -> Program:
+    """Build (or reuse) the compiled program for `cfg` and batches shaped like `example_batch`.
+
+    With `compile=False` the functions are jitted but not compiled (for AOT inspection).
+    """
+    mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model)
+    shapes = {k: (tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in example_batch.items()}
+    key = _program_key(cfg, shapes, mesh)
+    if compile and key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+        return dataclasses.replace(_PROGRAMS[key], compile_s=0.0)
+
+    model = build_model(cfg.model)
+    tx, schedule = optim.make_optimizer(
+        cfg.optim, cfg.train.steps, decay_mask=decay_mask(model.param_axes())
+    )
+    param_sh = sharding.param_shardings(mesh, model.param_axes())
+    abstract = jax.eval_shape(lambda: _init_state(cfg, model, tx))
+    state_sh = state_shardings(mesh, abstract, model, param_sh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
+    )
+    batch_sh = sharding.batch_sharding(mesh)
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
+        for k, (shape, dtype) in shapes.items()
+    }
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    init = jax.jit(lambda: _init_state(cfg, model, tx), out_shardings=state_sh)
+    train_step = jax.jit(
+        make_train_step(cfg, model, tx, schedule, mesh),
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, replicated),
+        donate_argnums=0,
+    )
+    eval_step = jax.jit(
+        make_eval_step(cfg, model),
+        in_shardings=(param_sh, batch_sh),
+        out_shardings=replicated,
+    )
+    t0 = time.perf_counter()
+    if compile:
+        with sharding.axis_rules(mesh):
+            init = init.lower().compile()
+            train_step = train_step.lower(abstract, abstract_batch).compile()
+            eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
+    program = Program(
+        model=model,
+        mesh=mesh,
+        schedule=schedule,
+        abstract_state=abstract,
+        state_sharding=state_sh,
+        batch_sharding=batch_sh,
+        init=init,
+        train_step=train_step,
+        eval_step=eval_step,
+        compile_s=time.perf_counter() - t0,
+    )
+    if compile:
+        _PROGRAMS[key] = program
+        while len(_PROGRAMS) > _MAX_PROGRAMS:
+            _PROGRAMS.popitem(last=False)
+    return program
