@@ -42,12 +42,29 @@ def _mix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64_int(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def uniform(seed: int, index: int) -> float:
+    """`uniforms(seed, index, 1)[0]` without NumPy overhead (one draw per example is common)."""
+    key = _mix64_int((_mix64_int(seed & _M64) + (index & _M64)) & _M64)
+    return (_mix64_int((key + 0x9E3779B97F4A7C15) & _M64) >> 11) * (1.0 / (1 << 53))
+
+
+_STRIDES = _GOLDEN * np.arange(1, 1 << 16, dtype=np.uint64)  # wraps mod 2**64, as meant
+
+
 def uniforms(seed: int, index: int, n: int) -> np.ndarray:
     """n floats in [0, 1), a pure function of (seed, index); a prefix of a longer draw."""
-    with np.errstate(over="ignore"):
-        key = _mix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-        key = _mix64(key + np.uint64(index & 0xFFFFFFFFFFFFFFFF))
-        z = _mix64(key + _GOLDEN * np.arange(1, n + 1, dtype=np.uint64))
+    key = np.uint64(_mix64_int((_mix64_int(seed & _M64) + (index & _M64)) & _M64))
+    strides = _STRIDES[:n] if n < _STRIDES.size else _GOLDEN * np.arange(1, n + 1, dtype=np.uint64)
+    z = _mix64(key + strides)
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
@@ -85,44 +102,76 @@ def mlm_piece_length(inputs_length: int, noise_density: float, mean_span: float)
     return best
 
 
-def noise_mask(n: int, noise_density: float, mean_span: float, u: np.ndarray) -> np.ndarray:
-    """Boolean mask of noise tokens: spans alternate non-noise, noise, ..., starting non-noise.
+def span_layout(
+    n: int, noise_density: float, mean_span: float, u: np.ndarray
+) -> tuple[list[int], list[int]]:
+    """(non-noise run lengths, noise span lengths), alternating, starting with non-noise.
 
-    Span lengths are uniform random compositions (every split equally likely) of the noise
-    and non-noise token counts, as in T5; `u` holds at least n - 2 uniforms.
+    Both are uniform random compositions (every split equally likely) of the non-noise and
+    noise token counts into the same number of non-empty runs, as in T5; `u` holds at least
+    n - 2 uniforms.
     """
     num_noise, num_spans = span_counts(n, noise_density, mean_span)
-    noise_ends = _composition_ends(num_noise, num_spans, u[: max(num_noise - 1, 0)])
-    keep_ends = _composition_ends(n - num_noise, num_spans, u[max(num_noise - 1, 0) :])
-    noise_len = np.diff(noise_ends, prepend=0)
-    keep_len = np.diff(keep_ends, prepend=0)
-    lengths = np.stack([keep_len, noise_len], axis=1).reshape(-1)
-    flags = np.tile(np.array([False, True]), num_spans)
-    return np.repeat(flags, lengths)
+    split = max(num_noise - 1, 0)
+    noise = _composition(num_noise, num_spans, u[:split])
+    keep = _composition(n - num_noise, num_spans, u[split:])
+    return keep, noise
 
 
-def _composition_ends(total: int, parts: int, u: np.ndarray) -> np.ndarray:
-    """End offsets of a uniformly random split of `total` items into `parts` non-empty runs."""
+def _composition(total: int, parts: int, u: np.ndarray) -> list[int]:
+    """Lengths of a uniformly random split of `total` items into `parts` non-empty runs."""
     if parts == 1:
-        return np.array([total])
+        return [total]
     cuts = np.sort(np.argpartition(u[: total - 1], parts - 2)[: parts - 1]) + 1
-    return np.append(cuts, total)
+    ends = [*cuts.tolist(), total]
+    return [e - b for b, e in zip([0, *ends[:-1]], ends)]
+
+
+def noise_mask(n: int, noise_density: float, mean_span: float, u: np.ndarray) -> np.ndarray:
+    """Boolean mask of the noise tokens of `span_layout`."""
+    keep, noise = span_layout(n, noise_density, mean_span, u)
+    flags = np.tile(np.array([False, True]), len(keep))
+    return np.repeat(flags, np.stack([keep, noise], axis=1).reshape(-1))
+
+
+def corrupt(
+    piece: np.ndarray, keep: list[int], noise: list[int], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """T5 span corruption given the run layout; sentinel i is id vocab_size - 1 - i.
+
+    inputs: the non-noise runs with each noise span replaced by its sentinel, then EOS;
+    targets: each noise span preceded by the same sentinel, then EOS.
+    """
+    k, num_noise = len(noise), sum(noise)
+    inputs = np.empty(piece.size - num_noise + k + 1, np.int32)
+    targets = np.empty(num_noise + k + 1, np.int32)
+    src = pi = pt = 0
+    for i in range(k):
+        kl, nl = keep[i], noise[i]
+        inputs[pi : pi + kl] = piece[src : src + kl]
+        inputs[pi + kl] = targets[pt] = vocab_size - 1 - i
+        targets[pt + 1 : pt + 1 + nl] = piece[src + kl : src + kl + nl]
+        src, pi, pt = src + kl + nl, pi + kl + 1, pt + nl + 1
+    inputs[-1] = targets[-1] = EOS_ID
+    return inputs, targets
 
 
 def span_corrupt(
     piece: np.ndarray, mask: np.ndarray, vocab_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """T5 span corruption of `piece` given its noise mask; sentinels count down from the top."""
-    starts = mask & ~np.concatenate([[False], mask[:-1]])
-    sentinel_at = (vocab_size - np.cumsum(starts)).astype(np.int32)  # top id for span 0
-    # inputs: non-noise tokens, each noise span replaced by its sentinel.
-    inputs = np.where(starts, sentinel_at, piece)[~mask | starts].astype(np.int32)
-    # targets: each noise span preceded by the same sentinel.
-    noise = np.flatnonzero(mask)
-    span_starts = np.flatnonzero(starts[noise])
-    targets = np.insert(piece[noise].astype(np.int32), span_starts, sentinel_at[noise][span_starts])
-    eos = np.array([EOS_ID], dtype=np.int32)
-    return np.concatenate([inputs, eos]), np.concatenate([targets, eos])
+    """T5 span corruption of `piece` given a noise mask that starts with non-noise."""
+    if mask[0]:
+        raise ValueError("the noise mask must start with a non-noise token (T5 layout)")
+    edges = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    runs = np.diff(np.concatenate([[0], edges, [mask.size]])).tolist()
+    if len(runs) % 2:
+        runs.append(0)  # ends with non-noise: a trailing run with no noise after it
+    keep, noise = runs[0::2], runs[1::2]
+    if noise[-1] == 0:
+        inputs, targets = corrupt(piece[: -keep[-1]], keep[:-1], noise[:-1], vocab_size)
+        tail = piece[-keep[-1] :]
+        return np.concatenate([inputs[:-1], tail, inputs[-1:]]), targets
+    return corrupt(piece, keep, noise, vocab_size)
 
 
 # ----------------------------------------------------------------------------- examples
@@ -175,7 +224,7 @@ class Objective:
         if self.name == "flm":
             return 0, n
         if self.name == "plm":
-            s = self._split(n, uniforms(self.seed, index, 1)[0])
+            s = self._split(n, uniform(self.seed, index))
             return s, n - s
         return span_lengths(n, self.cfg.noise_density, self.cfg.mean_noise_span_length)
 
@@ -193,8 +242,8 @@ class Objective:
         if self.name == "flm":
             return piece[:0], piece
         if self.name == "plm":
-            s = self._split(n, uniforms(self.seed, index, 1)[0])
+            s = self._split(n, uniform(self.seed, index))
             return piece[:s], piece[s:]
         u = uniforms(self.seed, index, max(n - 2, 1))
-        mask = noise_mask(n, self.cfg.noise_density, self.cfg.mean_noise_span_length, u)
-        return span_corrupt(piece, mask, self.vocab_size)
+        keep, noise = span_layout(n, self.cfg.noise_density, self.cfg.mean_noise_span_length, u)
+        return corrupt(piece, keep, noise, self.vocab_size)

@@ -207,23 +207,26 @@ class BatchIterator:
     def _plan(self, cursor: int) -> tuple[list[list[tuple[int, int]]], int]:
         """Rows of (example index, piece id) of the batch starting at `cursor`; next cursor."""
         B = self.cfg.train.batch_size
-        free_enc = np.full(B, self._enc_len)
-        free_dec = np.full(B, self._dec_len)
+        free_enc = [self._enc_len] * B
+        free_dec = [self._dec_len] * B
         rows: list[list[tuple[int, int]]] = [[] for _ in range(B)]
         lengths = self._pieces.lengths
+        pack = self.cfg.objective.pack
+        first_open = 0  # rows before it are full: no example fits there any more
         k = cursor
         while True:
             p = self._piece(k)
             e, d = self._sizes(k, int(lengths[p]))
-            if self.cfg.objective.pack:
-                fits = np.flatnonzero((free_dec >= d) & (free_enc >= e))
-                if fits.size == 0:
-                    break
-                r = int(fits[0])
+            if pack:
+                while first_open < B and free_dec[first_open] == 0:
+                    first_open += 1
+                r = first_open
+                while r < B and (free_dec[r] < d or free_enc[r] < e):
+                    r += 1
             else:
                 r = k - cursor
-                if r == B:
-                    break
+            if r == B:
+                break
             rows[r].append((k, p))
             free_enc[r] -= e
             free_dec[r] -= d

@@ -116,3 +116,10 @@ def test_mlm_errors_name_the_fix():
         Objective(ObjectiveConfig(name="mlm", inputs_length=48, targets_length=16), V, 1, 0)
     with pytest.raises(DataError, match="too short for span corruption"):
         Objective(ObjectiveConfig(name="mlm", inputs_length=2, targets_length=16), V, 100, 0)
+
+
+def test_scalar_uniform_matches_vector():
+    for seed, index in [(0, 0), (3, 17), (2**40, 2**50)]:
+        from scalestudy.data.objectives import uniform
+
+        assert uniform(seed, index) == uniforms(seed, index, 1)[0]

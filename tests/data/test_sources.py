@@ -1,0 +1,151 @@
+"""Sources and vocabularies: synthetic corpus, local text, real corpora, SentencePiece."""
+
+import time
+
+import numpy as np
+import pytest
+
+from scalestudy.config import DataConfig, ExperimentConfig, SyntheticConfig
+from scalestudy.data import DataError, sources, synthetic
+from scalestudy.data.pipeline import make_iterator
+from scalestudy.data.vocab import encode_documents, get_vocabulary, sentinel_id, train_sentencepiece
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+def test_synthetic_is_deterministic_fast_and_prefix_stable():
+    cfg = SyntheticConfig(n_train_documents=3000, seed=5)
+    t0 = time.perf_counter()
+    docs = [synthetic.story(5, "train", i) for i in range(3000)]
+    assert time.perf_counter() - t0 < 1.5  # generous for a loaded 2-core machine
+    assert docs == synthetic.documents(cfg, "train")
+    assert docs[:10] == synthetic.documents(cfg.replace(n_train_documents=10), "train")
+    val = synthetic.documents(cfg, "validation")
+    assert not set(val) & set(docs[:500])
+    assert synthetic.story(6, "train", 0) != docs[0]
+
+
+def test_synthetic_stories_keep_their_entities_consistent():
+    for i in range(200):
+        doc = synthetic.story(0, "train", i)
+        name = doc.split(" named ")[1].split(".")[0]
+        color, obj = doc.split(f"{name} had a ")[1].split(".")[0].split()
+        # every mention of the hero's object carries the colour introduced at the start
+        words = doc.replace(".", " ").replace(",", " ").split()
+        for j, w in enumerate(words):
+            if w == obj and words[j - 1] in synthetic._COLORS:
+                assert words[j - 1] == color, doc
+        she = "She" in doc.split()
+        he = "He" in doc.split()
+        assert not (she and he), doc  # the hero's pronoun never changes
+
+
+def test_probe_tasks_have_one_consistent_answer():
+    tasks = synthetic.probe_tasks(SyntheticConfig(), n=50)
+    assert set(tasks) == {"pronoun", "object_color", "friend_name", "counting"}
+    for name, items in tasks.items():
+        assert len(items) == 50
+        golds = [t["gold"] for t in items]
+        assert len(set(golds)) > 1, name  # the answer's position varies
+        for t in items:
+            assert len(set(t["choices"])) == len(t["choices"]) >= 2
+    for t in tasks["object_color"]:
+        color = t["context"].split(" had a ")[1].split()[0]
+        assert t["choices"][t["gold"]].startswith(color + " ")
+    assert synthetic.probe_tasks(SyntheticConfig(), n=50) == tasks
+
+
+# ----------------------------------------------------------------------------- local text
+
+
+def test_text_split_modes_and_held_out_fraction(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_text("one<|endoftext|>two\n<|endoftext|>\n three ")
+    (d / "b.txt").write_text("line 1\n\nline 2\n")
+    (d / "skip.json").write_text("{}")
+    cfg = DataConfig(source="text", paths=[str(d)], validation_fraction=0.3)
+    train = sources.documents(cfg, "train")
+    val = sources.documents(cfg, "validation")
+    assert sorted(train + val) == sorted(["one", "two", "three", "line 1\n\nline 2"])
+    assert len(val) >= 1 and not set(train) & set(val)
+    by_line = cfg.replace(split_by="line", validation_paths=[str(d / "b.txt")])
+    assert sources.documents(by_line, "validation") == ["line 1", "line 2"]
+    by_file = cfg.replace(split_by="file", validation_paths=[str(d / "b.txt")])
+    assert len(sources.documents(by_file, "train")) == 2
+    single = DataConfig(source="text", paths=[str(d / "b.txt")], split_by="file")
+    with pytest.raises(DataError, match="too few to hold out"):
+        sources.documents(single, "validation")
+
+
+def test_byte_encoding_matches_seqio():
+    vocab = get_vocabulary(DataConfig())
+    docs = ["héllo", "", "wörld\x00!"]
+    ids, offsets = encode_documents(vocab, docs)
+    for k, d in enumerate(docs):
+        got = ids[offsets[k] : offsets[k + 1]].tolist()
+        assert got == list(vocab.encode(d.replace("\x00", "")))
+    assert sentinel_id(vocab, 0) == vocab.vocab_size - 1 == 358
+
+
+CORPORA = {
+    "tinystories": ("tinystories/tinystories_train_first2316stories.txt", "delimiter", 2000),
+    "gutenberg": ("gutenberg_children", "file", 60),
+    "wikitext2": ("wikitext2/valid.txt", "line", 2000),
+    "tinyshakespeare": ("tinyshakespeare/input.txt", "line", 20000),
+}
+
+
+@pytest.mark.parametrize("name", list(CORPORA))
+def test_real_corpora_load_as_local_text(shared_data, name):
+    rel, split_by, at_least = CORPORA[name]
+    path = shared_data / "corpora" / rel
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    cfg = ExperimentConfig(
+        data={"source": "text", "paths": [str(path)], "split_by": split_by},
+        objective={"name": "plm"},
+        model={"arch": "noncausal_decoder"},
+    )
+    docs = sources.documents(cfg.data, "train") + sources.documents(cfg.data, "validation")
+    assert len(docs) >= at_least
+    if name == "tinystories":
+        assert not any("<|endoftext|>" in d for d in docs)
+    batch = next(make_iterator(cfg, "validation"))
+    assert batch["decoder_loss_weights"].sum() > 0
+    assert (batch["decoder_segment_ids"] > 0).mean() > 0.5
+
+
+# ----------------------------------------------------------------------------- SentencePiece
+
+
+def test_sentencepiece_train_cache_and_span_corruption(tmp_path):
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(synthetic.story(0, "train", i) for i in range(300)))
+    model = train_sentencepiece([text], tmp_path / "spm" / "tiny", vocab_size=200)
+    assert model.suffix == ".model" and model.is_file()
+    mtime = model.stat().st_mtime_ns
+    assert train_sentencepiece([text], tmp_path / "spm" / "tiny.model", 200) == model
+    assert model.stat().st_mtime_ns == mtime  # cached: not retrained
+    cfg = ExperimentConfig(
+        data={
+            "vocab": "sentencepiece",
+            "spm_path": str(model),
+            "extra_ids": 20,
+            "synthetic": {"n_train_documents": 100, "n_validation_documents": 10},
+        },
+        objective={"name": "mlm"},
+        model={"arch": "encoder_decoder"},
+        train={"batch_size": 4},
+    )
+    vocab = get_vocabulary(cfg.data)
+    assert vocab.vocab_size == 220 and vocab.eos_id == 1
+    b = next(make_iterator(cfg))
+    tgt = b["decoder_target_tokens"][0][b["decoder_segment_ids"][0] == 1]
+    assert tgt[0] == sentinel_id(vocab, 0) == 219
+    sentinels = tgt[tgt >= 200]
+    assert np.array_equal(sentinels, 219 - np.arange(sentinels.size))
+    with pytest.raises(DataError, match="not found"):
+        get_vocabulary(cfg.data.replace(spm_path=str(tmp_path / "none.model")))
+    with pytest.raises(DataError, match="not found"):
+        train_sentencepiece([tmp_path / "absent.txt"], tmp_path / "x.model", 100)
