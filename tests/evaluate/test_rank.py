@@ -1,0 +1,219 @@
+"""Rank classification: scores equal hand-computed log-probabilities for every architecture,
+metric definitions, truncation, run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from scalestudy.config import ExperimentConfig, ScalestudyError
+from scalestudy.data.vocab import get_vocabulary
+from scalestudy.evaluate import rank
+from scalestudy.evaluate.prompts import Example
+from scalestudy.evaluate.tasks import Task, load_task
+from scalestudy.models.api import build_model
+
+ARCH_OBJECTIVE = {"causal_decoder": "flm", "noncausal_decoder": "plm", "encoder_decoder": "plm"}
+
+
+def tiny(arch: str, **eval_cfg) -> ExperimentConfig:
+    return ExperimentConfig.model_validate(
+        {
+            "model": {
+                "arch": arch,
+                "d_model": 32,
+                "n_layers": 2,
+                "n_heads": 2,
+                "d_ff": 64,
+                "dtype": "float32",
+            },
+            "objective": {"name": ARCH_OBJECTIVE[arch], "inputs_length": 24, "targets_length": 8},
+            "eval": {"batch_size": 8, **eval_cfg},
+        }
+    )
+
+
+@pytest.fixture(scope="module", params=list(ARCH_OBJECTIVE))
+def built(request):
+    cfg = tiny(request.param)
+    model = build_model(cfg.model)
+    params = model.init(jax.random.key(1))
+    return cfg, model, params, rank.Scorer(cfg, model, params)
+
+
+def reference_logprob(cfg, model, params, contexts, targets) -> np.ndarray:
+    """Sums of log p(target) from Model.apply + log_softmax on a hand-made batch without
+    padding (all contexts of one length, all targets of another)."""
+    rows = lambda xs: np.asarray(xs, np.int32)
+    if cfg.model.is_encoder_decoder:
+        batch = {"encoder_input_tokens": rows(contexts), "decoder_target_tokens": rows(targets)}
+        batch["decoder_input_tokens"] = rows([[0, *t[:-1]] for t in targets])
+        first = 0
+    else:
+        full = [c + t for c, t in zip(contexts, targets)]
+        batch = {"decoder_target_tokens": rows(full)}
+        batch["decoder_input_tokens"] = rows([[0, *f[:-1]] for f in full])
+        # seqio's prefix: every input position up to the one that reads the last context token.
+        n_ctx, n_tgt = len(contexts[0]), len(targets[0])
+        batch["decoder_causal_attention"] = rows(
+            [[1] * (n_ctx + 1) + [0] * (n_tgt - 1)] * len(full)
+        )
+        first = n_ctx
+    logp = jax.nn.log_softmax(jax.jit(model.apply)(params, batch), axis=-1)
+    return np.array(
+        [sum(logp[b, first + j, tok] for j, tok in enumerate(t)) for b, t in enumerate(targets)]
+    )
+
+
+def test_score_equals_logprob_from_logits(built) -> None:
+    cfg, model, params, scorer = built
+    vocab = get_vocabulary(cfg.data)
+    pairs = [
+        ("The cat sat on", " a mat."),
+        ("Once upon a ti", " me, a "),
+        ("A b c d e f g ", "h i j k"),
+    ]
+    inputs = [vocab.encode(c) for c, _ in pairs]
+    targets = [vocab.encode(t) for _, t in pairs]
+    lp, n_tok, _, truncated = scorer(inputs, targets, np.arange(len(pairs)))
+    assert truncated == 0
+    np.testing.assert_array_equal(n_tok, [len(t) for t in targets])  # no EOS, no context token
+    expected = reference_logprob(cfg, model, params, inputs, targets)
+    np.testing.assert_allclose(lp, expected, rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(lp, 3))) == 3  # the rows really differ
+    if cfg.model.arch == "noncausal_decoder":  # the prefix is really bidirectional
+        causal = cfg.replace(model={**cfg.model.model_dump(), "arch": "causal_decoder"})
+        other = reference_logprob(causal, build_model(causal.model), params, inputs, targets)
+        assert np.all(np.abs(other - expected) > 1e-4)
+
+
+def test_left_truncation_keeps_the_end_and_is_counted(built) -> None:
+    cfg, _, _, scorer = built
+    room = 24 if cfg.model.is_encoder_decoder else 32 - 3
+    long_ctx = list(range(10, 10 + room + 7))
+    lp, _, _, truncated = scorer([long_ctx, long_ctx[-room:]], [[5, 6, 7]] * 2, np.arange(2))
+    assert truncated == 1
+    np.testing.assert_allclose(lp[0], lp[1], rtol=1e-5)
+    # Pairs of one example count once.
+    assert scorer([long_ctx, long_ctx], [[5], [6]], np.zeros(2, int))[3] == 1
+
+
+def test_untrained_model_is_near_chance(shared_data: Path, built) -> None:
+    cfg, model, params, scorer = built
+    if cfg.model.arch != "causal_decoder":
+        pytest.skip("one architecture suffices")
+    task = load_task("hellaswag", shared_data / "eval")
+    out = rank.evaluate_params(cfg, model, params, tasks=[task], max_examples=96, scorer=scorer)
+    assert out["hellaswag/n"] == 96
+    assert 0.1 <= out["hellaswag/acc"] <= 0.45  # chance: 0.25; binomial sd 0.044
+    assert out["hellaswag/truncated"] > 0  # contexts exceed 24 + 8 bytes
+
+
+def fake_score(per_token: float):
+    """A scorer whose sum is `per_token` times the target length: > 0 prefers long choices."""
+
+    def score(inputs, targets, owner):
+        n = np.array([len(t) for t in targets])
+        return per_token * n.astype(float), n, np.zeros(len(n), bool), 0
+
+    return score
+
+
+def test_acc_and_acc_norm_definitions(shared_data: Path) -> None:
+    vocab = get_vocabulary(ExperimentConfig().data)
+    task = load_task("arc_easy", shared_data / "eval")
+    examples = task.examples[:300]
+    nbytes = [np.array([len((" " + c).encode()) for c in e.choices]) for e in examples]
+    chars = [np.array([len(c) for c in e.choices]) for e in examples]
+    gold = np.array([e.gold for e in examples])
+    longest = np.mean([np.argmax(b) for b in nbytes] == gold)  # ties: the first wins
+    shortest = np.mean([np.argmax(b / c) for b, c in zip(nbytes, chars)] == gold)
+    # Sum = +bytes: acc picks the longest choice; per character (~1 + 1/chars) the shortest.
+    out = rank.evaluate_task(task, fake_score(1.0), vocab, max_examples=300)
+    assert (out["arc_easy/acc"], out["arc_easy/acc_norm"]) == (longest, shortest)
+    assert longest != shortest
+    # A model paying 2 nats per byte: acc prefers short choices, acc_norm long ones.
+    out = rank.evaluate_task(task, fake_score(-2.0), vocab, max_examples=300)
+    assert out["arc_easy/acc"] == np.mean([np.argmin(b) for b in nbytes] == gold)
+    assert out["arc_easy/acc_norm"] == np.mean(
+        [np.argmin(b / c) for b, c in zip(nbytes, chars)] == gold
+    )
+
+
+def test_last_word_and_text_metrics(tmp_path: Path) -> None:
+    vocab = get_vocabulary(ExperimentConfig().data)
+    task = Task("lw", "last_word", (Example(("a",), ("bc",)), Example(("d",), ("efgh",))), "t")
+
+    def score(inputs, targets, owner):
+        return np.array([-1.0, -3.0]), np.array([3, 5]), np.array([True, False]), 0
+
+    out = rank.evaluate_task(task, score, vocab)
+    assert out["lw/acc"] == 0.5
+    assert out["lw/ppl"] == pytest.approx(math.exp(2.0))  # exp(-mean per-example loglik)
+    assert out["lw/ppl_token"] == pytest.approx(math.exp(4.0 / 8))
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, " * 20)
+    out = rank.evaluate_task(load_task(f"text:{text}"), fake_score(-0.5), vocab, lengths=(8, 16))
+    assert out["text/tokens"] == len("hello world, " * 20) - 1  # first byte is context only
+    assert out["text/loss"] == pytest.approx(0.5)
+    assert out["text/bpb"] == pytest.approx(0.5 / math.log(2))  # bytes == tokens here
+
+
+def test_evaluate_params_end_to_end(built, shared_data: Path, tmp_path: Path) -> None:
+    cfg, model, params, scorer = built
+    eval_dir = shared_data / "eval"
+    text = tmp_path / "t.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 4)
+    out = rank.evaluate_params(
+        cfg,
+        model,
+        params,
+        tasks=["copa", "winogrande", "lambada", f"text:{text}", "synthetic_probes"],
+        data_dir=str(eval_dir),
+        max_examples=8,
+        scorer=scorer,
+    )
+    assert out["copa/n"] == 8 and 0 <= out["copa/acc"] <= 1
+    assert out["winogrande/acc"] == out["winogrande/acc_norm"]  # same continuation
+    assert out["lambada/ppl"] > 1 and 0 <= out["lambada/acc"] <= 1
+    assert out["text/bpb"] == pytest.approx(out["text/loss"] / math.log(2))
+    assert "synthetic_probes/pronoun/acc" in out
+    assert all(np.isfinite(v) for v in out.values())
+
+
+def test_eval_fn_reuses_one_compilation() -> None:
+    cfg = tiny("causal_decoder", tasks=["synthetic_probes"], max_examples=4)
+    model = build_model(cfg.model)
+    eval_fn = rank.make_eval_fn(cfg)
+    first = eval_fn(model, model.init(jax.random.key(0)), 1)
+    second = eval_fn(model, model.init(jax.random.key(1)), 2)
+    assert first.keys() == second.keys() and first != second
+
+
+def test_run_directory(tmp_path: Path) -> None:
+    from scalestudy.cli import main
+    from scalestudy.train.checkpoint import Checkpointer
+
+    with pytest.raises(ScalestudyError, match=r"no checkpoint in .*train first"):
+        rank.evaluate_run(tmp_path)
+    assert main(["eval", "--workdir", str(tmp_path / "absent")]) == 2
+    cfg = tiny("encoder_decoder", tasks=["synthetic_probes"], max_examples=4)
+    model = build_model(cfg.model)
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+    ckpt.save(7, {"params": model.init(jax.random.key(0)), "step": np.int32(7)}, {"cursor": 0}, cfg)
+    ckpt.close()
+    (tmp_path / "summary.json").write_text(json.dumps({"name": "run", "steps": 7}))
+    out = rank.evaluate_run(tmp_path)
+    assert out["step"] == 7 and "synthetic_probes/acc" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (
+        summary["steps"] == 7
+        and summary["eval"]["synthetic_probes/acc"] == out["synthetic_probes/acc"]
+    )
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["step"] == 7 and "eval/synthetic_probes/n" in line
