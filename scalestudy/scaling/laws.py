@@ -68,15 +68,19 @@ def _inputs(table: RunTable, form: Form):
         if np.isnan(cols[v]).all():
             raise ScalingDataError(f"{form.name} needs {v}, which the runs do not have")
     x = np.log(np.stack([cols[v] for v in form.inputs]))
-    return x, np.log(table.loss), np.arange(len(table.loss))
+    run = np.arange(len(table.loss))
+    if len(form.inputs) == 1:
+        # L(N) and L(D) describe models not limited by the other quantity (Kaplan et al.
+        # fit them near convergence): of runs sharing a value, keep the lowest loss.
+        key = np.round(x[0], 6)
+        run = np.array(
+            [min(np.flatnonzero(key == k), key=lambda j: table.loss[j]) for k in np.unique(key)]
+        )
+        x = x[:, run]
+    return x, np.log(table.loss[run]), run
 
 
 def _check_points(form: Form, x_VP: np.ndarray) -> None:
-    Q, P = len(form.params), x_VP.shape[1]
-    if P < Q + 1:
-        raise ScalingDataError(
-            f"{form.name} has {Q} parameters and needs at least {Q + 1} points; got {P}"
-        )
     for v, x in zip(form.inputs, x_VP):
         distinct = np.unique(np.round(x, 9)).size
         if distinct < 2:
@@ -84,12 +88,17 @@ def _check_points(form: Form, x_VP: np.ndarray) -> None:
                 f"{form.name}: every point has the same {v} ({np.exp(x[0]):.4g}); a law in "
                 f"{v} needs at least 2 distinct values (3 or more to be meaningful)"
             )
+    Q, P = len(form.params), x_VP.shape[1]
+    if P < Q + 1:
+        raise ScalingDataError(
+            f"{form.name} has {Q} parameters and needs at least {Q + 1} points; got {P}"
+        )
 
 
 def _point_fit(form: Form, x, y, w, delta: float, grid: np.ndarray) -> np.ndarray:
     # Every grid start is run a short way, the best few to convergence: the same minimum
     # as running all of them to the end, at a fraction of the cost.
-    res = minimize(form, grid, x, y, w, delta, max_iter=60)
+    res = minimize(form, grid, x, y, w, delta, max_iter=25)
     top = np.argsort(np.where(np.isfinite(res.loss_K), res.loss_K, np.inf))[:32]
     res = minimize(form, res.theta_KQ[top], x, y, w, delta, max_iter=1000)
     return res.theta_KQ[np.argmin(res.loss_K)]
@@ -118,9 +127,13 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         starts = best_of_grid(form, grid, x, y, w_RP, s.huber_delta, s.top_k)
         starts = np.concatenate([starts, np.broadcast_to(theta, (len(w_RP), 1, len(theta)))], 1)
         R, S, Q = starts.shape
-        res = minimize(form, starts.reshape(R * S, Q), x, y, np.repeat(w_RP, S, 0), s.huber_delta)
+        # A short run from every start, then only each resample's best to convergence.
+        res = minimize(
+            form, starts.reshape(R * S, Q), x, y, np.repeat(w_RP, S, 0), s.huber_delta, 30
+        )
         pick = res.loss_K.reshape(R, S).argmin(axis=1)
         theta_R = res.theta_KQ.reshape(R, S, Q)[np.arange(R), pick]
+        theta_R = minimize(form, theta_R, x, y, w_RP, s.huber_delta, max_iter=1000).theta_KQ
         samples = form.named(theta_R)
     if isinstance(form, Chinchilla):
         point.update(
@@ -146,8 +159,10 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         },
         "flags": _flags(form, point, samples, pred[0]),
     }
-    if s.holdout > 0 and form.inputs != ("C",):
-        out["holdout"] = _holdout(form, table, x, y, grid, s)
+    if len(form.inputs) == 1:
+        out["points_used"] = f"lowest loss per distinct {form.inputs[0]}"
+    if s.holdout > 0:
+        out["holdout"] = _holdout(form, table, x, y, run, grid, s)
     return out
 
 
@@ -168,19 +183,19 @@ def _flags(form: Form, point: dict, samples: dict, pred_P: np.ndarray) -> list[s
     return flags
 
 
-def _holdout(form: Form, table: RunTable, x, y, grid, s: FitSettings) -> dict:
-    """Refit without the `holdout` largest-compute runs; their prediction errors."""
-    order = np.argsort(table.C)[::-1]
-    held = order[: s.holdout]
-    w = np.ones_like(y)
-    w[held] = 0.0
-    if (w > 0).sum() < len(form.params) + 1:
-        return {"error": f"too few runs left after holding out {s.holdout}"}
-    theta = _point_fit(form, x, y, w, s.huber_delta, grid)
+def _holdout(form: Form, table: RunTable, x, y, run, grid, s: FitSettings) -> dict:
+    """Refit without the points of the `holdout` largest-compute runs; their errors."""
+    held_runs = np.argsort(table.C)[::-1][: s.holdout]
+    held = np.isin(run, held_runs)
+    if not held.any():
+        return {"error": f"none of the {s.holdout} largest-compute runs is a point of this law"}
+    if (~held).sum() < len(form.params) + 1:
+        return {"error": f"too few points left after holding out {s.holdout} runs"}
+    theta = _point_fit(form, x, y, (~held).astype(float), s.huber_delta, grid)
     pred, _ = form.predict(theta[None], x[:, held])
     err = y[held] - pred[0]
     return {
-        "runs": [table.run_id[j] for j in held],
+        "runs": [table.run_id[j] for j in run[held]],
         "rmse_log": float(np.sqrt(np.mean(err**2))),
         "rel_err": (np.exp(-err) - 1.0).tolist(),  # predicted / observed - 1
     }
