@@ -62,9 +62,15 @@ _STRIDES = _GOLDEN * np.arange(1, 1 << 16, dtype=np.uint64)  # wraps mod 2**64, 
 
 def uniforms(seed: int, index: int, n: int) -> np.ndarray:
     """n floats in [0, 1), a pure function of (seed, index); a prefix of a longer draw."""
-    key = np.uint64(_mix64_int((_mix64_int(seed & _M64) + (index & _M64)) & _M64))
+    return uniforms_many(seed, [index], n)[0]
+
+
+def uniforms_many(seed: int, indices: list[int], n: int) -> np.ndarray:
+    """`uniforms(seed, k, n)` for every k in `indices`, as one [len(indices), n] array."""
+    s = _mix64_int(seed & _M64)
+    keys = np.array([_mix64_int((s + (k & _M64)) & _M64) for k in indices], dtype=np.uint64)
     strides = _STRIDES[:n] if n < _STRIDES.size else _GOLDEN * np.arange(1, n + 1, dtype=np.uint64)
-    z = _mix64(key + strides)
+    z = _mix64(keys[:, None] + strides[None, :])
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
@@ -236,14 +242,26 @@ class Objective:
             hi = min(n - 1, self.cfg.inputs_length)
         return lo + min(int(u * (hi - lo + 1)), hi - lo)
 
-    def example(self, piece: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs, targets) int32 arrays of example `index` made from `piece`."""
+    def draws(self, indices: list[int]) -> np.ndarray | None:
+        """The random draws of several examples at once (for `example(..., u=row)`)."""
+        if self.name != "mlm" or not indices:
+            return None
+        return uniforms_many(self.seed, indices, max(self.piece_length - 2, 1))
+
+    def example(
+        self, piece: np.ndarray, index: int, u: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets) int32 arrays of example `index` made from `piece`.
+
+        `u`: this example's row of `draws` when precomputed (a speed-up; same result).
+        """
         n = piece.size
         if self.name == "flm":
             return piece[:0], piece
         if self.name == "plm":
             s = self._split(n, uniform(self.seed, index))
             return piece[:s], piece[s:]
-        u = uniforms(self.seed, index, max(n - 2, 1))
+        if u is None:
+            u = uniforms(self.seed, index, max(n - 2, 1))
         keep, noise = span_layout(n, self.cfg.noise_density, self.cfg.mean_noise_span_length, u)
         return corrupt(piece, keep, noise, self.vocab_size)

@@ -250,11 +250,15 @@ class BatchIterator:
             for name in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions"):
                 f[name] = np.zeros((n_rows, S), np.int32)
         tokens, starts, lengths = self._pieces.tokens, self._pieces.starts, self._pieces.lengths
+        draws = self._objective.draws([k for row in rows for k, _ in row])
+        i = 0
         for r, row in enumerate(rows):
             pe = pd = 0
             for seg, (k, p) in enumerate(row, start=1):
                 piece = tokens[starts[p] : starts[p] + lengths[p]]
-                inputs, targets = self._objective.example(piece, k)
+                u = None if draws is None else draws[i]
+                i += 1
+                inputs, targets = self._objective.example(piece, k, u)
                 if self._encdec:
                     inputs, targets = inputs[max(inputs.size - S, 0) :], targets[:L]
                     write_encoder(f, r, pe, inputs, seg)
