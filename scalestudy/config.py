@@ -170,8 +170,7 @@ class DataConfig(_Frozen):
     extra_ids: int = Field(100, ge=0)
     synthetic: SyntheticConfig = SyntheticConfig()
     max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora
-    shuffle_buffer: int = Field(1024, ge=1)
-    seed: int = 0
+    seed: int = 0  # data order and objective randomness (example k is a function of (seed, k))
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -659,7 +658,10 @@ class StudySpec(_Frozen):
 
     name: str
     description: str = ""
-    base_config: str | None = None  # experiment YAML, relative to the spec file
+    # Experiment YAML file(s), relative to the spec file, merged in order.
+    base_config: Annotated[tuple, BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)] = (
+        Field(default=(), strict=False)
+    )
     base: dict = {}  # inline ExperimentConfig keys, merged over base_config
     archs: Tuple = ARCHS
     objectives: Tuple = OBJECTIVES

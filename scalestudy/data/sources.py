@@ -3,7 +3,8 @@
 Every source answers `documents(data_cfg, split) -> list[str]` for split 'train' or
 'validation'. Local text: each path is a file or a directory (walked recursively for `*.txt`);
 a document is a whole file (`split_by='file'`), a non-empty line ('line'), or the text between
-delimiters ('delimiter', default `<|endoftext|>`). The validation split is
+delimiters ('delimiter', default `<|endoftext|>`); in a `.jsonl` file, the `data.text_key`
+field of each line. The validation split is
 `data.validation_paths` when given, else a deterministic held-out `validation_fraction` of the
 documents. TFDS datasets are read through `seqio.TfdsDataSource`; their presence under the
 data directory is checked on the local filesystem first, so absent data is a clear error,
@@ -13,6 +14,7 @@ never a download attempt or a network retry loop.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from scalestudy.data import DataError, synthetic
 from scalestudy.data.objectives import uniforms
 
 SPLITS = ("train", "validation")
-_TEXT_SUFFIXES = (".txt", ".text")
+_TEXT_SUFFIXES = (".txt", ".text")  # directories: plain text only; give .jsonl files by path
 
 
 def documents(cfg: DataConfig, split: str) -> list[str]:
@@ -84,7 +86,25 @@ def _read_all(files: list[Path], cfg: DataConfig) -> list[str]:
             text = f.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
             raise DataError(f"cannot read {str(f)!r}: {e}") from None
-        docs.extend(split_text(text, cfg))
+        docs.extend(
+            _jsonl(text, f, cfg.text_key) if f.suffix == ".jsonl" else split_text(text, cfg)
+        )
+    return docs
+
+
+def _jsonl(text: str, f: Path, key: str) -> list[str]:
+    docs = []
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{f}:{i}: not a JSON object: {e}") from None
+        if not isinstance(row, dict) or not isinstance(row.get(key), str):
+            raise DataError(f"{f}:{i}: no string field {key!r} (data.text_key)")
+        if row[key].strip():
+            docs.append(row[key].strip())
     return docs
 
 

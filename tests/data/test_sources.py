@@ -73,6 +73,15 @@ def test_text_split_modes_and_held_out_fraction(tmp_path):
     assert sources.documents(by_line, "validation") == ["line 1", "line 2"]
     by_file = cfg.replace(split_by="file", validation_paths=[str(d / "b.txt")])
     assert len(sources.documents(by_file, "train")) == 2
+    (tmp_path / "rows.jsonl").write_text('{"text": "first"}\n\n{"text": "second", "id": 2}\n')
+    jsonl = DataConfig(source="text", paths=[str(tmp_path / "rows.jsonl")], validation_fraction=0.5)
+    assert sorted(sources.documents(jsonl, "train") + sources.documents(jsonl, "validation")) == [
+        "first",
+        "second",
+    ]
+    (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: no string field 'text'"):
+        sources.documents(jsonl.replace(paths=[str(tmp_path / "bad.jsonl")]), "train")
     single = DataConfig(source="text", paths=[str(d / "b.txt")], split_by="file")
     with pytest.raises(DataError, match="too few to hold out"):
         sources.documents(single, "validation")
