@@ -35,3 +35,11 @@ def test_unknown_subcommand_is_an_argparse_error():
         [sys.executable, "-m", "scalestudy.cli", "frobnicate"], capture_output=True, text=True
     )
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_overrides_may_follow_options_even_after_two_positionals(capsys, tmp_path):
+    bad = tmp_path / "exp.yaml"
+    bad.write_text("model: {d_model: 64}\n")
+    # The override after --config must reach the config (and here make it invalid).
+    assert main(["bench", "data", "--config", str(bad), "model.n_heads=5"]) == 2
+    assert "n_heads=5" in capsys.readouterr().err
