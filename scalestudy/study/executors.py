@@ -61,46 +61,47 @@ def _evaluate_if_missing(cfg: Any, workdir: Path, summary: dict) -> dict:
 
 
 class _Progress:
-    """A study-wide progress bar over planned training FLOPs, fed by the running run's
-    metrics.jsonl (polled in a thread, so the trainer needs no callback)."""
+    """A study-wide progress bar fed by the running run's metrics.jsonl (polled in a thread,
+    so the trainer needs no callback). Each run weighs half an equal share (fixed costs:
+    compilation, evaluation) and half its share of the study's training FLOPs."""
 
-    def __init__(self, total_flops: float, n_runs: int) -> None:
+    def __init__(self, total: float, n_runs: int) -> None:
         from tqdm import tqdm
 
         self.bar = tqdm(total=100.0, unit="%", bar_format=_BAR, dynamic_ncols=True)
-        self.total = max(total_flops, 1.0)
+        self.total = total
         self.done = 0.0
         self.n_runs = n_runs
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, index: int, name: str, workdir: Path, run_flops: float, steps: int) -> None:
+    def start(self, index: int, name: str, workdir: Path, weight: float, steps: int) -> None:
         self.bar.set_description(f"[{index}/{self.n_runs}] {name}")
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._poll, args=(workdir / "metrics.jsonl", run_flops, steps), daemon=True
+            target=self._poll, args=(workdir / "metrics.jsonl", weight, steps), daemon=True
         )
         self._thread.start()
 
-    def _poll(self, path: Path, run_flops: float, steps: int) -> None:
+    def _poll(self, path: Path, weight: float, steps: int) -> None:
         while not self._stop.wait(1.0):
             recs = read_metrics_jsonl(path)
             if recs:
                 last = recs[-1]
                 frac = min(1.0, float(last.get("step", 0)) / max(steps, 1))
-                self._set(self.done + frac * run_flops)
+                self._set(self.done + frac * weight)
                 if "train/loss" in last:
                     self.bar.set_postfix_str(f"loss {last['train/loss']:.3f}")
 
-    def _set(self, flops: float) -> None:
-        self.bar.n = round(100.0 * flops / self.total, 2)
+    def _set(self, value: float) -> None:
+        self.bar.n = round(100.0 * value / self.total, 2)
         self.bar.refresh()
 
-    def end(self, run_flops: float) -> None:
+    def end(self, weight: float) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.done += run_flops
+        self.done += weight
         self._set(self.done)
 
     def close(self) -> None:
@@ -126,7 +127,11 @@ class LocalExecutor:
         skipped = len(runs) - len(todo)
         if skipped:
             print(f"{skipped} of {len(runs)} runs already done; {len(todo)} to go")
-        progress = _Progress(sum(r.planned_flops for r in todo), len(todo))
+        if not todo:
+            return []
+        total = sum(r.planned_flops for r in todo) or 1.0
+        weights = [0.5 / len(todo) + 0.5 * r.planned_flops / total for r in todo]
+        progress = _Progress(1.0, len(todo))
         failed: list[str] = []
         try:
             for i, run in enumerate(todo, 1):
@@ -135,7 +140,7 @@ class LocalExecutor:
                     i,
                     run.cfg.name.split(".", 1)[-1],
                     workdir,
-                    run.planned_flops,
+                    weights[i - 1],
                     run.cfg.train.steps,
                 )
                 try:
@@ -148,7 +153,7 @@ class LocalExecutor:
                     failed.append(run.cfg.name)
                     progress.bar.write(f"run {run.cfg.name} failed: {detail}")
                 finally:
-                    progress.end(run.planned_flops)
+                    progress.end(weights[i - 1])
         finally:
             progress.close()
         return failed

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import html
 import itertools
-import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import StudySpec
-from scalestudy.study.registry import load_runs
+from scalestudy.config import ScalestudyError, StudySpec
+from scalestudy.study.registry import load_curves, load_runs
+
+# analyze(study, out, done_runs, curves) -> (fits JSON, figure paths): the scaling room's fits
+# and plots, passed in by the caller (study sits left of scaling in the flow of imports).
+Analyze = Callable[[StudySpec, Path, list, list], tuple[dict, list]]
 
 Z95 = 1.959964
 
@@ -37,7 +41,8 @@ def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
     """(accuracy, number of examples) over every evaluated task's `acc`, example-weighted."""
     hits = total = 0.0
     for key, acc in run.items():
-        if key.startswith("eval/") and key.endswith("/acc") and acc is not None:
+        parts = key.split("/")  # eval/<task>/acc; eval/<task>/<subtask>/acc are breakdowns
+        if len(parts) == 3 and parts[0] == "eval" and parts[2] == "acc" and acc is not None:
             n = run.get(key[: -len("acc")] + "n") or 1.0
             hits += acc * n
             total += n
@@ -178,7 +183,11 @@ def _score_table(scores: dict[str, tuple[float, float]], what: str) -> list[str]
 
 
 def render_markdown(
-    study: StudySpec, runs: list[dict[str, Any]], fits: dict[str, Any], figures: list[str]
+    study: StudySpec,
+    runs: list[dict[str, Any]],
+    fits: dict[str, Any],
+    figures: list[str],
+    notes: list[str] = (),
 ) -> str:
     """The report as Markdown: what ran, who wins at equal parameters and compute, fits."""
     cmp = compare(runs)
@@ -195,7 +204,7 @@ def render_markdown(
         "## How to read the comparisons",
         "",
         "Validation losses of different objectives are **not comparable**: an MLM model "
-        "predicts corrupted spans, a PLM model the second half of a document, an FLM model "
+        "predicts corrupted spans, a PLM model the continuation after a prefix, an FLM model "
         "every token. Losses are therefore compared only between architectures trained with "
         "the same objective. Across all cells the common metric is **zero-shot probe "
         "accuracy** (rank classification of the same held-out examples); its intervals are "
@@ -226,8 +235,8 @@ def render_markdown(
             ]
         if cmp[name + "_loss"]:
             lines.append("")
-    if fits:
-        lines += ["## Scaling-law fits", "", *_fits_lines(fits), ""]
+    if fits or notes:
+        lines += ["## Scaling-law fits", "", *notes, *_fits_lines(fits), ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
     lines += ["## Runs", "", *_runs_table(runs), ""]
@@ -235,9 +244,31 @@ def render_markdown(
 
 
 def _fits_lines(fits: dict[str, Any]) -> list[str]:
-    lines = []
-    for law, result in fits.items():
-        lines += [f"### {law}", "", "```", json.dumps(result, indent=1, default=str)[:4000], "```"]
+    """Per cell and law: the fitted formula and each parameter with its bootstrap interval."""
+    if not fits.get("cells"):
+        return []
+    data = fits.get("data", {})
+    ci = fits.get("settings", {}).get("ci", 0.95)
+    lines = [
+        f"Each cell's own validation loss, fitted separately (N = {data.get('N')}, "
+        f"C = {data.get('C')}); {ci:.0%} intervals from "
+        f"{fits.get('settings', {}).get('bootstrap')} bootstrap resamples of runs.",
+        "",
+        "| cell | law | formula | parameters |",
+        "|---|---|---|---|",
+    ]
+    for cell, v in fits["cells"].items():
+        for law, fit in v.get("fits", {}).items():
+            if "skipped" in fit:
+                lines.append(f"| {cell} | {law} | skipped: {fit['skipped']} | |")
+                continue
+            params = []
+            for name, p in fit.get("params", {}).items():
+                iv = p.get("ci")
+                span = f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else ""
+                params.append(f"{name} = {_fmt(p.get('value'))}{span}")
+            formula = str(fit.get("formula", "")).replace("|", "/")
+            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)} |")
     return lines
 
 
@@ -270,20 +301,23 @@ def render_html(markdown: str) -> str:
     )
 
 
-def finalize(study: StudySpec, out: Path) -> Path:
-    """Fit, plot and write `out/report.md` and `out/report.html`; returns the Markdown path."""
+def finalize(study: StudySpec, out: Path, analyze: Analyze | None = None) -> Path:
+    """Write `out/report.md` and `out/report.html` from the registry, with the fits and
+    figures of `analyze(study, out, runs, curves)` when given; returns the Markdown path."""
     out = Path(out)
     runs = load_runs(out / "registry.sqlite")
-    fits, figures = run_scaling(study, out, runs)
-    text = render_markdown(study, runs, fits, figures)
+    fits: dict[str, Any] = {}
+    figures: list[str] = []
+    notes: list[str] = []
+    done = [r for r in runs if r["status"] == "done"]
+    if analyze is not None and done:
+        try:
+            fits, paths = analyze(study, out, done, load_curves(out / "registry.sqlite"))
+            figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
+        except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
+            notes.append(f"Scaling fits were not possible: {e}")
+    text = render_markdown(study, runs, fits, figures, notes)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(render_html(text))
     print(f"report: {out / 'report.md'}")
     return out / "report.md"
-
-
-def run_scaling(
-    study: StudySpec, out: Path, runs: list[dict[str, Any]]
-) -> tuple[dict[str, Any], list[str]]:
-    """Fits and figures from scalestudy.scaling; empty when there is too little to fit."""
-    return {}, []

@@ -104,9 +104,10 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
 def base_config(study: StudySpec, spec_dir: Path | None = None) -> dict:
     """The study's base experiment as a dict: base_config file, then inline `base` keys."""
     data: dict = {}
-    if study.base_config:
-        path = Path(study.base_config)
-        data = read_yaml(path if path.is_absolute() or spec_dir is None else spec_dir / path)
+    for name in study.base_config:
+        path = Path(name)
+        path = path if path.is_absolute() or spec_dir is None else spec_dir / path
+        data = deep_merge(data, read_yaml(path))
     data = deep_merge(data, dict(study.base))
     if study.tasks:
         data = deep_merge(data, {"eval": {"tasks": list(study.tasks)}})
@@ -203,14 +204,14 @@ def _steps(
 
 def plan_table(runs: list[PlannedRun]) -> str:
     """A fixed-width table of the planned runs (what --dry-run prints)."""
-    head = f"{'run':<44} {'id':<12} {'d':>5} {'L':>5} {'d_ff':>6} {'N total':>10} "
+    head = f"{'run':<46} {'id':<12} {'d':>5} {'L':>5} {'d_ff':>6} {'N total':>10} "
     head += f"{'N non-emb':>10} {'steps':>7} {'FLOPs':>9}"
     lines = [head, "-" * len(head)]
     for r in runs:
         m = r.cfg.model
         depth = f"{m.encoder_layers}+{m.n_layers}" if m.is_encoder_decoder else str(m.n_layers)
         lines.append(
-            f"{r.cfg.name.split('.', 1)[-1]:<44} {r.run_id:<12} {m.d_model:>5} {depth:>5} "
+            f"{r.cfg.name.split('.', 1)[-1]:<46} {r.run_id:<12} {m.d_model:>5} {depth:>5} "
             f"{m.d_ff:>6} {r.params['total']:>10.3g} {r.params['non_embedding']:>10.3g} "
             f"{r.cfg.train.steps:>7} {r.planned_flops:>9.2e}"
         )
@@ -226,10 +227,13 @@ def run_study(
     dry_run: bool = False,
     *,
     train_fn: Any = None,
+    analyze: Any = None,
 ) -> None:
     """Run (or resume) a whole study: train what is missing, then fit, plot and report.
 
-    `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it).
+    `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it);
+    `analyze(study, out, runs, curves) -> (fits, figure paths)` supplies the scaling fits and
+    plots for the report (the CLI passes scalestudy.scaling's).
     """
     from scalestudy.study import executors, report
     from scalestudy.study.registry import Registry
@@ -247,7 +251,7 @@ def run_study(
     with Registry(out / REGISTRY_NAME) as reg:
         reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
         failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
-    report.finalize(study, out)
+    report.finalize(study, out, analyze)
     if failed:
         raise executors.StudyRunError(
             f"{len(failed)} run(s) failed: {', '.join(failed)}; see the `error` column of "

@@ -9,7 +9,7 @@ TINY_BASE = {
     "objective": {"inputs_length": 24, "targets_length": 8},
     "model": {"vocab_size": 384, "dtype": "float32", "n_heads": 2},
     "train": {
-        "batch_size": 4,
+        "batch_size": 8,
         "log_every": 2,
         "checkpoint_every": 2,
         "eval_batches": 1,

@@ -1,0 +1,35 @@
+"""The main job in miniature: `scalestudy study` trains, evaluates, fits, plots and reports."""
+
+import pytest
+
+from scalestudy import cli
+from scalestudy.study.registry import load_curves, load_runs
+
+pytest.importorskip("scalestudy.train.loop")
+pytest.importorskip("scalestudy.scaling.plots")
+
+
+@pytest.mark.slow
+def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
+    out = tmp_path / "study"
+    assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(out)]) == 0
+    runs = load_runs(out)
+    assert len(runs) == 4 and all(r["status"] == "done" for r in runs)
+    for r in runs:
+        assert r["loss"] is not None and r["flops"] > 0 and r["tokens"] > 0
+        assert 0.0 <= r["eval/synthetic_probes/acc"] <= 1.0
+        assert r["params_total"] > r["params_non_embedding"] > 0
+    # Training FLOPs recorded by the run equal the planned steps x batch x FLOPs per example.
+    for r in runs:
+        assert r["flops"] == pytest.approx(r["steps"] * r["batch_size"] * r["flops_per_example"])
+    assert {c["run_id"] for c in load_curves(out)} == {r["run_id"] for r in runs}
+    report = (out / "report.md").read_text()
+    assert "Equal parameters" in report and "Equal compute" in report
+    assert "not comparable" in report
+    assert any((out / "figures").glob("*.png")) and (out / "report.html").is_file()
+    assert (out / "fits.json").is_file()
+
+    # A second invocation trains nothing and rewrites the same report.
+    capsys.readouterr()
+    assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(out)]) == 0
+    assert "4 of 4 runs already done; 0 to go" in capsys.readouterr().out
