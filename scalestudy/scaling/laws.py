@@ -61,6 +61,8 @@ class FitSettings:
 def _inputs(table: RunTable, form: Form):
     """(log inputs [V, P], log loss [P], run index per point [P]) for a form."""
     if form.inputs == ("C",):
+        if np.isnan(table.C).all():
+            raise ScalingDataError(f"{form.name} needs compute C (or N and D for C = 6ND)")
         c, loss, run = allocation.frontier_points(table)
         return np.log(c)[None], np.log(loss), run
     cols = {"N": table.N, "D": table.D}

@@ -46,6 +46,7 @@ def _loss_label(table: RunTable) -> str:
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
     paths = []
+    fig.tight_layout()
     for ext in ("png", "svg"):
         p = out_dir / f"{name}.{ext}"
         fig.savefig(p, dpi=120, bbox_inches="tight")
@@ -154,7 +155,8 @@ def plot_loss_vs_size(t: RunTable, fits: dict, out: Path) -> list[Path]:
                 ax.plot(g, _curve(law, f, g), color=st["color"])
         _axes(ax, label, _loss_label(t))
         ax.set_title(f"L({var}) with fitted {law}", fontsize=9)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     return _save(fig, out, "loss_vs_n_d")
 
 
@@ -207,8 +209,15 @@ def plot_zero_shot(t: RunTable, out: Path) -> list[Path]:
         idx = [i for i, c in enumerate(t.cell) if c == cell]
         order = np.array(idx)[np.argsort(t.C[idx])]
         st = cell_style(cell)
-        ax.plot(t.C[order], acc[order], color=st["color"], lw=0.8, alpha=0.6)
         ax.scatter(t.C[order], acc[order], label=cell, edgecolor="k", lw=0.4, **st)
+        # The line joins the best run at each compute (several runs may share a budget).
+        key = np.round(np.log10(t.C[order]), 1)
+        best = [
+            order[key == k][np.nanargmax(acc[order][key == k])]
+            for k in np.unique(key)
+            if np.isfinite(acc[order][key == k]).any()
+        ]
+        ax.plot(t.C[best], acc[best], color=st["color"], lw=1.0, alpha=0.7)
     _axes(
         ax,
         "training compute C (FLOPs)",
@@ -247,7 +256,7 @@ def plot_residuals(t: RunTable, fits: dict, out: Path) -> list[Path]:
         _axes(
             ax,
             "parameters N" if law != "kaplan_d" else "training tokens D",
-            "log residual: log L_obs - log L_fit",
+            "log(L_observed / L_fitted)",
             logy=False,
         )
         ax.set_title(f"residuals of {law}", fontsize=9)
@@ -268,11 +277,12 @@ def make_all_plots(runs, curves, fits: dict | None, out_dir: str | Path) -> list
         fits = fit_cells(table, settings=FitSettings(bootstrap=0))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = plot_loss_vs_compute(table, fits, out)
+    has_c = bool(np.isfinite(table.C).any())
+    paths = plot_loss_vs_compute(table, fits, out) if has_c else []
     paths += plot_isoflops(table, fits, out)
     paths += plot_loss_vs_size(table, fits, out)
-    paths += plot_allocation(table, fits, out)
-    paths += plot_zero_shot(table, out)
+    paths += plot_allocation(table, fits, out) if has_c else []
+    paths += plot_zero_shot(table, out) if has_c else []
     paths += plot_residuals(table, fits, out)
     return paths
 

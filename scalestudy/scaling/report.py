@@ -58,7 +58,11 @@ def _first_crossing(diff_KG: np.ndarray, logc_G: np.ndarray) -> np.ndarray:
 
 def compare_cells(result: dict, s) -> dict:
     """Predicted loss per cell at given budgets (with intervals) and pairwise crossovers."""
-    cells = {c: (law, v) for c, v in result["cells"].items() if (law := _comparable(v)) is not None}
+    cells = {
+        c: (law, v)
+        for c, v in result["cells"].items()
+        if (law := _comparable(v)) is not None and v["summary"]["C"] is not None
+    }
     if not cells:
         return {"skipped": "no cell has a chinchilla3 or kaplan_c fit"}
     cmax = max(v["summary"]["C"][1] for _, v in cells.values())

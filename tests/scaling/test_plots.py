@@ -48,3 +48,57 @@ def test_every_cell_has_its_own_colour_and_marker_pair():
     assert len(set(styles)) == len(cells)
     assert cell_style("causal_decoder/plm")["color"] == cell_style("causal_decoder/mlm")["color"]
     assert cell_style("causal_decoder/plm")["marker"] == cell_style("encoder_decoder/plm")["marker"]
+
+
+def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import make_all_plots
+
+    # Registry rows of a smoke study: three sizes per cell, one budget, nothing to fit L(N, D).
+    rows = []
+    for arch, obj in (("causal_decoder", "flm"), ("noncausal_decoder", "plm")):
+        for i, n in enumerate((1e5, 2e5, 4e5)):
+            rows.append(
+                {
+                    "run_id": f"{arch}{i}",
+                    "arch": arch,
+                    "objective": obj,
+                    "status": "done",
+                    "params_total": n * 1.2,
+                    "params_non_embedding": n,
+                    "tokens": 1e6,
+                    "positions": 2e6,
+                    "flops": 6.5 * n * 2e6,
+                    "loss": 4.0 - 0.2 * i,
+                    "eval/copa/acc": 0.5 + 0.01 * i,
+                }
+            )
+    rows.append(
+        {
+            "run_id": "failed",
+            "arch": "causal_decoder",
+            "objective": "flm",
+            "status": "failed",
+            "loss": None,
+        }
+    )
+    fits = fit_cells(rows, [], FitSettings(bootstrap=5))
+    cell = fits["cells"]["causal_decoder/flm"]
+    assert "skipped" in cell["fits"]["chinchilla3"]
+    paths = make_all_plots(rows, [], fits, tmp_path / "figs")
+    assert paths and all(p.stat().st_size > 0 for p in paths)
+    # Only N and loss: no compute figures, the others still drawn.
+    only_n = [
+        {
+            "arch": r["arch"],
+            "objective": r["objective"],
+            "N": r["params_non_embedding"],
+            "loss": r["loss"],
+        }
+        for r in rows[:-1]
+    ]
+    from scalestudy.scaling.io import DataSettings, build_table
+
+    t = build_table(only_n, None, DataSettings(), "jsonl")
+    names = {p.stem for p in make_all_plots(t, None, None, tmp_path / "n_only")}
+    assert "loss_vs_n_d" in names and "loss_vs_compute" not in names
