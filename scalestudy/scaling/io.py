@@ -281,6 +281,12 @@ def build_table(
         c_desc = f"C = 6 N D (N from {n_col!r}, D from {d_col!r})"
     else:
         raise ScalingDataError(f"c_kind {c_kind!r}; accepted: counted, 6nd")
+    n_desc, d_desc = f"column {n_col!r}", f"column {d_col!r}"
+    # Published IsoFLOP tables often give only two of N, D, C: the third from C = 6ND.
+    if d_col is None and n_col is not None and c_col is not None:
+        D, d_desc = C / (6.0 * N), "D = C / (6 N) (no tokens column)"
+    if n_col is None and d_col is not None and c_col is not None:
+        N, n_desc = C / (6.0 * D), "N = C / (6 D) (no parameters column)"
 
     groups = s.group_cols
     if groups is None:
@@ -313,8 +319,8 @@ def build_table(
     table = RunTable(ids, cell, N, D, C, loss, extra, table_curves, budget=budget)
     table.choices = {
         "source_kind": kind,
-        "N": f"column {n_col!r}" + (f" ({s.n_kind} parameters)" if kind == "registry" else ""),
-        "D": f"column {d_col!r}" + (f" ({s.d_kind})" if kind == "registry" else ""),
+        "N": n_desc + (f" ({s.n_kind} parameters)" if kind == "registry" else ""),
+        "D": d_desc + (f" ({s.d_kind})" if kind == "registry" else ""),
         "C": c_desc,
         "c_kind": c_kind,
         "loss": f"column {loss_col!r}",

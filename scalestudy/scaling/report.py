@@ -152,7 +152,7 @@ def format_table(result: dict) -> str:
     """A readable summary: per cell and law, each parameter with its interval, and flags."""
     s = result["settings"]
     lines = [
-        f"data: N = {result['data']['N']}; D = {result['data']['D']}; C = {result['data']['C']}",
+        f"data: N: {result['data']['N']}; D: {result['data']['D']}; C: {result['data']['C']}",
         f"bootstrap: {s['bootstrap']} resamples of runs, seed {s['seed']}, "
         f"{s['ci']:.0%} percentile intervals; Huber delta {s['huber_delta']}",
     ]

@@ -39,6 +39,14 @@ def test_published_table_with_named_columns_and_units(tmp_path):
     assert t.cells() == ["all"]
 
 
+def test_isoflop_table_without_tokens_derives_d_from_6nd(tmp_path):
+    path = tmp_path / "isoflops.csv"
+    path.write_text("Training FLOP,Model Size,loss\n6e18,80M,3.1\n6e18,120M,3.05\n")
+    t = load_table(path)
+    np.testing.assert_allclose(t.D, 6e18 / (6 * np.array([80e6, 120e6])))
+    assert t.choices["D"].startswith("D = C / (6 N)")
+
+
 def test_autodetected_columns_and_clear_errors(tmp_path):
     path = tmp_path / "runs.csv"
     path.write_text("params,tokens,flops,loss\n1e6,1e8,6e14,4.0\n2e6,1e8,1.2e15,3.8\n")
