@@ -101,7 +101,9 @@ def compare_cells(result: dict, s) -> dict:
             if c1 in samp and c2 in samp:
                 R = min(len(samp[c1][1]), len(samp[c2][1]))
                 bc = _first_crossing(samp[c1][1][:R] - samp[c2][1][:R], np.log(grid))
-                entry["ci"] = interval(bc, s.ci)[0] if np.isfinite(bc).sum() >= 2 else None
+                # Over the resamples that cross at all; their share is reported beside it.
+                ok = np.isfinite(bc).sum() >= 2
+                entry["ci_among_crossing_resamples"] = interval(bc, s.ci)[0] if ok else None
                 entry["fraction_of_resamples_crossing"] = float(np.isfinite(bc).mean())
             crossings.append(entry)
     objectives = {c.split("/")[-1] for c in cells}
