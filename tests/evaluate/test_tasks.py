@@ -213,3 +213,17 @@ def test_tfds_source_absent_is_a_fast_clear_error(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 60  # no network wait
     with pytest.raises(TaskDataError, match="no prompt mapping for TFDS dataset 'glue/mrpc'"):
         load_task("tfds:glue/mrpc")
+
+
+def test_promptsource_prompt_set(eval_dir: Path) -> None:
+    harness = load_task("rte", eval_dir)
+    task = load_task("rte", eval_dir, prompts="promptsource")
+    groups = {e.group for e in task.examples}
+    assert task.aggregate == "median" and len(groups) > 1
+    assert len(task.examples) == len(groups) * len(harness.examples)
+    # The gold label is the release's, whatever the template's wording of the choices.
+    assert [e.gold for e in task.examples[: len(groups)]] == [harness.examples[0].gold] * len(
+        groups
+    )
+    with pytest.raises(TaskDataError, match="no promptsource templates wired for task 'lambada'"):
+        load_task("lambada", eval_dir, prompts="promptsource")
