@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -40,19 +39,6 @@ class Preempted(ScalestudyError):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.signum = signum
-
-
-def enable_compilation_cache() -> None:
-    """Persist compiled programs across processes (a run re-launched after preemption, the
-    next study) unless the user configured a cache already."""
-    if jax.config.jax_compilation_cache_dir:
-        return
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalestudy/jax"
-    path = Path(os.environ.get("SCALESTUDY_JAX_CACHE", default))
-    with contextlib.suppress(OSError):
-        path.mkdir(parents=True, exist_ok=True)
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 
 @contextlib.contextmanager
@@ -116,7 +102,6 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     t_start = time.perf_counter()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    enable_compilation_cache()
     (workdir / "config.yaml").write_text(to_yaml(cfg))
     tc = cfg.train
     stop = min(tc.steps, tc.stop_after_steps or tc.steps)

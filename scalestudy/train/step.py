@@ -12,10 +12,13 @@ the mean over all loss-bearing tokens of the global batch, as with one big batch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -153,6 +156,20 @@ class Program:
         return sharding.shard_batch(self.mesh, dict(batch))
 
 
+def enable_compilation_cache() -> None:
+    """Persist compiled programs across processes (a run re-launched after preemption, the
+    next study), in $SCALESTUDY_JAX_CACHE or ~/.cache/scalestudy/jax, unless the user
+    configured a JAX cache already."""
+    if jax.config.jax_compilation_cache_dir:
+        return
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scalestudy/jax"
+    path = Path(os.environ.get("SCALESTUDY_JAX_CACHE", default))
+    with contextlib.suppress(OSError):
+        path.mkdir(parents=True, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+
+
 _PROGRAMS: OrderedDict[str, Program] = OrderedDict()
 _MAX_PROGRAMS = 8
 
@@ -195,6 +212,7 @@ def build_program(
 
     With `compile=False` the functions are jitted but not compiled (for AOT inspection).
     """
+    enable_compilation_cache()
     mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model)
     shapes = {k: (tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in example_batch.items()}
     key = _program_key(cfg, shapes, mesh)
