@@ -22,18 +22,19 @@ from scalestudy.config import ModelConfig
 from scalestudy.models import masks
 from scalestudy.models.decoder import Decoder
 from scalestudy.models.encdec import EncoderDecoder
+from scalestudy.models.layers import ParamInit
 
 Params = dict[str, Any]
 Batch = Mapping[str, jax.Array]
 
 
 def _module(cfg: ModelConfig, rng: jax.Array) -> nnx.Module:
-    rngs = nnx.Rngs(params=rng)
+    init = ParamInit.from_key(rng)
     # Sharding is applied by the caller (jit out_shardings), not when variables are created.
     with nnx.use_eager_sharding(False):
         if cfg.arch == "encoder_decoder":
-            return EncoderDecoder(cfg, rngs)
-        return Decoder(cfg, "prefix" if cfg.arch == "noncausal_decoder" else "causal", rngs)
+            return EncoderDecoder(cfg, init)
+        return Decoder(cfg, "prefix" if cfg.arch == "noncausal_decoder" else "causal", init)
 
 
 def _segments(batch: Batch, prefix: str, tokens: jax.Array) -> jax.Array:

@@ -21,6 +21,7 @@ from scalestudy.models.layers import (
     MLP,
     Attention,
     Embed,
+    ParamInit,
     RelativePositionBias,
     RMSNorm,
     constrain,
@@ -44,14 +45,14 @@ class Context(NamedTuple):
 class Block(nnx.Module):
     """Pre-norm residual block: self-attention, optional cross-attention, feed-forward."""
 
-    def __init__(self, cfg: ModelConfig, cross: bool, rngs: nnx.Rngs):
-        self.self_norm = RMSNorm(cfg, rngs)
-        self.self_attn = Attention(cfg, rngs)
+    def __init__(self, cfg: ModelConfig, cross: bool, init: ParamInit):
+        self.self_norm = RMSNorm(cfg, init)
+        self.self_attn = Attention(cfg, init)
         if cross:
-            self.cross_norm = RMSNorm(cfg, rngs)
-            self.cross_attn = Attention(cfg, rngs)
-        self.mlp_norm = RMSNorm(cfg, rngs)
-        self.mlp = MLP(cfg, rngs)
+            self.cross_norm = RMSNorm(cfg, init)
+            self.cross_attn = Attention(cfg, init)
+        self.mlp_norm = RMSNorm(cfg, init)
+        self.mlp = MLP(cfg, init)
         self.cross = cross
         self.rate = cfg.dropout
 
@@ -81,24 +82,24 @@ class Stack(nnx.Module):
     """`n_layers` blocks, one shared relative-position table, a final norm."""
 
     def __init__(
-        self, cfg: ModelConfig, n_layers: int, cross: bool, relpos_mode: str, rngs: nnx.Rngs
+        self, cfg: ModelConfig, n_layers: int, cross: bool, relpos_mode: str, init: ParamInit
     ):
         self.cfg = cfg
         self.n_layers = n_layers
         if cfg.position == "relative_bias":
-            self.relpos = RelativePositionBias(cfg, relpos_mode, rngs)
+            self.relpos = RelativePositionBias(cfg, relpos_mode, init)
         if cfg.scan_layers:
 
             @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-            def make(key: jax.Array) -> Block:
-                return Block(cfg, cross, nnx.Rngs(params=key))
+            def make(seed_2: jax.Array) -> Block:
+                return Block(cfg, cross, ParamInit(seed_2))
 
-            self.layers = make(jax.random.split(rngs.params(), n_layers))
+            self.layers = make(init.split(n_layers))
         else:
             # Named attributes (not a list) keep the pure-dict keys strings, as checkpoints need.
             for i in range(n_layers):
-                setattr(self, f"layer_{i}", Block(cfg, cross, rngs))
-        self.final_norm = RMSNorm(cfg, rngs)
+                setattr(self, f"layer_{i}", Block(cfg, cross, init))
+        self.final_norm = RMSNorm(cfg, init)
 
     def __call__(
         self,
@@ -134,13 +135,13 @@ class Stack(nnx.Module):
 class Decoder(nnx.Module):
     """Decoder-only language model: embed, stack, (tied or untied) output projection."""
 
-    def __init__(self, cfg: ModelConfig, relpos_mode: str, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, relpos_mode: str, init: ParamInit):
         self.cfg = cfg
-        self.embed = Embed(cfg, rngs)
-        self.decoder = Stack(cfg, cfg.n_layers, False, relpos_mode, rngs)
+        self.embed = Embed(cfg, init)
+        self.decoder = Stack(cfg, cfg.n_layers, False, relpos_mode, init)
         if not cfg.tie_embeddings:
             self.logits = param(
-                rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
+                init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
                 cfg.param_dtype,
             )  # fmt: skip
 

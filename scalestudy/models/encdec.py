@@ -9,20 +9,20 @@ from flax import nnx
 
 from scalestudy.config import ModelConfig
 from scalestudy.models.decoder import ACT_BLD, Context, Stack, output_logits
-from scalestudy.models.layers import Embed, constrain, dropout, param
+from scalestudy.models.layers import Embed, ParamInit, constrain, dropout, param
 
 
 class EncoderDecoder(nnx.Module):
     """T5-style encoder-decoder with `encode()` and `decode()`."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, init: ParamInit):
         self.cfg = cfg
-        self.embed = Embed(cfg, rngs)
-        self.encoder = Stack(cfg, cfg.encoder_layers, False, "bidirectional", rngs)
-        self.decoder = Stack(cfg, cfg.n_layers, True, "causal", rngs)
+        self.embed = Embed(cfg, init)
+        self.encoder = Stack(cfg, cfg.encoder_layers, False, "bidirectional", init)
+        self.decoder = Stack(cfg, cfg.n_layers, True, "causal", init)
         if not cfg.tie_embeddings:
             self.logits = param(
-                rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
+                init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
                 cfg.param_dtype,
             )  # fmt: skip
 

@@ -33,8 +33,73 @@ def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
     return linen_spmd.with_logical_constraint(x, names)
 
 
+def _mix(x: jax.Array) -> jax.Array:
+    """A 32-bit integer finaliser (xorshift-multiply): a well-spread hash of `x`."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+    """Each element's row-major index, built elementwise so it shards like the output."""
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for dim in reversed(range(len(shape))):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, dim) * jnp.uint32(stride)
+        stride *= shape[dim]
+    return index
+
+
+def _unit_interval(bits: jax.Array) -> jax.Array:
+    return ((bits >> 8).astype(jnp.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+
+
+class ParamInit:
+    """Independent standard-normal draws for each parameter, from one seed.
+
+    A counter-based hash of (seed, parameter number, element index) with a Box-Muller
+    transform, instead of one threefry call per parameter: on CPU each threefry costs about
+    half a second of compile time, which dominated compiling a tiny model. The draw is
+    elementwise in the element index, so it is the same under any sharding.
+    """
+
+    GOLDEN = 0x9E3779B9
+
+    def __init__(self, seed_2: jax.Array):
+        self.seed_2 = jnp.asarray(seed_2, jnp.uint32)
+        self.count = 0
+
+    @classmethod
+    def from_key(cls, key: jax.Array) -> ParamInit:
+        """From a JAX PRNG key (typed or raw uint32)."""
+        if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.key_data(key)
+        words = jnp.asarray(key).reshape(-1).astype(jnp.uint32)
+        return cls(jnp.stack([words[0], words[-1]]))
+
+    def _salt(self) -> jax.Array:
+        self.count += 1
+        step = jnp.uint32((self.count * self.GOLDEN) & 0xFFFFFFFF)
+        return _mix(self.seed_2[0] ^ _mix(self.seed_2[1] + step))
+
+    def normal(self, shape: tuple[int, ...]) -> jax.Array:
+        """A float32 standard-normal array."""
+        bits = _mix(_flat_index(shape) ^ self._salt())
+        other = _mix(bits ^ jnp.uint32(self.GOLDEN))
+        radius = jnp.sqrt(-2.0 * jnp.log(_unit_interval(bits)))
+        return radius * jnp.cos((2.0 * math.pi) * _unit_interval(other))
+
+    def split(self, n: int) -> jax.Array:
+        """[n, 2] seeds for `n` independent initialisers (e.g. one per layer)."""
+        salt = self._salt()
+        index = jnp.arange(n, dtype=jnp.uint32)
+        return jnp.stack([_mix(index ^ salt), _mix(index + self.seed_2[1] ^ salt)], axis=-1)
+
+
 def param(
-    rngs: nnx.Rngs,
+    init: ParamInit,
     shape: Sequence[int],
     axes: tuple[str | None, ...],
     std: float,
@@ -44,7 +109,7 @@ def param(
     if std == 0.0:
         value = jnp.ones(shape, dtype)
     else:
-        value = std * jax.random.normal(rngs.params(), tuple(shape), dtype)
+        value = (std * init.normal(tuple(shape))).astype(dtype)
     return nnx.Param(value, out_sharding=axes)
 
 
@@ -61,8 +126,8 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array | None, deterministic: boo
 class RMSNorm(nnx.Module):
     """T5 layer norm: scale only, no mean subtraction, no bias; computed in float32."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.scale = param(rngs, (cfg.d_model,), ("embed",), 0.0, cfg.param_dtype)
+    def __init__(self, cfg: ModelConfig, init: ParamInit):
+        self.scale = param(init, (cfg.d_model,), ("embed",), 0.0, cfg.param_dtype)
         self.dtype = cfg.dtype
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
@@ -74,9 +139,9 @@ class RMSNorm(nnx.Module):
 class Embed(nnx.Module):
     """Token embedding table [V, D]; also the output projection when tied."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, init: ParamInit):
         self.table = param(
-            rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), 1.0, cfg.param_dtype
+            init, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), 1.0, cfg.param_dtype
         )
         self.dtype = cfg.dtype
 
@@ -106,13 +171,13 @@ class Attention(nnx.Module):
     As in T5 there is no 1/sqrt(K) logit scaling: it is folded into the query initialisation.
     """
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, init: ParamInit):
         d, h, k = cfg.d_model, cfg.n_heads, cfg.head_dim
         pd = cfg.param_dtype
-        self.q = param(rngs, (d, h, k), ("embed", "heads", "kv"), (d * k) ** -0.5, pd)
-        self.k = param(rngs, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
-        self.v = param(rngs, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
-        self.o = param(rngs, (h, k, d), ("heads", "kv", "embed"), (h * k) ** -0.5, pd)
+        self.q = param(init, (d, h, k), ("embed", "heads", "kv"), (d * k) ** -0.5, pd)
+        self.k = param(init, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
+        self.v = param(init, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
+        self.o = param(init, (h, k, d), ("heads", "kv", "embed"), (h * k) ** -0.5, pd)
         self.dtype = cfg.dtype
         self.rope = cfg.position == "rope"
         self.dropout = cfg.dropout
@@ -154,15 +219,15 @@ _ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "silu": jax.
 class MLP(nnx.Module):
     """Feed-forward block: gated (T5.1.1 gated-GELU: wi_0 activated times wi_1) or plain."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, init: ParamInit):
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
         self.gated = cfg.activation.startswith("gated_")
         name = cfg.activation.removeprefix("gated_")
         self.act = jax.nn.relu if name == "relu" else _ACTIVATIONS[name]
-        self.wi_0 = param(rngs, (d, f), ("embed", "mlp"), d**-0.5, pd)
+        self.wi_0 = param(init, (d, f), ("embed", "mlp"), d**-0.5, pd)
         if self.gated:
-            self.wi_1 = param(rngs, (d, f), ("embed", "mlp"), d**-0.5, pd)
-        self.wo = param(rngs, (f, d), ("mlp", "embed"), f**-0.5, pd)
+            self.wi_1 = param(init, (d, f), ("embed", "mlp"), d**-0.5, pd)
+        self.wo = param(init, (f, d), ("mlp", "embed"), f**-0.5, pd)
         self.dtype = cfg.dtype
         self.dropout = cfg.dropout
 
@@ -217,13 +282,13 @@ class RelativePositionBias(nnx.Module):
 
     TABLE_FACTOR: ClassVar[dict[str, int]] = {"causal": 1, "bidirectional": 1, "prefix": 2}
 
-    def __init__(self, cfg: ModelConfig, mode: str, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, mode: str, init: ParamInit):
         self.mode = mode
         self.n_buckets = cfg.rel_buckets
         self.max_distance = cfg.rel_max_distance
         rows = self.TABLE_FACTOR[mode] * cfg.rel_buckets
         self.table = param(
-            rngs, (rows, cfg.n_heads), ("relpos_buckets", "heads"), rows**-0.5, cfg.param_dtype
+            init, (rows, cfg.n_heads), ("relpos_buckets", "heads"), rows**-0.5, cfg.param_dtype
         )
 
     def __call__(self, q_positions_BL: jax.Array, k_positions_BS: jax.Array) -> jax.Array:
