@@ -186,7 +186,7 @@ def test_evaluate_params_end_to_end(built, shared_data: Path, tmp_path: Path) ->
     assert all(np.isfinite(v) for v in out.values())
 
 
-def test_eval_fn_reuses_one_compilation() -> None:
+def test_eval_fn_scores_the_params_it_is_given() -> None:
     cfg = tiny("causal_decoder", tasks=["synthetic_probes"], max_examples=4)
     model = build_model(cfg.model)
     eval_fn = rank.make_eval_fn(cfg)
