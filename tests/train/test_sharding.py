@@ -1,0 +1,112 @@
+"""Mesh construction, the logical rules table, and sharded forward passes on 8 CPU devices."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from scalestudy.config import MeshConfig, ModelConfig
+from scalestudy.models.api import build_model
+from scalestudy.train import sharding
+
+CFG = ModelConfig(
+    arch="encoder_decoder", vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2,
+    dtype="float32",
+)  # fmt: skip
+
+
+def _batch(rows: int = 8, length: int = 16, src: int = 12) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    targets = rng.integers(1, 64, (rows, length)).astype(np.int32)
+    seg = np.ones((rows, length), np.int32)
+    seg[:, 10:] = 2  # two packed examples per row
+    pos = np.concatenate([np.arange(10), np.arange(length - 10)]).astype(np.int32)
+    return {
+        "decoder_input_tokens": np.roll(targets, 1, axis=1),
+        "decoder_target_tokens": targets,
+        "decoder_loss_weights": np.ones((rows, length), np.int32),
+        "decoder_segment_ids": seg,
+        "decoder_positions": np.tile(pos, (rows, 1)),
+        "encoder_input_tokens": rng.integers(1, 64, (rows, src)).astype(np.int32),
+        "encoder_segment_ids": np.repeat([[1] * 6 + [2] * 6], rows, 0).astype(np.int32),
+        "encoder_positions": np.tile(np.r_[np.arange(6), np.arange(6)], (rows, 1)).astype(np.int32),
+    }
+
+
+def test_mesh_sizes_resolve_and_mismatches_are_clear_errors():
+    assert dict(sharding.make_mesh(MeshConfig(data=-1, fsdp=2)).shape) == {
+        "data": 4, "fsdp": 2, "tensor": 1,
+    }  # fmt: skip
+    assert dict(sharding.make_mesh(MeshConfig(data=1, fsdp=-1, tensor=2)).shape)["fsdp"] == 4
+    with pytest.raises(sharding.MeshError, match="uses 4 devices but 8"):
+        sharding.make_mesh(MeshConfig(data=2, fsdp=2))
+    with pytest.raises(sharding.MeshError, match="does not divide the 8"):
+        sharding.make_mesh(MeshConfig(data=-1, fsdp=3))
+    with pytest.raises(sharding.MeshError, match=r"mesh.tensor=8 does not divide model.n_heads=4"):
+        sharding.make_mesh(MeshConfig(data=1, tensor=8), model=CFG)
+    one = sharding.make_mesh(MeshConfig(data=1), devices=jax.devices()[:1])
+    assert one.devices.size == 1
+
+
+def test_rules_table_maps_logical_names():
+    spec = sharding.logical_to_mesh_spec
+    assert spec(("embed", "mlp")) == P("fsdp", "tensor")
+    assert spec(("layers", "embed", "heads", "kv")) == P(None, "fsdp", "tensor", None)
+    assert spec(("vocab", "embed")) == P("tensor", "fsdp")
+    # Activations: batch takes (data, fsdp), so embed stays whole.
+    assert spec(("batch", "length", "embed")) == P(("data", "fsdp"), None, None)
+    assert spec(("batch", "length", "vocab")) == P(("data", "fsdp"), None, "tensor")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model = build_model(CFG)
+    params = jax.jit(model.init)(jax.random.key(0))
+    single = jax.devices()[:1]
+    with jax.default_device(single[0]):
+        logits = np.asarray(jax.jit(model.apply)(params, _batch()))
+    return model, logits
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
+def test_sharded_forward_matches_one_device(reference, shape):
+    model, expected = reference
+    mesh = sharding.make_mesh(MeshConfig(data=shape[0], fsdp=shape[1], tensor=shape[2]), model=CFG)
+    shardings = sharding.param_shardings(mesh, model.param_axes())
+    with sharding.axis_rules(mesh):
+        params = jax.jit(model.init, out_shardings=shardings)(jax.random.key(0))
+        batch = sharding.shard_batch(mesh, _batch())
+        logits = jax.jit(model.apply)(params, batch)
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=2e-5)
+
+    # Parameters are really split as the rules say.
+    wi = params["decoder"]["layers"]["mlp"]["wi_0"]  # [layers, embed, mlp]
+    assert wi.sharding.spec == P(None, "fsdp", "tensor")
+    _, fsdp, tensor = shape
+    assert wi.addressable_shards[0].data.shape == (2, 32 // fsdp, 64 // tensor)
+    table = params["embed"]["table"]  # [vocab, embed]
+    assert table.addressable_shards[0].data.shape == (64 // tensor, 32 // fsdp)
+    data_shards = shape[0] * shape[1]
+    assert batch["decoder_input_tokens"].addressable_shards[0].data.shape == (8 // data_shards, 16)
+    assert logits.sharding.spec[0] in ("data", "fsdp", ("data", "fsdp"))
+
+
+def test_shard_batch_rejects_indivisible_rows():
+    mesh = sharding.make_mesh(MeshConfig(data=4, fsdp=2))
+    with pytest.raises(sharding.MeshError, match="multiple of 8"):
+        sharding.shard_batch(mesh, _batch(rows=6))
+
+
+def test_optimizer_state_follows_parameter_shardings():
+    model = build_model(CFG)
+    mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    abstract = model.abstract_params()
+    opt_state = jax.eval_shape(optax.adamw(1e-3).init, abstract)
+    out = sharding.optimizer_state_shardings(mesh, opt_state, abstract, model.param_axes())
+    mu = out[0].mu
+    assert mu["decoder"]["layers"]["mlp"]["wo"].spec == P(None, "tensor", "fsdp")
+    assert mu["embed"]["table"].spec == P("tensor", "fsdp")
+    assert out[0].count.spec == P()
