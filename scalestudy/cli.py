@@ -36,7 +36,16 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     from scalestudy.models import counting
 
-    _print(counting.describe(cfg), args.json)
+    info = counting.describe(cfg)
+    if args.json:
+        _print(info, True)
+        return 0
+    shapes = info.pop("shapes")
+    _print({k: f"{v:,.0f}" if type(v) in (int, float) else v for k, v in info.items()}, False)
+    print("parameters (shape, logical axes):")
+    width = max(len(k) for k in shapes)
+    for name, shape in shapes.items():
+        print(f"  {name:<{width}}  {shape}")
     return 0
 
 

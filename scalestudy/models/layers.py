@@ -302,5 +302,8 @@ class RelativePositionBias(nnx.Module):
             if self.mode == "prefix":
                 future_BLS = self.n_buckets + relative_bucket(-rel_BLS, bidirectional=False, **kw)
                 bucket_BLS = jnp.where(rel_BLS > 0, future_BLS, bucket_BLS)
-        bias_BLSH = jnp.take(self.table[...].astype(jnp.float32), bucket_BLS, axis=0)
+        # The table is tiny: replicate it so the gather follows the batch sharding of the
+        # buckets instead of forcing a reshard of the [B, L, S, H] result.
+        table_NH = constrain(self.table[...].astype(jnp.float32), (None, None))
+        bias_BLSH = jnp.take(table_NH, bucket_BLS, axis=0)
         return jnp.transpose(bias_BLSH, (0, 3, 1, 2))
