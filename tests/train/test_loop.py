@@ -1,0 +1,157 @@
+"""The training loop: exact resume, WSD branches, corrupt checkpoints, NaN, preemption."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from scalestudy.config import to_yaml
+from scalestudy.models import counting
+from scalestudy.train import checkpoint, loop, metrics, step
+
+ARCHS = ["causal_decoder", "noncausal_decoder", "encoder_decoder"]
+
+
+def losses(workdir):
+    return [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
+
+
+def params_equal(dir_a, dir_b):
+    _, a, step_a = checkpoint.restore_params(dir_a)
+    _, b, step_b = checkpoint.restore_params(dir_b)
+    assert step_a == step_b
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_cfg, tmp_path_factory):
+    """8 uninterrupted steps of each architecture (cached per module)."""
+    runs = {}
+
+    def get(arch):
+        if arch not in runs:
+            workdir = tmp_path_factory.mktemp(f"straight_{arch}")
+            summary = loop.train(tiny_cfg(arch, None, "train.stop_after_steps=8"), workdir)
+            runs[arch] = (workdir, summary)
+        return runs[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_resume(tiny_cfg, straight, tmp_path, arch):
+    ref_dir, ref = straight(arch)
+    for stop in (4, 8):
+        summary = loop.train(tiny_cfg(arch, None, f"train.stop_after_steps={stop}"), tmp_path)
+    # Bitwise on CPU: same compiled program, same inputs, deterministic XLA CPU kernels.
+    assert losses(tmp_path) == losses(ref_dir) and len(losses(ref_dir)) == 8
+    params_equal(tmp_path, ref_dir)
+    for key in ("tokens", "positions", "flops", "final_val_loss", "steps"):
+        assert summary[key] == ref[key], key
+    assert summary["complete"] is False and summary["steps"] == 8
+    assert ref["tokens"] > 0 and ref["positions"] >= ref["tokens"]
+    assert ref["flops"] == 8 * 16 * counting.flops(tiny_cfg(arch))["flops_per_example"]
+
+
+def test_summary_and_run_directory(straight):
+    workdir, summary = straight("causal_decoder")
+    assert {p.name for p in workdir.iterdir()} >= {
+        "config.yaml",
+        "metrics.jsonl",
+        "checkpoints",
+        "summary.json",
+        "tensorboard",
+    }
+    assert json.loads((workdir / "summary.json").read_text()) == summary
+    rows = metrics.read_metrics(workdir)
+    assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 9))
+    assert rows[-1]["val/loss"] == summary["final_val_loss"] == summary["best_val_loss"]
+    assert rows[-2]["tokens"] == summary["tokens"]
+    assert 0 < summary["mfu"] < 1 and summary["tokens_per_s"] > 0
+    assert checkpoint.latest_step(workdir) == 8
+
+
+def test_wsd_cooldown_branch_equals_a_run_from_scratch(tiny_cfg, straight, tmp_path):
+    stable_dir, _ = straight("causal_decoder")  # wsd over 40 steps: step 4 is in the stable phase
+    branch = ["train.steps=12", "optim.cooldown_steps=4"]
+    loop.train(tiny_cfg("causal_decoder", None, *branch), tmp_path / "scratch")
+    loop.train(
+        tiny_cfg(
+            "causal_decoder", None, *branch, f"train.init_from={stable_dir}", "train.init_step=4"
+        ),
+        tmp_path / "branch",
+    )
+    assert losses(tmp_path / "branch") == losses(tmp_path / "scratch")[4:]
+    params_equal(tmp_path / "branch", tmp_path / "scratch")
+
+
+def test_corrupt_latest_checkpoint_falls_back(tiny_cfg, straight, tmp_path):
+    ref_dir, _ = straight("causal_decoder")
+    for stop in (6, 8):
+        cfg = tiny_cfg(
+            "causal_decoder", None, "train.checkpoint_every=2", f"train.stop_after_steps={stop}"
+        )
+        if stop == 8:
+            for f in (tmp_path / "checkpoints/6/params").rglob("*"):
+                if f.is_file():
+                    f.write_bytes(b"\0" * 7)
+            with pytest.warns(UserWarning, match="step 6 cannot be restored"):
+                loop.train(cfg, tmp_path)
+        else:
+            loop.train(cfg, tmp_path)
+    assert (tmp_path / "corrupt_checkpoints/6").is_dir()
+    assert losses(tmp_path) == losses(ref_dir)
+
+
+def test_nan_stops_with_message_and_keeps_last_good_checkpoint(tiny_cfg, tmp_path, monkeypatch):
+    real_build = step.build_program
+
+    def build_with_nan_from_step_6(*args, **kwargs):
+        program = real_build(*args, **kwargs)
+        real_step = program.train_step
+
+        def poisoned(state, batch):
+            state, m = real_step(state, batch)
+            if int(state["step"]) >= 6:
+                m = {**m, "train/loss": m["train/loss"] * np.nan}
+            return state, m
+
+        return type(program)(**{**program.__dict__, "train_step": poisoned})
+
+    monkeypatch.setattr(step, "build_program", build_with_nan_from_step_6)
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
+    with pytest.raises(loop.NonFiniteLoss, match=r"loss is nan at step 6.*checkpoint is step 4"):
+        loop.train(cfg, tmp_path)
+    assert checkpoint.latest_step(tmp_path) == 4
+    _, params, _ = checkpoint.restore_params(tmp_path)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_sigterm_leaves_a_resumable_checkpoint(tiny_cfg, straight, tmp_path):
+    ref_dir, _ = straight("causal_decoder")
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
+    (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
+    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    proc = subprocess.Popen(
+        [*command, "--workdir", "run"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 240
+    while not losses(tmp_path / "run") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "SIGTERM received: saved a checkpoint" in err
+    stopped_at = checkpoint.latest_step(tmp_path / "run")
+    assert stopped_at is not None and 1 <= stopped_at < 8
+    # Re-running the same command resumes and matches the uninterrupted run.
+    loop.train(cfg, tmp_path / "run")
+    assert losses(tmp_path / "run") == losses(ref_dir)
+    assert (tmp_path / "run/summary.json").exists()
