@@ -50,7 +50,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from scalestudy.train.loop import train
+    from scalestudy.train.loop import Preempted, train
 
     workdir = Path(args.workdir)
     cfg_path = args.config
@@ -63,7 +63,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
         cfg_path = resolved
     cfg = load_config(cfg_path, args.overrides)
-    summary = train(cfg, workdir)
+    try:
+        summary = train(cfg, workdir)
+    except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
 
