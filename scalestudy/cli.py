@@ -143,7 +143,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         from scalestudy.evaluate.rank import bench as bench_fn
     cfg = load_config(args.config, args.overrides) if args.config else None
-    _print(bench_fn(cfg, steps=args.steps), args.json)
+    result = bench_fn(cfg, steps=args.steps)
+    if args.what == "train" and not args.json:  # one row per architecture
+        rows = {k: v for k, v in result.items() if isinstance(v, dict)}
+        _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
+        cols = list(next(iter(rows.values())))
+        print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
+        for arch, row in rows.items():
+            print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
+        return 0
+    _print(result, args.json)
     return 0
 
 

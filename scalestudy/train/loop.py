@@ -305,3 +305,105 @@ def _summary(
         "mfu": metrics.mfu(this_run_flops, train_time),
         "eval": {k[len("eval/") :]: v for k, v in final_eval.items() if k.startswith("eval/")},
     }
+
+
+# ----------------------------------------------------------------------------- bench, AOT
+
+BENCH_SIZE = (
+    "model.d_model=128",
+    "model.d_ff=512",
+    "model.n_heads=4",
+    "model.n_layers=2",
+    "objective.name=plm",
+    "objective.inputs_length=96",
+    "objective.targets_length=32",
+    "train.batch_size=32",
+)
+
+
+def bench(cfg: ExperimentConfig | None, steps: int) -> dict[str, Any]:
+    """Train-step throughput of each architecture at `cfg`'s size (default: BENCH_SIZE):
+    tokens/s, positions/s, step time and MFU against the measured matmul peak."""
+    from scalestudy.config import VALID_CELLS, load_config
+
+    base = cfg if cfg is not None else load_config(None, BENCH_SIZE)
+    peak = metrics.measured_peak_flops()
+    out: dict[str, Any] = {
+        "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+        "peak_gflops": round(peak["flops_per_s"] / 1e9, 2),
+        "peak_dtype": peak["dtype"],
+    }
+    for arch, objectives in VALID_CELLS.items():
+        objective = base.objective.name if base.objective.name in objectives else "plm"
+        acfg = base.replace(
+            model={**base.model.model_dump(), "arch": arch},
+            objective={**base.objective.model_dump(), "name": objective},
+        )
+        batch = next(pipeline.make_iterator(acfg, "train"))
+        program = step.build_program(acfg, batch)
+        state, device_batch = program.init(), program.shard_batch(batch)
+        for _ in range(2):  # warm-up: first calls allocate
+            state, m = program.train_step(state, device_batch)
+        jax.block_until_ready(m)
+        t = time.perf_counter()
+        for _ in range(steps):
+            state, m = program.train_step(state, device_batch)
+        jax.block_until_ready(m)
+        seconds = time.perf_counter() - t
+        flops = steps * acfg.train.batch_size * counting.flops(acfg)["flops_per_example"]
+        out[arch] = {
+            "objective": objective,
+            "params": counting.count_params(acfg.model)["total"],
+            "compile_s": round(program.compile_s, 2),
+            "step_ms": round(1e3 * seconds / steps, 2),
+            "tokens_per_s": round(steps * float(m["step_tokens"]) / seconds),
+            "positions_per_s": round(steps * float(m["step_positions"]) / seconds),
+            "mfu": round(flops / seconds / peak["flops_per_s"], 4),
+        }
+    return out
+
+
+def compile_only(cfg: ExperimentConfig, topology: str | None) -> dict[str, Any]:
+    """Ahead-of-time lower and compile the train step for the configured mesh, on the local
+    devices or (with `topology`, e.g. "v4-8") a TPU topology; memory analysis and FLOPs."""
+    from scalestudy.train import sharding
+
+    devices, where = None, f"{jax.device_count()} local {jax.devices()[0].platform} devices"
+    if topology is not None:
+        from jax.experimental import topologies
+
+        try:
+            devices = topologies.get_topology_desc(topology, "tpu").devices
+        except Exception as e:  # no TPU compiler here, or an unknown name
+            raise ScalestudyError(
+                f"--topology {topology!r}: compiling for a TPU topology needs the TPU compiler "
+                f"(libtpu), which is not usable here ({type(e).__name__}: {str(e)[:160]}). "
+                f"Supported here: no --topology, which compiles for the {where}"
+            ) from None
+        where = f"{len(devices)} {topology} devices"
+    mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model)
+    batch = next(pipeline.make_iterator(cfg, "train"))
+    program = step.build_program(cfg, batch, mesh, compile=False)
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=program.batch_sharding)
+        for k, v in batch.items()
+    }
+    t = time.perf_counter()
+    with sharding.axis_rules(mesh):
+        compiled = program.train_step.lower(program.abstract_state, abstract_batch).compile()
+    seconds = time.perf_counter() - t
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    out: dict[str, Any] = {
+        "target": where,
+        "mesh": dict(mesh.shape),
+        "compile_s": round(seconds, 2),
+    }
+    for name in ("argument", "output", "temp", "generated_code", "alias"):
+        value = getattr(memory, f"{name}_size_in_bytes", None)
+        if value is not None:
+            out[f"{name}_mib"] = round(value / 2**20, 2)
+    out["xla_flops_per_step"] = float((cost or {}).get("flops", float("nan")))
+    out["counted_flops_per_step"] = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
+    return out
