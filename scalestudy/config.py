@@ -151,7 +151,7 @@ class SyntheticConfig(_Frozen):
 class DataConfig(_Frozen):
     """Where text comes from and how it becomes token ids."""
 
-    source: Literal["synthetic", "text", "tfds"] = "synthetic"
+    source: Literal["synthetic", "text", "tfds", "seqio"] = "synthetic"
     # text: files or directories; documents are whole files, lines, or delimited chunks.
     paths: Tuple = ()
     validation_paths: Tuple = ()  # if empty, hold out `validation_fraction` of documents
@@ -169,6 +169,11 @@ class DataConfig(_Frozen):
     spm_path: str | None = None
     extra_ids: int = Field(100, ge=0)
     synthetic: SyntheticConfig = SyntheticConfig()
+    # seqio: train from a registered seqio Task or Mixture (data/seqio_pipeline.py); built-in
+    # tasks are named scalestudy.<synthetic|text|tfds>.<flm|plm|mlm>; `seqio_module` is imported
+    # first so that its registrations run (the current directory is importable).
+    seqio_task: str | None = None
+    seqio_module: str | None = None
     max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora
     seed: int = 0  # data order and objective randomness (example k is a function of (seed, k))
 
@@ -182,6 +187,11 @@ class DataConfig(_Frozen):
         if self.source == "tfds" and not self.tfds_name:
             raise ConfigError(
                 "data.tfds_name is required when data.source='tfds' (e.g. 'c4/en:3.*', 'lm1b')"
+            )
+        if self.source == "seqio" and not self.seqio_task:
+            raise ConfigError(
+                "data.seqio_task is required when data.source='seqio': the name of a registered "
+                "seqio Task or Mixture, e.g. scalestudy.synthetic.mlm (see README, data)"
             )
         if self.vocab == "sentencepiece" and not self.spm_path:
             raise ConfigError(

@@ -25,12 +25,16 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scalestudy.config import ExperimentConfig, check_cell
 from scalestudy.data import DataError, sources, vocab
 from scalestudy.data.objectives import EOS_ID, Objective
+
+if TYPE_CHECKING:
+    from scalestudy.data.seqio_pipeline import SeqioBatchIterator
 
 _SPLIT_SALT = {"train": 11, "validation": 23}
 _STATE_VERSION = 1
@@ -301,8 +305,16 @@ def write_decoder(
 
 def make_iterator(
     cfg: ExperimentConfig, split: str = "train", *, process_index: int = 0, process_count: int = 1
-) -> BatchIterator:
+) -> BatchIterator | SeqioBatchIterator:
     """This process's share (rows) of the global batches of `split` for the run `cfg`."""
+    if cfg.data.source == "seqio":
+        # seqio Tasks/Mixtures (data/seqio_pipeline.py); imported here so that the default
+        # NumPy path never pays for TensorFlow.
+        from scalestudy.data.seqio_pipeline import SeqioBatchIterator
+
+        return SeqioBatchIterator(
+            cfg, split, process_index=process_index, process_count=process_count
+        )
     return BatchIterator(cfg, split, process_index=process_index, process_count=process_count)
 
 

@@ -1,0 +1,264 @@
+"""Batches from any registered seqio Task or Mixture (`data.source: seqio`), resumable.
+
+`SeqioBatchIterator` is `pipeline.BatchIterator`'s counterpart: the same features, the same
+`state()`/`restore()` interface. The dataset is
+`get_mixture_or_task(data.seqio_task).get_dataset(...)` with a fixed seed (`data.seed`),
+repeated forever, sharded by process (`seqio.ShardInfo`), converted by the architecture's
+seqio feature converter and batched to this process's rows:
+
+- causal decoder, flm: LMFeatureConverter (loss on every token);
+- causal decoder, plm/mlm: PrefixLMFeatureConverter ([inputs; targets], loss on the targets
+  only) with `decoder_causal_attention` zeroed: the causal decoder has no bidirectional prefix;
+- non-causal decoder: PrefixLMFeatureConverter (the prefix, plus the position holding the last
+  input token, is marked in `decoder_causal_attention`);
+- encoder-decoder: EncDecFeatureConverter.
+
+Decoder-only rows hold L = inputs_length + targets_length positions for any split of an
+example between inputs and targets (as in the NumPy path), so only the total is checked.
+
+Resume: the stream is a pure function of the config, the seed and the process layout, so the
+state is the number of batches consumed; `restore` rebuilds the dataset and skips that many
+batches. Skipping recomputes them (about the cost of producing them in the first place: see
+README), which is fine for data-bound experiments and small next to a training step for large
+models; the NumPy path (`data.source` synthetic/text/tfds) restores in O(1).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import hashlib
+import importlib
+import json
+import os
+import sys
+import weakref
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from scalestudy.config import ExperimentConfig, check_cell
+from scalestudy.data import DataError, sources
+from scalestudy.data.seqio_tasks import PREFIX, check_registered, register_tasks
+
+_STATE_VERSION = 1
+_SPLITS = ("train", "validation")
+# tf.data keeps producing in background threads that call back into Python (the objective);
+# such threads still running at interpreter exit deadlock it, so live iterators are closed first.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for it in list(_LIVE):
+        it.close()
+    gc.collect()
+
+
+def import_user_module(name: str) -> None:
+    """Import `data.seqio_module` (from the current directory too) so its registrations run."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        raise DataError(
+            f"data.seqio_module={name!r} cannot be imported ({e}); give an importable module "
+            "name (a .py file in the current directory without '.py', or an installed package "
+            "module) whose import registers your seqio Tasks/Mixtures"
+        ) from None
+
+
+def _check_tfds_prepared(provider: seqio.DatasetProviderBase, data_cfg) -> None:
+    """TFDS sources must be prepared locally: a clear error instead of a download attempt."""
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    for task in tasks:
+        source = task.source
+        if not isinstance(source, seqio.TfdsDataSource) or source.tfds_dataset.name is None:
+            continue
+        name = source.tfds_dataset.name
+        data_dir = source.tfds_dataset.data_dir or sources.tfds_data_dir(data_cfg)
+        if "://" not in data_dir and sources.find_prepared(name, data_dir) is None:
+            base = name.partition(":")[0]
+            raise DataError(
+                f"seqio task {task.name!r}: TFDS dataset {name!r} is not prepared under "
+                f"{data_dir!r}. Prepare it once on a machine with network access: `tfds build "
+                f"{base} --data_dir {data_dir}` and set data.tfds_data_dir; or use a "
+                "scalestudy.synthetic.* or scalestudy.text.* task"
+            )
+
+
+def get_provider(cfg: ExperimentConfig) -> seqio.DatasetProviderBase:
+    """The configured Task or Mixture: our tasks registered, the user module imported."""
+    register_tasks(cfg)
+    if cfg.data.seqio_module:
+        import_user_module(cfg.data.seqio_module)
+    name = str(cfg.data.seqio_task)
+    check_registered(name)
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == PREFIX and parts[2] != cfg.objective.name:
+        raise DataError(
+            f"data.seqio_task={name!r} applies objective {parts[2]!r} but objective.name="
+            f"{cfg.objective.name!r}; use {'.'.join([*parts[:2], cfg.objective.name])!r}"
+        )
+    provider = seqio.get_mixture_or_task(name)
+    _check_tfds_prepared(provider, cfg.data)
+    return provider
+
+
+def _converter(cfg: ExperimentConfig) -> tuple[seqio.FeatureConverter, dict, dict]:
+    """(feature converter, get_dataset sequence_length, converter task lengths)."""
+    obj, arch, pack = cfg.objective, cfg.model.arch, cfg.objective.pack
+    n_in, n_tgt, L = obj.inputs_length, obj.targets_length, obj.decoder_length
+    if arch == "encoder_decoder":
+        lengths = {"inputs": n_in, "targets": n_tgt}
+        return seqio.EncDecFeatureConverter(pack=pack), lengths, lengths
+    if obj.name == "flm":
+        return seqio.LMFeatureConverter(pack=pack), {"targets": L}, {"targets": L}
+    # Decoder-only: any split of an example's <= L tokens fits the row, so the per-feature
+    # length check is off and the concatenation is packed into I + T = L positions.
+    converter = seqio.PrefixLMFeatureConverter(pack=pack, apply_length_check=False)
+    return converter, {"inputs": L, "targets": L}, {"inputs": n_in, "targets": n_tgt}
+
+
+class SeqioBatchIterator:
+    """This process's rows of each global batch from a seqio Task/Mixture; resumable."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        split: str = "train",
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> None:
+        check_cell(cfg.model.arch, cfg.objective.name)
+        if split not in _SPLITS:
+            raise DataError(f"split {split!r} is not known; accepted: {', '.join(_SPLITS)}")
+        B = cfg.train.batch_size
+        if process_count < 1 or not 0 <= process_index < process_count:
+            raise DataError(
+                f"process_index={process_index} must lie in [0, process_count={process_count})"
+            )
+        if B % process_count:
+            raise DataError(
+                f"train.batch_size={B} must be divisible by the number of processes "
+                f"({process_count}): each process reads an equal share of rows"
+            )
+        self.cfg = cfg
+        self.split = split
+        self._provider = get_provider(cfg)
+        if split not in self._provider.splits:
+            raise DataError(
+                f"seqio task {self._provider.name!r} has no split {split!r}; it has "
+                f"{', '.join(sorted(self._provider.splits))}"
+            )
+        vocab_size = self._provider.output_features["targets"].vocabulary.vocab_size
+        if vocab_size > cfg.model.vocab_size:
+            raise DataError(
+                f"seqio task {self._provider.name!r} uses a vocabulary of {vocab_size} ids but "
+                f"model.vocab_size={cfg.model.vocab_size}; set model.vocab_size >= {vocab_size}"
+            )
+        self._shard = seqio.ShardInfo(index=process_index, num_shards=process_count)
+        self._rows = B // process_count
+        self._step = 0
+        self._fingerprint = hashlib.sha256(
+            json.dumps(
+                [
+                    split,
+                    cfg.data.model_dump(mode="json"),
+                    cfg.objective.model_dump(mode="json"),
+                    cfg.model.arch,
+                    B,
+                    process_index,
+                    process_count,
+                ],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()[:16]
+        self._it = self._iterator(0)
+        _LIVE.add(self)
+
+    def _dataset(self) -> tf.data.Dataset:
+        converter, sequence_length, task_lengths = _converter(self.cfg)
+        ds = self._provider.get_dataset(
+            sequence_length=sequence_length,
+            split=self.split,
+            shuffle=self.split == "train",
+            seed=self.cfg.data.seed,
+            shard_info=self._shard if self._shard.num_shards > 1 else None,
+            num_epochs=None,
+        )
+        ds = converter(ds, task_lengths)
+        return ds.batch(self._rows, drop_remainder=True)
+
+    def _iterator(self, skip: int):
+        ds = self._dataset()
+        if skip:
+            ds = ds.skip(skip)
+        return ds.prefetch(2).as_numpy_iterator()
+
+    def close(self) -> None:
+        """Stop the background tf.data work (also done for every live iterator at exit)."""
+        self._it = None
+
+    # ------------------------------------------------------------------ state
+
+    def state(self) -> dict:
+        """JSON-able position: batches consumed and a config fingerprint."""
+        return {
+            "version": _STATE_VERSION,
+            "kind": "seqio",
+            "split": self.split,
+            "step": self._step,
+            "fingerprint": self._fingerprint,
+        }
+
+    def restore(self, state: dict) -> None:
+        """Continue from `state` (same config and process layout): skips consumed batches."""
+        if (
+            not isinstance(state, dict)
+            or state.get("version") != _STATE_VERSION
+            or state.get("kind") != "seqio"
+        ):
+            raise DataError(
+                f"not a seqio data iterator state (version {_STATE_VERSION}): {state!r}"
+            )
+        if state.get("fingerprint") != self._fingerprint:
+            raise DataError(
+                "seqio data iterator state was saved for a different data/objective/arch/batch "
+                f"config or process layout (fingerprint {state.get('fingerprint')} != "
+                f"{self._fingerprint}); resume with the run's own config.yaml and process count"
+            )
+        self._step = int(state["step"])
+        self._it = self._iterator(self._step)
+
+    # ------------------------------------------------------------------ batches
+
+    def __iter__(self) -> SeqioBatchIterator:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._it is None:
+            raise DataError("this seqio data iterator was closed")
+        raw = next(self._it)
+        self._step += 1
+        return self._contract(raw)
+
+    def _contract(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """seqio's features -> the batch contract (int32; segments/positions when unpacked)."""
+        f = {k: np.asarray(v, np.int32) for k, v in raw.items()}
+        for prefix, token_key in (
+            ("decoder", "decoder_target_tokens"),
+            ("encoder", "encoder_input_tokens"),
+        ):
+            if token_key not in f or f"{prefix}_segment_ids" in f:
+                continue
+            # Unpacked rows: one segment of the non-padding positions (ids are never 0).
+            real = f[token_key] != 0
+            f[f"{prefix}_segment_ids"] = real.astype(np.int32)
+            f[f"{prefix}_positions"] = np.where(real, np.arange(real.shape[1]), 0).astype(np.int32)
+        if self.cfg.model.arch != "noncausal_decoder" or "decoder_causal_attention" not in f:
+            f["decoder_causal_attention"] = np.zeros_like(f["decoder_target_tokens"])
+        return f
