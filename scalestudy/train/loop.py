@@ -121,7 +121,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     )
     restored = _restore(cfg, ckpt, program)
     if restored is None:
-        state, start = program.init(), 0
+        state, start = program.init(tc.seed), 0
         totals: dict[str, Any] = {"tokens": 0.0, "positions": 0.0, "wall_time_s": 0.0}
     else:
         state, saved, start = restored
@@ -177,12 +177,12 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         )
 
     def save(at: int) -> None:
-        t = time.perf_counter()
         flush(at)
         if last_metrics is not None:  # never checkpoint a diverged state
             loss = float(jax.device_get(last_metrics["train/loss"]))
             if not _finite(loss):
                 nonfinite(loss, at)
+        t = time.perf_counter()  # after the sync above: only the checkpoint's own cost
         data = {
             "iterator": train_it.state(),
             "totals": {**totals, "wall_time_s": totals["wall_time_s"] + t - t_start},
@@ -341,7 +341,7 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict[str, Any]:
         )
         batch = next(pipeline.make_iterator(acfg, "train"))
         program = step.build_program(acfg, batch)
-        state, device_batch = program.init(), program.shard_batch(batch)
+        state, device_batch = program.init(acfg.train.seed), program.shard_batch(batch)
         for _ in range(2):  # warm-up: first calls allocate
             state, m = program.train_step(state, device_batch)
         jax.block_until_ready(m)

@@ -147,10 +147,14 @@ class Program:
     abstract_state: State
     state_sharding: State
     batch_sharding: NamedSharding
-    init: Any  # () -> State, created sharded
+    init_fn: Any  # (seed: int32[]) -> State, created sharded
     train_step: Any  # (State, Batch) -> (State, metrics); donates the state
     eval_step: Any  # (params, Batch) -> sums
     compile_s: float
+
+    def init(self, seed: int) -> State:
+        """A fresh state: parameters from `seed`, dropout keys from `seed` too."""
+        return self.init_fn(np.asarray(seed, np.int32))
 
     def shard_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         return sharding.shard_batch(self.mesh, dict(batch))
@@ -181,7 +185,6 @@ def _program_key(cfg: ExperimentConfig, shapes: dict, mesh: jax.sharding.Mesh) -
         cfg.train.steps,
         cfg.train.microbatches,
         cfg.train.z_loss,
-        cfg.train.seed,
         sorted(shapes.items()),
         tuple(mesh.shape.items()),
         tuple(d.id for d in mesh.devices.flat),
@@ -189,8 +192,8 @@ def _program_key(cfg: ExperimentConfig, shapes: dict, mesh: jax.sharding.Mesh) -
     return repr(parts)
 
 
-def _init_state(cfg: ExperimentConfig, model: Model, tx: optax.GradientTransformation) -> State:
-    key = jax.random.key(cfg.train.seed)
+def _init_state(model: Model, tx: optax.GradientTransformation, seed: jax.Array) -> State:
+    key = jax.random.key(seed)
     init_key, dropout_key = jax.random.split(key)
     params = model.init(init_key)
     return {
@@ -225,7 +228,8 @@ def build_program(
         cfg.optim, cfg.train.steps, decay_mask=decay_mask(model.param_axes())
     )
     param_sh = sharding.param_shardings(mesh, model.param_axes())
-    abstract = jax.eval_shape(lambda: _init_state(cfg, model, tx))
+    seed = jax.ShapeDtypeStruct((), jnp.int32)
+    abstract = jax.eval_shape(lambda s: _init_state(model, tx, s), seed)
     state_sh = state_shardings(mesh, abstract, model, param_sh)
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
@@ -237,7 +241,8 @@ def build_program(
     }
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    init = jax.jit(lambda: _init_state(cfg, model, tx), out_shardings=state_sh)
+    # The seed is an argument, so runs that differ only in seed share one program.
+    init = jax.jit(lambda s: _init_state(model, tx, s), out_shardings=state_sh)
     train_step = jax.jit(
         make_train_step(cfg, model, tx, schedule, mesh),
         in_shardings=(state_sh, batch_sh),
@@ -252,7 +257,7 @@ def build_program(
     t0 = time.perf_counter()
     if compile:
         with sharding.axis_rules(mesh):
-            init = init.lower().compile()
+            init = init.lower(seed).compile()
             train_step = train_step.lower(abstract, abstract_batch).compile()
             eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
     program = Program(
@@ -262,7 +267,7 @@ def build_program(
         abstract_state=abstract,
         state_sharding=state_sh,
         batch_sharding=batch_sh,
-        init=init,
+        init_fn=init,
         train_step=train_step,
         eval_step=eval_step,
         compile_s=time.perf_counter() - t0,

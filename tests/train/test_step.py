@@ -17,7 +17,7 @@ def first_batch(cfg):
 
 def run_steps(cfg, batch, n, mesh=None):
     program = step.build_program(cfg, batch, mesh)
-    state = program.init()
+    state = program.init(cfg.train.seed)
     losses = []
     for _ in range(n):
         state, m = program.train_step(state, program.shard_batch(batch))
@@ -33,7 +33,7 @@ def test_microbatches_equal_one_big_batch(tiny_cfg):
         program = step.build_program(
             cfg.replace(train={**cfg.train.model_dump(), "microbatches": k}), batch
         )
-        state, rows = program.init(), []
+        state, rows = program.init(cfg.train.seed), []
         for _ in range(2):
             state, m = program.train_step(state, program.shard_batch(batch))
             rows.append([m["train/loss"], m["train/grad_norm"], m["step_tokens"]])
@@ -68,7 +68,7 @@ def test_state_and_metrics_contents(tiny_cfg):
     cfg = tiny_cfg("encoder_decoder", "plm")
     batch = first_batch(cfg)
     program = step.build_program(cfg, batch)
-    state = program.init()
+    state = program.init(cfg.train.seed)
     assert int(state["step"]) == 0
     state, m = program.train_step(state, program.shard_batch(batch))
     m = jax.device_get(m)
