@@ -77,6 +77,11 @@ def _winner(scores: dict[str, tuple[float, float]], higher: bool = True) -> str:
     (best, (b, hb)), (second, (s, hs)) = ranked[0], ranked[1]
     gap = abs(b - s)
     sep = math.sqrt(hb**2 + hs**2)
+    if sep == 0.0:
+        return (
+            f"**{best}** ({b:.3f}) over {second} ({s:.3f}); a single seed gives no interval, "
+            "so add seeds before trusting a gap this size."
+        )
     verdict = (
         "a clear lead (the gap exceeds the combined 95% interval)"
         if gap > sep
@@ -161,16 +166,19 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
         "| val loss | probe acc | status |"
     )
     lines = [head, "|" + "---|" * 12]
-    for r in sorted(runs, key=lambda r: (r["size_index"], r["arch"], r["objective"], r["seed"])):
-        depth = r["n_layers"]
+    for r in sorted(
+        runs, key=lambda r: (r["size_index"], r["arch"], r["objective"], r.get("seed") or 0)
+    ):
+        depth = r.get("n_layers")
         if r.get("n_encoder_layers"):
-            depth = f"{r['n_encoder_layers']}+{r['n_layers']}"
+            depth = f"{r.get('n_encoder_layers')}+{r.get('n_layers')}"
         acc = probe_accuracy(r)
         lines.append(
-            f"| {_cell(r)} | {r['size']} | {r['d_model']} | {depth} | {_fmt(r['params_total'])} "
-            f"| {_fmt(r['params_non_embedding'])} | {r['steps']} | {_fmt(r['tokens'])} "
-            f"| {_fmt(r['flops'], '.2e')} | {_fmt(r['loss'], '.4f')} "
-            f"| {_fmt(acc[0] if acc else None, '.3f')} | {r['status']} |"
+            f"| {_cell(r)} | {r.get('size')} | {r.get('d_model')} | {depth} "
+            f"| {_fmt(r.get('params_total'))} "
+            f"| {_fmt(r.get('params_non_embedding'))} | {r.get('steps')} | {_fmt(r.get('tokens'))} "
+            f"| {_fmt(r.get('flops'), '.2e')} | {_fmt(r.get('loss'), '.4f')} "
+            f"| {_fmt(acc[0] if acc else None, '.3f')} | {r.get('status')} |"
         )
     return lines
 
@@ -191,8 +199,8 @@ def render_markdown(
 ) -> str:
     """The report as Markdown: what ran, who wins at equal parameters and compute, fits."""
     cmp = compare(runs)
-    wall = sum(r["wall_time_s"] or 0.0 for r in runs)
-    flops = sum(r["flops"] or 0.0 for r in runs)
+    wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
+    flops = sum(r.get("flops") or 0.0 for r in runs)
     lines = [
         f"# Study `{study.name}`",
         "",
