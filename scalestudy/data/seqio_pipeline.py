@@ -262,3 +262,48 @@ class SeqioBatchIterator:
         if self.cfg.model.arch != "noncausal_decoder" or "decoder_causal_attention" not in f:
             f["decoder_causal_attention"] = np.zeros_like(f["decoder_target_tokens"])
         return f
+
+
+def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
+    """`pipeline.bench` for the seqio path: every valid cell through `scalestudy.<source>.*`.
+
+    Without a config: the synthetic corpus, batch 64 and the default lengths.
+    """
+    import time
+
+    from scalestudy.config import VALID_CELLS
+
+    if cfg is None:
+        cfg = ExperimentConfig(train={"batch_size": 64})
+    source = cfg.data.source if cfg.data.source in ("synthetic", "text", "tfds") else "synthetic"
+    out: dict[str, float | int | str] = {
+        "source": f"seqio:{source}",
+        "batch_size": cfg.train.batch_size,
+        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
+    }
+    for arch, objectives in VALID_CELLS.items():
+        for name in objectives:
+            cell = cfg.replace(
+                model={**cfg.model.model_dump(), "arch": arch},
+                objective={**cfg.objective.model_dump(), "name": name},
+                data={
+                    **cfg.data.model_dump(),
+                    "source": "seqio",
+                    "seqio_task": f"{PREFIX}.{source}.{name}",
+                },
+            )
+            it = SeqioBatchIterator(cell)
+            next(it)  # builds the graph and fills the pipeline; not timed
+            tokens = loss_tokens = 0
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                batch = next(it)
+                tokens += int((batch["decoder_segment_ids"] > 0).sum())
+                if "encoder_segment_ids" in batch:
+                    tokens += int((batch["encoder_segment_ids"] > 0).sum())
+                loss_tokens += int(batch["decoder_loss_weights"].sum())
+            dt = time.perf_counter() - t0
+            it.close()
+            out[f"{name}/{arch}/tokens_per_s"] = round(tokens / dt)
+            out[f"{name}/{arch}/loss_tokens_per_s"] = round(loss_tokens / dt)
+    return out
