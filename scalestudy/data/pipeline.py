@@ -308,8 +308,8 @@ def make_iterator(
 ) -> BatchIterator | SeqioBatchIterator:
     """This process's share (rows) of the global batches of `split` for the run `cfg`."""
     if cfg.data.source == "seqio":
-        # seqio Tasks/Mixtures (data/seqio_pipeline.py); imported here so that the default
-        # NumPy path never pays for TensorFlow.
+        # seqio Tasks/Mixtures (data/seqio_pipeline.py); imported only here, so the default
+        # NumPy path neither builds tf.data graphs nor registers Tasks.
         from scalestudy.data.seqio_pipeline import SeqioBatchIterator
 
         return SeqioBatchIterator(
