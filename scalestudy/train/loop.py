@@ -404,6 +404,9 @@ def compile_only(cfg: ExperimentConfig, topology: str | None) -> dict[str, Any]:
         value = getattr(memory, f"{name}_size_in_bytes", None)
         if value is not None:
             out[f"{name}_mib"] = round(value / 2**20, 2)
-    out["xla_flops_per_step"] = float((cost or {}).get("flops", float("nan")))
+    # XLA counts the partitioned program: one device's share of the step.
+    per_device = float((cost or {}).get("flops", float("nan")))
+    out["xla_flops_per_step_per_device"] = per_device
+    out["xla_flops_per_step"] = per_device * mesh.size
     out["counted_flops_per_step"] = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     return out

@@ -155,3 +155,38 @@ def test_sigterm_leaves_a_resumable_checkpoint(tiny_cfg, straight, tmp_path):
     loop.train(cfg, tmp_path / "run")
     assert losses(tmp_path / "run") == losses(ref_dir)
     assert (tmp_path / "run/summary.json").exists()
+
+
+def test_eval_fn_hook_and_periodic_validation(tiny_cfg, tmp_path):
+    calls = []
+
+    def eval_fn(model, params, at):
+        calls.append(at)
+        return {"probe/acc": 0.5 + at / 100}
+
+    cfg = tiny_cfg(
+        "causal_decoder",
+        None,
+        "train.stop_after_steps=4",
+        "eval.every_steps=2",
+        "train.eval_every=2",
+    )
+    summary = loop.train(cfg, tmp_path, eval_fn=eval_fn)
+    assert calls == [2, 4]
+    assert summary["eval"] == {"probe/acc": 0.54}
+    rows = metrics.read_metrics(tmp_path)
+    assert [(r["step"], r["eval/probe/acc"]) for r in rows if "eval/probe/acc" in r] == [
+        (2, 0.52),
+        (4, 0.54),
+    ]
+    assert [r["step"] for r in rows if "val/loss" in r] == [2, 4]
+
+
+def test_compile_only_reports_memory_and_flops(tiny_cfg):
+    cfg = tiny_cfg("causal_decoder")
+    out = loop.compile_only(cfg, None)
+    assert out["temp_mib"] >= 0 and out["argument_mib"] > 0
+    # XLA's count skips the embedding gather and may fuse; the counted convention is exact.
+    assert 0.5 < out["xla_flops_per_step"] / out["counted_flops_per_step"] < 1.5
+    with pytest.raises(loop.ScalestudyError, match=r"TPU compiler.*Supported here"):
+        loop.compile_only(cfg, "v4-8")
