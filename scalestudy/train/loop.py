@@ -102,7 +102,9 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     t_start = time.perf_counter()
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.yaml").write_text(to_yaml(cfg))
+    primary = jax.process_index() == 0  # one writer of run files on multi-host
+    if primary:
+        (workdir / "config.yaml").write_text(to_yaml(cfg))
     tc = cfg.train
     stop = min(tc.steps, tc.stop_after_steps or tc.steps)
 
@@ -127,11 +129,12 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         state, saved, start = restored
         train_it.restore(saved["iterator"])
         totals = saved["totals"]
-    metrics.truncate_after(workdir, start)
+    if primary:
+        metrics.truncate_after(workdir, start)
     tokens0 = totals["tokens"]
     counts = counting.flops(cfg)
     flops_per_step = tc.batch_size * counts["flops_per_example"]
-    writer = metrics.MetricsWriter(workdir)
+    writer = metrics.MetricsWriter(workdir, active=primary)
     timing = {"compile_s": program.compile_s, "checkpoint_s": 0.0, "eval_s": 0.0}
     last_logged: dict[str, float] = {}
     pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
@@ -262,7 +265,8 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         cfg, counts, done, totals, last_logged, final_eval, train_time, start, tokens0
     )
     summary["timing"] = {k: round(v, 3) for k, v in timing.items()}
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if primary:
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 

@@ -38,9 +38,17 @@ def test_tensorboard_events_hold_the_scalars(tmp_path):
     writer.write(3, {"train/loss": 1.25})
     writer.close()
     (events,) = (tmp_path / metrics.TENSORBOARD_DIR).glob("events.out.tfevents.*")
-    values = [
-        (e.step, v.tag, float(tf.make_ndarray(v.tensor)), v.metadata.plugin_data.plugin_name)
-        for e in tf.compat.v1.train.summary_iterator(str(events))
-        for v in e.summary.value
-    ]
-    assert values == [(3, "train/loss", 1.25, "scalars")]
+    # Read back with TensorFlow's own reader, which checks the record CRCs.
+    events = list(tf.compat.v1.train.summary_iterator(str(events)))
+    assert events[0].file_version == "brain.Event:2"
+    values = [(e.step, v.tag, v.simple_value) for e in events for v in e.summary.value]
+    assert values == [(3, "train/loss", 1.25)]
+
+
+def test_crc32c_known_answer():
+    # CRC-32C check value of "123456789" is 0xE3069283; records store it masked.
+    crc = 0xE3069283
+    assert (
+        metrics._masked_crc32c(b"123456789")
+        == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    )
