@@ -98,6 +98,33 @@ class Model:
         deterministic: bool = True,
     ) -> jax.Array:
         """Float32 logits [B, L, V] at the decoder positions."""
+        return self._forward(params, batch, rng, deterministic, intermediates=False)
+
+    def intermediates(self, params: Params, batch: Batch) -> dict[str, dict[str, jax.Array]]:
+        """Per stack ("decoder", and "encoder" for the encoder-decoder), deterministically:
+        "attention": float32 self-attention probabilities [layers, B, H, Q, K] after masking
+        and softmax; "hidden": float32 residual stream entering each layer, then the
+        final-normed output [layers + 1, B, L, D]; "segment_ids": [B, L] (0 = padding), as the
+        model read them from the batch."""
+        _, stacks = self._forward(params, batch, None, True, intermediates=True)
+        return {
+            name: {
+                "attention": inter.attention_NBHLL,
+                "hidden": inter.hidden_NBLD.astype(jnp.float32),
+                "segment_ids": segment_BL,
+            }
+            for name, (inter, segment_BL) in stacks.items()
+        }
+
+    def _forward(
+        self,
+        params: Params,
+        batch: Batch,
+        rng: jax.Array | None,
+        deterministic: bool,
+        intermediates: bool,
+    ) -> jax.Array | tuple[jax.Array, dict]:
+        """Logits; with `intermediates`, also {stack: (Intermediates, segment_ids)}."""
         cfg, module = self.cfg, self._bind(params)
         tokens_BL = jnp.asarray(batch["decoder_input_tokens"])
         length = tokens_BL.shape[1]
@@ -115,8 +142,10 @@ class Model:
                 enc_positions_BS,
                 enc_rng,
                 deterministic,
+                intermediates,
             )
-            return module.decode(
+            encoded_BSD, enc_inter = encoded_BSD if intermediates else (encoded_BSD, None)
+            logits_BLV = module.decode(
                 encoded_BSD,
                 tokens_BL,
                 masks.decoder_self(segment_BL),
@@ -124,13 +153,23 @@ class Model:
                 positions_BL,
                 dec_rng,
                 deterministic,
+                intermediates,
             )
+            if not intermediates:
+                return logits_BLV
+            logits_BLV, dec_inter = logits_BLV
+            stacks = {"encoder": (enc_inter, enc_segment_BS), "decoder": (dec_inter, segment_BL)}
+            return logits_BLV, stacks
         prefix_BL = None
         if cfg.arch == "noncausal_decoder":
             prefix_BL = batch.get("decoder_causal_attention")
             prefix_BL = jnp.zeros_like(tokens_BL) if prefix_BL is None else prefix_BL
         mask_BHLL = masks.decoder_self(segment_BL, prefix_BL, heads, mixed)
-        return module(tokens_BL, mask_BHLL, positions_BL, rng, deterministic)
+        out = module(tokens_BL, mask_BHLL, positions_BL, rng, deterministic, intermediates)
+        if not intermediates:
+            return out
+        logits_BLV, inter = out
+        return logits_BLV, {"decoder": (inter, segment_BL)}
 
     # ------------------------------------------------------------------ objectives
 

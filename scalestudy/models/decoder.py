@@ -6,6 +6,10 @@ relative-position bucketing mode ("causal" or "prefix", see `layers.RelativePosi
 
 A stack's layers are stored stacked along a leading "layers" axis and run with `lax.scan`
 when `cfg.scan_layers` (compile time independent of depth), or as a list of layers otherwise.
+
+With the static flag `intermediates=True` a stack also returns its self-attention
+probabilities and residual stream (`Intermediates`, for `probes.py`); without it the traced
+program is the plain forward pass.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ class Context(NamedTuple):
     cross_mask_BHLS: jax.Array | None = None
 
 
+class Intermediates(NamedTuple):
+    """What a stack computed on the way, stacked over its N layers."""
+
+    attention_NBHLL: jax.Array  # float32 self-attention probabilities, after mask and softmax
+    hidden_NBLD: jax.Array  # [N + 1]: the residual stream entering each layer, then the output
+
+
 class Block(nnx.Module):
     """Pre-norm residual block: self-attention, optional cross-attention, feed-forward."""
 
@@ -57,14 +68,21 @@ class Block(nnx.Module):
         self.rate = cfg.dropout
 
     def __call__(
-        self, x_BLD: jax.Array, ctx: Context, rng: jax.Array | None, deterministic: bool
-    ) -> jax.Array:
+        self,
+        x_BLD: jax.Array,
+        ctx: Context,
+        rng: jax.Array | None,
+        deterministic: bool,
+        return_probs: bool = False,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """The block's output, and its self-attention probabilities if `return_probs`."""
         keys = [None] * 6 if rng is None else list(jax.random.split(rng, 6))
         h = self.self_norm(x_BLD)
         h = self.self_attn(
             h, h, ctx.mask_BHLL, ctx.bias_BHLL, ctx.positions_BL, ctx.positions_BL,
-            keys[0], deterministic,
+            keys[0], deterministic, return_probs,
         )  # fmt: skip
+        h, probs_BHLL = h if return_probs else (h, None)
         x_BLD = x_BLD + dropout(h, self.rate, keys[1], deterministic)
         if self.cross:
             h = self.cross_norm(x_BLD)
@@ -75,7 +93,7 @@ class Block(nnx.Module):
             x_BLD = x_BLD + dropout(h, self.rate, keys[3], deterministic)
         h = self.mlp(self.mlp_norm(x_BLD), keys[4], deterministic)
         x_BLD = x_BLD + dropout(h, self.rate, keys[5], deterministic)
-        return constrain(x_BLD, ACT_BLD)
+        return constrain(x_BLD, ACT_BLD), probs_BHLL
 
 
 class Stack(nnx.Module):
@@ -107,29 +125,44 @@ class Stack(nnx.Module):
         ctx: Context,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> jax.Array:
+        intermediates: bool = False,
+    ) -> jax.Array | tuple[jax.Array, Intermediates]:
+        """The final-normed output [B, L, D]; with `intermediates` (static), also the
+        stack's `Intermediates`."""
         if self.cfg.position == "relative_bias":
             ctx = ctx._replace(bias_BHLL=self.relpos(ctx.positions_BL, ctx.positions_BL))
         keys = None if rng is None else jax.random.split(rng, self.n_layers)
 
-        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key) -> jax.Array:
-            return nnx.merge(graphdef, layer_state)(x, ctx, key, deterministic)
+        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key) -> tuple:
+            return nnx.merge(graphdef, layer_state)(x, ctx, key, deterministic, intermediates)
 
         if self.cfg.remat == "full":
             run = jax.checkpoint(run, static_argnums=(0,))
         if self.cfg.scan_layers:
             graphdef, state = nnx.split(self.layers)
 
-            def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, None]:
+            def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple | None]:
                 layer_state, key = xs
-                return run(graphdef, layer_state, x, key), None
+                y, probs_BHLL = run(graphdef, layer_state, x, key)
+                return y, ((probs_BHLL, x) if intermediates else None)
 
-            x_BLD, _ = jax.lax.scan(body, x_BLD, (state, keys))
+            x_BLD, per_layer = jax.lax.scan(body, x_BLD, (state, keys))
         else:
+            per_layer = []
             for i in range(self.n_layers):
                 graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
-                x_BLD = run(graphdef, layer_state, x_BLD, None if keys is None else keys[i])
-        return self.final_norm(x_BLD)
+                key = None if keys is None else keys[i]
+                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key)
+                per_layer.append((probs_BHLL, x_BLD))
+                x_BLD = y
+            if intermediates:
+                per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+        out_BLD = self.final_norm(x_BLD)
+        if not intermediates:
+            return out_BLD
+        attention_NBHLL, hidden_NBLD = per_layer
+        hidden_NBLD = jnp.concatenate([hidden_NBLD, out_BLD[None].astype(hidden_NBLD.dtype)])
+        return out_BLD, Intermediates(attention_NBHLL, hidden_NBLD)
 
 
 class Decoder(nnx.Module):
@@ -152,14 +185,18 @@ class Decoder(nnx.Module):
         positions_BL: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> jax.Array:
-        """Float32 logits [B, L, V]."""
+        intermediates: bool = False,
+    ) -> jax.Array | tuple[jax.Array, Intermediates]:
+        """Float32 logits [B, L, V]; with `intermediates` (static), also the stack's."""
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BLD = dropout(self.embed(tokens_BL), self.cfg.dropout, keys[0], deterministic)
         x_BLD = constrain(x_BLD, ACT_BLD)
-        x_BLD = self.decoder(x_BLD, Context(mask_BHLL, None, positions_BL), keys[1], deterministic)
+        ctx = Context(mask_BHLL, None, positions_BL)
+        x_BLD = self.decoder(x_BLD, ctx, keys[1], deterministic, intermediates)
+        x_BLD, inter = x_BLD if intermediates else (x_BLD, None)
         x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)
-        return output_logits(self, x_BLD)
+        logits_BLV = output_logits(self, x_BLD)
+        return (logits_BLV, inter) if intermediates else logits_BLV
 
 
 def output_logits(model: Decoder | nnx.Module, x_BLD: jax.Array) -> jax.Array:

@@ -192,7 +192,10 @@ class Attention(nnx.Module):
         k_positions_BS: jax.Array | None = None,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-    ) -> jax.Array:
+        return_probs: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """Output [B, L, D]; with `return_probs` (static), also the float32 attention
+        probabilities [B, H, L, S] after masking and softmax (before dropout)."""
         dt = self.dtype
         q_BLHK = jnp.einsum("BLD,DHK->BLHK", x_BLD, self.q[...].astype(dt))
         k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
@@ -207,10 +210,11 @@ class Attention(nnx.Module):
         if bias_BHLS is not None:
             logits_BHLS = logits_BHLS + bias_BHLS
         logits_BHLS = jnp.where(mask_BHLS, logits_BHLS, NEG_INF)
-        probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(dt)
-        probs_BHLS = dropout(probs_BHLS, self.dropout, rng, deterministic)
+        probs_f32_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
+        probs_BHLS = dropout(probs_f32_BHLS.astype(dt), self.dropout, rng, deterministic)
         out_BLHK = jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
-        return jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
+        out_BLD = jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
+        return (out_BLD, probs_f32_BHLS) if return_probs else out_BLD
 
 
 _ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "silu": jax.nn.silu}
