@@ -129,6 +129,10 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         state, saved, start = restored
         train_it.restore(saved["iterator"])
         totals = saved["totals"]
+        previous = workdir / "summary.json"
+        if start >= stop and previous.exists():  # already done: nothing to add
+            ckpt.close()
+            return json.loads(previous.read_text())
     if primary:
         metrics.truncate_after(workdir, start)
     tokens0 = totals["tokens"]
