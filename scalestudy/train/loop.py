@@ -265,54 +265,13 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         writer.close()
         ckpt.close()
     totals["wall_time_s"] += time.perf_counter() - t_start
-    summary = _summary(
-        cfg, counts, done, totals, last_logged, final_eval, train_time, start, tokens0
+    summary = metrics.run_summary(
+        cfg, done, totals, last_logged, final_eval, train_time, start, tokens0
     )
     summary["timing"] = {k: round(v, 3) for k, v in timing.items()}
     if primary:
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def _summary(
-    cfg: ExperimentConfig,
-    counts: dict,
-    done: int,
-    totals: dict,
-    last: dict,
-    final_eval: dict,
-    train_time: float,
-    start: int,
-    tokens0: float,
-) -> dict[str, Any]:
-    params = counting.count_params(cfg.model)
-    flops = done * cfg.train.batch_size * counts["flops_per_example"]
-    this_run_flops = (done - start) * cfg.train.batch_size * counts["flops_per_example"]
-    this_run_tokens = totals["tokens"] - tokens0
-    return {
-        "name": cfg.name,
-        "arch": cfg.model.arch,
-        "objective": cfg.objective.name,
-        "params_total": params["total"],
-        "params_non_embedding": params["non_embedding"],
-        "params_embedding": params["embedding"],
-        "flops_per_token": counts["flops_per_token"],
-        "flops_per_token_6n": counts["flops_per_token_6n"],
-        "steps": done,
-        "complete": done >= cfg.train.steps,
-        "tokens": totals["tokens"],
-        "positions": totals["positions"],
-        "flops": flops,
-        # 6N per position processed (D = positions: inputs and targets alike).
-        "flops_6nd": counts["flops_per_token_6n"] * totals["positions"],
-        "final_train_loss": last.get("train/loss"),
-        "final_val_loss": final_eval.get("val/loss"),
-        "best_val_loss": totals.get("best_val_loss"),
-        "wall_time_s": totals["wall_time_s"],
-        "tokens_per_s": this_run_tokens / max(train_time, 1e-9),
-        "mfu": metrics.mfu(this_run_flops, train_time),
-        "eval": {k[len("eval/") :]: v for k, v in final_eval.items() if k.startswith("eval/")},
-    }
 
 
 # ----------------------------------------------------------------------------- bench, AOT
