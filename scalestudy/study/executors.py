@@ -271,7 +271,12 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
             f"gcloud compute tpus tpu-vm create {t.name} {project_flag}--zone={t.zone} "
             f"--accelerator-type={t.accelerator_type} --version={t.runtime_version}{spot}"
         )
+    # Each worker first writes the run configs itself (deterministic: the same files everywhere).
     steps = [f"cd {t.repo_dir}", *t.setup]
+    steps.append(
+        f"{t.scalestudy} launch --spec {shlex.quote(str(spec))} --executor tpu "
+        f"--out {shlex.quote(str(out))} > /dev/null"
+    )
     for run in runs:
         workdir = out / "runs" / run.dirname
         steps.append(

@@ -92,3 +92,4 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     tpu = sweep.launch(tiny_spec, "tpu", out, submit=False)
     assert "gcloud compute tpus queued-resources create" in tpu
     assert tpu.count("train --config") == 4 and "--worker=all" in tpu
+    assert "launch --spec" in tpu  # workers write the run configs themselves
