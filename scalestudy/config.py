@@ -584,6 +584,10 @@ class LadderConfig(_Frozen):
     aspect_small: float = Field(16.0, gt=0.0)  # d_model / n_layers at 1e5 parameters
     aspect_large: float = Field(128.0, gt=0.0)  # ... at 1e11 parameters (log-linear between)
     min_layers: int = Field(2, ge=1)
+    # Peak learning rate per rung: "inverse_width" scales optim.learning_rate by
+    # lr_reference_width / d_model (wider models take smaller Adam steps, as in muP).
+    lr_scaling: Literal["none", "inverse_width"] = "none"
+    lr_reference_width: int = Field(256, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> LadderConfig:

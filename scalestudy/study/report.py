@@ -138,6 +138,20 @@ def _at_common(
     return hi, {c: v for c, v in at.items() if v is not None}
 
 
+def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
+    """Cells whose validation loss does not fall at every step up the ladder (seed means)."""
+    losses: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        if r.get("loss") is not None and r.get("params_total"):
+            losses[_cell(r)][float(r["params_total"])].append(r["loss"])
+    bad = []
+    for cell, by_n in sorted(losses.items()):
+        means = [sum(v) / len(v) for _, v in sorted(by_n.items())]
+        if any(b >= a for a, b in itertools.pairwise(means)):
+            bad.append(cell)
+    return bad
+
+
 def compare(runs: list[dict[str, Any]], n_key: str = "params_total") -> dict[str, Any]:
     """The report's comparisons: probe accuracy across cells at equal parameters and at equal
     compute, and validation loss within each objective at equal parameters and compute."""
@@ -146,6 +160,7 @@ def compare(runs: list[dict[str, Any]], n_key: str = "params_total") -> dict[str
         pa = probe_accuracy(r)
         r["acc"], r["n"] = pa if pa else (None, None)
     out: dict[str, Any] = {"n_done": len(done), "n_runs": len(runs), "n_key": n_key}
+    out["not_scaling"] = not_scaling(done)
     for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
         got = _at_common(done, x_key, "acc", "acc")
         if got:
@@ -222,6 +237,16 @@ def render_markdown(
         "## Verdicts",
         "",
     ]
+    if cmp["not_scaling"]:
+        lines += [
+            f"Validation loss falls at every step up the ladder except in "
+            f"{', '.join(cmp['not_scaling'])}: at this budget those cells' larger rungs are "
+            "not yet ahead (train longer, or scale the learning rate down with width), so "
+            "read their fits with care.",
+            "",
+        ]
+    elif cmp["n_done"]:
+        lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
     n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
     for name, title, x_what in (
         ("equal_params", "Equal parameters", n_what),

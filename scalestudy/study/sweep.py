@@ -20,6 +20,7 @@ from scalestudy.config import (
     ConfigError,
     ExperimentConfig,
     ModelConfig,
+    OptimConfig,
     StudySpec,
     apply_overrides,
     deep_merge,
@@ -156,6 +157,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     "model": model.model_dump(),
                     "objective": {"name": objective},
                     "train": {"seed": seed},
+                    "optim": {"learning_rate": _learning_rate(study, base, shape)},
                 },
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
@@ -179,6 +181,14 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
     if not runs:
         raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
     return runs
+
+
+def _learning_rate(study: StudySpec, base: dict, shape: ModelConfig) -> float:
+    """The rung's peak learning rate (scaled by width when the ladder asks for it)."""
+    lr = validate(OptimConfig, base.get("optim", {}), "base.optim").learning_rate
+    if study.ladder.lr_scaling == "inverse_width":
+        lr *= study.ladder.lr_reference_width / shape.d_model
+    return lr
 
 
 def _steps(

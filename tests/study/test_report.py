@@ -57,6 +57,9 @@ def test_compare_names_the_better_cell_and_its_confidence():
     # Losses are compared only within an objective (flm has a single cell: no comparison).
     assert set(cmp["equal_compute_loss"]) == {"plm"}
     assert "single seed" in cmp["equal_compute_loss"]["plm"]["verdict"]
+    assert cmp["not_scaling"] == []
+    runs.append(_run("causal_decoder", "plm", 2, 1e7, 1e13, 0.3, 5.0))  # worse when larger
+    assert report.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
 
 
 def test_close_cells_are_called_indistinguishable_and_seeds_widen_intervals():

@@ -55,6 +55,21 @@ def test_equal_total_params_mode(tiny_spec):
         assert abs(ed.params["total"] - dec.params["total"]) <= 0.05 * dec.params["total"]
 
 
+def test_learning_rate_scales_inversely_with_width(tiny_spec):
+    runs = _expand(
+        tiny_spec,
+        [
+            "ladder.lr_scaling=inverse_width",
+            "ladder.lr_reference_width=16",
+            "base.optim.learning_rate=0.004",
+        ],
+    )
+    assert {(r.cfg.model.d_model, r.cfg.optim.learning_rate) for r in runs} == {
+        (16, 0.004),
+        (32, 0.002),
+    }
+
+
 def test_isoflop_grid(tiny_spec):
     runs = _expand(tiny_spec, ["budget={kind: isoflop, compute: [3e9, 1e10], min_steps: 2}"])
     assert {r.budget for r in runs} <= {"C3e09", "C1e10"}
