@@ -42,7 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, ScalestudyError
+from scalestudy.config import ExperimentConfig, ModelConfig, ScalestudyError
 
 DEFAULT_EXAMPLES = 16
 ROWS_PER_CALL = 4  # rows per device call: bounds the [layers, B, H, L, L] probabilities in memory
@@ -183,10 +183,17 @@ def probe_intermediates(
 # ----------------------------------------------------------------------------- entry points
 
 
-@functools.lru_cache(maxsize=4)
 def jit_intermediates(model: Any) -> Callable:
-    """`jax.jit(model.intermediates)`, one per model, so repeated probes compile once."""
-    return jax.jit(model.intermediates)
+    """`jax.jit(model.intermediates)`, shared by models of equal config (a model is a pure
+    function of its config), so repeated probes compile once."""
+    return _jit_intermediates(model.cfg)
+
+
+@functools.lru_cache(maxsize=4)
+def _jit_intermediates(cfg: ModelConfig) -> Callable:
+    from scalestudy.models.api import build_model
+
+    return jax.jit(build_model(cfg).intermediates)
 
 
 def probe_params(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import jax
 import numpy as np
@@ -18,6 +19,7 @@ from scalestudy.probes import (
     mean_pairwise_cosine,
     numerical_rank,
     probe_params,
+    probe_run,
     singular_values,
 )
 
@@ -210,3 +212,30 @@ def test_probe_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no checkpoint" in err and "Traceback" not in err
     assert not (tmp_path / "probes.json").exists()
+
+
+def test_probe_run_reads_the_checkpoint_and_writes_probes_json(tmp_path):
+    from scalestudy.data.pipeline import make_iterator
+    from scalestudy.train.checkpoint import Checkpointer
+
+    cfg = ExperimentConfig(
+        model=_model_cfg("causal_decoder", vocab_size=384),
+        objective={"name": "flm", "inputs_length": 8, "targets_length": 8},
+        data={"synthetic": {"n_train_documents": 20, "n_validation_documents": 20}},
+        train={"batch_size": 2},
+    )
+    model = build_model(cfg.model)
+    params = jax.jit(model.init)(jax.random.key(3))
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+    ckpt.save(7, {"params": params, "step": np.int32(7)}, {}, cfg)
+    ckpt.close()
+
+    out = probe_run(tmp_path, n_examples=3)
+    assert json.loads((tmp_path / "probes.json").read_text()) == out
+    assert out["step"] == 7 and out["decoder/n_examples"] == 3
+    # The same numbers as probing the saved parameters on the first 3 validation rows.
+    iterator = make_iterator(cfg, "validation")
+    rows = [next(iterator) for _ in range(2)]
+    batch = {k: np.concatenate([r[k] for r in rows])[:3] for k in rows[0]}
+    expected = probe_params(cfg, model, params, batch)
+    assert {k: v for k, v in out.items() if k != "step"} == pytest.approx(expected)
