@@ -197,17 +197,26 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         ckpt.save(at, state, data, cfg)
         timing["checkpoint_s"] += time.perf_counter() - t
 
+    def validation_due(at: int) -> bool:
+        return bool(tc.eval_every) and at % tc.eval_every == 0
+
+    def hook_due(at: int) -> bool:
+        every = cfg.eval.every_steps
+        return eval_fn is not None and bool(every) and at % every == 0
+
+    def eval_due(at: int) -> bool:
+        return validation_due(at) or hook_due(at)
+
     def evaluate(at: int, final: bool) -> dict[str, float]:
         t = time.perf_counter()
         out: dict[str, float] = {}
-        if final or (tc.eval_every and at % tc.eval_every == 0):
+        if final or validation_due(at):
             out |= _validate(program, state["params"], val_batches)
             best = totals.get("best_val_loss")
             totals["best_val_loss"] = (
                 out["val/loss"] if best is None else min(best, out["val/loss"])
             )
-        every = cfg.eval.every_steps
-        if eval_fn is not None and (final or (every and at % every == 0)):
+        if eval_fn is not None and (final or hook_due(at)):
             out |= {f"eval/{k}": v for k, v in eval_fn(program.model, state["params"], at).items()}
         if out:
             writer.write(at, out)
@@ -234,7 +243,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
                     to_log = (done, last_metrics)
                 if bar is not None:
                     bar.update(1)
-                if tc.eval_every and done % tc.eval_every == 0 and done != stop:
+                if done != stop and eval_due(done):
                     flush(done)
                     evaluate(done, final=False)
                 if done % tc.checkpoint_every == 0 and done != stop:
@@ -248,9 +257,15 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
                     save(done)
                 ckpt.wait()
                 name = signal.Signals(flag["signum"]).name
+                where = ckpt.latest_step()
                 raise Preempted(
-                    f"{name} received: saved a checkpoint at step {done} in {ckpt.directory}; "
-                    "run the same command again to resume",
+                    f"{name} received: "
+                    + (
+                        f"saved a checkpoint at step {where} in {ckpt.directory}; run the "
+                        "same command again to resume"
+                        if where is not None
+                        else "no step had completed, so there is nothing to resume"
+                    ),
                     flag["signum"],
                 )
             final_eval = evaluate(done, final=True)

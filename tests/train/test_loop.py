@@ -174,19 +174,22 @@ def test_eval_fn_hook_and_periodic_validation(tiny_cfg, tmp_path):
     cfg = tiny_cfg(
         "causal_decoder",
         None,
-        "train.stop_after_steps=4",
+        "train.stop_after_steps=5",
         "eval.every_steps=2",
-        "train.eval_every=2",
+        "train.eval_every=3",
     )
     summary = loop.train(cfg, tmp_path, eval_fn=eval_fn)
-    assert calls == [2, 4]
-    assert summary["eval"] == {"probe/acc": 0.54}
+    assert calls == [2, 4, 5]  # every 2 steps and at the end
+    assert summary["eval"] == {"probe/acc": 0.55}
     rows = metrics.read_metrics(tmp_path)
     assert [(r["step"], r["eval/probe/acc"]) for r in rows if "eval/probe/acc" in r] == [
         (2, 0.52),
         (4, 0.54),
+        (5, 0.55),
     ]
-    assert [r["step"] for r in rows if "val/loss" in r] == [2, 4]
+    assert [r["step"] for r in rows if "val/loss" in r] == [3, 5]
+    val = [r["val/loss"] for r in rows if "val/loss" in r]
+    assert summary["best_val_loss"] == min(val) and summary["final_val_loss"] == val[-1]
 
 
 def test_compile_only_reports_memory_and_flops(tiny_cfg):
