@@ -14,6 +14,7 @@ TINY = [
     "model.n_heads=2",
     "model.n_layers=2",
     "model.rel_max_distance=32",
+    "model.dropout=0.1",  # exact resume must reproduce the dropout masks too
     "objective.inputs_length=24",
     "objective.targets_length=8",
     "data.synthetic.n_train_documents=300",

@@ -26,7 +26,8 @@ def run_steps(cfg, batch, n, mesh=None):
 
 
 def test_microbatches_equal_one_big_batch(tiny_cfg):
-    cfg = tiny_cfg("causal_decoder", "plm", "model.dtype=float32")
+    # Without dropout: each microbatch draws its own dropout mask.
+    cfg = tiny_cfg("causal_decoder", "plm", "model.dtype=float32", "model.dropout=0")
     batch = first_batch(cfg)
     results = []
     for k in (1, 2):
@@ -45,7 +46,7 @@ def test_microbatches_equal_one_big_batch(tiny_cfg):
 
 def test_same_losses_on_any_mesh(tiny_cfg):
     # float32 compute: bf16 partial sums split over the tensor axis round differently.
-    cfg = tiny_cfg("causal_decoder", "plm", "model.dtype=float32")
+    cfg = tiny_cfg("causal_decoder", "plm", "model.dtype=float32", "model.dropout=0")
     batch = first_batch(cfg)
     results = {}
     for shape, n_dev in [((8, 1, 1), 8), ((2, 2, 2), 8), ((1, 1, 1), 1)]:
@@ -60,8 +61,9 @@ def test_same_losses_on_any_mesh(tiny_cfg):
 @pytest.mark.parametrize("arch,objective", CELLS)
 def test_every_cell_overfits_a_batch(tiny_cfg, arch, objective):
     cfg = tiny_cfg(arch, objective)
-    losses, _ = run_steps(cfg, first_batch(cfg), 36)  # the stable phase at lr 0.01
-    assert losses[-1] < 0.25 * losses[0], losses
+    losses, _ = run_steps(cfg, first_batch(cfg), 40)  # the whole wsd schedule, peak 0.01
+    # From ~6.4 (uniform over 384 ids) to under a third, despite dropout 0.1.
+    assert losses[-1] < 0.3 * losses[0], losses
 
 
 def test_state_and_metrics_contents(tiny_cfg):
