@@ -218,7 +218,7 @@ def _write_run_configs(runs: list, out: Path) -> Path:
         workdir = out / "runs" / run.dirname
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "config.yaml").write_text(to_yaml(run.cfg))
-        lines.append(str(workdir))
+        lines.append(str(workdir.resolve()))
     listing = out / "runs.txt"
     listing.write_text("\n".join(lines) + "\n")
     return listing
@@ -232,7 +232,7 @@ def render_slurm(study: StudySpec, spec: Path, runs: list, out: Path) -> tuple[s
     extra += [f"#SBATCH --mem={s.mem}"] if s.mem else []
     common = {
         "study": study.name,
-        "out": shlex.quote(str(out)),
+        "out": shlex.quote(str(out.resolve())),
         "extra_sbatch": "\n".join(extra),
         "setup": "\n".join(s.setup),
         "scalestudy": s.scalestudy,
@@ -247,9 +247,9 @@ def render_slurm(study: StudySpec, spec: Path, runs: list, out: Path) -> tuple[s
         gpus=s.gpus_per_node,
         cpus=s.cpus_per_task,
         time=s.time,
-        runs_list=shlex.quote(str(out / "runs.txt")),
+        runs_list=shlex.quote(str(out.resolve() / "runs.txt")),
     )
-    collect = Template(SLURM_COLLECT).substitute(common, spec=shlex.quote(str(spec)))
+    collect = Template(SLURM_COLLECT).substitute(common, spec=shlex.quote(str(spec.resolve())))
     return array, collect
 
 
