@@ -90,13 +90,57 @@ def make_schedule(cfg: OptimConfig, total_steps: int) -> Schedule:
     return schedule
 
 
+def per_tensor(
+    make: Callable[[bool], optax.GradientTransformation], stacked: Any, decay: Any
+) -> optax.GradientTransformation:
+    """Run a per-tensor optimizer on each parameter by itself, and on each layer's slice of
+    a parameter stacked along a leading `layers` axis (scanned layers).
+
+    `make(decays)` builds the optimizer for one tensor; `stacked` and `decay` are
+    params-shaped trees of bools. Adafactor's statistics (which dims to factor, the
+    parameter RMS that scales updates, the update RMS it clips) are per tensor: without
+    this, a scanned model would pool them over all layers, unlike T5X's per-layer tensors.
+    """
+
+    def leaf(is_stacked: bool, decays: bool) -> optax.GradientTransformation:
+        tx = make(decays)
+        return (
+            optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
+            if (is_stacked)
+            else tx
+        )
+
+    def init(params: Any) -> Any:
+        return jax.tree.map(lambda p, s, d: leaf(s, d).init(p), params, stacked, decay)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        if params is None:
+            raise ValueError("per_tensor optimizers need the parameters in update()")
+        pairs = jax.tree.map(
+            lambda g, st, p, s, d: leaf(s, d).update(g, st, p),
+            updates,
+            state,
+            params,
+            stacked,
+            decay,
+        )
+        return (
+            jax.tree.map(lambda _, pair: pair[0], updates, pairs),
+            jax.tree.map(lambda _, pair: pair[1], updates, pairs),
+        )
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(
-    cfg: OptimConfig, total_steps: int, decay_mask: Any = None
+    cfg: OptimConfig, total_steps: int, decay_mask: Any = None, stacked: Any = None
 ) -> tuple[optax.GradientTransformation, Schedule]:
     """(optimizer, schedule) for `cfg`: global-norm clipping, then AdamW or Adafactor.
 
     `decay_mask` (a params-shaped tree of bools, or None for all) selects the parameters
-    that receive weight decay; the loop passes "matrices only".
+    that receive weight decay; the loop passes "matrices only". `stacked` (a params-shaped
+    tree of bools) marks parameters stacked along a leading layers axis, which Adafactor
+    treats layer by layer (see `per_tensor`).
     """
     schedule = make_schedule(cfg, total_steps)
     parts: list[optax.GradientTransformation] = []
@@ -116,15 +160,28 @@ def make_optimizer(
     else:
         # Wang et al. (2022) / T5X: factored second moments with decay step^-0.8, updates
         # clipped to RMS 1 and scaled by each parameter's RMS, no momentum.
-        parts.append(
-            optax.adafactor(
+        def adafactor(decays: bool) -> optax.GradientTransformation:
+            return optax.adafactor(
                 schedule,
                 decay_rate=cfg.decay_rate,
                 factored=cfg.factored,
                 multiply_by_parameter_scale=cfg.multiply_by_parameter_scale,
                 clipping_threshold=cfg.clipping_threshold,
-                weight_decay_rate=cfg.weight_decay or None,
-                weight_decay_mask=decay_mask,
+                weight_decay_rate=(cfg.weight_decay or None) if decays else None,
             )
-        )
+
+        if stacked is None:
+            parts.append(
+                adafactor(True) if decay_mask is None else _masked_decay(adafactor, decay_mask)
+            )
+        else:
+            decay = decay_mask if decay_mask is not None else jax.tree.map(lambda _: True, stacked)
+            parts.append(per_tensor(adafactor, stacked, decay))
     return optax.chain(*parts), schedule
+
+
+def _masked_decay(
+    make: Callable[[bool], optax.GradientTransformation], decay_mask: Any
+) -> optax.GradientTransformation:
+    """`make` with weight decay only where `decay_mask` is True (no stacked layers)."""
+    return per_tensor(make, jax.tree.map(lambda _: False, decay_mask), decay_mask)

@@ -49,6 +49,13 @@ def decay_mask(param_axes: Any) -> Any:
     )
 
 
+def stacked_mask(param_axes: Any) -> Any:
+    """True for parameters stacked along a leading `layers` axis (scanned layers)."""
+    return jax.tree.map(
+        lambda axes: bool(axes) and axes[0] == "layers", param_axes, is_leaf=_is_axes
+    )
+
+
 def state_shardings(
     mesh: jax.sharding.Mesh, abstract_state: State, model: Model, param_sh: Any
 ) -> State:
@@ -225,7 +232,10 @@ def build_program(
 
     model = build_model(cfg.model)
     tx, schedule = optim.make_optimizer(
-        cfg.optim, cfg.train.steps, decay_mask=decay_mask(model.param_axes())
+        cfg.optim,
+        cfg.train.steps,
+        decay_mask=decay_mask(model.param_axes()),
+        stacked=stacked_mask(model.param_axes()),
     )
     param_sh = sharding.param_shardings(mesh, model.param_axes())
     seed = jax.ShapeDtypeStruct((), jnp.int32)

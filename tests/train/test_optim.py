@@ -100,3 +100,33 @@ def test_weight_decay_mask_spares_vectors():
     updates, _ = tx.update(zero, tx.init(params), params)
     np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((2, 2)), rtol=1e-6)
     np.testing.assert_allclose(updates["b"], 0.0)
+
+
+def _run(tx, params, grads_seq):
+    state = tx.init(params)
+    out = []
+    for grads in grads_seq:
+        updates, state = tx.update(grads, state, params)
+        params = jax.tree.map(jnp.add, params, updates)
+        out.append(params)
+    return out
+
+
+def test_adafactor_treats_stacked_layers_as_separate_tensors():
+    # A scanned model stores two layers' [8, 6] matrices as one [2, 8, 6] array, with layer 0
+    # ten times larger. Adafactor on the stack must equal Adafactor on each layer alone (the
+    # unscanned T5X model), and must differ from treating the stack as one tensor.
+    cfg = OptimConfig(name="adafactor", schedule="constant", learning_rate=0.01, weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    stack = jnp.asarray(rng.normal(size=(2, 8, 6)) * np.array([10.0, 1.0])[:, None, None])
+    grads = [jnp.asarray(rng.normal(size=(2, 8, 6))) for _ in range(3)]
+    stacked_tx, _ = make_optimizer(cfg, 10, decay_mask={"w": True}, stacked={"w": True})
+    got = _run(stacked_tx, {"w": stack}, [{"w": g} for g in grads])[-1]["w"]
+    per_layer_tx, _ = make_optimizer(cfg, 10, decay_mask={"a": True, "b": True})
+    want = _run(
+        per_layer_tx, {"a": stack[0], "b": stack[1]}, [{"a": g[0], "b": g[1]} for g in grads]
+    )[-1]
+    np.testing.assert_allclose(got, np.stack([want["a"], want["b"]]), rtol=1e-6, atol=1e-7)
+    pooled_tx, _ = make_optimizer(cfg, 10, decay_mask={"w": True}, stacked={"w": False})
+    pooled = _run(pooled_tx, {"w": stack}, [{"w": g} for g in grads])[-1]["w"]
+    assert not np.allclose(pooled, got, rtol=1e-3)
