@@ -40,7 +40,8 @@ def _finished_summary(workdir: Path, steps: int) -> dict | None:
         summary = json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
-    return summary if summary.get("steps", steps) >= steps else None
+    finished = summary.get("complete", True) and summary.get("steps", steps) >= steps
+    return summary if finished else None
 
 
 def _default_train(cfg: Any, workdir: Path) -> dict:
