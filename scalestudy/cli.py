@@ -87,38 +87,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
-
-    def analyze(study, out: Path, runs: list, curves: list) -> tuple[dict, list]:
-        # The scaling room's fits and plots (study cannot import scaling: it sits to its left).
-        from dataclasses import replace
-
-        from scalestudy.scaling.io import DataSettings
-        from scalestudy.scaling.laws import FitSettings, fit_cells
-        from scalestudy.scaling.plots import make_all_plots
-        from scalestudy.scaling.report import write_json
-
-        f = study.fit
-        settings = FitSettings(
-            laws=tuple(f.laws),
-            data=DataSettings(n_kind=f.n_kind, c_kind=f.c_kind),
-            bootstrap=f.bootstrap,
-            seed=f.seed,
-        )
-        try:
-            fits = fit_cells(runs, curves, settings)
-        except ScalestudyError as e:  # e.g. too few sizes for a law: fit what the data allow
-            print(f"fit: {e}; fitting the laws the data support instead", file=sys.stderr)
-            fits = fit_cells(runs, curves, replace(settings, laws=("auto",)))
-        write_json(fits, out / "fits.json")
-        return fits, make_all_plots(runs, curves, fits, out / "figures")
 
     run_study(
         Path(args.spec),
         Path(args.out),
         overrides=args.overrides,
         dry_run=args.dry_run,
-        analyze=analyze,
+        analyze=analyze_study,
     )
     return 0
 

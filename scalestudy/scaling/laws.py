@@ -14,7 +14,10 @@ Every parameter and derived exponent carries a percentile bootstrap interval ove
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -301,3 +304,29 @@ def fit_main(args) -> int:
     else:
         print(format_table(result))
     return 0
+
+
+def analyze_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:
+    """The fits and figures of a finished study (`run_study(analyze=...)`).
+
+    `study` is the study spec (its `fit` section chooses laws, N, C and the bootstrap);
+    writes `out/fits.json` and `out/figures/`. When the spec asks for a law the data cannot
+    support (e.g. too few sizes), fits every law the data do support instead, with a warning.
+    """
+    from scalestudy.scaling.plots import make_all_plots
+    from scalestudy.scaling.report import write_json
+
+    f = study.fit
+    settings = FitSettings(
+        laws=tuple(f.laws),
+        data=DataSettings(n_kind=f.n_kind, c_kind=f.c_kind),
+        bootstrap=f.bootstrap,
+        seed=f.seed,
+    )
+    try:
+        fits = fit_cells(runs, curves, settings)
+    except ScalingDataError as e:
+        warnings.warn(f"fit: {e}; fitting the laws the data support instead", stacklevel=2)
+        fits = fit_cells(runs, curves, replace(settings, laws=("auto",)))
+    write_json(fits, Path(out) / "fits.json")
+    return fits, make_all_plots(runs, curves, fits, Path(out) / "figures")
