@@ -87,6 +87,43 @@ def _pieces(
     return _Pieces(ids.astype(np.int32), starts[keep], lengths[keep])
 
 
+DECODER_FEATURES = (
+    "decoder_input_tokens",
+    "decoder_target_tokens",
+    "decoder_loss_weights",
+    "decoder_segment_ids",
+    "decoder_positions",
+    "decoder_causal_attention",
+)
+ENCODER_FEATURES = ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions")
+
+
+def empty_features(rows: int, decoder_length: int, encoder_length: int) -> dict[str, np.ndarray]:
+    """Zeroed int32 arrays of every batch feature (encoder ones when `encoder_length` > 0)."""
+    f = {name: np.zeros((rows, decoder_length), np.int32) for name in DECODER_FEATURES}
+    if encoder_length:
+        f.update({name: np.zeros((rows, encoder_length), np.int32) for name in ENCODER_FEATURES})
+    return f
+
+
+def check_iterator_args(
+    cfg: ExperimentConfig, split: str, process_index: int, process_count: int
+) -> None:
+    """Validate what every batch iterator is given: the cell, the split, the process shard."""
+    check_cell(cfg.model.arch, cfg.objective.name)
+    if split not in _SPLIT_SALT:
+        raise DataError(f"split {split!r} is not known; accepted: {', '.join(_SPLIT_SALT)}")
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise DataError(
+            f"process_index={process_index} must lie in [0, process_count={process_count})"
+        )
+    if cfg.train.batch_size % process_count:
+        raise DataError(
+            f"train.batch_size={cfg.train.batch_size} must be divisible by the number of "
+            f"processes ({process_count}): each process reads an equal share of rows"
+        )
+
+
 class BatchIterator:
     """This process's rows of each global batch, forever; `state()`/`restore()` resume exactly."""
 
@@ -98,19 +135,8 @@ class BatchIterator:
         process_index: int = 0,
         process_count: int = 1,
     ) -> None:
-        check_cell(cfg.model.arch, cfg.objective.name)
-        if split not in _SPLIT_SALT:
-            raise DataError(f"split {split!r} is not known; accepted: {', '.join(_SPLIT_SALT)}")
+        check_iterator_args(cfg, split, process_index, process_count)
         B = cfg.train.batch_size
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise DataError(
-                f"process_index={process_index} must lie in [0, process_count={process_count})"
-            )
-        if B % process_count:
-            raise DataError(
-                f"train.batch_size={B} must be divisible by the number of processes "
-                f"({process_count}): each process reads an equal share of rows"
-            )
         self.cfg = cfg
         self.split = split
         data_json = cfg.data.model_dump_json()
@@ -239,20 +265,7 @@ class BatchIterator:
 
     def _materialise(self, rows: list[list[tuple[int, int]]]) -> dict[str, np.ndarray]:
         n_rows, L, S = len(rows), self._dec_len, self._enc_len
-        f = {
-            name: np.zeros((n_rows, L), np.int32)
-            for name in (
-                "decoder_input_tokens",
-                "decoder_target_tokens",
-                "decoder_loss_weights",
-                "decoder_segment_ids",
-                "decoder_positions",
-                "decoder_causal_attention",
-            )
-        }
-        if self._encdec:
-            for name in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions"):
-                f[name] = np.zeros((n_rows, S), np.int32)
+        f = empty_features(n_rows, L, S if self._encdec else 0)
         tokens, starts, lengths = self._pieces.tokens, self._pieces.starts, self._pieces.lengths
         draws = self._objective.draws([k for row in rows for k, _ in row])
         i = 0
@@ -340,20 +353,7 @@ def scoring_batch(
     S = obj.inputs_length if encdec else 0
     L = obj.targets_length if encdec else obj.decoder_length
     n = len(inputs)
-    f = {
-        name: np.zeros((n, L), np.int32)
-        for name in (
-            "decoder_input_tokens",
-            "decoder_target_tokens",
-            "decoder_loss_weights",
-            "decoder_segment_ids",
-            "decoder_positions",
-            "decoder_causal_attention",
-        )
-    }
-    if encdec:
-        for name in ("encoder_input_tokens", "encoder_segment_ids", "encoder_positions"):
-            f[name] = np.zeros((n, S), np.int32)
+    f = empty_features(n, L, S)
     truncated = 0
     for r, (inp, tgt) in enumerate(zip(inputs, targets)):
         if not len(tgt):

@@ -38,12 +38,12 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from scalestudy.config import ExperimentConfig, check_cell
+from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError, sources
+from scalestudy.data.pipeline import check_iterator_args
 from scalestudy.data.seqio_tasks import PREFIX, check_registered, register_tasks
 
 _STATE_VERSION = 1
-_SPLITS = ("train", "validation")
 # tf.data keeps producing in background threads that call back into Python (the objective);
 # such threads still running at interpreter exit deadlock it, so live iterators are closed first.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -133,19 +133,8 @@ class SeqioBatchIterator:
         process_index: int = 0,
         process_count: int = 1,
     ) -> None:
-        check_cell(cfg.model.arch, cfg.objective.name)
-        if split not in _SPLITS:
-            raise DataError(f"split {split!r} is not known; accepted: {', '.join(_SPLITS)}")
+        check_iterator_args(cfg, split, process_index, process_count)
         B = cfg.train.batch_size
-        if process_count < 1 or not 0 <= process_index < process_count:
-            raise DataError(
-                f"process_index={process_index} must lie in [0, process_count={process_count})"
-            )
-        if B % process_count:
-            raise DataError(
-                f"train.batch_size={B} must be divisible by the number of processes "
-                f"({process_count}): each process reads an equal share of rows"
-            )
         self.cfg = cfg
         self.split = split
         self._provider = get_provider(cfg)
