@@ -124,3 +124,30 @@ def test_scientific_notation_without_a_dot_is_a_float(tmp_path: Path):
     (tmp_path / "exp.yaml").write_text("optim: {learning_rate: 1e-3, eps: 1E-8}\n")
     cfg = load_config(tmp_path / "exp.yaml")
     assert cfg.optim.learning_rate == pytest.approx(1e-3) and cfg.optim.eps == pytest.approx(1e-8)
+
+
+def _validate_any(path: Path) -> object:
+    """Validate one file under configs/ as what its folder holds."""
+    from scalestudy.config import TaskConfig, read_yaml, validate
+    from scalestudy.study.sweep import load_study
+
+    kind = path.relative_to(CONFIGS).parts[0]
+    if kind == "studies":
+        return load_study(path)
+    if kind == "tasks":
+        return validate(TaskConfig, read_yaml(path), str(path))
+    return load_config(path)  # models, mesh presets, experiments: complete experiment configs
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_FILES = sorted(CONFIGS.rglob("*.yaml"))
+
+
+def test_configs_folder_holds_only_known_kinds():
+    kinds = {p.relative_to(CONFIGS).parts[0] for p in CONFIG_FILES}
+    assert kinds == {"models", "mesh", "experiments", "studies", "tasks"}
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_config_file_validates(path: Path):
+    assert _validate_any(path) is not None
