@@ -171,7 +171,8 @@ class DataConfig(_Frozen):
     synthetic: SyntheticConfig = SyntheticConfig()
     # seqio: train from a registered seqio Task or Mixture (data/seqio_pipeline.py); built-in
     # tasks are named scalestudy.<synthetic|text|tfds>.<flm|plm|mlm>; `seqio_module` is imported
-    # first so that its registrations run (the current directory is importable).
+    # first so that its registrations run (the current directory is importable). The name may
+    # contain "{objective}" (e.g. scalestudy.tfds.{objective}) so a study's cells each get theirs.
     seqio_task: str | None = None
     seqio_module: str | None = None
     max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora

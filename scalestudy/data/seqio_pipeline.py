@@ -94,7 +94,8 @@ def get_provider(cfg: ExperimentConfig) -> seqio.DatasetProviderBase:
     register_tasks(cfg)
     if cfg.data.seqio_module:
         import_user_module(cfg.data.seqio_module)
-    name = str(cfg.data.seqio_task)
+    # "{objective}" lets one study spec name the task of each cell's objective.
+    name = str(cfg.data.seqio_task).replace("{objective}", cfg.objective.name)
     check_registered(name)
     parts = name.split(".")
     if len(parts) == 3 and parts[0] == PREFIX and parts[2] != cfg.objective.name:

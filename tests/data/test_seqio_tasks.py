@@ -236,3 +236,12 @@ def test_user_module_registrations_run(tmp_path, monkeypatch):
     it = make_iterator(cfg)
     check_contract(next(it), cfg)
     it.close()
+
+
+@pytest.mark.parametrize("name", ["plm", "mlm"])
+def test_objective_placeholder_names_each_cells_task(name):
+    # One study spec, many objectives: "{objective}" resolves to the cell's own task.
+    provider = get_provider(
+        cfg_for("noncausal_decoder", name, task="scalestudy.synthetic.{objective}")
+    )
+    assert provider.name == f"scalestudy.synthetic.{name}"
