@@ -29,6 +29,13 @@ def _print(obj: dict, as_json: bool) -> None:
             print(f"{k:<{width}}  {v}")
 
 
+def _join_job() -> None:
+    """Join a multi-host job when the environment says this is one (train/sharding.py)."""
+    from scalestudy.train.sharding import initialize_distributed
+
+    initialize_distributed()
+
+
 # ----------------------------------------------------------------------------- handlers
 
 
@@ -63,6 +70,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
         cfg_path = resolved
     cfg = load_config(cfg_path, args.overrides)
+    _join_job()
     try:
         summary = train(cfg, workdir)
     except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
@@ -73,6 +81,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    _join_job()
     from scalestudy.evaluate.rank import evaluate_run
 
     results = evaluate_run(
@@ -87,6 +96,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    _join_job()
     from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
 
@@ -149,6 +159,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    _join_job()
     from scalestudy.probes import probe_run
 
     _print(probe_run(Path(args.workdir), step=args.step), args.json)

@@ -185,6 +185,8 @@ $extra_sbatch
 set -euo pipefail
 $setup
 RUN_DIR=$$(sed -n "$$((SLURM_ARRAY_TASK_ID + 1))p" $runs_list)
+# Every task of a multi-node run joins one JAX job (JAX reads the SLURM environment).
+export SCALESTUDY_DISTRIBUTED=auto
 # Resumes from RUN_DIR's checkpoints when the task is requeued or re-submitted.
 srun $scalestudy train --config "$$RUN_DIR/config.yaml" --workdir "$$RUN_DIR"
 """
@@ -273,7 +275,8 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
             f"--accelerator-type={t.accelerator_type} --version={t.runtime_version}{spot}"
         )
     # Each worker first writes the run configs itself (deterministic: the same files everywhere).
-    steps = [f"cd {t.repo_dir}", *t.setup]
+    # Every worker joins one JAX job (JAX reads the TPU slice's topology).
+    steps = [f"cd {t.repo_dir}", *t.setup, "export SCALESTUDY_DISTRIBUTED=auto"]
     steps.append(
         f"{t.scalestudy} launch --spec {shlex.quote(str(spec))} --executor tpu "
         f"--out {shlex.quote(str(out))} > /dev/null"

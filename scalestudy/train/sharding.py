@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -44,6 +45,45 @@ AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 class MeshError(ConfigError):
     """The mesh shape does not fit the devices or the model."""
+
+
+DISTRIBUTED_ENV = ("SCALESTUDY_COORDINATOR", "SCALESTUDY_NUM_PROCESSES", "SCALESTUDY_PROCESS_ID")
+
+
+def initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:
+    """Join this process to a multi-process (multi-host) job, before any JAX computation.
+
+    Explicit: SCALESTUDY_COORDINATOR=host:port, SCALESTUDY_NUM_PROCESSES and
+    SCALESTUDY_PROCESS_ID (any launcher; several local processes in tests). Automatic:
+    SCALESTUDY_DISTRIBUTED=auto lets JAX read the cluster (Cloud TPU pod slice, SLURM), as
+    the rendered launch scripts set it. Otherwise (one process) nothing happens.
+    Returns whether a multi-process job was joined.
+    """
+    env = os.environ if environ is None else environ
+    if jax.distributed.is_initialized():
+        return True
+    if env.get("SCALESTUDY_COORDINATOR"):
+        try:
+            n, i = int(env["SCALESTUDY_NUM_PROCESSES"]), int(env["SCALESTUDY_PROCESS_ID"])
+        except (KeyError, ValueError):
+            got = {k: env.get(k) for k in DISTRIBUTED_ENV}
+            raise MeshError(
+                f"a multi-process job needs all of {', '.join(DISTRIBUTED_ENV)} (the last two "
+                f"integers); got {got}"
+            ) from None
+        if not 0 <= i < n:
+            raise MeshError(f"SCALESTUDY_PROCESS_ID={i} must lie in [0, {n})")
+        jax.distributed.initialize(
+            coordinator_address=env["SCALESTUDY_COORDINATOR"], num_processes=n, process_id=i
+        )
+        return True
+    mode = env.get("SCALESTUDY_DISTRIBUTED", "")
+    if mode == "auto":
+        jax.distributed.initialize()
+        return True
+    if mode not in ("", "off"):
+        raise MeshError(f"SCALESTUDY_DISTRIBUTED={mode!r}; accepted: auto, off")
+    return False
 
 
 def mesh_shape(cfg: MeshConfig, n_devices: int) -> dict[str, int]:

@@ -220,11 +220,17 @@ def build_program(
 ) -> Program:
     """Build (or reuse) the compiled program for `cfg` and batches shaped like `example_batch`.
 
-    With `compile=False` the functions are jitted but not compiled (for AOT inspection).
+    `example_batch` holds this process's rows (what the data iterator yields); the program is
+    compiled for the global batch, whose rows come from every process. With `compile=False`
+    the functions are jitted but not compiled (for AOT inspection).
     """
     enable_compilation_cache()
     mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model)
-    shapes = {k: (tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in example_batch.items()}
+    processes = jax.process_count()
+    shapes = {
+        k: ((np.shape(v)[0] * processes, *np.shape(v)[1:]), str(np.asarray(v).dtype))
+        for k, v in example_batch.items()
+    }
     key = _program_key(cfg, shapes, mesh)
     if compile and key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)

@@ -1,0 +1,101 @@
+"""Multi-host training with several local processes: two processes of four CPU devices each
+form one 8-device mesh and must train exactly as one process with eight devices."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalestudy.config import load_config, to_yaml
+from scalestudy.train.loop import train
+from scalestudy.train.sharding import MeshError, initialize_distributed
+
+OVERRIDES = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.d_ff=64",
+    "model.dtype=float32",
+    "objective.inputs_length=24",
+    "objective.targets_length=8",
+    "train.steps=6",
+    "train.batch_size=16",
+    "train.log_every=1",
+    "train.eval_batches=1",
+    "train.checkpoint_every=3",
+    "train.progress=false",
+    "mesh.data=4",
+    "mesh.fsdp=2",
+]
+
+
+def _losses(workdir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if "train/loss" in r]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path: Path):
+    cfg = load_config(None, OVERRIDES)
+    reference = tmp_path / "one_process"
+    train(cfg, reference)  # this test process has 8 devices (conftest)
+
+    config = tmp_path / "config.yaml"
+    config.write_text(to_yaml(cfg))
+    workdir = tmp_path / "two_processes"
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = {
+            **os.environ,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "JAX_PLATFORMS": "cpu",
+            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
+            "SCALESTUDY_NUM_PROCESSES": "2",
+            "SCALESTUDY_PROCESS_ID": str(pid),
+        }
+        cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, "--workdir", str(workdir)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+
+    want, got = _losses(reference), _losses(workdir)
+    assert len(got) == len(want) == cfg.train.steps
+    assert got == pytest.approx(want, rel=1e-5)
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["tokens"] == json.loads((reference / "summary.json").read_text())["tokens"]
+
+
+def test_distributed_environment_is_validated():
+    assert initialize_distributed({}) is False  # one process: nothing to join
+    with pytest.raises(MeshError, match="SCALESTUDY_NUM_PROCESSES"):
+        initialize_distributed({"SCALESTUDY_COORDINATOR": "127.0.0.1:1"})
+    with pytest.raises(MeshError, match=r"must lie in \[0, 2\)"):
+        initialize_distributed(
+            {
+                "SCALESTUDY_COORDINATOR": "127.0.0.1:1",
+                "SCALESTUDY_NUM_PROCESSES": "2",
+                "SCALESTUDY_PROCESS_ID": "2",
+            }
+        )
+    with pytest.raises(MeshError, match="accepted: auto, off"):
+        initialize_distributed({"SCALESTUDY_DISTRIBUTED": "yes"})
