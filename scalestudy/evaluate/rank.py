@@ -190,6 +190,8 @@ def choice_metrics(
         out[f"{prefix}/acc"] = float(np.mean(hits))
         out[f"{prefix}/acc_norm"] = float(np.mean(hits_norm))
     out[f"{prefix}/n"] = len(examples)
+    # Expected accuracy of a uniform random guess, so that every table can show chance.
+    out[f"{prefix}/chance"] = float(np.mean([1.0 / len(ex.choices) for ex in examples]))
     return out
 
 

@@ -49,6 +49,21 @@ def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
     return (hits / total, total) if total else None
 
 
+def chance_accuracy(runs: list[dict[str, Any]]) -> float | None:
+    """Probe accuracy of a uniform random guess (example-weighted like `probe_accuracy`)."""
+    for run in runs:
+        hits = total = 0.0
+        for key, chance in run.items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "eval" and parts[2] == "chance" and chance:
+                n = run.get(key[: -len("chance")] + "n") or 1.0
+                hits += chance * n
+                total += n
+        if total:
+            return hits / total
+    return None
+
+
 def _interval(acc: float, n: float) -> float:
     """Half-width of the binomial normal-approximation 95% interval."""
     return Z95 * math.sqrt(max(acc * (1 - acc), 1e-12) / max(n, 1.0))
@@ -234,6 +249,11 @@ def render_markdown(
         "binomial 95% intervals over probe examples, widened by the seed spread when there "
         "are several seeds.",
         "",
+        *(
+            [f"Chance (a uniform guess among each example's choices): {chance:.3f}.", ""]
+            if (chance := chance_accuracy(runs)) is not None
+            else []
+        ),
         "## Verdicts",
         "",
     ]

@@ -109,7 +109,7 @@ def test_untrained_model_is_near_chance(shared_data: Path, built) -> None:
         pytest.skip("one architecture suffices")
     task = load_task("hellaswag", shared_data / "eval")
     out = rank.evaluate_params(cfg, model, params, tasks=[task], max_examples=96, scorer=scorer)
-    assert out["hellaswag/n"] == 96
+    assert out["hellaswag/n"] == 96 and out["hellaswag/chance"] == 0.25  # 4 endings each
     assert 0.1 <= out["hellaswag/acc"] <= 0.45  # chance: 0.25; binomial sd 0.044
     assert out["hellaswag/truncated"] > 0  # contexts exceed 24 + 8 bytes
 
@@ -178,7 +178,7 @@ def test_evaluate_params_end_to_end(built, shared_data: Path, tmp_path: Path) ->
         max_examples=8,
         scorer=scorer,
     )
-    assert out["copa/n"] == 8 and 0 <= out["copa/acc"] <= 1
+    assert out["copa/n"] == 8 and 0 <= out["copa/acc"] <= 1 and out["copa/chance"] == 0.5
     assert out["winogrande/acc"] == out["winogrande/acc_norm"]  # same continuation
     assert out["lambada/ppl"] > 1 and 0 <= out["lambada/acc"] <= 1
     assert out["text/bpb"] == pytest.approx(out["text/loss"] / math.log(2))

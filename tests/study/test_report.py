@@ -32,6 +32,14 @@ def test_probe_accuracy_uses_task_totals_only():
     assert n == 500 and acc == pytest.approx((0.25 * 400 + 0.75 * 100) / 500)
 
 
+def test_chance_is_example_weighted_over_tasks():
+    r = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.25, 2.0)
+    r |= {"eval/probes/chance": 0.25, "eval/other/acc": 0.5, "eval/other/n": 100}
+    r |= {"eval/other/chance": 0.5, "eval/probes/pronoun/chance": 0.5}  # breakdown ignored
+    assert report.chance_accuracy([r]) == pytest.approx((0.25 * 400 + 0.5 * 100) / 500)
+    assert report.chance_accuracy([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
+
+
 def test_interpolation_in_log_scale_is_exact():
     # Halfway between 1e10 and 1e12 in log C is 1e11: the accuracies average.
     pts = [(1e10, 0.2, 0.03), (1e12, 0.4, 0.04)]
