@@ -39,29 +39,36 @@ def _fmt(x: Any, spec: str = ".3g") -> str:
 
 def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
     """(accuracy, number of examples) over every evaluated task's `acc`, example-weighted."""
-    hits = total = 0.0
-    for key, acc in run.items():
-        parts = key.split("/")  # eval/<task>/acc; eval/<task>/<subtask>/acc are breakdowns
-        if len(parts) == 3 and parts[0] == "eval" and parts[2] == "acc" and acc is not None:
-            n = run.get(key[: -len("acc")] + "n") or 1.0
-            hits += acc * n
-            total += n
+    hits, total = _task_total(run, "acc", weighted=True)
     return (hits / total, total) if total else None
+
+
+def _task_total(run: dict[str, Any], metric: str, weighted: bool) -> tuple[float, float]:
+    """(sum over tasks of metric, or of metric x examples when `weighted`; examples)."""
+    value = total = 0.0
+    for key, x in run.items():
+        parts = key.split("/")  # eval/<task>/<metric>; deeper keys are breakdowns
+        if len(parts) == 3 and parts[0] == "eval" and parts[2] == metric and x is not None:
+            n = run.get(key[: -len(metric)] + "n") or 1.0
+            value += x * n if weighted else x
+            total += n
+    return value, total
 
 
 def chance_accuracy(runs: list[dict[str, Any]]) -> float | None:
     """Probe accuracy of a uniform random guess (example-weighted like `probe_accuracy`)."""
     for run in runs:
-        hits = total = 0.0
-        for key, chance in run.items():
-            parts = key.split("/")
-            if len(parts) == 3 and parts[0] == "eval" and parts[2] == "chance" and chance:
-                n = run.get(key[: -len("chance")] + "n") or 1.0
-                hits += chance * n
-                total += n
+        hits, total = _task_total(run, "chance", weighted=True)
         if total:
             return hits / total
     return None
+
+
+def truncated_share(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """(most examples any run had to cut from the left to fit its input length, examples)."""
+    shares = [_task_total(r, "truncated", weighted=False) for r in runs]
+    shares = [(cut, n) for cut, n in shares if n]
+    return max(shares) if shares else None
 
 
 def _interval(acc: float, n: float) -> float:
@@ -252,6 +259,17 @@ def render_markdown(
         *(
             [f"Chance (a uniform guess among each example's choices): {chance:.3f}.", ""]
             if (chance := chance_accuracy(runs)) is not None
+            else []
+        ),
+        *(
+            [
+                f"{cut:.0f} of {n:.0f} probe examples had their context cut from the left to "
+                "fit the models' input length, so the probes mostly test consistency with the "
+                "nearest context; raise `eval.inputs_length` (or train longer sequences) to "
+                "test longer-range structure.",
+                "",
+            ]
+            if (share := truncated_share(runs)) and (cut := share[0]) and (n := share[1])
             else []
         ),
         "## Verdicts",

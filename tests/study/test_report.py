@@ -95,3 +95,10 @@ def test_markdown_and_html_render(tmp_path):
     assert "| causal_decoder/flm | r0 | 32 | 2 |" in md and "![a](figures/a.png)" in md
     html = report.render_html(md)
     assert "<table>" in html and '<img src="figures/a.png"' in html
+
+
+def test_truncation_is_reported_as_the_worst_runs_share():
+    a = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 40}
+    b = _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 400}
+    assert report.truncated_share([a, b]) == (400, 400)
+    assert report.truncated_share([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
