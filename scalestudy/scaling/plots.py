@@ -91,8 +91,11 @@ def plot_loss_vs_compute(t: RunTable, fits: dict, out: Path) -> list[Path]:
             k = fits["cells"][cell]["flops_per_nd"]["k"]
             lc = loss_at_compute("chinchilla3", np.array(f["theta"]), c_grid, k)[0]
             ax.plot(c_grid, lc, color=st["color"], ls="--", lw=1.5)
-    ax.plot([], [], "k-", label="L(C) frontier fit (Kaplan)")
-    ax.plot([], [], "k--", label="compute-optimal L from L(N, D) (Chinchilla 3)")
+    cells = t.cells()
+    if any(_fit(fits, cell, "kaplan_c") for cell in cells):
+        ax.plot([], [], "k-", label="L(C) frontier fit (Kaplan)")
+    if any(_fit(fits, cell, "chinchilla3") for cell in cells):
+        ax.plot([], [], "k--", label="compute-optimal L from L(N, D) (Chinchilla 3)")
     _axes(ax, "training compute C (FLOPs)", _loss_label(t))
     ax.legend(fontsize=7)
     ax.set_title("Loss vs compute")
@@ -199,11 +202,21 @@ def plot_allocation(t: RunTable, fits: dict, out: Path) -> list[Path]:
     return _save(fig, out, "optimal_allocation")
 
 
-def plot_zero_shot(t: RunTable, out: Path) -> list[Path]:
-    keys = [k for k in t.extra if k.endswith("/acc")]
+def task_accuracy(extra: dict[str, np.ndarray]) -> tuple[np.ndarray, int] | None:
+    """Per run, the mean over tasks of `eval/<task>/acc`, and the number of tasks.
+
+    `eval/<task>/<part>/acc` columns are breakdowns of a task already counted: left out.
+    """
+    keys = [k for k in extra if k.endswith("/acc") and k.count("/") == 2]
     if not keys:
+        return None
+    return np.nanmean(np.stack([extra[k] for k in keys]), axis=0), len(keys)
+
+
+def plot_zero_shot(t: RunTable, out: Path) -> list[Path]:
+    if (got := task_accuracy(t.extra)) is None:
         return []
-    acc = np.nanmean(np.stack([t.extra[k] for k in keys]), axis=0)
+    acc, n_tasks = got
     fig, ax = plt.subplots(figsize=(7, 5))
     for cell in t.cells():
         idx = [i for i, c in enumerate(t.cell) if c == cell]
@@ -221,7 +234,7 @@ def plot_zero_shot(t: RunTable, out: Path) -> list[Path]:
     _axes(
         ax,
         "training compute C (FLOPs)",
-        f"mean zero-shot accuracy over {len(keys)} task(s)",
+        f"mean zero-shot accuracy over {n_tasks} task(s)",
         logy=False,
     )
     ax.legend(fontsize=7)

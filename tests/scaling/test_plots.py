@@ -102,3 +102,17 @@ def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
     t = build_table(only_n, None, DataSettings(), "jsonl")
     names = {p.stem for p in make_all_plots(t, None, None, tmp_path / "n_only")}
     assert "loss_vs_n_d" in names and "loss_vs_compute" not in names
+
+
+def test_zero_shot_accuracy_averages_tasks_not_their_breakdowns():
+    from scalestudy.scaling.plots import task_accuracy
+
+    extra = {
+        "eval/probes/acc": np.array([0.4, 0.6]),
+        "eval/probes/pronoun/acc": np.array([1.0, 1.0]),  # a part of probes: not a task
+        "eval/copa/acc": np.array([0.6, 0.8]),
+        "eval/copa/n": np.array([100.0, 100.0]),
+    }
+    acc, n_tasks = task_accuracy(extra)
+    assert n_tasks == 2 and np.allclose(acc, [0.5, 0.7])
+    assert task_accuracy({"eval/copa/n": np.array([1.0])}) is None
