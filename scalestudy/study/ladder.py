@@ -154,23 +154,27 @@ def _resolve_entry(entry: Any, cfg: LadderConfig, spec_dir: Path | None, activat
 def match_model(
     model: ModelConfig, arch: str, matching: str, tolerance: float = 0.03
 ) -> ModelConfig:
-    """The `arch` model matching the decoder-only rung shape `model` under `matching`."""
+    """The `arch` model matching the decoder-only rung `model` under `matching`.
+
+    Every stack takes the rung's shape (`n_encoder_layers` unset: as deep as the decoder).
+    Under equal_total_params, a model whose parameters exceed the rung's by more than
+    `tolerance` (the encoder-decoder's two stacks) is halved in depth per stack and its
+    feed-forward width solved for the rung's total.
+    """
     from scalestudy.models import counting
 
-    if arch != "encoder_decoder":
-        return model.replace(arch=arch, n_encoder_layers=None)
-    stacked = model.replace(arch=arch, n_encoder_layers=model.n_layers)
-    if matching in ("equal_stack_shape", "equal_flops"):
-        return stacked
-    if matching != "equal_total_params":
+    if matching not in ("equal_total_params", "equal_stack_shape", "equal_flops"):
         raise ConfigError(
             f"matching: got {matching!r}; accepted: equal_total_params, equal_stack_shape, "
             "equal_flops"
         )
-    reference = counting.count_params(model.replace(arch="causal_decoder", n_encoder_layers=None))
-    target = reference["total"]
-    half = max(1, model.n_layers // 2)
-    shallow = model.replace(arch=arch, n_layers=half, n_encoder_layers=half)
+    stacked = model.replace(arch=arch, n_encoder_layers=None)
+    if matching != "equal_total_params":
+        return stacked
+    target = counting.count_params(model)["total"]
+    if abs(counting.count_params(stacked)["total"] - target) <= tolerance * target:
+        return stacked
+    shallow = stacked.replace(n_layers=max(1, model.n_layers // 2))
     # Total parameters are affine in d_ff: solve for the width that matches, then round.
     n_a = counting.count_params(shallow.replace(d_ff=8))["total"]
     n_b = counting.count_params(shallow.replace(d_ff=16))["total"]
@@ -178,17 +182,16 @@ def match_model(
     d_ff = round((8 + (target - n_a) / slope) / 8) * 8
     if d_ff < 8:
         raise ConfigError(
-            f"matching=equal_total_params: cannot shrink an encoder-decoder to {target} "
-            f"parameters at d_model={model.d_model}, n_layers={model.n_layers}; use rungs with "
-            "more layers or matching=equal_stack_shape"
+            f"matching=equal_total_params: cannot shrink a {arch} to {target} parameters at "
+            f"d_model={model.d_model}, n_layers={model.n_layers}; use rungs with more layers "
+            "or matching=equal_stack_shape"
         )
     matched = shallow.replace(d_ff=d_ff)
     got = counting.count_params(matched)["total"]
     if abs(got - target) > tolerance * target:
         raise ConfigError(
-            f"matching=equal_total_params: best encoder-decoder has {got} parameters vs "
-            f"{target} for the decoder (d_model={model.d_model}); outside match_tolerance="
-            f"{tolerance}"
+            f"matching=equal_total_params: best {arch} has {got} parameters vs {target} for "
+            f"the decoder (d_model={model.d_model}); outside match_tolerance={tolerance}"
         )
     return matched
 
