@@ -173,10 +173,7 @@ class Decoder(nnx.Module):
         self.embed = Embed(cfg, init)
         self.decoder = Stack(cfg, cfg.n_layers, False, relpos_mode, init)
         if not cfg.tie_embeddings:
-            self.logits = param(
-                init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
-                cfg.param_dtype,
-            )  # fmt: skip
+            self.logits = output_projection(cfg, init)
 
     def __call__(
         self,
@@ -197,6 +194,13 @@ class Decoder(nnx.Module):
         x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)
         logits_BLV = output_logits(self, x_BLD)
         return (logits_BLV, inter) if intermediates else logits_BLV
+
+
+def output_projection(cfg: ModelConfig, init: ParamInit) -> nnx.Param:
+    """The untied [D, V] output embedding (T5.1.1), initialised with std 1/sqrt(d_model)."""
+    return param(
+        init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5, cfg.param_dtype
+    )
 
 
 def output_logits(model: Decoder | nnx.Module, x_BLD: jax.Array) -> jax.Array:

@@ -8,8 +8,15 @@ import jax
 from flax import nnx
 
 from scalestudy.config import ModelConfig
-from scalestudy.models.decoder import ACT_BLD, Context, Intermediates, Stack, output_logits
-from scalestudy.models.layers import Embed, ParamInit, constrain, dropout, param
+from scalestudy.models.decoder import (
+    ACT_BLD,
+    Context,
+    Intermediates,
+    Stack,
+    output_logits,
+    output_projection,
+)
+from scalestudy.models.layers import Embed, ParamInit, constrain, dropout
 
 
 class EncoderDecoder(nnx.Module):
@@ -21,10 +28,7 @@ class EncoderDecoder(nnx.Module):
         self.encoder = Stack(cfg, cfg.encoder_layers, False, "bidirectional", init)
         self.decoder = Stack(cfg, cfg.n_layers, True, "causal", init)
         if not cfg.tie_embeddings:
-            self.logits = param(
-                init, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.d_model**-0.5,
-                cfg.param_dtype,
-            )  # fmt: skip
+            self.logits = output_projection(cfg, init)
 
     def encode(
         self,
