@@ -7,7 +7,7 @@ import pytest
 
 from scalestudy.config import VALID_CELLS, ConfigError, ExperimentConfig, validate
 from scalestudy.data import DataError
-from scalestudy.data.pipeline import make_iterator, scoring_batch, write_decoder
+from scalestudy.data.pipeline import empty_features, make_iterator, scoring_batch, write_decoder
 
 CELLS = [(a, o) for a, objs in VALID_CELLS.items() for o in objs]
 SMALL_DATA = {"synthetic": {"n_train_documents": 300, "n_validation_documents": 30}}
@@ -58,17 +58,7 @@ def test_scoring_rows_by_hand():
 
 
 def test_packed_segments_by_hand():
-    f = {
-        k: np.zeros((1, 10), np.int32)
-        for k in (
-            "decoder_input_tokens",
-            "decoder_target_tokens",
-            "decoder_loss_weights",
-            "decoder_segment_ids",
-            "decoder_positions",
-            "decoder_causal_attention",
-        )
-    }
+    f = empty_features(1, 10, 0)
     write_decoder(f, 0, 0, np.array([5, 6]), np.array([7]), 1, prefix=True)
     write_decoder(f, 0, 3, np.array([8]), np.array([9, 4, 1]), 2, prefix=True)
     assert f["decoder_target_tokens"].tolist() == [[5, 6, 7, 8, 9, 4, 1, 0, 0, 0]]

@@ -91,14 +91,7 @@ def check_contract(b: dict, cfg: ExperimentConfig) -> None:
     arch, name = cfg.model.arch, cfg.objective.name
     B = cfg.train.batch_size
     L = cfg.objective.targets_length if arch == "encoder_decoder" else cfg.objective.decoder_length
-    for k in (
-        "decoder_input_tokens",
-        "decoder_target_tokens",
-        "decoder_loss_weights",
-        "decoder_segment_ids",
-        "decoder_positions",
-        "decoder_causal_attention",
-    ):
+    for k in pipeline.DECODER_FEATURES:
         assert b[k].shape == (B, L) and b[k].dtype == np.int32, k
     seg, pos, w = b["decoder_segment_ids"], b["decoder_positions"], b["decoder_loss_weights"]
     tgt, inp, ca = (

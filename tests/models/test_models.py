@@ -29,6 +29,12 @@ def _changed_positions(a, b) -> np.ndarray:
     return np.abs(np.asarray(a) - np.asarray(b))[0].max(-1) > ATOL
 
 
+def _effect(apply, params, batch: dict, base, key: str, index: tuple) -> np.ndarray:
+    """Decoder positions (row 0) whose logits change when token `index` of `key` changes."""
+    changed = _with(batch, key, index, _other_token(batch, key, index))
+    return _changed_positions(base, apply(params, changed))
+
+
 def test_causal_decoder_never_sees_the_future(compiled, tiny_cfg, make_batch_fn):
     _model, params, apply = compiled(tiny_cfg("causal_decoder"))
     # A non-zero decoder_causal_attention must be ignored by the causal decoder.
@@ -36,13 +42,7 @@ def test_causal_decoder_never_sees_the_future(compiled, tiny_cfg, make_batch_fn)
     base = apply(params, batch)
     for t in (3, 6, 12):
         idx = (0, t)
-        changed = apply(
-            params,
-            _with(
-                batch, "decoder_input_tokens", idx, _other_token(batch, "decoder_input_tokens", idx)
-            ),
-        )
-        diff = _changed_positions(base, changed)
+        diff = _effect(apply, params, batch, base, "decoder_input_tokens", idx)
         assert not diff[:t].any(), f"token {t} changed earlier logits {np.flatnonzero(diff[:t])}"
         assert diff[t:].all()
 
@@ -57,31 +57,12 @@ def test_noncausal_prefix_is_bidirectional_and_blind_to_targets(
     base = apply(params, batch)
     # A later prefix token changes every prefix position (both directions) ...
     idx = (0, 5)
-    diff = _changed_positions(
-        base,
-        apply(
-            params,
-            _with(
-                batch, "decoder_input_tokens", idx, _other_token(batch, "decoder_input_tokens", idx)
-            ),
-        ),
-    )
+    diff = _effect(apply, params, batch, base, "decoder_input_tokens", idx)
     assert diff.all()
     # ... while a target token never reaches the prefix or earlier targets.
     for t in (prefix, prefix + 4):
         idx = (0, t)
-        diff = _changed_positions(
-            base,
-            apply(
-                params,
-                _with(
-                    batch,
-                    "decoder_input_tokens",
-                    idx,
-                    _other_token(batch, "decoder_input_tokens", idx),
-                ),
-            ),
-        )
+        diff = _effect(apply, params, batch, base, "decoder_input_tokens", idx)
         assert not diff[:t].any()
         assert diff[t:].all()
 
@@ -94,27 +75,11 @@ def test_encoder_decoder_encoder_never_sees_decoder_tokens(compiled, tiny_cfg, m
     # encoder, positions before it would change.
     t = 5
     idx = (0, t)
-    diff = _changed_positions(
-        base,
-        apply(
-            params,
-            _with(
-                batch, "decoder_input_tokens", idx, _other_token(batch, "decoder_input_tokens", idx)
-            ),
-        ),
-    )
+    diff = _effect(apply, params, batch, base, "decoder_input_tokens", idx)
     assert not diff[:t].any() and diff[t:].all()
     # Any encoder token (even the last) reaches every decoder position.
     idx = (0, batch["encoder_input_tokens"].shape[1] - 1)
-    diff = _changed_positions(
-        base,
-        apply(
-            params,
-            _with(
-                batch, "encoder_input_tokens", idx, _other_token(batch, "encoder_input_tokens", idx)
-            ),
-        ),
-    )
+    diff = _effect(apply, params, batch, base, "encoder_input_tokens", idx)
     assert diff.all()
 
 
