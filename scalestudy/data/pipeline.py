@@ -124,6 +124,20 @@ def check_iterator_args(
         )
 
 
+def stream_fingerprint(cfg: ExperimentConfig, split: str, *extra: object) -> str:
+    """Id of what decides a batch stream (split, data, objective, arch, batch size, `extra`):
+    a saved iterator state only restores into an iterator with the same fingerprint."""
+    key = [
+        split,
+        cfg.data.model_dump(mode="json"),
+        cfg.objective.model_dump(mode="json"),
+        cfg.model.arch,
+        cfg.train.batch_size,
+        *extra,
+    ]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class BatchIterator:
     """This process's rows of each global batch, forever; `state()`/`restore()` resume exactly."""
 
@@ -166,18 +180,7 @@ class BatchIterator:
         self._perm = np.zeros(0, dtype=np.int64)
         self._cursor = 0
         self._step = 0
-        self._fingerprint = hashlib.sha256(
-            json.dumps(
-                [
-                    split,
-                    cfg.data.model_dump(mode="json"),
-                    cfg.objective.model_dump(mode="json"),
-                    cfg.model.arch,
-                    B,
-                ],
-                sort_keys=True,
-            ).encode()
-        ).hexdigest()[:16]
+        self._fingerprint = stream_fingerprint(cfg, split)
 
     # ------------------------------------------------------------------ state
 

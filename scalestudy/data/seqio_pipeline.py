@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import atexit
 import gc
-import hashlib
 import importlib
-import json
 import os
 import sys
 import weakref
@@ -40,7 +38,7 @@ import tensorflow as tf
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError, sources
-from scalestudy.data.pipeline import check_iterator_args
+from scalestudy.data.pipeline import check_iterator_args, stream_fingerprint
 from scalestudy.data.seqio_tasks import PREFIX, check_registered, register_tasks
 
 _STATE_VERSION = 1
@@ -153,20 +151,8 @@ class SeqioBatchIterator:
         self._shard = seqio.ShardInfo(index=process_index, num_shards=process_count)
         self._rows = B // process_count
         self._step = 0
-        self._fingerprint = hashlib.sha256(
-            json.dumps(
-                [
-                    split,
-                    cfg.data.model_dump(mode="json"),
-                    cfg.objective.model_dump(mode="json"),
-                    cfg.model.arch,
-                    B,
-                    process_index,
-                    process_count,
-                ],
-                sort_keys=True,
-            ).encode()
-        ).hexdigest()[:16]
+        # Resuming re-reads this process's shard, so the process layout is part of the stream.
+        self._fingerprint = stream_fingerprint(cfg, split, process_index, process_count)
         self._it = self._iterator(0)
         _LIVE.add(self)
 
