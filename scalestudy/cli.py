@@ -111,13 +111,13 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from scalestudy.scaling.laws import fit_main
+    from scalestudy.scaling.command import fit_main
 
     return fit_main(args)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from scalestudy.scaling.plots import plot_main
+    from scalestudy.scaling.command import plot_main
 
     return plot_main(args)
 
@@ -214,10 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
-    from scalestudy.scaling import report as scaling_report
+    from scalestudy.scaling import command as scaling_command
 
-    scaling_report.add_data_args(p)
-    scaling_report.add_fit_args(p)
+    scaling_command.add_data_args(p)
+    scaling_command.add_fit_args(p)
     p.add_argument("--out", default=None, help="write the fit JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_fit)
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
     p.add_argument("--out", required=True, help="directory for the figures")
     p.add_argument("--fits", default=None, help="fit JSON from `scalestudy fit --out`")
-    scaling_report.add_data_args(p)
+    scaling_command.add_data_args(p)
     p.set_defaults(fn=_cmd_plot)
 
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")

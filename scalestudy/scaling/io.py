@@ -10,6 +10,7 @@ recorded in `RunTable.choices` so that every fit states what it fitted.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import re
@@ -56,6 +57,8 @@ class DataSettings:
     d_unit: str = ""
     c_unit: str = ""
     drop_invalid: bool = False
+    where: tuple[str, ...] = ()  # conditions a run must meet ('N>=1e8'; scaling/select.py)
+    exclude: tuple[str, ...] = ()  # run ids left out
 
 
 @dataclass
@@ -312,6 +315,20 @@ def build_table(
     elif curves:
         table_curves = _curves_from_registry(curves, ids, C, D)
 
+    filters: list[str] = []
+    if s.where or s.exclude:
+        from scalestudy.scaling.select import row_mask
+
+        resolved = {"N": N, "D": D, "C": C, "loss": loss, "run": ids}
+        keep_mask, filters = row_mask(s.where, s.exclude, resolved, rows)
+        if not keep_mask.any():
+            raise ScalingDataError(f"no run is left after the filters: {'; '.join(filters)}")
+        k = np.flatnonzero(keep_mask)
+        ids, cell, rows = [ids[i] for i in k], [cell[i] for i in k], [rows[i] for i in k]
+        budget = [budget[i] for i in k]
+        N, D, C, loss = N[k], D[k], C[k], loss[k]
+        table_curves = {r: c for r, c in table_curves.items() if r in set(ids)}
+
     extra = {}
     for col in columns:
         if col.startswith("eval/"):
@@ -327,6 +344,7 @@ def build_table(
         "units": {"n": s.n_unit or "1", "d": s.d_unit or "1", "c": s.c_unit or "1"},
         "groups": list(groups),
         "unfinished_runs_left_out": n_unfinished,
+        "filters": filters,
     }
     return _validate(table, s.drop_invalid)
 
@@ -394,6 +412,15 @@ def _validate(t: RunTable, drop_invalid: bool) -> RunTable:
         if not keep.size:
             raise ScalingDataError("every run was invalid; nothing left to fit")
     return t
+
+
+def fingerprint(t: RunTable) -> str:
+    """A short hash of the runs a fit used (ids, cells, N, D, C, loss), to match fits to data."""
+    rows = sorted(
+        f"{r}|{c}|{n:.10g}|{d:.10g}|{cc:.10g}|{x:.10g}"
+        for r, c, n, d, cc, x in zip(t.run_id, t.cell, t.N, t.D, t.C, t.loss)
+    )
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
 def load_table(source: str | Path, settings: DataSettings | None = None) -> RunTable:

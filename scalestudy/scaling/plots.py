@@ -4,7 +4,6 @@ figures."""
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import RunTable, ScalingDataError, load_table, table_from_rows
+from scalestudy.scaling.io import RunTable, table_from_rows
 from scalestudy.scaling.report import loss_at_compute
 
 ARCH_COLOURS = {
@@ -298,24 +297,3 @@ def make_all_plots(runs, curves, fits: dict | None, out_dir: str | Path) -> list
     paths += plot_zero_shot(table, out) if has_c else []
     paths += plot_residuals(table, fits, out)
     return paths
-
-
-def plot_main(args) -> int:
-    """`scalestudy plot`: figures from a registry or table, with fits from --fits or fitted here."""
-    from scalestudy.scaling.report import data_settings_from_args
-
-    data = data_settings_from_args(args)
-    table = load_table(args.source, data)
-    fits = None
-    if args.fits:
-        path = Path(args.fits)
-        if not path.is_file():
-            raise ScalingDataError(f"--fits: no such file {path}")
-        fits = json.loads(path.read_text())
-    else:
-        from scalestudy.scaling.laws import FitSettings, fit_cells
-
-        fits = fit_cells(table, settings=FitSettings(bootstrap=0, data=data))
-    for p in make_all_plots(table, None, fits, args.out):
-        print(p)
-    return 0

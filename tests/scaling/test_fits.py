@@ -85,7 +85,7 @@ def test_kaplan_nd_recovers_exponents():
 
 
 def test_approach2_recovers_allocation_exponent(iso_table, true_params):
-    fit = allocation.approach2(iso_table, run_counts(35, 50, 0), 0.95)
+    fit = allocation.approach2(iso_table, run_counts(35, 50, 0), FitSettings())
     a_true = true_params["beta"] / (true_params["alpha"] + true_params["beta"])
     assert fit["n_budgets"] == 5
     assert fit["params"]["a"]["value"] == pytest.approx(a_true, abs=0.04)
@@ -110,7 +110,7 @@ def test_approach1_from_curves_finds_allocation(true_params):
     t = RunTable(
         ids, ["all"] * len(ids), np.array(N), np.array(D), np.array(C), np.array(L), curves=curves
     )
-    fit = allocation.approach1(t, run_counts(len(ids), 20, 0), 0.95)
+    fit = allocation.approach1(t, run_counts(len(ids), 20, 0), FitSettings())
     a_true = true_params["beta"] / (true_params["alpha"] + true_params["beta"])
     assert fit["params"]["a"]["value"] == pytest.approx(a_true, abs=0.06)
     assert fit["n_budgets"] > 10
