@@ -339,7 +339,9 @@ def _fits_lines(fits: dict[str, Any]) -> list[str]:
                 span = f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else ""
                 params.append(f"{name} = {_fmt(p.get('value'))}{span}")
             formula = str(fit.get("formula", "")).replace("|", "/")
-            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)} |")
+            flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
+            warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
+            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
     return lines
 
 
