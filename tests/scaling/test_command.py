@@ -148,3 +148,21 @@ def test_where_and_exclude_filter_runs(runs_csv, tmp_path, capsys):
     _one_line_error(capsys, "--exclude", "nope")
     assert main(["fit", str(runs_csv), "--where", "N>>3"]) == 2
     _one_line_error(capsys, "--where")
+
+
+def test_malformed_run_files_give_one_line_errors(tmp_path, capsys):
+    bad = tmp_path / "runs.json"
+    bad.write_text('[{"N": 1e6,')
+    assert main(["fit", str(bad)]) == 2
+    _one_line_error(capsys, "not valid JSON")
+    bad.write_text("[1, 2]")
+    assert main(["fit", str(bad)]) == 2
+    _one_line_error(capsys, "array of objects")
+    lines = tmp_path / "runs.jsonl"
+    lines.write_text("[1, 2]\n")
+    assert main(["fit", str(lines)]) == 2
+    _one_line_error(capsys, "JSON object")
+    binary = tmp_path / "runs.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
+    assert main(["fit", str(binary)]) == 2
+    _one_line_error(capsys, "not a text file")
