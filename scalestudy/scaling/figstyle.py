@@ -136,7 +136,7 @@ def legend(ax, fontsize: float = 7) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if not handles:
         return
-    if len(handles) > 8 or max(len(lab) for lab in labels) > 40:
+    if len(handles) > 8 or max(len(lab) for lab in labels) > 55:
         ax.legend(fontsize=fontsize - 1, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     else:
         ax.legend(fontsize=fontsize)
