@@ -177,7 +177,10 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     resid = y - pred[0]
     params = summarise(point, samples, s.ci)
     ids = [table.run_id[j] for j in run]
-    flags = points_flag(len(y), len(form.params), s.min_points_per_param)
+    # Frontier points (L(C)) are read off the runs' curves: count the runs they come from.
+    n_runs = int(np.unique(run).size)
+    what = "points" if n_runs == len(y) else f"runs (behind {len(y)} frontier points)"
+    flags = points_flag(n_runs, len(form.params), s.min_points_per_param, what)
     if np.ptp(pred[0]) < 1e-3:
         flags.append(
             "flat: the fitted loss varies by less than 0.1% over the data, so the exponents "

@@ -114,3 +114,20 @@ def test_flags_reach_the_study_report(iso_table):
     res = fit_cells(t, settings=FitSettings(laws=("chinchilla3",), bootstrap=10))
     row = next(line for line in _fits_lines(res) if "| chinchilla3 |" in line)
     assert "**flagged**: points: 6 points for 5 parameters" in row
+
+
+def test_frontier_fit_counts_the_runs_behind_its_points():
+    # Four runs with long training curves: L(C) has many frontier points but only 4 runs.
+    ids, N, D, C, L, curves = [], [], [], [], [], {}
+    for n in (2.5e4, 5.5e4, 1.1e5, 1.9e5):
+        d = np.geomspace(2e4, 6e5, 30)
+        loss = 0.6 + 2.2 * (n / 1e4) ** -0.25 + 40 * d**-0.3
+        rid = f"{n:.3g}"
+        curves[rid] = {"C": 6 * n * d, "D": d, "loss": loss}
+        ids.append(rid)
+        N.append(n), D.append(d[-1]), C.append(6 * n * d[-1]), L.append(loss[-1])
+    t = RunTable(ids, ["all"] * 4, *(np.array(v) for v in (N, D, C, L)), curves=curves)
+    t.choices = {"c_kind": "counted", "groups": []}
+    fit = _fit("kaplan_c", t)
+    assert fit["n_points"] > 10
+    assert any(f.startswith("points: 4 runs (behind") for f in fit["flags"])
