@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
     p.add_argument("--out", required=True, help="directory for the figures")
     p.add_argument("--fits", default=None, help="fit JSON from `scalestudy fit --out`")
+    p.add_argument(
+        "--bootstrap", type=int, default=0, help="without --fits: resamples for the bands"
+    )
     scaling_command.add_data_args(p)
     p.set_defaults(fn=_cmd_plot)
 

@@ -255,17 +255,14 @@ def read_fits(path: str, table) -> dict:
 
 def plot_main(args) -> int:
     """`scalestudy plot`: figures from a registry or table, with fits from --fits or fitted here."""
+    from scalestudy.scaling.laws import FitSettings, fit_cells
     from scalestudy.scaling.plots import make_all_plots
 
     data = data_settings_from_args(args)
+    settings = FitSettings(bootstrap=getattr(args, "bootstrap", 0), data=data)
     out = _writable_dir(args.out, "--out")
     table = load_table(args.source, data)
-    if args.fits:
-        fits = read_fits(args.fits, table)
-    else:
-        from scalestudy.scaling.laws import FitSettings, fit_cells
-
-        fits = fit_cells(table, settings=FitSettings(bootstrap=0, data=data))
+    fits = read_fits(args.fits, table) if args.fits else fit_cells(table, settings=settings)
     paths = make_all_plots(table, None, fits, out)
     try:
         for p in paths:

@@ -8,7 +8,8 @@ Laws (names accepted by `--law` and `FitSettings.laws`):
 - chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022), with
   the implied compute-optimal N_opt(C) = G (C/k)^a, D_opt(C) = (1/G) (C/k)^b for C = k N D.
 - auto: every law the data support (the others are reported as skipped, with the reason).
-Every parameter and derived exponent carries a percentile bootstrap interval over runs.
+Every parameter and derived exponent carries a percentile bootstrap interval over runs, and
+every fit a list of flags saying why the data may not support it (scaling/flags.py).
 """
 
 from __future__ import annotations

@@ -81,6 +81,8 @@ def test_paths_and_fits_files_give_one_line_errors(tmp_path, runs_csv, capsys):
     bad.write_text("[1, 2]")
     assert main(["plot", str(runs_csv), "--out", str(tmp_path / "f"), "--fits", str(bad)]) == 2
     _one_line_error(capsys, "--fits", "not a fit result")
+    assert main(["plot", str(runs_csv), "--out", str(tmp_path / "f"), "--bootstrap=-2"]) == 2
+    _one_line_error(capsys, "--bootstrap")
 
 
 def test_plot_refuses_fits_made_from_other_data(tmp_path, runs_csv, capsys):
