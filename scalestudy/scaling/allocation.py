@@ -216,6 +216,8 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
                 "runs": int(member.sum()),
                 "run_ids": [table.run_id[j] for j in np.flatnonzero(member)],
                 "parabola_logN": {"c0": coef[0, 0], "c1": coef[0, 1], "c2": coef[0, 2], "x0": x0},
+                # Bootstrap coefficients (c0, c1, c2; null where a resample has < 3 sizes).
+                "parabola_samples": coef[1 : SAMPLES_KEPT + 1].tolist(),
                 "N_opt": float(np.exp(n_min[0])) if good[0] else None,
                 "D_opt": float(np.exp(d_min[0])) if np.isfinite(d_min[0]) else None,
             }

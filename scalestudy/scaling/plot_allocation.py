@@ -32,7 +32,7 @@ def fig_isoflops(t: RunTable, fits: dict):
     fig, axs = fs.grid(len(cells))
     all_c = [p["C"] for c in cells for p in fs.get_fit(fits, c, "chinchilla2")["isoflop"]]
     norm = LogNorm(min(all_c), max(all_c) * (1.0001 if min(all_c) == max(all_c) else 1.0))
-    cmap = plt.get_cmap("viridis")
+    cmap, ci = plt.get_cmap("viridis"), fs.ci_level(fits)
     for ax, cell in zip(axs, cells):
         sub = t.subset(cell)
         fit = fs.get_fit(fits, cell, "chinchilla2")
@@ -45,6 +45,10 @@ def fig_isoflops(t: RunTable, fits: dict):
             if len(idx):
                 n = np.geomspace(sub.N[idx].min(), sub.N[idx].max(), 60)
                 u = np.log(n) - p["x0"]
+                co = np.array(pr.get("parabola_samples") or np.zeros((0, 3)), dtype=np.float64)
+                if len(co):
+                    ys = co[:, :1] + co[:, 1:2] * u + co[:, 2:3] * u * u
+                    fs.band(ax, n, ys, colour, ci, f"band:{cell}:C={pr['C']:.3g}")
                 ax.plot(
                     n,
                     p["c0"] + p["c1"] * u + p["c2"] * u * u,

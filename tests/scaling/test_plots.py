@@ -214,7 +214,7 @@ def test_many_cells_never_share_a_style_and_panels_wrap_into_a_grid(make_isoflop
 def test_fitted_curves_have_bands_and_the_extrapolated_region_is_marked(tmp_path, make_isoflop):
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.plots import fig_allocation, fig_loss_vs_compute
+    from scalestudy.scaling.plots import fig_allocation, fig_isoflops, fig_loss_vs_compute
 
     laws = ("chinchilla1", "chinchilla2", "chinchilla3", "kaplan_c")
     t, fits = _fits_and_table(tmp_path, make_isoflop, laws)
@@ -224,6 +224,11 @@ def test_fitted_curves_have_bands_and_the_extrapolated_region_is_marked(tmp_path
     assert {"band:causal_decoder/flm:chinchilla3", "band:causal_decoder/flm:kaplan_c"} <= gids
     (span,) = [a for a in fig.axes[0].patches if a.get_gid() == "extrapolation"]
     assert span.get_x() == pytest.approx(c_max)
+    plt.close(fig)
+
+    fig = fig_isoflops(t, fits)  # each budget's parabola with its band
+    gids = {a.get_gid() for ax in fig.axes for a in ax.get_children() if a.get_gid()}
+    assert {f"band:causal_decoder/flm:C={c:.3g}" for c in (1e18, 1e19, 1e20)} <= gids
     plt.close(fig)
 
     fig = fig_allocation(t, fits)
