@@ -242,19 +242,48 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
             "need at least 2"
         )
     laws = _power_laws(logc, np.nan_to_num(ln), np.nan_to_num(ld), w)
+    extra = {"n_budgets": int(w[0].sum()), "budget_C": c_source, "isoflop": profiles}
+    if s.kfold:
+        extra["crossval"] = _leave_one_budget_out(logc[0], ln[0], ld[0], w[0])
     return _result(
         {k: v[:1] for k, v in laws.items()},
         {k: v[1:] for k, v in laws.items()},
         s,
-        {
-            "n_budgets": int(w[0].sum()),
-            "budget_C": c_source,
-            "isoflop": profiles,
-            "flags": flags,
-        },
+        {**extra, "flags": flags},
         int(w[0].sum()),
         "IsoFLOP budgets with a minimum",
     )
+
+
+def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:
+    """Each usable budget's optimum N and D predicted by the lines through the others."""
+    use = np.flatnonzero(w_B > 0)
+    if use.size < 3:
+        return {"error": f"leave-one-budget-out needs 3 usable budgets; got {use.size}"}
+    w_KB = np.repeat(w_B[None], use.size, 0)
+    w_KB[np.arange(use.size), use] = 0.0  # row k leaves budget use[k] out
+    C_KB = np.broadcast_to(logc_B, w_KB.shape)
+    laws = _power_laws(
+        C_KB,
+        np.broadcast_to(np.nan_to_num(logn_B), w_KB.shape),
+        np.broadcast_to(np.nan_to_num(logd_B), w_KB.shape),
+        w_KB,
+    )
+    pred_n = np.log(laws["G"]) + laws["a"] * logc_B[use]
+    pred_d = np.log(laws["H"]) + laws["b"] * logc_B[use]
+    err_n, err_d = logn_B[use] - pred_n, logd_B[use] - pred_d
+    full = _power_laws(
+        logc_B[None], np.nan_to_num(logn_B)[None], np.nan_to_num(logd_B)[None], w_B[None]
+    )
+    fit_n = logn_B[use] - (np.log(full["G"][0]) + full["a"][0] * logc_B[use])
+    return {
+        "kind": "leave-one-budget-out",
+        "folds": int(use.size),
+        "rmse_log": float(np.sqrt(np.mean(err_n**2))),  # of N_opt
+        "in_sample_rmse_log": float(np.sqrt(np.mean(fit_n**2))),
+        "rmse_log_D_opt": float(np.sqrt(np.mean(err_d**2))),
+        "of": "log N_opt of each budget",
+    }
 
 
 # ----------------------------------------------------------------------------- frontier

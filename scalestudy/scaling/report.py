@@ -170,7 +170,7 @@ def _fit_lines(law: str, fit: dict) -> list[str]:
     if cv:
         if "rmse_log" in cv:
             lines.append(
-                f"      {cv['kind']} rmse(log) {cv['rmse_log']:.3g} "
+                f"      {cv['kind']} rmse({cv.get('of', 'log L')}) {cv['rmse_log']:.3g} "
                 f"(in-sample {cv['in_sample_rmse_log']:.3g})"
             )
         else:

@@ -226,3 +226,20 @@ def test_kfold_and_leave_one_out_report_out_of_sample_error(iso_table):
         assert cv["kind"] == kind
         # Out of sample is worse than in sample, and near the 0.5% noise for a right law.
         assert cv["in_sample_rmse_log"] < cv["rmse_log"] < 0.012
+
+
+def test_approach2_leave_one_budget_out(make_isoflop):
+    t = make_isoflop(budgets=(1e18, 3e18, 1e19, 3e19, 1e20, 3e20), noise=0.002)
+    fit = allocation.approach2(t, run_counts(len(t.N), 0, 0), FitSettings(kfold=-1))
+    cv = fit["crossval"]
+    assert cv["kind"] == "leave-one-budget-out" and cv["folds"] == 6
+    assert cv["in_sample_rmse_log"] < cv["rmse_log"] < 0.2
+    # Each budget's held-out prediction is the line through the other five.
+    ln = np.log([p["N_opt"] for p in fit["isoflop"]])
+    lc = np.log([p["C"] for p in fit["isoflop"]])
+    errs = []
+    for i in range(6):
+        keep = np.arange(6) != i
+        sl, ic = np.polyfit(lc[keep], ln[keep], 1)
+        errs.append(ln[i] - (ic + sl * lc[i]))
+    assert cv["rmse_log"] == pytest.approx(np.sqrt(np.mean(np.square(errs))), rel=1e-6)
