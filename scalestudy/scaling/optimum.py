@@ -16,7 +16,7 @@ from scalestudy.scaling.forms import get_form
 ALLOCATION_LAWS = ("chinchilla1", "chinchilla2", "chinchilla3", "chinchilla3_noE")
 
 
-def _allocation(law: str, fit: dict, k: float, C: np.ndarray):
+def allocation_curves(law: str, fit: dict, k: float, C: np.ndarray):
     """(N_opt [K, B], D_opt [K, B]) for the point (row 0) and each bootstrap sample."""
     C = np.asarray(C, dtype=np.float64)[None]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -41,7 +41,7 @@ def _allocation(law: str, fit: dict, k: float, C: np.ndarray):
 
 def at_compute(law: str, fit: dict, k: float, budgets, c_range, ci: float) -> list[dict]:
     """N_opt, D_opt and D/N at each budget, with percentile intervals over the resamples."""
-    n_KB, d_KB = _allocation(law, fit, k, budgets)
+    n_KB, d_KB = allocation_curves(law, fit, k, budgets)
     out = []
     for i, c in enumerate(budgets):
         entry = {"C": float(c)}

@@ -8,7 +8,7 @@ from matplotlib.colors import LogNorm
 
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling.io import RunTable
-from scalestudy.scaling.optimum import _allocation
+from scalestudy.scaling.optimum import allocation_curves
 
 PF_DAY = 8.64e19
 BUDGET_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
@@ -114,7 +114,7 @@ def fig_allocation(t: RunTable, fits: dict):
             if not f:
                 continue
             drawn.add((ls, name))
-            n_KC, d_KC = _allocation(law, f, k, c)
+            n_KC, d_KC = allocation_curves(law, f, k, c)
             for ax, v_KC, lab in ((axs[0], n_KC, True), (axs[1], d_KC, False)):
                 label = fs.cell_label(f"{cell} {name}", [("fit", f)]) if lab else None
                 fs.split_line(ax, c, v_KC[0], c_max, color=st["color"], ls=ls, lw=1.3, label=label)
