@@ -50,12 +50,14 @@ $extra_sbatch
 set -euo pipefail
 $setup
 RUN_DIR=$$(sed -n "$$((SLURM_ARRAY_TASK_ID + 1))p" $runs_list)
-echo "run $$RUN_DIR: attempt $$(($${SLURM_RESTART_COUNT:-0} + 1)) in job $$SLURM_JOB_ID"
+# This task alone (the bare SLURM_JOB_ID of one task is also the whole array's id).
+TASK="$${SLURM_ARRAY_JOB_ID}_$${SLURM_ARRAY_TASK_ID}"
+echo "run $$RUN_DIR: attempt $$(($${SLURM_RESTART_COUNT:-0} + 1)) as task $$TASK"
 # Every task of a multi-node run joins one JAX job (JAX reads the SLURM environment).
 export SCALESTUDY_DISTRIBUTED=auto
 # srun kills its step when it gets SIGTERM itself, so the warning goes to the step's tasks:
 # `scalestudy train` then saves a checkpoint and exits $exit_sigterm.
-trap 'scancel --signal=TERM "$$SLURM_JOB_ID" || true' TERM
+trap 'scancel --signal=TERM "$$TASK" || true' TERM
 # Trains (resuming from RUN_DIR's checkpoints), then evaluates zero-shot on the run's mesh.
 srun --kill-on-bad-exit=1 $scalestudy train --eval --config "$$RUN_DIR/config.yaml" \\
   --workdir "$$RUN_DIR" &
@@ -69,7 +71,7 @@ while kill -0 "$$step" 2>/dev/null; do
 done
 if [ "$$status" -eq $exit_sigterm ]; then
   echo "run $$RUN_DIR stopped by SIGTERM with a checkpoint saved: requeueing to resume it"
-  scontrol requeue "$$SLURM_JOB_ID" || echo "requeue refused (cancelled?); the run stays unfinished"
+  scontrol requeue "$$TASK" || echo "requeue refused (cancelled?); the run stays unfinished"
 fi
 exit "$$status"
 """

@@ -94,7 +94,8 @@ exec "$@"
 
 
 def _task(tmp_path: Path, tiny_spec: Path, train_exit: str = "") -> subprocess.Popen:
-    """The array script of a tiny study, as task 0 of job 77, on fake SLURM commands."""
+    """The array script of a tiny study, as task 1 of array job 77, on fake SLURM commands.
+    (SLURM gives one task of an array the array's own job id: here task 1.)"""
     env = _bin(
         tmp_path,
         {
@@ -106,7 +107,8 @@ def _task(tmp_path: Path, tiny_spec: Path, train_exit: str = "") -> subprocess.P
     )
     out = tmp_path / "study"
     _render(tiny_spec, out, "slurm", ["slurm.scalestudy=fake_train"])
-    env |= {"SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_ID": "77", "PIDFILE": str(tmp_path / "pid")}
+    env |= {"SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "77"}
+    env |= {"PIDFILE": str(tmp_path / "pid")}
     env |= {"TRAIN_EXIT": train_exit}
     return subprocess.Popen(
         ["bash", str(out / "study.sbatch")], env=env, stdout=subprocess.PIPE, text=True
@@ -123,10 +125,11 @@ def test_slurm_task_passes_sigterm_to_training_and_requeues(tiny_spec, tmp_path)
     stdout, _ = proc.communicate(timeout=20)
     log = _log(tmp_path)
     assert proc.returncode == 143, stdout
-    assert "scancel --signal=TERM 77" in log and "train got TERM" in log
-    assert log[-1] == "scontrol requeue 77"
-    first = (tmp_path / "study" / "runs.txt").read_text().split()[0]
-    assert f"train train --eval --config {first}/config.yaml --workdir {first}" in log
+    # Only this task is signalled and requeued, never the whole array (job 77).
+    assert "scancel --signal=TERM 77_1" in log and "train got TERM" in log
+    assert log[-1] == "scontrol requeue 77_1"
+    second = (tmp_path / "study" / "runs.txt").read_text().split()[1]
+    assert f"train train --eval --config {second}/config.yaml --workdir {second}" in log
 
 
 @pytest.mark.parametrize("code", ["0", "1"])
