@@ -57,6 +57,7 @@ def test_rendered_scripts_pass_bash_n_and_shellcheck(spec, tmp_path):
         _render(path, out, executor, overrides)
         names = ["study.sbatch", "collect.sbatch"] if executor == "slurm" else ["study_tpu.sh"]
         scripts += [out / n for n in names]
+    scripts += sorted((REPO / "launch").glob("*.sh"))
     for script in scripts:
         done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert done.returncode == 0, f"{script.name}: {done.stderr}"
