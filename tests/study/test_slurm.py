@@ -157,21 +157,26 @@ class Cluster:
                     p.kill()
                     p.wait()
         # slurmstepd and job processes run in this cluster's directories: end those by pid.
-        for pid in _pids_under(self.root):
+        for pid in _pids_of(self.root):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _pids_under(root: Path) -> list[int]:
+def _pids_of(root: Path) -> list[int]:
+    """Processes of this cluster: run in its directory, or started (slurmstepd, job steps)
+    with its slurm.conf in their environment."""
+    marker = f"SLURM_CONF={root / 'slurm.conf'}".encode()
     pids = []
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid():
-            try:
-                cwd = os.readlink(proc / "cwd")
-            except OSError:
-                continue
-            if cwd == str(root) or cwd.startswith(f"{root}/"):
-                pids.append(int(proc.name))
+        if not proc.name.isdigit() or int(proc.name) in (os.getpid(), os.getppid()):
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cwd == str(root) or cwd.startswith(f"{root}/") or marker in environ:
+            pids.append(int(proc.name))
     return pids
 
 
@@ -237,7 +242,7 @@ def _logged_steps(workdir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys):
+def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, monkeypatch):
     steps = 80
     base = {
         "objective": {"inputs_length": 24, "targets_length": 8},
@@ -274,13 +279,10 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys):
     runs = sweep.expand(sweep.load_study(spec), spec.parent)
     assert len(runs) == 2
     t0 = time.time()
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = slurm.env["SLURM_CONF"]  # for sbatch, run by `launch --submit`
-    try:
-        argv = ["launch", "--spec", str(spec), "--executor", "slurm", "--out", str(out)]
-        assert cli.main([*argv, "--submit"]) == 0
-    finally:
-        os.environ.pop("SLURM_CONF") if old is None else os.environ.update(SLURM_CONF=old)
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])  # for `launch --submit`'s sbatch
+    monkeypatch.chdir(slurm.root)  # the jobs' working directory
+    argv = ["launch", "--spec", str(spec), "--executor", "slurm", "--out", str(out)]
+    assert cli.main([*argv, "--submit"]) == 0
     array, collect = re.search(
         r"array job (\d+), collect job (\d+)", capsys.readouterr().out
     ).groups()
