@@ -62,13 +62,13 @@ trap 'scancel --signal=TERM "$$TASK" || true' TERM
 srun --kill-on-bad-exit=1 $scalestudy train --eval --config "$$RUN_DIR/config.yaml" \\
   --workdir "$$RUN_DIR" &
 step=$$!
+# A trapped signal interrupts `wait`: wait until the step has really ended, then take its
+# exit status (bash keeps it for `wait` even once the step has been reaped).
+while kill -0 "$$step" 2>/dev/null; do
+  wait "$$step" || true
+done
 status=0
 wait "$$step" || status=$$?
-# A trapped signal interrupts `wait`: wait again until the step has really ended.
-while kill -0 "$$step" 2>/dev/null; do
-  status=0
-  wait "$$step" || status=$$?
-done
 if [ "$$status" -eq $exit_sigterm ]; then
   echo "run $$RUN_DIR stopped by SIGTERM with a checkpoint saved: requeueing to resume it"
   scontrol requeue "$$TASK" || echo "requeue refused (cancelled?); the run stays unfinished"

@@ -135,18 +135,26 @@ class Cluster:
         done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=30)
         return done.stdout.strip()
 
-    def jobs(self) -> dict[str, tuple[str, str]]:
-        """Job id -> (state, reason) of every job the controller still lists."""
-        lines = self.sh("squeue", "-h", "-o", "%i %T %r").splitlines()
+    def jobs(self) -> dict[str, tuple[str, str]] | None:
+        """Job id -> (state, reason) of every job the controller still lists; None when
+        squeue cannot answer (a busy controller), which must not read as 'no jobs'."""
+        cmd = ["squeue", "-h", "-o", "%i %T %r"]
+        try:
+            done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return None
+        if done.returncode != 0:
+            return None
+        lines = done.stdout.strip().splitlines()
         return {f[0]: (f[1], f[2]) for f in (line.split(None, 2) for line in lines) if len(f) == 3}
 
     def stop(self) -> None:
         """Cancel every job, stop the daemons, then end any job process they left behind."""
         if self.procs and all(p.poll() is None for p in self.procs):
-            for job in self.jobs():
+            for job in self.jobs() or ():
                 self.sh("scancel", job)
             deadline = time.time() + 30
-            while self.jobs() and time.time() < deadline:
+            while self.jobs() != {} and time.time() < deadline:
                 time.sleep(0.5)
         for p in reversed(self.procs):
             if p.poll() is None:
@@ -307,7 +315,7 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
     # The task checkpoints, exits 143 and requeues itself; SLURM holds a requeued job for
     # about two minutes, so note what is on disk, then let it start at once.
     def held():
-        return slurm.jobs().get(task, ("", ""))[1] == "BeginTime"
+        return (slurm.jobs() or {}).get(task, ("", ""))[1] == "BeginTime"
 
     _until(held, 120, "the task was not requeued", slurm, out)
     t_requeued = time.time()
@@ -321,7 +329,7 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
     assert not (workdir / "summary.json").exists()
     slurm.sh("scontrol", "update", f"JobId={task}", "StartTime=now")
 
-    _until(lambda: not slurm.jobs(), 600, "the study did not finish", slurm, out)
+    _until(lambda: slurm.jobs() == {}, 600, "the study did not finish", slurm, out)
     wall = time.time() - t0
 
     logs = {p.name: p.read_text() for p in (out / "slurm").glob("*.out")}
