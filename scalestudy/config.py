@@ -649,6 +649,8 @@ class SlurmConfig(_Frozen):
     cpus_per_task: int = Field(16, ge=1)
     mem: str | None = None
     max_parallel: int | None = Field(None, ge=1)
+    # SIGTERM this many seconds before the time limit: the run checkpoints and is requeued.
+    signal_seconds: int = Field(120, ge=1)
     setup: Tuple = ()  # shell lines run before training (module load, venv activation, ...)
     scalestudy: str = "scalestudy"  # the command, e.g. /path/.venv/bin/scalestudy
 
@@ -663,6 +665,8 @@ class TpuConfig(_Frozen):
     runtime_version: str = "tpu-ubuntu2204-base"
     queued: bool = True  # queued resources rather than a directly created TPU VM
     spot: bool = False
+    # Give up (non-zero exit) when a queued resource is not ACTIVE after this long.
+    queue_timeout_minutes: float = Field(24 * 60, gt=0)
     repo_dir: str = "~/scalestudy"
     setup: Tuple = ()
     scalestudy: str = ".venv/bin/scalestudy"

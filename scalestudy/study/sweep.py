@@ -238,9 +238,12 @@ def run_study(
     *,
     train_fn: Any = None,
     analyze: Any = None,
+    collect: bool = False,
 ) -> None:
     """Run (or resume) a whole study: train what is missing, then fit, plot and report.
 
+    With `collect`, nothing is trained or evaluated: the runs that cluster jobs finished are
+    recorded, the report is written, and missing or unfinished runs raise StudyRunError.
     `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it);
     `analyze(study, out, runs, curves) -> (fits, figure paths)` supplies the scaling fits and
     plots for the report (the CLI passes scalestudy.scaling's).
@@ -260,9 +263,19 @@ def run_study(
     (out / "spec.yaml").write_text(to_yaml(study))
     with Registry(out / REGISTRY_NAME) as reg:
         reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
-        failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
+        if collect:
+            missing = executors.collect(reg, out, runs)
+        else:
+            failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
     report.finalize(study, out, analyze)
-    if failed:
+    if collect and missing:
+        raise executors.StudyRunError(
+            f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "
+            f"run's state is in the `error` column of {out / REGISTRY_NAME}); the report "
+            "covers the complete ones. Collecting never trains: re-submit their jobs, then "
+            "collect again"
+        )
+    if not collect and failed:
         raise executors.StudyRunError(
             f"{len(failed)} run(s) failed: {', '.join(failed)}; see the `error` column of "
             f"{out / REGISTRY_NAME} and each run's directory. Re-run the same command to retry "
@@ -272,9 +285,9 @@ def run_study(
 
 def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
     """Render (and with `submit`, submit) the cluster jobs of a study; returns the script."""
-    from scalestudy.study import executors
+    from scalestudy.study import cluster
 
     spec = Path(spec)
     study = load_study(spec)
     runs = expand(study, spec.parent)
-    return executors.launch(study, spec, runs, executor, Path(out), submit=submit)
+    return cluster.launch(study, spec, runs, executor, Path(out), submit=submit)

@@ -130,9 +130,14 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         train_it.restore(saved["iterator"])
         totals = saved["totals"]
         previous = workdir / "summary.json"
-        if start >= stop and previous.exists():  # already done: nothing to add
+        if start >= stop and previous.exists():  # already done: at most the eval to add
             ckpt.close()
-            return json.loads(previous.read_text())
+            summary = json.loads(previous.read_text())
+            if eval_fn is not None and not summary.get("eval"):  # on this run's mesh
+                summary["eval"] = dict(eval_fn(program.model, state["params"], start))
+                if primary:
+                    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+            return summary
     if primary:
         metrics.truncate_after(workdir, start)
     tokens0 = totals["tokens"]

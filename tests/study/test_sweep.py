@@ -98,7 +98,7 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     out = tmp_path / "study"
     text = sweep.launch(tiny_spec, "slurm", out, submit=False)
     assert "#SBATCH --array=0-3" in text
-    assert "scalestudy train --config" in text and "scalestudy study --spec" in text
+    assert "scalestudy train --eval --config" in text and "study --collect --spec" in text
     listed = (out / "runs.txt").read_text().split()
     assert len(listed) == 4
     runs = _expand(tiny_spec)
@@ -106,5 +106,5 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
         assert load_config(Path(workdir) / "config.yaml").hash() == run.run_id
     tpu = sweep.launch(tiny_spec, "tpu", out, submit=False)
     assert "gcloud compute tpus queued-resources create" in tpu
-    assert tpu.count("train --config") == 4 and "--worker=all" in tpu
+    assert tpu.count("train --eval --config") == 4 and tpu.count(" all 'cd ") == 5
     assert "launch --spec" in tpu  # workers write the run configs themselves
