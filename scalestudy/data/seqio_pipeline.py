@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError, sources
+from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.pipeline import check_iterator_args, stream_fingerprint
 from scalestudy.data.seqio_tasks import PREFIX, check_registered, register_tasks
 
@@ -111,7 +112,8 @@ def _converter(cfg: ExperimentConfig) -> tuple[seqio.FeatureConverter, dict, dic
     obj, arch, pack = cfg.objective, cfg.model.arch, cfg.objective.pack
     n_in, n_tgt, L = obj.inputs_length, obj.targets_length, obj.decoder_length
     if arch == "encoder_decoder":
-        lengths = {"inputs": n_in, "targets": n_tgt}
+        enc, dec = feature_lengths(obj, encoder_decoder=True)
+        lengths = {"inputs": enc, "targets": dec}
         return seqio.EncDecFeatureConverter(pack=pack), lengths, lengths
     if obj.name == "flm":
         return seqio.LMFeatureConverter(pack=pack), {"targets": L}, {"targets": L}
