@@ -67,19 +67,20 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
             f"| {_fmt(total / positions if positions else None, '.3f')} |"
         )
     out.append("")
-    out += [f"{cell}: not measured ({v})." for cell, v in per_example.items() if isinstance(v, str)]
+    notes = [
+        f"{cell}: not measured ({v})." for cell, v in per_example.items() if isinstance(v, str)
+    ]
     by_objective: dict[str, dict[str, float]] = defaultdict(dict)
     for cell, v in measured.items():
         by_objective[cell.split("/")[1]][cell] = v
     for obj, values in sorted(by_objective.items()):
         few, many = min(values, key=values.get), max(values, key=values.get)
         if values[many] > 1.1 * values[few]:
-            out.append(
+            notes.append(
                 f"Imbalance within `{obj}`: {few} trains on {values[few]:.1f} loss-bearing "
                 f"tokens per example, {many} on {values[many]:.1f}."
             )
-    out.append("")
-    return out
+    return out + [line for note in notes for line in (note, "")]
 
 
 def per_cell(registry: Path, batches: int = 2) -> dict[str, float | str]:
