@@ -104,6 +104,28 @@ def chunk_preprocessor(piece_length: int, min_piece: int, append_eos: bool, grou
     return chunk
 
 
+def mirror_prefix_lm_pairs(ds: tf.data.Dataset, length: int) -> tf.data.Dataset:
+    """Consecutive (inputs, targets) examples in pairs whose splits mirror, s and `length` - s
+    (the second piece re-split, within its own length): T5's `pack_prefix_lm_encoder_decoder`
+    pairing, so that a packed encoder-decoder row of `length` + `length` holds both. Applied
+    after the Task's shuffle, which would separate pairs made inside the Task."""
+
+    def mirror(ex: Mapping[str, tf.RaggedTensor]) -> tf.data.Dataset:
+        inputs, targets = ex["inputs"], ex["targets"]
+        s = tf.cast(inputs.row_lengths()[0], tf.int32)
+        piece = tf.concat([inputs[1], targets[1]], axis=0)
+        t = tf.clip_by_value(length - s, 1, tf.maximum(tf.size(piece) - 1, 1))
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                "inputs": tf.ragged.stack([inputs[0], piece[:t]]),
+                "targets": tf.ragged.stack([targets[0], piece[t:]]),
+            }
+        )
+
+    pairs = ds.map(lambda ex: {"inputs": ex["inputs"], "targets": ex["targets"]})
+    return pairs.ragged_batch(2, drop_remainder=True).flat_map(mirror)
+
+
 def trim_inputs_left(
     ds: tf.data.Dataset, sequence_length: Mapping[str, int] | None = None
 ) -> tf.data.Dataset:

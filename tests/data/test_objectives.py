@@ -370,3 +370,33 @@ def test_mlm_piece_length_is_t5s_random_spans_helper(inputs_length):
     assert mlm_piece_length(inputs_length, 0.15, 3.0) == raw
     noise, spans = span_counts(raw, 0.15, 3.0)
     assert noise + spans + 1 == targets
+
+
+def test_seqio_encoder_decoder_plm_rows_hold_mirrored_pairs():
+    """The seqio path pairs PLM examples after its shuffle: rows of L + L hold two examples
+    whose encoder parts and decoder parts each fill L positions, as in T5."""
+    from scalestudy.config import ExperimentConfig
+    from scalestudy.data.pipeline import make_iterator
+
+    cfg = ExperimentConfig(
+        model={"arch": "encoder_decoder"},
+        objective={"name": "plm", "inputs_length": 24, "targets_length": 8},
+        data={
+            "source": "seqio",
+            "seqio_task": "scalestudy.synthetic.plm",
+            "synthetic": {"n_train_documents": 300, "n_validation_documents": 30},
+        },
+        train={"batch_size": 8},
+    )
+    it = make_iterator(cfg)
+    b = next(it)
+    it.close()
+    assert b["encoder_input_tokens"].shape == b["decoder_target_tokens"].shape == (8, 32)
+    full = 0
+    for r in range(8):
+        enc = np.bincount(b["encoder_segment_ids"][r], minlength=3)[1:]
+        dec = np.bincount(b["decoder_segment_ids"][r], minlength=3)[1:]
+        if enc.size == 2 and (enc + dec == 32).all():  # two full 32-token pieces
+            full += 1
+            assert enc.sum() == dec.sum() == 32 and enc[0] == dec[1]
+    assert full >= 6
