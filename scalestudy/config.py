@@ -206,7 +206,8 @@ class ObjectiveConfig(_Frozen):
     """Pretraining objective and task feature lengths.
 
     Decoder-only models see sequences of `inputs_length + targets_length` positions; the
-    encoder-decoder's encoder sees `inputs_length` and its decoder `targets_length`.
+    encoder-decoder's encoder sees `inputs_length` and its decoder `targets_length`, except
+    for plm with the uniform split (both see the sum; `objectives.feature_lengths`).
     """
 
     name: ObjectiveName = "flm"
@@ -214,10 +215,13 @@ class ObjectiveConfig(_Frozen):
     targets_length: int = Field(16, ge=1)
     noise_density: float = Field(0.15, gt=0.0, lt=1.0)  # mlm
     mean_noise_span_length: float = Field(3.0, ge=1.0)  # mlm
-    # plm: "uniform" splits an n-token piece at 1..n-1 (the encoder-decoder then keeps the last
-    # inputs_length input and first targets_length target tokens); "fit" draws only splits
-    # that fit (inputs_length, targets_length) untruncated, the same for every architecture.
+    # plm: "uniform" splits a piece of L = inputs_length + targets_length tokens at 1..L-1, as
+    # Wang et al. / T5 (the encoder-decoder then gets L encoder and L decoder positions);
+    # "fit" draws only splits that fit (inputs_length, targets_length) untruncated.
     plm_split: Literal["uniform", "fit"] = "uniform"
+    # Pieces cut from 128 documents concatenated (T5's reduce_concat_tokens + split_tokens),
+    # or from each document on its own.
+    pieces: Literal["concatenated", "per_document"] = "concatenated"
     pack: bool = True
 
     @property

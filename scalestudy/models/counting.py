@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.data.objectives import feature_lengths
 
 
 def _attention_params(cfg: ModelConfig) -> int:
@@ -93,7 +94,7 @@ def flops(cfg: ExperimentConfig) -> dict[str, Any]:
     """Training FLOPs (forward + backward) per example and per position for `cfg`'s lengths."""
     m, obj = cfg.model, cfg.objective
     if m.is_encoder_decoder:
-        dec_len, enc_len, prefix = obj.targets_length, obj.inputs_length, 0
+        (enc_len, dec_len), prefix = feature_lengths(obj, encoder_decoder=True), 0
     else:
         dec_len, enc_len = obj.decoder_length, 0
         prefix = obj.inputs_length if obj.name != "flm" else 0

@@ -22,8 +22,15 @@ def test_smoke_spec_has_every_cell_at_four_sizes():
     cells = {(r.arch, r.objective) for r in runs}
     assert len(cells) == 7 and ("noncausal_decoder", "flm") not in cells
     assert len(runs) == 7 * len({r.size for r in runs}) and len({r.size for r in runs}) >= 4
-    # One sequence/batch shape for the whole study (compiled steps differ only by size).
-    assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in runs}) == 1
+    # One sequence/batch shape for the whole study (compiled steps differ only by size), but
+    # for the encoder-decoder's PLM rows, which hold L = I + T positions in each stack.
+    same = [r for r in runs if (r.arch, r.objective) != ("encoder_decoder", "plm")]
+    assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in same}) == 1
+    L = runs[0].cfg.objective.decoder_length
+    assert (
+        all(r.flops["positions_per_example"] == 2 * L for r in runs if r not in same)
+        and same[0].flops["positions_per_example"] == L
+    )
     sizes = [r.size_index for r in runs]
     assert sizes == sorted(sizes)  # size-major
 
