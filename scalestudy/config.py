@@ -97,8 +97,9 @@ class ModelConfig(_Frozen):
     rel_max_distance: int = Field(128, ge=2)
     tie_embeddings: bool = False
     # "mixed": in bidirectional stacks, half the heads see only the past (forward) and half only
-    # the future (backward). Causal stacks ignore it.
-    attention: Literal["standard", "mixed"] = "standard"
+    # the future (backward). Causal stacks ignore it. "mixed_layers": the same split by layer
+    # (even layers forward, odd layers backward) instead of by head.
+    attention: Literal["standard", "mixed", "mixed_layers"] = "standard"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype
     param_dtype: Literal["float32", "bfloat16"] = "float32"
