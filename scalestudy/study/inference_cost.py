@@ -1,0 +1,152 @@
+"""Multi-turn inference cost: key/value-cache reuse against recomputation, timed per turn.
+
+A dialogue of k turns: each turn appends a user message of u tokens and a greedy reply of r
+tokens. What each architecture must compute at turn k (h = (k - 1)(u + r) history tokens):
+
+- causal decoder, cache reused: only the u new tokens (plus the previous reply's last token,
+  generated but not yet read) against the cached h; then r - 1 single-token steps.
+- causal decoder, no reuse (a control): the whole `0, history, message` again, causally.
+- non-causal decoder: the whole history and message again as its bidirectional prefix (every
+  earlier prefix position attends to the new ones, so no cached key stays valid).
+- encoder-decoder: the whole history and message re-encoded; the reply decoded from 0.
+
+Time to first token is the prefill (or encoding plus first decoder step); total time adds the
+r - 1 steps. Compilation is excluded (a warm-up call per shape); each time is the fastest of
+`repeats` calls. Replies read back by the recomputing series are placeholder tokens (the cost
+does not depend on them). FLOPs come from `models/counting.py`'s formula for what each step needs
+(decode_flops), next to the measured times. Weights are freshly initialised: the cost does
+not depend on their values.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalestudy.config import InferenceCostConfig, ModelConfig
+from scalestudy.models import counting
+from scalestudy.models.api import build_model
+
+SERIES = (
+    ("causal_decoder", True),
+    ("causal_decoder", False),
+    ("noncausal_decoder", False),
+    ("encoder_decoder", False),
+)
+
+
+def series_name(arch: str, reuse: bool) -> str:
+    return f"{arch} ({'cache reused' if reuse else 'recomputed'})"
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[tuple[float, float], Any]:
+    """Fastest wall seconds of `fn()` over `repeats` calls after one warm-up (the minimum: on a
+    shared host other jobs only ever add time), the slowest, and its result."""
+    out = jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return (min(times), max(times)), out
+
+
+def _reply(params: Any, extend: Callable, cache: Any, token_B: jax.Array, r: int):
+    """r - 1 greedy single-token steps after the first reply token; the final cache."""
+    for _ in range(r - 1):
+        logits_B1V, cache = extend(params, cache, token_B[:, None])
+        token_B = jnp.argmax(logits_B1V[:, -1], axis=-1).astype(jnp.int32)
+    return cache, token_B
+
+
+def measure(model_cfg: ModelConfig, cfg: InferenceCostConfig, seed: int = 0) -> list[dict]:
+    """One row per (series, turn): measured seconds to first token and in total (fastest and
+    slowest of the repeats), and the FLOPs the turn needs by formula."""
+    rng = np.random.default_rng(seed)
+    shape = (cfg.turns, cfg.rows)
+    messages = rng.integers(1, 256, (*shape, cfg.user_tokens)).astype(np.int32)
+    # What the recomputing series read back as earlier replies (cost does not depend on it).
+    replies = rng.integers(1, 256, (*shape, cfg.reply_tokens)).astype(np.int32)
+    rows = []
+    for arch, reuse in SERIES:
+        mcfg = model_cfg.replace(arch=arch, n_encoder_layers=None)
+        rows += _series(mcfg, reuse, cfg, messages, replies, seed)
+    return rows
+
+
+def _series(
+    mcfg: ModelConfig,
+    reuse: bool,
+    cfg: InferenceCostConfig,
+    messages: np.ndarray,
+    replies: np.ndarray,
+    seed: int,
+) -> list[dict]:
+    u, r, b, arch = cfg.user_tokens, cfg.reply_tokens, cfg.rows, mcfg.arch
+    model = build_model(mcfg)
+    params = jax.jit(model.init)(jax.random.key(seed))
+    extend = jax.jit(model.extend)
+    new_cache = jax.jit(model.new_cache, static_argnums=(1, 2))
+    buffer = 1 + cfg.turns * (u + r) + r
+    history = np.zeros((b, 0), np.int32)  # user messages and replies so far
+    cache, last_B = None, jnp.zeros((b,), jnp.int32)  # reused cache; previous reply's end
+    rows = []
+    for k in range(1, cfg.turns + 1):
+        message = messages[k - 1]
+        h = history.shape[1]
+        if reuse:
+            cache = cache if cache is not None else model.new_cache(params, b, buffer)
+            chunk = np.concatenate([np.asarray(last_B)[:, None], message], axis=1)
+            first = functools.partial(extend, params, cache, chunk)
+            flops_first = counting.decode_flops(mcfg, u + 1, h)
+            context, encoder = h + u + 1, 0
+        elif arch == "encoder_decoder":
+            source = np.concatenate([history, message], axis=1)
+
+            def first(source=source):
+                cache = new_cache(params, b, r, source)
+                return extend(params, cache, np.zeros((b, 1), np.int32))
+
+            flops_first = counting.encoding_flops(mcfg, h + u)
+            flops_first += counting.decode_flops(mcfg, 1, 0, h + u)
+            context, encoder = 1, h + u
+        else:
+            tokens = np.concatenate([np.zeros((b, 1), np.int32), history, message], axis=1)
+
+            def first(tokens=tokens):
+                cache = new_cache(params, b, tokens.shape[1] + r)
+                return extend(params, cache, tokens, None, None, np.ones_like(tokens))
+
+            flops_first = counting.decode_flops(mcfg, tokens.shape[1], 0)
+            context, encoder = tokens.shape[1], 0
+        ttft, (logits, cache_first) = _timed(first, cfg.repeats)
+        token_B = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        rest = functools.partial(_reply, params, extend, cache_first, token_B, r)
+        steps, (cache_after, last_B) = _timed(rest, cfg.repeats)
+        flops_rest = sum(counting.decode_flops(mcfg, 1, context + j, encoder) for j in range(r - 1))
+        if reuse:
+            cache = cache_after
+        history = np.concatenate([history, message, replies[k - 1]], axis=1)
+        rows.append(
+            {
+                "series": series_name(arch, reuse),
+                "arch": arch,
+                "reuse": reuse,
+                "turn": k,
+                "history_tokens": h,
+                "ttft_s": ttft[0],
+                "total_s": ttft[0] + steps[0],
+                "ttft_max_s": ttft[1],
+                "total_max_s": ttft[1] + steps[1],
+                "flops_first": flops_first,
+                "flops_total": flops_first + flops_rest,
+                "params_total": counting.count_params(mcfg)["total"],
+            }
+        )
+    return rows
