@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -73,11 +73,14 @@ def measure(model_cfg: ModelConfig, cfg: InferenceCostConfig, seed: int = 0) -> 
     messages = rng.integers(1, 256, (*shape, cfg.user_tokens)).astype(np.int32)
     # What the recomputing series read back as earlier replies (cost does not depend on it).
     replies = rng.integers(1, 256, (*shape, cfg.reply_tokens)).astype(np.int32)
-    rows = []
-    for arch, reuse in SERIES:
-        mcfg = model_cfg.replace(arch=arch, n_encoder_layers=None)
-        rows += _series(mcfg, reuse, cfg, messages, replies, seed)
-    return rows
+    series = [
+        _series(
+            model_cfg.replace(arch=arch, n_encoder_layers=None), reuse, cfg, messages, replies, seed
+        )
+        for arch, reuse in SERIES
+    ]
+    # Turn by turn, every series in turn: a busy spell of the host hits all of them alike.
+    return [next(turns) for _ in range(cfg.turns) for turns in series]
 
 
 def _series(
@@ -86,8 +89,9 @@ def _series(
     cfg: InferenceCostConfig,
     messages: np.ndarray,
     replies: np.ndarray,
-    seed: int,
-) -> list[dict]:
+    seed: int = 0,
+) -> Iterator[dict]:
+    """Each turn's row of one series (a generator, so that series can be interleaved)."""
     u, r, b, arch = cfg.user_tokens, cfg.reply_tokens, cfg.rows, mcfg.arch
     model = build_model(mcfg)
     params = jax.jit(model.init)(jax.random.key(seed))
@@ -96,7 +100,6 @@ def _series(
     buffer = 1 + cfg.turns * (u + r) + r
     history = np.zeros((b, 0), np.int32)  # user messages and replies so far
     cache, last_B = None, jnp.zeros((b,), jnp.int32)  # reused cache; previous reply's end
-    rows = []
     for k in range(1, cfg.turns + 1):
         message = messages[k - 1]
         h = history.shape[1]
@@ -133,7 +136,7 @@ def _series(
         if reuse:
             cache = cache_after
         history = np.concatenate([history, message, replies[k - 1]], axis=1)
-        rows.append(
+        yield (
             {
                 "series": series_name(arch, reuse),
                 "arch": arch,
@@ -149,4 +152,3 @@ def _series(
                 "params_total": counting.count_params(mcfg)["total"],
             }
         )
-    return rows
