@@ -280,25 +280,39 @@ class Model:
             self._bind(params), self.cfg, cache, tokens_BL, segment_BL, positions_BL, prefix_BL
         )
 
-    def generate(self, params: Params, prompt_BP: jax.Array, steps: int) -> jax.Array:
-        """[B, steps] greedy continuation of each row's prompt (unpadded, equal lengths).
-
-        Decoder-only models read `0, prompt...` (the non-causal decoder bidirectionally: the
+    def _prompt(self, params: Params, prompt_BP: jax.Array, room: int) -> tuple:
+        """(fresh cache with `room` free decoder slots after the prompt, decoder tokens,
+        positions, prefix flags) for reading `prompt_BP` as this architecture reads a prompt:
+        decoder-only models read `0, prompt...` (the non-causal decoder bidirectionally: the
         prompt is its prefix, as in prefix-LM training); the encoder-decoder encodes the
-        prompt and its decoder starts from 0.
-        """
+        prompt and its decoder starts from 0."""
         prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
         rows, length = prompt_BP.shape
         if self.cfg.is_encoder_decoder:
-            cache = self.new_cache(params, rows, steps, prompt_BP)
+            cache = self.new_cache(params, rows, 1 + room, prompt_BP)
             tokens_BL = jnp.zeros((rows, 1), jnp.int32)
         else:
-            cache = self.new_cache(params, rows, length + steps)
+            cache = self.new_cache(params, rows, 1 + length + room)
             tokens_BL = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), prompt_BP], axis=1)
         positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
         prefix_BL = None
         if self.cfg.arch == "noncausal_decoder":
             prefix_BL = jnp.ones_like(tokens_BL)
+        return cache, tokens_BL, positions_BL, prefix_BL
+
+    def prefill(
+        self, params: Params, prompt_BP: jax.Array, room: int
+    ) -> tuple[jax.Array, decode.Cache]:
+        """Read a prompt from scratch (see `generate`): the logits [B, L, V] of the decoder
+        positions read and a cache with `room` free slots to decode into."""
+        cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, room)
+        segment_BL = jnp.ones_like(tokens_BL)
+        return self.extend(params, cache, tokens_BL, segment_BL, positions_BL, prefix_BL)
+
+    def generate(self, params: Params, prompt_BP: jax.Array, steps: int) -> jax.Array:
+        """[B, steps] greedy continuation of each row's prompt (unpadded, equal lengths), read
+        as `prefill` reads it."""
+        cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, steps)
         module = self._bind(params)
         return decode.greedy(module, self.cfg, cache, tokens_BL, positions_BL, prefix_BL, steps)
 

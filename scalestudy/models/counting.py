@@ -112,6 +112,23 @@ def encoding_flops(cfg: ModelConfig, length: int) -> float:
     return cfg.encoder_layers * layer + cfg.n_layers * 2.0 * length * d * hk * 2
 
 
+def prompt_flops(cfg: ModelConfig, length: int) -> float:
+    """Forward FLOPs of reading a `length`-token prompt from scratch up to the first next-token
+    logits (`Model.prefill`): decoder-only models read `0, prompt`; the encoder-decoder
+    encodes the prompt and runs its decoder on `0`."""
+    if cfg.is_encoder_decoder:
+        return encoding_flops(cfg, length) + decode_flops(cfg, 1, 0, length)
+    return decode_flops(cfg, length + 1, 0)
+
+
+def reply_step_flops(cfg: ModelConfig, length: int, step: int) -> float:
+    """Forward FLOPs of decoding reply token `step + 1` (step 0, 1, ...) after a
+    `length`-token prompt read by `Model.prefill` (keys and values cached)."""
+    if cfg.is_encoder_decoder:
+        return decode_flops(cfg, 1, 1 + step, length)
+    return decode_flops(cfg, 1, length + 1 + step)
+
+
 def flops(cfg: ExperimentConfig) -> dict[str, Any]:
     """Training FLOPs (forward + backward) per example and per position for `cfg`'s lengths."""
     m, obj = cfg.model, cfg.objective

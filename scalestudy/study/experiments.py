@@ -80,8 +80,12 @@ def acc_stats(rows: list[dict]) -> dict[str, Any]:
             points.append({"acc": pa[0], "n": pa[1]})
     if not points:
         return {"mean": math.nan, "half": None, "n": 0}
-    mean, half, n = report._seed_mean(points)
-    return {"mean": mean, "half": half, "n": n}
+    n = len(points)
+    mean = sum(p["acc"] for p in points) / n
+    var = max(mean * (1 - mean), 1e-12) / max(sum(p["n"] for p in points), 1.0)
+    if n > 1:  # the spread between seeds, as the variance of their mean
+        var += sum((p["acc"] - mean) ** 2 for p in points) / (n - 1) / n
+    return {"mean": mean, "half": report.Z95 * math.sqrt(var), "n": n}
 
 
 def difference(a: dict, b: dict, kind: str) -> tuple[float, float | None]:

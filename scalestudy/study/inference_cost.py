@@ -92,11 +92,11 @@ def _series(
     seed: int = 0,
 ) -> Iterator[dict]:
     """Each turn's row of one series (a generator, so that series can be interleaved)."""
-    u, r, b, arch = cfg.user_tokens, cfg.reply_tokens, cfg.rows, mcfg.arch
+    u, r, b = cfg.user_tokens, cfg.reply_tokens, cfg.rows
     model = build_model(mcfg)
     params = jax.jit(model.init)(jax.random.key(seed))
     extend = jax.jit(model.extend)
-    new_cache = jax.jit(model.new_cache, static_argnums=(1, 2))
+    prefill = jax.jit(model.prefill, static_argnums=2)
     buffer = 1 + cfg.turns * (u + r) + r
     history = np.zeros((b, 0), np.int32)  # user messages and replies so far
     cache, last_B = None, jnp.zeros((b,), jnp.int32)  # reused cache; previous reply's end
@@ -108,38 +108,24 @@ def _series(
             chunk = np.concatenate([np.asarray(last_B)[:, None], message], axis=1)
             first = functools.partial(extend, params, cache, chunk)
             flops_first = counting.decode_flops(mcfg, u + 1, h)
-            context, encoder = h + u + 1, 0
-        elif arch == "encoder_decoder":
-            source = np.concatenate([history, message], axis=1)
-
-            def first(source=source):
-                cache = new_cache(params, b, r, source)
-                return extend(params, cache, np.zeros((b, 1), np.int32))
-
-            flops_first = counting.encoding_flops(mcfg, h + u)
-            flops_first += counting.decode_flops(mcfg, 1, 0, h + u)
-            context, encoder = 1, h + u
-        else:
-            tokens = np.concatenate([np.zeros((b, 1), np.int32), history, message], axis=1)
-
-            def first(tokens=tokens):
-                cache = new_cache(params, b, tokens.shape[1] + r)
-                return extend(params, cache, tokens, None, None, np.ones_like(tokens))
-
-            flops_first = counting.decode_flops(mcfg, tokens.shape[1], 0)
-            context, encoder = tokens.shape[1], 0
+            step_flops = [counting.decode_flops(mcfg, 1, h + u + 1 + j) for j in range(r - 1)]
+        else:  # read the whole dialogue so far from scratch, as this architecture reads a prompt
+            prompt = np.concatenate([history, message], axis=1)
+            first = functools.partial(prefill, params, prompt, r)
+            flops_first = counting.prompt_flops(mcfg, h + u)
+            step_flops = [counting.reply_step_flops(mcfg, h + u, j) for j in range(r - 1)]
         ttft, (logits, cache_first) = _timed(first, cfg.repeats)
         token_B = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
         rest = functools.partial(_reply, params, extend, cache_first, token_B, r)
         steps, (cache_after, last_B) = _timed(rest, cfg.repeats)
-        flops_rest = sum(counting.decode_flops(mcfg, 1, context + j, encoder) for j in range(r - 1))
+        flops_rest = sum(step_flops)
         if reuse:
             cache = cache_after
         history = np.concatenate([history, message, replies[k - 1]], axis=1)
         yield (
             {
-                "series": series_name(arch, reuse),
-                "arch": arch,
+                "series": series_name(mcfg.arch, reuse),
+                "arch": mcfg.arch,
                 "reuse": reuse,
                 "turn": k,
                 "history_tokens": h,

@@ -108,25 +108,33 @@ def test_greedy_equals_argmax_recomputation(arch):
     params = _params(model, seed=3)
     rng = np.random.default_rng(0)
     prompt = rng.integers(1, VOCAB, (2, 5)).astype(np.int32)
-    steps = 6
+    steps = 5
     got = np.asarray(jax.jit(model.generate, static_argnums=2)(params, prompt, steps))
     apply = jax.jit(model.apply)
+    # Recompute over one fixed length (one compilation): positions after the last real one
+    # are padding, which no real position attends to.
+    length = 1 + steps + (0 if arch == "encoder_decoder" else prompt.shape[1])
     out = np.zeros((2, 0), np.int32)
     for _ in range(steps):
-        if arch == "encoder_decoder":
-            dec = np.concatenate([np.zeros((2, 1), np.int32), out], axis=1)
-            batch = {"decoder_input_tokens": dec, "encoder_input_tokens": prompt}
-            prefix = 0
-        else:
-            dec = np.concatenate([np.zeros((2, 1), np.int32), prompt, out], axis=1)
-            batch = {"decoder_input_tokens": dec}
+        real = np.concatenate([np.zeros((2, 1), np.int32), out], axis=1)
+        prefix = 0
+        if arch != "encoder_decoder":
+            real = np.concatenate([real[:, :1], prompt, out], axis=1)
             prefix = prompt.shape[1] + 1
-        length = dec.shape[1]
-        batch["decoder_target_tokens"] = np.ones_like(dec)  # every position real
-        batch["decoder_causal_attention"] = (np.arange(length) < prefix)[None].repeat(2, 0)
+        n = real.shape[1]
+        dec = np.zeros((2, length), np.int32)
+        dec[:, :n] = real
+        batch = {
+            "decoder_input_tokens": dec,
+            "decoder_target_tokens": (np.arange(length) < n)[None].repeat(2, 0).astype(np.int32),
+            "decoder_causal_attention": (np.arange(length) < prefix)[None].repeat(2, 0),
+            "encoder_input_tokens": prompt,
+        }
         logits = np.asarray(apply(params, batch))
-        out = np.concatenate([out, logits[:, -1].argmax(-1)[:, None].astype(np.int32)], axis=1)
+        out = np.concatenate([out, logits[:, n - 1].argmax(-1)[:, None].astype(np.int32)], axis=1)
     np.testing.assert_array_equal(got, out)
+    logits, _ = model.prefill(params, prompt, steps)  # what generation starts from
+    np.testing.assert_array_equal(np.asarray(logits[:, -1]).argmax(-1), got[:, 0])
     assert len(np.unique(got)) > 1  # a constant output would hide an ignored cache
 
 
