@@ -162,3 +162,34 @@ def test_mixed_layers_directions(n_layers):
     a, b = (np.asarray(model.apply(params, x)) for x in (batch, changed))
     moved = np.abs(a[0, :6] - b[0, :6]).max()
     assert (moved > 1e-4) == (n_layers == 2)
+
+
+def test_mixed_layers_masks_alternate_directions():
+    segment = jnp.ones((1, 6), jnp.int32)
+    both = masks.per_layer(lambda d: masks.encoder_self(segment, 4, False, d), "mixed_layers")
+    lower = np.tril(np.ones((6, 6), bool))
+    np.testing.assert_array_equal(both[0, 0, 0], lower)  # layer 0 (and 2, 4, ...) forward
+    np.testing.assert_array_equal(both[1, 0, 0], lower.T)  # layer 1 (and 3, ...) backward
+    single = masks.per_layer(lambda d: masks.encoder_self(segment, 4, False, d), "standard")
+    assert single.ndim == 4 and bool(single.all())
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
+def test_prompt_flops_agree_with_the_forward_count(arch):
+    """Reading a prompt from scratch is a forward pass with logits at one position only."""
+    from scalestudy.models import counting
+
+    cfg = tiny(arch)
+    logits_per_position = 2.0 * cfg.d_model * cfg.vocab_size
+    if arch == "encoder_decoder":
+        want = counting.forward_flops(cfg, 1, encoder_length=20)
+        assert counting.prompt_flops(cfg, 20) == pytest.approx(want)
+    else:
+        want = counting.forward_flops(cfg, 21) - 20 * logits_per_position
+        assert counting.prompt_flops(cfg, 20) == pytest.approx(want)
+    # A cached step costs what the uncached pass adds for one more position (causal decoder).
+    if arch == "causal_decoder":
+        extra = counting.forward_flops(cfg, 22) - counting.forward_flops(cfg, 21)
+        got = counting.reply_step_flops(cfg, 20, 0)
+        # the uncached pass also re-scores the 21 old queries against the new key: 2*2*hk*21
+        assert got == pytest.approx(extra - 4.0 * cfg.n_layers * cfg.d_model * 21)
