@@ -113,6 +113,11 @@ def _cmd_study(args: argparse.Namespace) -> int:
         analyze=analyze_study,
         collect=args.collect,
     )
+    if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
+        from scalestudy.scaling.decoder_only_plots import plot_experiments
+        from scalestudy.study import experiments
+
+        experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
     return 0
 
 
