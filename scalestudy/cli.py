@@ -76,6 +76,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
+    except OSError as e:  # a file the run needs cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
 
@@ -100,13 +102,16 @@ def _cmd_study(args: argparse.Namespace) -> int:
     from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
 
-    run_study(
-        Path(args.spec),
-        Path(args.out),
-        overrides=args.overrides,
-        dry_run=args.dry_run,
-        analyze=analyze_study,
-    )
+    try:
+        run_study(
+            Path(args.spec),
+            Path(args.out),
+            overrides=args.overrides,
+            dry_run=args.dry_run,
+            analyze=analyze_study,
+        )
+    except OSError as e:  # a study file cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     return 0
 
 
