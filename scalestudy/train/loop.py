@@ -156,13 +156,13 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     workdir = Path(workdir)
     try:
         return _train(cfg, workdir, eval_fn)
-    except OSError as e:  # a run file could not be written: one line, checkpoints kept
+    except OSError as e:  # a file could not be read or written: one line, checkpoints kept
         latest = None
         with contextlib.suppress(Exception):
             latest = checkpoint.latest_step(workdir)
         kept = f"checkpoints up to step {latest} are intact" if latest else "no checkpoint yet"
         raise RunDirError(
-            f"cannot write to the run directory {workdir}: {e}; {kept}. Free space or fix "
+            f"the run in {workdir} stopped on a file error: {e}; {kept}. Free space or fix "
             "permissions, then run the same command again"
         ) from None
 
@@ -343,10 +343,18 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
             t = time.perf_counter()
             ckpt.wait()
             timing["checkpoint_s"] += time.perf_counter() - t
+    except OSError:  # a run file could not be written; a save that failed first is older news
+        ckpt.wait()
+        raise
     finally:
+        failing = sys.exc_info()[1] is not None
         if bar is not None:
             bar.close()
-        writer.close()
+        try:
+            writer.close()
+        except OSError:  # flushing onto a full disk: the error on its way says more
+            if not failing:
+                raise
         ckpt.close()
     totals["wall_time_s"] += time.perf_counter() - t_start
     summary = metrics.run_summary(

@@ -143,3 +143,30 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     with pytest.raises(loop.RunDirError, match=r"Read-only file system.*up to step 8 are intact"):
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=12"), run)
     assert snapshot(run) == before
+
+
+def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypatch):
+    """The same as the full disk above, anywhere: orbax's writer reports ENOSPC at step 8 the
+    way tensorstore does (a ValueError carrying the OS error code)."""
+    import orbax.checkpoint as ocp
+
+    real = ocp.CheckpointManager.save
+
+    def full_at_8(self, step, *args, **kwargs):
+        if step == 8:
+            raise ValueError(
+                'RESOURCE_EXHAUSTED: Error writing "params": No space left on device '
+                "[os_error_code='28']"
+            )
+        return real(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_8)
+    with pytest.raises(checkpoint.CheckpointWriteError) as error:
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
+    assert str(error.value).startswith(
+        "cannot write the checkpoint of step 8 to "
+    ) and "[Errno 28] No space left on device. Earlier checkpoints are intact (steps [4])" in str(
+        error.value
+    )
+    assert checkpoint.latest_step(tmp_path) == 4
+    assert max(r["step"] for r in metrics.read_metrics(tmp_path)) <= 8
