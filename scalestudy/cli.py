@@ -81,6 +81,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
+    except OSError as e:  # a file the run needs cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
 
@@ -105,19 +107,22 @@ def _cmd_study(args: argparse.Namespace) -> int:
     from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
 
-    run_study(
-        Path(args.spec),
-        Path(args.out),
-        overrides=args.overrides,
-        dry_run=args.dry_run,
-        analyze=analyze_study,
-        collect=args.collect,
-    )
-    if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
-        from scalestudy.scaling.decoder_only_plots import plot_experiments
-        from scalestudy.study import experiments
+    try:
+        run_study(
+            Path(args.spec),
+            Path(args.out),
+            overrides=args.overrides,
+            dry_run=args.dry_run,
+            analyze=analyze_study,
+            collect=args.collect,
+        )
+        if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
+            from scalestudy.scaling.decoder_only_plots import plot_experiments
+            from scalestudy.study import experiments
 
-        experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+            experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+    except OSError as e:  # a study file cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     return 0
 
 

@@ -277,7 +277,7 @@ def run_study(
     plots for the report (the CLI passes scalestudy.scaling's).
     """
     from scalestudy.study import executors, report
-    from scalestudy.study.registry import Registry
+    from scalestudy.study.registry import Registry, study_lock
 
     spec = Path(spec)
     study = load_study(spec, overrides)
@@ -287,15 +287,15 @@ def run_study(
         print(plan_table(runs))
         return
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.yaml").write_text(to_yaml(study))
-    with Registry(out / REGISTRY_NAME) as reg:
-        reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
-        if collect:
-            missing = executors.collect(reg, out, runs)
-        else:
-            failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
-    report.finalize(study, out, analyze)
+    with study_lock(out):  # one process per study directory
+        (out / "spec.yaml").write_text(to_yaml(study))
+        with Registry(out / REGISTRY_NAME) as reg:
+            reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
+            if collect:
+                missing = executors.collect(reg, out, runs)
+            else:
+                failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
+        report.finalize(study, out, analyze)
     if collect and missing:
         raise executors.StudyRunError(
             f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "
