@@ -142,7 +142,8 @@ def _bench_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
     else:
         cfg = preset_config(args.preset, args.seq, tuple(args.overrides))
-    result = bench(cfg, steps=args.steps, archs=tuple(args.arch) if args.arch else None)
+    archs = tuple(args.arch.split(",")) if args.arch else None
+    result = bench(cfg, steps=args.steps, archs=archs)
     if args.json:
         _print(result, True)
         return 0
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--preset", default="small", help="train: size preset without --config")
     p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
-    p.add_argument("--arch", nargs="*", default=None, help="train: only these architectures")
+    p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench)
 

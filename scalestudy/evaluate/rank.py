@@ -374,9 +374,11 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
     import jax
 
     from scalestudy.config import VALID_CELLS
+    from scalestudy.data.pipeline import scoring_batch
     from scalestudy.data.synthetic import probe_tasks
     from scalestudy.data.vocab import get_vocabulary
     from scalestudy.models.api import build_model
+    from scalestudy.train import sharding
 
     cfg = cfg or ExperimentConfig()
     probes = probe_tasks(cfg.data.synthetic)["object_color"]  # 4 choices each
@@ -406,4 +408,17 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
         dt = time.perf_counter() - t0
         out[f"{arch}/examples_per_s"] = round(n_ex / dt, 1)
         out[f"{arch}/pairs_per_s"] = round(len(inputs) / dt, 1)
+        # The training forward pass (logits of every pair, each with its own context) over
+        # the same pairs: evaluation should cost no more per pair.
+        forward = jax.jit(model.apply)
+        full, _ = scoring_batch(scorer.cfg, inputs[: scorer.rows], targets[: scorer.rows])
+        with sharding.axis_rules(scorer.mesh):
+            full = sharding.shard_batch(scorer.mesh, full)
+            jax.block_until_ready(forward(scorer.params, full))
+            calls = -(-len(inputs) // scorer.rows)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                jax.block_until_ready(forward(scorer.params, full))
+            fwd = time.perf_counter() - t0
+        out[f"{arch}/eval_over_forward"] = round(dt / fwd, 2)
     return out
