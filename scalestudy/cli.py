@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -139,31 +140,45 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "train":
+        return _bench_train(args)
     if args.what == "data":
         from scalestudy.data.pipeline import bench as bench_fn
-    elif args.what == "train":
-        from scalestudy.train.loop import bench as bench_fn
     else:
         from scalestudy.evaluate.rank import bench as bench_fn
     cfg = load_config(args.config, args.overrides) if args.config else None
-    result = bench_fn(cfg, steps=args.steps)
-    if args.what == "train" and not args.json:  # one row per architecture
-        rows = {k: v for k, v in result.items() if isinstance(v, dict)}
-        _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
-        cols = list(next(iter(rows.values())))
-        print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
-        for arch, row in rows.items():
-            print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
+    _print(bench_fn(cfg, steps=args.steps), args.json)
+    return 0
+
+
+def _bench_train(args: argparse.Namespace) -> int:
+    from scalestudy.train.bench import bench, preset_config
+
+    if args.config:
+        cfg = load_config(args.config, args.overrides)
+    else:
+        cfg = preset_config(args.preset, args.seq, tuple(args.overrides))
+    archs = tuple(args.arch.split(",")) if args.arch else None
+    result = bench(cfg, steps=args.steps, archs=archs)
+    if args.json:
+        _print(result, True)
         return 0
-    _print(result, args.json)
+    rows = {k: v for k, v in result.items() if isinstance(v, dict)}  # one per architecture
+    _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
+    cols = list(next(iter(rows.values())))
+    print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
+    for arch, row in rows.items():
+        print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
     return 0
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from scalestudy.train.loop import compile_only
+    if args.topology:  # the TPU compiler needs no local TPU: keep JAX off any TPU runtime
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from scalestudy.train.aot import compile_plan
 
     cfg = load_config(args.config, args.overrides)
-    _print(compile_only(cfg, topology=args.topology), args.json)
+    _print(compile_plan(cfg, topology=args.topology), args.json)
     return 0
 
 
@@ -256,12 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["data", "train", "eval"])
     _add_config_args(p, required=False)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--preset", default="small", help="train: size preset without --config")
+    p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
+    p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench)
 
     p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
     _add_config_args(p)
-    p.add_argument("--topology", default=None, help="e.g. v4-128 (default: local devices)")
+    p.add_argument(
+        "--topology", default=None, help="TPU: v4:4x4x8, v4-256, v5e-8 (default: local devices)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_compile)
 

@@ -147,6 +147,10 @@ class Model:
                 intermediates,
             )
             encoded_BSD, enc_inter = encoded_BSD if intermediates else (encoded_BSD, None)
+            context_B = batch.get("pair_context")
+            if context_B is not None:  # encoder rows are distinct contexts, each encoded once
+                encoded_BSD = jnp.take(encoded_BSD, context_B, axis=0)
+                enc_segment_BS = jnp.take(enc_segment_BS, context_B, axis=0)
             logits_BLV = module.decode(
                 encoded_BSD,
                 tokens_BL,
@@ -215,7 +219,12 @@ class Model:
 
     def score(self, params: Params, batch: Batch) -> dict[str, jax.Array]:
         """Per-example sum of target log-probabilities where loss weights > 0 (rank
-        classification), the number of such tokens, and whether all were the argmax."""
+        classification), the number of such tokens, and whether all were the argmax.
+
+        With a `pair_context` feature (int [B]), the encoder features hold distinct contexts
+        (rows of their own number) and decoder row b continues context `pair_context[b]`, so
+        several continuations of one context encode it once. Decoder-only models, whose
+        contexts are in the decoder rows, ignore it."""
         logits_BLV = self.apply(params, batch, deterministic=True)
         targets_BL = jnp.asarray(batch["decoder_target_tokens"])
         w_BL = jnp.asarray(batch["decoder_loss_weights"]) > 0
