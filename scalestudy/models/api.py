@@ -138,7 +138,7 @@ class Model:
             enc_rng, dec_rng = (None, None) if rng is None else jax.random.split(rng)
             encoded_BSD = module.encode(
                 enc_tokens_BS,
-                masks.encoder_self(enc_segment_BS, heads, mixed),
+                masks.encoder_self_spec(enc_segment_BS, heads, mixed),
                 enc_positions_BS,
                 enc_rng,
                 deterministic,
@@ -148,8 +148,8 @@ class Model:
             logits_BLV = module.decode(
                 encoded_BSD,
                 tokens_BL,
-                masks.decoder_self(segment_BL),
-                masks.cross(segment_BL, enc_segment_BS),
+                masks.decoder_self_spec(segment_BL),
+                masks.cross_spec(segment_BL, enc_segment_BS),
                 positions_BL,
                 dec_rng,
                 deterministic,
@@ -164,8 +164,8 @@ class Model:
         if cfg.arch == "noncausal_decoder":
             prefix_BL = batch.get("decoder_causal_attention")
             prefix_BL = jnp.zeros_like(tokens_BL) if prefix_BL is None else prefix_BL
-        mask_BHLL = masks.decoder_self(segment_BL, prefix_BL, heads, mixed)
-        out = module(tokens_BL, mask_BHLL, positions_BL, rng, deterministic, intermediates)
+        mask = masks.decoder_self_spec(segment_BL, prefix_BL, heads, mixed)
+        out = module(tokens_BL, mask, positions_BL, rng, deterministic, intermediates)
         if not intermediates:
             return out
         logits_BLV, inter = out

@@ -9,10 +9,18 @@ encoder-decoder's cross-attention only joins matching packed segments.
 "Mixed" attention (for bidirectional regions only) gives the first half of the heads a forward
 (lower-triangular, key <= query) mask and the second half a backward (upper-triangular,
 key >= query) mask.
+
+`MaskSpec` holds the same information in structured form (segment ids, causal or prefix,
+mixed heads) so that fused attention kernels, which take segment ids and a causal flag rather
+than a dense [B, H, Q, K] array, can be used; `MaskSpec.dense()` is the boolean mask it
+stands for, and the dense builders below are defined through it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 
 
@@ -64,27 +72,77 @@ def prefix(causal_attention_BL: jnp.ndarray, n_heads: int = 1, mixed: bool = Fal
     return jnp.where(both_BQK, directions(length, n_heads, mixed), causal(length))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MaskSpec:
+    """Who may attend to whom, as structure: segment ids (0 = padding) on both sides, and
+    within a segment either causal (key index <= query index), the prefix-LM pattern over
+    `prefix_BQ` (self-attention only), or everything; `mixed_heads` > 0 makes the
+    bidirectional pairs follow `directions` over that many heads."""
+
+    q_segment_BQ: jnp.ndarray
+    k_segment_BK: jnp.ndarray
+    prefix_BQ: jnp.ndarray | None = None
+    causal: bool = dataclasses.field(default=False, metadata={"static": True})
+    mixed_heads: int = dataclasses.field(default=0, metadata={"static": True})
+
+    @property
+    def bidirectional(self) -> bool:
+        """Some pairs see each other both ways (no causal structure, or a prefix)."""
+        return not self.causal or self.prefix_BQ is not None
+
+    def dense(self) -> jnp.ndarray:
+        """The boolean mask [B, H or 1, Q, K] this structure stands for."""
+        q_len, k_len = self.q_segment_BQ.shape[-1], self.k_segment_BK.shape[-1]
+        heads, mixed = max(self.mixed_heads, 1), self.mixed_heads > 0
+        if self.prefix_BQ is not None:
+            within = prefix(self.prefix_BQ, heads, mixed)
+        elif self.causal:
+            within = causal(q_len, k_len)
+        elif mixed:
+            within = directions(q_len, heads, mixed)
+        else:
+            within = jnp.ones((1, 1, q_len, k_len), bool)
+        return within & segments(self.q_segment_BQ, self.k_segment_BK)
+
+
+def decoder_self_spec(
+    segment_BL: jnp.ndarray,
+    causal_attention_BL: jnp.ndarray | None = None,
+    n_heads: int = 1,
+    mixed: bool = False,
+) -> MaskSpec:
+    """Decoder self-attention: causal (or prefix-LM when `causal_attention_BL` is given),
+    restricted to the query's own packed segment."""
+    heads = n_heads if mixed and causal_attention_BL is not None else 0
+    return MaskSpec(segment_BL, segment_BL, causal_attention_BL, causal=True, mixed_heads=heads)
+
+
+def encoder_self_spec(segment_BS: jnp.ndarray, n_heads: int = 1, mixed: bool = False) -> MaskSpec:
+    """Encoder self-attention: bidirectional (or mixed) within each packed segment."""
+    return MaskSpec(segment_BS, segment_BS, mixed_heads=n_heads if mixed else 0)
+
+
+def cross_spec(decoder_segment_BL: jnp.ndarray, encoder_segment_BS: jnp.ndarray) -> MaskSpec:
+    """Encoder-decoder attention: each decoder position reads its own example's encoder."""
+    return MaskSpec(decoder_segment_BL, encoder_segment_BS)
+
+
 def decoder_self(
     segment_BL: jnp.ndarray,
     causal_attention_BL: jnp.ndarray | None = None,
     n_heads: int = 1,
     mixed: bool = False,
 ) -> jnp.ndarray:
-    """Decoder self-attention: causal (or prefix-LM when `causal_attention_BL` is given),
-    restricted to the query's own packed segment."""
-    length = segment_BL.shape[-1]
-    if causal_attention_BL is None:
-        within = causal(length)
-    else:
-        within = prefix(causal_attention_BL, n_heads, mixed)
-    return within & segments(segment_BL, segment_BL)
+    """Dense `decoder_self_spec`: [B, H or 1, L, L]."""
+    return decoder_self_spec(segment_BL, causal_attention_BL, n_heads, mixed).dense()
 
 
 def encoder_self(segment_BS: jnp.ndarray, n_heads: int = 1, mixed: bool = False) -> jnp.ndarray:
-    """Encoder self-attention: bidirectional (or mixed) within each packed segment."""
-    return directions(segment_BS.shape[-1], n_heads, mixed) & segments(segment_BS, segment_BS)
+    """Dense `encoder_self_spec`: [B, H or 1, S, S]."""
+    return encoder_self_spec(segment_BS, n_heads, mixed).dense()
 
 
 def cross(decoder_segment_BL: jnp.ndarray, encoder_segment_BS: jnp.ndarray) -> jnp.ndarray:
-    """Encoder-decoder attention: each decoder position reads its own example's encoder."""
-    return segments(decoder_segment_BL, encoder_segment_BS)
+    """Dense `cross_spec`: [B, 1, L, S]."""
+    return cross_spec(decoder_segment_BL, encoder_segment_BS).dense()
