@@ -108,8 +108,11 @@ class ModelConfig(_Frozen):
     # save_dots_no_batch (matmul outputs, all or only those without a batch dimension).
     remat: Literal["none", "full", "minimal", "save_dots", "save_dots_no_batch"] = "none"
     # Attention backend (models/attention.py): auto (per platform), xla (reference einsums),
-    # cudnn (GPU flash attention), splash (TPU Pallas kernel).
-    attention_impl: Literal["auto", "xla", "cudnn", "splash"] = "auto"
+    # cudnn (GPU flash attention), splash (TPU Pallas kernel). Left out of dumps (and so of
+    # run ids) while "auto", so existing studies keep their ids.
+    attention_impl: Literal["auto", "xla", "cudnn", "splash"] = Field(
+        "auto", exclude_if=lambda v: v == "auto"
+    )
     # Counting convention: count causal attention score/value FLOPs at half (only the lower
     # triangle is needed). Off by default, as in Kaplan et al. and Chinchilla.
     halve_causal_attention_flops: bool = False

@@ -276,3 +276,11 @@ def test_remat_policies_give_the_same_gradients(policy):
     _, got = _run(cfg.replace(remat=policy), params, packed_batch())
     for g1, g2 in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(np.asarray(g2), np.asarray(g1), atol=1e-6)
+
+
+def test_attention_impl_stays_out_of_run_ids_while_auto():
+    """Run ids hash the dumped config: the default must not change existing ids."""
+    assert "attention_impl" not in ModelConfig().model_dump()
+    chosen = ModelConfig(attention_impl="xla")
+    assert ModelConfig(**chosen.model_dump()) == chosen
+    assert ModelConfig(**ModelConfig().model_dump()).attention_impl == "auto"
