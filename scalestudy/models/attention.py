@@ -10,8 +10,9 @@ Shape letters as in `layers.py`. One entry point, `attend`, with the backend cho
   prefix and mixed heads go in as a boolean mask (which JAX turns into an additive bias); the
   relative-position bias is passed as one [1, H, L, S] tensor.
 - "splash": the Pallas splash-attention kernel on TPU, with segment ids and a causal or full
-  per-head mask. It takes no additive bias and no per-row prefix, so relative-bias,
-  prefix-LM (non-causal decoder) and mixed-head models are refused with a message.
+  per-head mask. It takes no additive bias, no per-row prefix and no backward mask, so
+  relative-bias, prefix-LM (non-causal decoder), mixed-head and mixed-layer encoder models
+  are refused with a message.
 - "auto": cuDNN on GPU and splash on TPU where the call is supported, otherwise the reference.
 
 `emulate()` runs the GPU/TPU backends on any platform (cuDNN's call through
@@ -201,6 +202,8 @@ def unsupported(
         return "splash cannot express the per-row prefix-LM mask (arch noncausal_decoder)"
     if mask.mixed_heads:
         return "splash has no per-head mixed directions (model.attention='mixed')"
+    if mask.direction == "backward":
+        return "splash has no backward mask (model.attention='mixed_layers', odd layers)"
     if q_len % 128 or k_len % 128:
         return f"splash needs lengths that are multiples of 128 (got {q_len}, {k_len})"
     return None

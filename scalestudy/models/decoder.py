@@ -41,10 +41,12 @@ ACT_BLD = ("batch", "length", "embed")
 class Context(NamedTuple):
     """Per-call inputs every layer of a stack sees (masks, bias, positions, encoder output).
 
-    Masks are `masks.MaskSpec` structures (or dense boolean [B, H or 1, L, S] arrays); the
-    relative-position bias is one [H, L, L] array shared by the batch."""
+    Masks are `masks.MaskSpec` structures (or dense boolean [B, H or 1, L, S] arrays); for
+    mixed layers the self-attention mask is a tuple of P masks (or dense ones stacked
+    [P, B, H, L, S]) and layer i uses mask i % P. The relative-position bias is one [H, L, L]
+    array shared by the batch."""
 
-    mask: MaskSpec | jax.Array
+    mask: MaskSpec | jax.Array | tuple[MaskSpec | jax.Array, ...]
     bias_HLL: jax.Array | None
     positions_BL: jax.Array
     encoded_BSD: jax.Array | None = None
@@ -150,9 +152,11 @@ class Stack(nnx.Module):
             index_L = jnp.arange(x_BLD.shape[1])
             ctx = ctx._replace(bias_HLL=self.relpos(index_L, index_L))
         keys = None if rng is None else jax.random.split(rng, self.n_layers)
+        layer_masks = _layer_masks(ctx.mask)
 
-        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key) -> tuple:
-            return nnx.merge(graphdef, layer_state)(x, ctx, key, deterministic, intermediates)
+        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, mask) -> tuple:
+            layer = nnx.merge(graphdef, layer_state)
+            return layer(x, ctx._replace(mask=mask), key, deterministic, intermediates)
 
         if self.cfg.remat != "none":
             run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.cfg.remat])
@@ -160,17 +164,25 @@ class Stack(nnx.Module):
             graphdef, state = nnx.split(self.layers)
 
             def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple | None]:
-                layer_state, key = xs
-                y, probs_BHLL = run(graphdef, layer_state, x, key)
+                layer_state, key, index = xs
+                if len(layer_masks) == 1:
+                    y, probs_BHLL = run(graphdef, layer_state, x, key, layer_masks[0])
+                else:  # masks may differ in static structure: one branch per mask
+                    branches = [_with_mask(run, graphdef, m) for m in layer_masks]
+                    y, probs_BHLL = jax.lax.switch(
+                        index % len(layer_masks), branches, layer_state, x, key
+                    )
                 return y, ((probs_BHLL, x) if intermediates else None)
 
-            x_BLD, per_layer = jax.lax.scan(body, x_BLD, (state, keys))
+            xs = (state, keys, jnp.arange(self.n_layers))
+            x_BLD, per_layer = jax.lax.scan(body, x_BLD, xs)
         else:
             per_layer = []
             for i in range(self.n_layers):
                 graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
                 key = None if keys is None else keys[i]
-                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key)
+                mask = layer_masks[i % len(layer_masks)]
+                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key, mask)
                 per_layer.append((probs_BHLL, x_BLD))
                 x_BLD = y
             if intermediates:
@@ -181,6 +193,20 @@ class Stack(nnx.Module):
         attention_NBHLL, hidden_NBLD = per_layer
         hidden_NBLD = jnp.concatenate([hidden_NBLD, out_BLD[None].astype(hidden_NBLD.dtype)])
         return out_BLD, Intermediates(attention_NBHLL, hidden_NBLD)
+
+
+def _layer_masks(mask: MaskSpec | jax.Array | tuple) -> tuple:
+    """A stack's self-attention masks as a tuple (layer i uses entry i % its length)."""
+    if isinstance(mask, tuple):
+        return mask
+    if not isinstance(mask, MaskSpec) and mask.ndim == 5:
+        return tuple(mask)  # dense masks stacked [P, B, H, L, S]
+    return (mask,)
+
+
+def _with_mask(run, graphdef: nnx.GraphDef, mask: MaskSpec | jax.Array):
+    """`run` for one layer with `mask` fixed (a `lax.switch` branch)."""
+    return lambda layer_state, x, key: run(graphdef, layer_state, x, key, mask)
 
 
 class Decoder(nnx.Module):
@@ -196,7 +222,7 @@ class Decoder(nnx.Module):
     def __call__(
         self,
         tokens_BL: jax.Array,
-        mask: MaskSpec | jax.Array,
+        mask: MaskSpec | jax.Array | tuple,  # a tuple: one mask per layer parity (mixed layers)
         positions_BL: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,

@@ -34,7 +34,7 @@ class EncoderDecoder(nnx.Module):
     def encode(
         self,
         tokens_BS: jax.Array,
-        mask: MaskSpec | jax.Array,
+        mask: MaskSpec | jax.Array | tuple,  # a tuple: one mask per layer parity (mixed layers)
         positions_BS: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,

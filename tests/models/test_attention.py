@@ -103,12 +103,14 @@ def _assert_same(cfg, impl: str, length: int = 16, src: int = 12) -> None:
         ("noncausal_decoder", "standard"),
         ("noncausal_decoder", "mixed"),
         ("encoder_decoder", "standard"),
+        ("encoder_decoder", "mixed_layers"),
     ],
 )
 def test_cudnn_call_equals_reference(arch, attn):
     """jax.nn.dot_product_attention with our masks and shared bias (its XLA implementation
-    here; cuDNN on a GPU): packed segments, padding, the prefix, mixed heads, T5 relative
-    bias; logits at real positions and every parameter gradient."""
+    here; cuDNN on a GPU): packed segments, padding, the prefix, mixed heads, mixed layers
+    (forward layers causal, backward ones dense), T5 relative bias; logits at real positions
+    and every parameter gradient."""
     _assert_same(tiny(arch, attention=attn), "cudnn")
 
 
@@ -181,6 +183,28 @@ def test_core_mask_forms_agree():
     np.testing.assert_array_equal(attention.attend(q, k, v, spec, bias, impl="xla"), expected)
 
 
+def test_mixed_layer_specs_equal_their_dense_masks():
+    """A forward layer is a plain causal spec (so fused kernels take it as causal); a backward
+    layer's spec stands for key >= query inside the bidirectional region."""
+    seg, _ = _segments(12, 5, 2)
+    seg = jnp.asarray(seg)
+    prefix = jnp.asarray((np.arange(12) < 4)[None].repeat(2, 0).astype(np.int32))
+    same = np.asarray(masks.segments(seg, seg))
+    lower = np.tril(np.ones((12, 12), bool))
+    both = (np.asarray(prefix)[:, None, :, None] & np.asarray(prefix)[:, None, None, :]) > 0
+    forward, backward = masks.per_layer(
+        lambda d: masks.decoder_self_spec(seg, prefix, 4, False, d), "mixed_layers"
+    )
+    assert forward.causal and not forward.bidirectional and backward.bidirectional
+    np.testing.assert_array_equal(forward.dense(), lower & same)
+    np.testing.assert_array_equal(backward.dense(), np.where(both, lower.T, lower) & same)
+    forward, backward = masks.per_layer(
+        lambda d: masks.encoder_self_spec(seg, 4, False, d), "mixed_layers"
+    )
+    np.testing.assert_array_equal(forward.dense(), lower & same)
+    np.testing.assert_array_equal(backward.dense(), lower.T & same)
+
+
 def test_auto_picks_the_platform_kernel_or_falls_back(monkeypatch):
     bf16 = jnp.zeros((2, 128, 4, 64), jnp.bfloat16)
     seg = jnp.ones((2, 128), jnp.int32)
@@ -210,11 +234,24 @@ def test_bad_backend_combinations_are_clear_errors():
         attention.attend(x, x, x, spec, impl="splash")
     with pytest.raises(attention.AttentionError, match="accepted: auto, xla, cudnn, splash"):
         attention.attend(x, x, x, spec, impl="flash")
+    long = jnp.zeros((1, 128, 2, 8))
+    backward = masks.encoder_self_spec(jnp.ones((1, 128), jnp.int32), layer_direction="backward")
+    with attention.emulate(), pytest.raises(attention.AttentionError, match="no backward mask"):
+        attention.attend(long, long, long, backward, impl="splash")
     for kw, words in (
         ({"attention_impl": "splash"}, "relative_bias"),
         ({"attention_impl": "splash", "position": "rope", "arch": "noncausal_decoder"}, "prefix"),
         ({"attention_impl": "splash", "position": "none", "attention": "mixed"}, "mixed"),
         ({"attention_impl": "cudnn", "dropout": 0.1}, "dropout"),
+        (
+            {
+                "attention_impl": "splash",
+                "position": "none",
+                "arch": "encoder_decoder",
+                "attention": "mixed_layers",
+            },
+            "mixed_layers",
+        ),
     ):
         with pytest.raises(ValueError, match=rf"attention_impl='\w+' cannot run with.*{words}"):
             tiny(**kw)
