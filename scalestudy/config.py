@@ -104,7 +104,16 @@ class ModelConfig(_Frozen):
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     scan_layers: bool = True
-    remat: Literal["none", "full"] = "none"
+    # What the backward pass keeps per layer (models/decoder.py REMAT_POLICIES): none (keep
+    # everything), full (keep nothing), minimal (only the residual stream), save_dots,
+    # save_dots_no_batch (matmul outputs, all or only those without a batch dimension).
+    remat: Literal["none", "full", "minimal", "save_dots", "save_dots_no_batch"] = "none"
+    # Attention backend (models/attention.py): auto (per platform), xla (reference einsums),
+    # cudnn (GPU flash attention), splash (TPU Pallas kernel). Left out of dumps (and so of
+    # run ids) while "auto", so existing studies keep their ids.
+    attention_impl: Literal["auto", "xla", "cudnn", "splash"] = Field(
+        "auto", exclude_if=lambda v: v == "auto"
+    )
     # Counting convention: count causal attention score/value FLOPs at half (only the lower
     # triangle is needed). Off by default, as in Kaplan et al. and Chinchilla.
     halve_causal_attention_flops: bool = False
@@ -138,7 +147,29 @@ class ModelConfig(_Frozen):
             raise ConfigError(
                 f"model.position='rope' needs an even head width; got head_dim={self.head_dim}"
             )
+        self._check_attention_impl()
         return self
+
+    def _check_attention_impl(self) -> None:
+        """Combinations a fused attention backend can never run (platform, dtype and length
+        checks are at trace time, in models/attention.py)."""
+        impl = self.attention_impl
+        why = None
+        if impl in ("cudnn", "splash") and self.dropout > 0:
+            why = f"model.dropout={self.dropout} (attention dropout runs only on 'xla')"
+        elif impl == "splash" and self.position == "relative_bias":
+            why = "model.position='relative_bias' (splash takes no additive bias; use rope or none)"
+        elif impl == "splash" and self.arch == "noncausal_decoder":
+            why = "arch 'noncausal_decoder' (splash cannot express the per-row prefix-LM mask)"
+        elif impl == "splash" and self.attention == "mixed":
+            why = "model.attention='mixed' (splash has no per-head directions)"
+        elif impl == "splash" and self.attention == "mixed_layers" and self.is_encoder_decoder:
+            why = "model.attention='mixed_layers' (splash has no backward mask for the encoder)"
+        if why:
+            raise ConfigError(
+                f"model.attention_impl={impl!r} cannot run with {why}; use attention_impl "
+                "'auto' (it falls back to the reference where a kernel cannot) or 'xla'"
+            )
 
 
 class SyntheticConfig(_Frozen):

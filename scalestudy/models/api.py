@@ -139,7 +139,8 @@ class Model:
             encoded_BSD = module.encode(
                 enc_tokens_BS,
                 masks.per_layer(
-                    lambda d: masks.encoder_self(enc_segment_BS, heads, mixed, d), cfg.attention
+                    lambda d: masks.encoder_self_spec(enc_segment_BS, heads, mixed, d),
+                    cfg.attention,
                 ),
                 enc_positions_BS,
                 enc_rng,
@@ -154,8 +155,8 @@ class Model:
             logits_BLV = module.decode(
                 encoded_BSD,
                 tokens_BL,
-                masks.decoder_self(segment_BL),
-                masks.cross(segment_BL, enc_segment_BS),
+                masks.decoder_self_spec(segment_BL),
+                masks.cross_spec(segment_BL, enc_segment_BS),
                 positions_BL,
                 dec_rng,
                 deterministic,
@@ -171,11 +172,11 @@ class Model:
             prefix_BL = batch.get("decoder_causal_attention")
             prefix_BL = jnp.zeros_like(tokens_BL) if prefix_BL is None else prefix_BL
         # Mixed layers only change bidirectional regions: the causal decoder has none.
-        mask_BHLL = masks.per_layer(
-            lambda d: masks.decoder_self(segment_BL, prefix_BL, heads, mixed, d),
+        mask = masks.per_layer(
+            lambda d: masks.decoder_self_spec(segment_BL, prefix_BL, heads, mixed, d),
             cfg.attention if prefix_BL is not None else "standard",
         )
-        out = module(tokens_BL, mask_BHLL, positions_BL, rng, deterministic, intermediates)
+        out = module(tokens_BL, mask, positions_BL, rng, deterministic, intermediates)
         if not intermediates:
             return out
         logits_BLV, inter = out
@@ -258,7 +259,7 @@ class Model:
         segment_BS = (tokens_BS > 0).astype(jnp.int32)
         positions_BS = jnp.broadcast_to(jnp.arange(tokens_BS.shape[1]), tokens_BS.shape)
         mask = masks.per_layer(
-            lambda d: masks.encoder_self(segment_BS, cfg.n_heads, cfg.attention == "mixed", d),
+            lambda d: masks.encoder_self_spec(segment_BS, cfg.n_heads, cfg.attention == "mixed", d),
             cfg.attention,
         )
         encoded_BSD = module.encode(tokens_BS, mask, positions_BS)

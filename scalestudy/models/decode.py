@@ -4,9 +4,13 @@ A `Cache` holds, for every layer of the decoder stack, the keys and values (afte
 positions processed so far, in slots 0 .. length-1 of a fixed-size buffer, together with each
 slot's segment id, position and prefix flag. `extend` runs a chunk of new positions: it writes
 their keys and values into the next slots and attends each new query to every filled slot
-under the same rule the full forward pass uses (`masks.by_slot`), so the logits equal the
-uncached ones. The causal decoder can therefore keep its cache across the turns of a dialogue
-and pay only for new tokens; a non-causal decoder's bidirectional prefix must be recomputed
+under the same rule the full forward pass uses (`masks.by_slot`), through the same attention
+core (`attention.attend`; masked slots get exactly zero weight, so empty cache slots change
+nothing), so the logits equal the uncached ones. The relative-position bias is the stack's
+shared [H, L, S] table looked up at the new queries' slots against every slot.
+
+The causal decoder can therefore keep its cache across the turns of a dialogue and pay only
+for new tokens; a non-causal decoder's bidirectional prefix must be recomputed
 whenever it grows (its earlier positions attend to the new ones), and an encoder-decoder
 re-encodes the whole history. The encoder-decoder's cache also holds the cross-attention keys
 and values of the encoder output, computed once per encoding.
@@ -18,6 +22,7 @@ layers and P mask periods (mixed layers).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -25,9 +30,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalestudy.config import ModelConfig
-from scalestudy.models import masks
+from scalestudy.models import attention, masks
 from scalestudy.models.decoder import Stack, output_logits
-from scalestudy.models.layers import NEG_INF, constrain, rope
+from scalestudy.models.layers import constrain, rope
 
 
 class Cache(NamedTuple):
@@ -42,24 +47,6 @@ class Cache(NamedTuple):
     cross_k_NBSHK: jax.Array | None = None  # encoder-decoder: keys/values of the encoder output
     cross_v_NBSHK: jax.Array | None = None
     cross_segment_BS: jax.Array | None = None
-
-
-def attend(
-    q_BLHK: jax.Array,
-    k_BSHK: jax.Array,
-    v_BSHK: jax.Array,
-    mask_BHLS: jax.Array,
-    bias_BHLS: jax.Array | None,
-) -> jax.Array:
-    """Dot-product attention [B, L, H, K] as `layers.Attention` computes it (no 1/sqrt(K)
-    scaling, float32 logits and softmax, masked logits set to NEG_INF); masked slots get
-    exactly zero weight, so extra empty cache slots do not change the result."""
-    logits_BHLS = jnp.einsum("BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=jnp.float32)
-    if bias_BHLS is not None:
-        logits_BHLS = logits_BHLS + bias_BHLS
-    logits_BHLS = jnp.where(mask_BHLS, logits_BHLS, NEG_INF)
-    probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(q_BLHK.dtype)
-    return jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
 
 
 def _layers(stack: Stack) -> tuple[nnx.GraphDef, nnx.State]:
@@ -148,12 +135,16 @@ def extend(
         cfg.attention,
     )
     layer_masks = mask_BHLS if mask_BHLS.ndim == 5 else None
-    bias_BHLS = None
+    bias_HLS = None
     if cfg.position == "relative_bias":
-        bias_BHLS = stack.relpos(positions_BL, position_BS)
-    cross_mask_BHLS = None
+        bias_HLS = stack.relpos(q_slot_BL[0], k_slot_BS[0])
+    cross_mask = None
     if cache.cross_k_NBSHK is not None:
-        cross_mask_BHLS = masks.cross(segment_BL, cache.cross_segment_BS)
+        cross_mask = masks.cross_spec(segment_BL, cache.cross_segment_BS)
+    # A forced fused backend may not take a decoding step (one query, an odd number of
+    # slots, a dense mask): "auto" uses it where it can and the reference otherwise.
+    impl = "xla" if cfg.attention_impl == "xla" else "auto"
+    attend = functools.partial(attention.attend, impl=impl)
 
     graphdef, state_N = _layers(stack)
 
@@ -170,15 +161,14 @@ def extend(
         mask = mask_BHLS
         if layer_masks is not None:
             mask = jax.lax.dynamic_index_in_dim(layer_masks, index % 2, keepdims=False)
-        x_BLD = x_BLD + _output(attn, attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_BHLS))
+        x_BLD = x_BLD + _output(attn, attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS))
         if cross_k_BSHK is not None:
             h_BLD = block.cross_norm(x_BLD)
             out_BLHK = attend(
                 _project(block.cross_attn, h_BLD, "q"),
                 cross_k_BSHK,
                 cross_v_BSHK,
-                cross_mask_BHLS,
-                None,
+                cross_mask,
             )
             x_BLD = x_BLD + _output(block.cross_attn, out_BLHK)
         x_BLD = x_BLD + block.mlp(block.mlp_norm(x_BLD))

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from scalestudy.config import ModelConfig
 from scalestudy.models.layers import (
@@ -32,18 +33,36 @@ from scalestudy.models.layers import (
     dropout,
     param,
 )
+from scalestudy.models.masks import MaskSpec
 
 ACT_BLD = ("batch", "length", "embed")
 
 
 class Context(NamedTuple):
-    """Per-call inputs every layer of a stack sees (masks, bias, positions, encoder output)."""
+    """Per-call inputs every layer of a stack sees (masks, bias, positions, encoder output).
 
-    mask_BHLL: jax.Array  # or [P, B, H, L, L]: layer i uses mask i % P (mixed layers)
-    bias_BHLL: jax.Array | None
+    Masks are `masks.MaskSpec` structures (or dense boolean [B, H or 1, L, S] arrays); for
+    mixed layers the self-attention mask is a tuple of P masks (or dense ones stacked
+    [P, B, H, L, S]) and layer i uses mask i % P. The relative-position bias is one [H, L, L]
+    array shared by the batch."""
+
+    mask: MaskSpec | jax.Array | tuple[MaskSpec | jax.Array, ...]
+    bias_HLL: jax.Array | None
     positions_BL: jax.Array
     encoded_BSD: jax.Array | None = None
-    cross_mask_BHLS: jax.Array | None = None
+    cross_mask: MaskSpec | jax.Array | None = None
+
+
+# Rematerialisation policies (`model.remat`): what the backward pass keeps from each layer's
+# forward pass instead of recomputing it. "minimal" keeps only the residual stream between
+# sublayers (named RESIDUAL below); the layer inputs are kept by the scan in every case.
+RESIDUAL = "residual"
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": jax.checkpoint_policies.save_only_these_names(RESIDUAL),
+    "save_dots": jax.checkpoint_policies.dots_saveable,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 class Intermediates(NamedTuple):
@@ -79,18 +98,18 @@ class Block(nnx.Module):
         keys = [None] * 6 if rng is None else list(jax.random.split(rng, 6))
         h = self.self_norm(x_BLD)
         h = self.self_attn(
-            h, h, ctx.mask_BHLL, ctx.bias_BHLL, ctx.positions_BL, ctx.positions_BL,
+            h, h, ctx.mask, ctx.bias_HLL, ctx.positions_BL, ctx.positions_BL,
             keys[0], deterministic, return_probs,
         )  # fmt: skip
         h, probs_BHLL = h if return_probs else (h, None)
-        x_BLD = x_BLD + dropout(h, self.rate, keys[1], deterministic)
+        x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[1], deterministic), RESIDUAL)
         if self.cross:
             h = self.cross_norm(x_BLD)
             # No position information across the two sequences (as in T5).
             h = self.cross_attn(
-                h, ctx.encoded_BSD, ctx.cross_mask_BHLS, None, None, None, keys[2], deterministic
+                h, ctx.encoded_BSD, ctx.cross_mask, None, None, None, keys[2], deterministic
             )
-            x_BLD = x_BLD + dropout(h, self.rate, keys[3], deterministic)
+            x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[3], deterministic), RESIDUAL)
         h = self.mlp(self.mlp_norm(x_BLD), keys[4], deterministic)
         x_BLD = x_BLD + dropout(h, self.rate, keys[5], deterministic)
         return constrain(x_BLD, ACT_BLD), probs_BHLL
@@ -130,29 +149,29 @@ class Stack(nnx.Module):
         """The final-normed output [B, L, D]; with `intermediates` (static), also the
         stack's `Intermediates`."""
         if self.cfg.position == "relative_bias":
-            ctx = ctx._replace(bias_BHLL=self.relpos(ctx.positions_BL, ctx.positions_BL))
+            index_L = jnp.arange(x_BLD.shape[1])
+            ctx = ctx._replace(bias_HLL=self.relpos(index_L, index_L))
         keys = None if rng is None else jax.random.split(rng, self.n_layers)
-        layer_masks = ctx.mask_BHLL if ctx.mask_BHLL.ndim == 5 else None
+        layer_masks = _layer_masks(ctx.mask)
 
-        def run(
-            graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, index=0
-        ) -> tuple:
-            layer_ctx = ctx
-            if layer_masks is not None:
-                mask_BHLL = jax.lax.dynamic_index_in_dim(
-                    layer_masks, index % layer_masks.shape[0], keepdims=False
-                )
-                layer_ctx = ctx._replace(mask_BHLL=mask_BHLL)
-            return nnx.merge(graphdef, layer_state)(x, layer_ctx, key, deterministic, intermediates)
+        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, mask) -> tuple:
+            layer = nnx.merge(graphdef, layer_state)
+            return layer(x, ctx._replace(mask=mask), key, deterministic, intermediates)
 
-        if self.cfg.remat == "full":
-            run = jax.checkpoint(run, static_argnums=(0,))
+        if self.cfg.remat != "none":
+            run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.cfg.remat])
         if self.cfg.scan_layers:
             graphdef, state = nnx.split(self.layers)
 
             def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple | None]:
                 layer_state, key, index = xs
-                y, probs_BHLL = run(graphdef, layer_state, x, key, index)
+                if len(layer_masks) == 1:
+                    y, probs_BHLL = run(graphdef, layer_state, x, key, layer_masks[0])
+                else:  # masks may differ in static structure: one branch per mask
+                    branches = [_with_mask(run, graphdef, m) for m in layer_masks]
+                    y, probs_BHLL = jax.lax.switch(
+                        index % len(layer_masks), branches, layer_state, x, key
+                    )
                 return y, ((probs_BHLL, x) if intermediates else None)
 
             xs = (state, keys, jnp.arange(self.n_layers))
@@ -162,7 +181,8 @@ class Stack(nnx.Module):
             for i in range(self.n_layers):
                 graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
                 key = None if keys is None else keys[i]
-                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key, i)
+                mask = layer_masks[i % len(layer_masks)]
+                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key, mask)
                 per_layer.append((probs_BHLL, x_BLD))
                 x_BLD = y
             if intermediates:
@@ -173,6 +193,20 @@ class Stack(nnx.Module):
         attention_NBHLL, hidden_NBLD = per_layer
         hidden_NBLD = jnp.concatenate([hidden_NBLD, out_BLD[None].astype(hidden_NBLD.dtype)])
         return out_BLD, Intermediates(attention_NBHLL, hidden_NBLD)
+
+
+def _layer_masks(mask: MaskSpec | jax.Array | tuple) -> tuple:
+    """A stack's self-attention masks as a tuple (layer i uses entry i % its length)."""
+    if isinstance(mask, tuple):
+        return mask
+    if not isinstance(mask, MaskSpec) and mask.ndim == 5:
+        return tuple(mask)  # dense masks stacked [P, B, H, L, S]
+    return (mask,)
+
+
+def _with_mask(run, graphdef: nnx.GraphDef, mask: MaskSpec | jax.Array):
+    """`run` for one layer with `mask` fixed (a `lax.switch` branch)."""
+    return lambda layer_state, x, key: run(graphdef, layer_state, x, key, mask)
 
 
 class Decoder(nnx.Module):
@@ -188,7 +222,7 @@ class Decoder(nnx.Module):
     def __call__(
         self,
         tokens_BL: jax.Array,
-        mask_BHLL: jax.Array,
+        mask: MaskSpec | jax.Array | tuple,  # a tuple: one mask per layer parity (mixed layers)
         positions_BL: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
@@ -198,7 +232,7 @@ class Decoder(nnx.Module):
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BLD = dropout(self.embed(tokens_BL), self.cfg.dropout, keys[0], deterministic)
         x_BLD = constrain(x_BLD, ACT_BLD)
-        ctx = Context(mask_BHLL, None, positions_BL)
+        ctx = Context(mask, None, positions_BL)
         x_BLD = self.decoder(x_BLD, ctx, keys[1], deterministic, intermediates)
         x_BLD, inter = x_BLD if intermediates else (x_BLD, None)
         x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)

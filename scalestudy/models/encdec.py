@@ -17,6 +17,7 @@ from scalestudy.models.decoder import (
     output_projection,
 )
 from scalestudy.models.layers import Embed, ParamInit, constrain, dropout
+from scalestudy.models.masks import MaskSpec
 
 
 class EncoderDecoder(nnx.Module):
@@ -33,7 +34,7 @@ class EncoderDecoder(nnx.Module):
     def encode(
         self,
         tokens_BS: jax.Array,
-        mask_BHSS: jax.Array,
+        mask: MaskSpec | jax.Array | tuple,  # a tuple: one mask per layer parity (mixed layers)
         positions_BS: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
@@ -44,7 +45,7 @@ class EncoderDecoder(nnx.Module):
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BSD = dropout(self.embed(tokens_BS), self.cfg.dropout, keys[0], deterministic)
         x_BSD = constrain(x_BSD, ACT_BLD)
-        ctx = Context(mask_BHSS, None, positions_BS)
+        ctx = Context(mask, None, positions_BS)
         x_BSD = self.encoder(x_BSD, ctx, keys[1], deterministic, intermediates)
         x_BSD, inter = x_BSD if intermediates else (x_BSD, None)
         x_BSD = dropout(x_BSD, self.cfg.dropout, keys[2], deterministic)
@@ -54,8 +55,8 @@ class EncoderDecoder(nnx.Module):
         self,
         encoded_BSD: jax.Array,
         tokens_BL: jax.Array,
-        mask_BHLL: jax.Array,
-        cross_mask_BHLS: jax.Array,
+        mask: MaskSpec | jax.Array,
+        cross_mask: MaskSpec | jax.Array,
         positions_BL: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
@@ -66,7 +67,7 @@ class EncoderDecoder(nnx.Module):
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BLD = dropout(self.embed(tokens_BL), self.cfg.dropout, keys[0], deterministic)
         x_BLD = constrain(x_BLD, ACT_BLD)
-        ctx = Context(mask_BHLL, None, positions_BL, encoded_BSD, cross_mask_BHLS)
+        ctx = Context(mask, None, positions_BL, encoded_BSD, cross_mask)
         x_BLD = self.decoder(x_BLD, ctx, keys[1], deterministic, intermediates)
         x_BLD, inter = x_BLD if intermediates else (x_BLD, None)
         x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)

@@ -22,8 +22,11 @@ from flax.core import spmd as flax_spmd
 from flax.linen import spmd as linen_spmd
 
 from scalestudy.config import ModelConfig
+from scalestudy.models import attention
+from scalestudy.models.attention import NEG_INF, dropout
+from scalestudy.models.masks import MaskSpec
 
-NEG_INF = -1e10  # finite, so a fully masked (padding) row gives a uniform softmax, not NaN
+__all__ = ["NEG_INF", "dropout"]  # re-exported for the stacks
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
@@ -113,16 +116,6 @@ def param(
     return nnx.Param(value, out_sharding=axes)
 
 
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None, deterministic: bool) -> jax.Array:
-    """Inverted dropout; identity when deterministic or rate is 0."""
-    if deterministic or rate == 0.0:
-        return x
-    if rng is None:
-        raise ValueError("dropout > 0 with deterministic=False needs an rng")
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
-
-
 class RMSNorm(nnx.Module):
     """T5 layer norm: scale only, no mean subtraction, no bias; computed in float32."""
 
@@ -169,6 +162,8 @@ class Attention(nnx.Module):
     """Multi-head dot-product attention without biases; the mask and position bias come in.
 
     As in T5 there is no 1/sqrt(K) logit scaling: it is folded into the query initialisation.
+    The core (`attention.attend`) runs on the backend `cfg.attention_impl` picks; attention
+    dropout in training and returning the probabilities use the reference path.
     """
 
     def __init__(self, cfg: ModelConfig, init: ParamInit):
@@ -181,13 +176,14 @@ class Attention(nnx.Module):
         self.dtype = cfg.dtype
         self.rope = cfg.position == "rope"
         self.dropout = cfg.dropout
+        self.impl = cfg.attention_impl
 
     def __call__(
         self,
         x_BLD: jax.Array,
         kv_BSD: jax.Array,
-        mask_BHLS: jax.Array,
-        bias_BHLS: jax.Array | None = None,
+        mask: MaskSpec | jax.Array,
+        bias_HLS: jax.Array | None = None,
         q_positions_BL: jax.Array | None = None,
         k_positions_BS: jax.Array | None = None,
         rng: jax.Array | None = None,
@@ -195,7 +191,8 @@ class Attention(nnx.Module):
         return_probs: bool = False,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """Output [B, L, D]; with `return_probs` (static), also the float32 attention
-        probabilities [B, H, L, S] after masking and softmax (before dropout)."""
+        probabilities [B, H, L, S] after masking and softmax (before dropout). `mask` is a
+        `masks.MaskSpec` or a dense boolean [B, H or 1, L, S]; `bias_HLS` is [H, L, S]."""
         dt = self.dtype
         q_BLHK = jnp.einsum("BLD,DHK->BLHK", x_BLD, self.q[...].astype(dt))
         k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
@@ -204,17 +201,17 @@ class Attention(nnx.Module):
         if self.rope and q_positions_BL is not None:
             q_BLHK = rope(q_BLHK, q_positions_BL)
             k_BSHK = rope(k_BSHK, k_positions_BS)
-        logits_BHLS = jnp.einsum(
-            "BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=jnp.float32
-        )
-        if bias_BHLS is not None:
-            logits_BHLS = logits_BHLS + bias_BHLS
-        logits_BHLS = jnp.where(mask_BHLS, logits_BHLS, NEG_INF)
-        probs_f32_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
-        probs_BHLS = dropout(probs_f32_BHLS.astype(dt), self.dropout, rng, deterministic)
-        out_BLHK = jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
+        probs_BHLS = None
+        if return_probs or (self.dropout > 0 and not deterministic):
+            out_BLHK = attention.reference(
+                q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, dropout_rate=self.dropout, rng=rng,
+                deterministic=deterministic, return_probs=return_probs,
+            )  # fmt: skip
+            out_BLHK, probs_BHLS = out_BLHK if return_probs else (out_BLHK, None)
+        else:
+            out_BLHK = attention.attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, impl=self.impl)
         out_BLD = jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
-        return (out_BLD, probs_f32_BHLS) if return_probs else out_BLD
+        return (out_BLD, probs_BHLS) if return_probs else out_BLD
 
 
 _ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "silu": jax.nn.silu}
@@ -295,19 +292,25 @@ class RelativePositionBias(nnx.Module):
             init, (rows, cfg.n_heads), ("relpos_buckets", "heads"), rows**-0.5, cfg.param_dtype
         )
 
-    def __call__(self, q_positions_BL: jax.Array, k_positions_BS: jax.Array) -> jax.Array:
-        """[B, H, L, S] float32 bias."""
-        rel_BLS = k_positions_BS[:, None, :] - q_positions_BL[:, :, None]
+    def __call__(self, q_index_L: jax.Array, k_index_S: jax.Array) -> jax.Array:
+        """[H, L, S] float32 bias from sequence indices, shared by every batch row.
+
+        Positions restart at 0 in each packed segment and run contiguously, so within a
+        segment `key position - query position` equals the index offset; pairs across
+        segments are masked. The bias is therefore computed once from indices (e.g.
+        `arange(L)`; a decoding step passes its own index), not per row. Positions that are
+        not contiguous within a segment are not seen here (see README, models)."""
+        rel_LS = k_index_S[None, :] - q_index_L[:, None]
         kw = {"n_buckets": self.n_buckets, "max_distance": self.max_distance}
         if self.mode == "bidirectional":
-            bucket_BLS = relative_bucket(rel_BLS, bidirectional=True, **kw)
+            bucket_LS = relative_bucket(rel_LS, bidirectional=True, **kw)
         else:
-            bucket_BLS = relative_bucket(rel_BLS, bidirectional=False, **kw)
+            bucket_LS = relative_bucket(rel_LS, bidirectional=False, **kw)
             if self.mode == "prefix":
-                future_BLS = self.n_buckets + relative_bucket(-rel_BLS, bidirectional=False, **kw)
-                bucket_BLS = jnp.where(rel_BLS > 0, future_BLS, bucket_BLS)
-        # The table is tiny: replicate it so the gather follows the batch sharding of the
-        # buckets instead of forcing a reshard of the [B, L, S, H] result.
+                future_LS = self.n_buckets + relative_bucket(-rel_LS, bidirectional=False, **kw)
+                bucket_LS = jnp.where(rel_LS > 0, future_LS, bucket_LS)
+        # The table is tiny: replicate it; the [H, L, S] result is split over heads like the
+        # attention logits it is added to.
         table_NH = constrain(self.table[...].astype(jnp.float32), (None, None))
-        bias_BLSH = jnp.take(table_NH, bucket_BLS, axis=0)
-        return jnp.transpose(bias_BLSH, (0, 3, 1, 2))
+        bias_LSH = jnp.take(table_NH, bucket_LS, axis=0)
+        return constrain(jnp.transpose(bias_LSH, (2, 0, 1)), ("heads", None, None))

@@ -12,6 +12,7 @@ Models name their parameter and activation dimensions logically (`Model.param_ax
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -21,9 +22,12 @@ import jax
 import numpy as np
 from flax.core import spmd as flax_spmd
 from flax.linen import spmd as linen_spmd
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalestudy.config import ConfigError, MeshConfig, ModelConfig
+
+log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -129,17 +133,52 @@ def check_model_fits(sizes: Mapping[str, int], model: ModelConfig) -> None:
         )
 
 
+def device_grid(devices: list, shape: tuple[int, ...], topology: bool | None = None) -> np.ndarray:
+    """`devices` arranged as an array of `shape` (data, fsdp, tensor).
+
+    With `topology` (default: on TPU and GPU), JAX's `mesh_utils` orders them so that the
+    later, busier axes (tensor, then fsdp) run over the fastest links: the physical torus on
+    TPU, one host's NVLink on GPU; across TPU slices or GPU hosts only the data axis spans the
+    slow network (hybrid mesh) when its size allows. Otherwise (CPU) the plain device order.
+    """
+    if topology is None:
+        topology = devices[0].platform in ("tpu", "gpu")
+    if not topology:
+        return np.asarray(devices, dtype=object).reshape(shape)
+    if devices[0].platform == "tpu":
+        granules = {getattr(d, "slice_index", 0) for d in devices}
+    else:
+        granules = {d.process_index for d in devices}
+    n = len(granules)
+    try:
+        if n > 1 and shape[0] % n == 0:
+            return mesh_utils.create_hybrid_device_mesh(
+                (shape[0] // n, *shape[1:]), (n,) + (1,) * (len(shape) - 1), devices,
+                process_is_granule=devices[0].platform != "tpu", allow_split_physical_axes=True,
+            )  # fmt: skip
+        return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    except (AssertionError, ValueError, NotImplementedError) as err:
+        # e.g. TPU v4 devices listed per core rather than per chip: no physical placement.
+        log.warning("topology-aware mesh %s not possible (%s); using the plain order", shape, err)
+        return np.asarray(devices, dtype=object).reshape(shape)
+
+
 def make_mesh(
-    cfg: MeshConfig, devices: list | None = None, *, model: ModelConfig | None = None
+    cfg: MeshConfig,
+    devices: list | None = None,
+    *,
+    model: ModelConfig | None = None,
+    topology: bool | None = None,
 ) -> Mesh:
-    """A ("data", "fsdp", "tensor") mesh over `devices` (default: all); checks sizes, and
-    that `model` (when given) can be split as the rules say."""
+    """A ("data", "fsdp", "tensor") mesh over `devices` (default: all), in topology-aware
+    order on TPU/GPU (`device_grid`); checks sizes, and that `model` (when given) can be
+    split as the rules say."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(cfg, len(devices))
     if model is not None:
         check_model_fits(sizes, model)
     shape = tuple(sizes[a] for a in MESH_AXES)
-    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES)
+    return Mesh(device_grid(devices, shape, topology), MESH_AXES)
 
 
 def logical_to_mesh_spec(axes: tuple[str | None, ...]) -> PartitionSpec:

@@ -152,8 +152,11 @@ def test_noncausal_with_empty_prefix_equals_causal(compiled, tiny_cfg, make_batc
     )
 
 
-def test_scanned_and_unrolled_layers_agree(compiled, tiny_cfg, make_batch_fn):
-    cfg = tiny_cfg("encoder_decoder")
+@pytest.mark.parametrize("attention", ["standard", "mixed_layers"])
+def test_scanned_and_unrolled_layers_agree(compiled, tiny_cfg, make_batch_fn, attention):
+    """Also with mixed layers: a scan picks each layer's mask by `lax.switch`, the unrolled
+    loop by index."""
+    cfg = tiny_cfg("encoder_decoder", attention=attention)
     _model, params, apply = compiled(cfg)
     unrolled = build_model(cfg.replace(scan_layers=False))
     flat = {k: v for k, v in params.items()}

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec as P
 
 from scalestudy.config import MeshConfig, ModelConfig
@@ -71,10 +72,13 @@ def reference():
     return model, logits
 
 
-@pytest.mark.parametrize("shape", [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
-def test_sharded_forward_matches_one_device(reference, shape):
+@pytest.mark.parametrize(
+    "shape, topology", [((8, 1, 1), None), ((1, 8, 1), None), ((2, 2, 2), None), ((2, 2, 2), True)]
+)
+def test_sharded_forward_matches_one_device(reference, shape, topology):
     model, expected = reference
-    mesh = sharding.make_mesh(MeshConfig(data=shape[0], fsdp=shape[1], tensor=shape[2]), model=CFG)
+    mesh_cfg = MeshConfig(data=shape[0], fsdp=shape[1], tensor=shape[2])
+    mesh = sharding.make_mesh(mesh_cfg, model=CFG, topology=topology)
     shardings = sharding.param_shardings(mesh, model.param_axes())
     with sharding.axis_rules(mesh):
         params = jax.jit(model.init, out_shardings=shardings)(jax.random.key(0))
@@ -110,3 +114,36 @@ def test_optimizer_state_follows_parameter_shardings():
     assert mu["decoder"]["layers"]["mlp"]["wo"].spec == P(None, "tensor", "fsdp")
     assert mu["embed"]["table"].spec == P("tensor", "fsdp")
     assert out[0].count.spec == P()
+
+
+def test_device_grid_is_plain_on_cpu_and_a_permutation_when_topology_aware():
+    devices = jax.devices()
+    plain = sharding.device_grid(devices, (2, 2, 2))
+    np.testing.assert_array_equal(plain, np.asarray(devices, dtype=object).reshape(2, 2, 2))
+    aware = sharding.device_grid(devices, (2, 2, 2), topology=True)
+    assert aware.shape == (2, 2, 2) and sorted(d.id for d in aware.flat) == list(range(8))
+
+
+def _tpu_devices(name: str) -> list:
+    topologies = pytest.importorskip("jax.experimental.topologies")
+    pytest.importorskip("libtpu", reason="libtpu is not installed (describes TPU topologies)")
+    try:
+        return list(topologies.get_topology_desc(name, "tpu").devices)
+    except Exception as err:  # libtpu set-up errors vary: lockfile, versions
+        pytest.skip(f"no TPU topology from libtpu here: {err}")
+
+
+def test_tpu_mesh_takes_the_physical_order(caplog):
+    """TPU devices described by libtpu (no TPU needed): the mesh is mesh_utils' physical
+    order (v5e 2x4, not the id order); per-core v4 devices, which mesh_utils cannot place,
+    fall back to the plain order with a warning."""
+    devices = _tpu_devices("v5e:2x4")
+    mesh = sharding.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2), devices, model=CFG)
+    expected = mesh_utils.create_device_mesh((2, 2, 2), devices, allow_split_physical_axes=True)
+    np.testing.assert_array_equal(mesh.devices, expected)
+    assert [d.id for d in mesh.devices.flat] != sorted(d.id for d in devices)
+    per_core = _tpu_devices("v4:2x2x1")
+    with caplog.at_level("WARNING"):
+        grid = sharding.device_grid(per_core, (4, 2, 1))
+    np.testing.assert_array_equal(grid, np.asarray(per_core, dtype=object).reshape(4, 2, 1))
+    assert "topology-aware mesh (4, 2, 1) not possible" in caplog.text
