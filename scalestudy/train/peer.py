@@ -47,6 +47,7 @@ PEER_SHAPE = (
     "optim.name=adamw",
     "optim.schedule=constant",
     "optim.warmup_steps=0",
+    "optim.grad_clip_norm=null",  # the peer does not clip
 )
 
 
