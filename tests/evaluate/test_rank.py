@@ -246,6 +246,7 @@ def test_run_directory(tmp_path: Path) -> None:
     assert line["step"] == 7 and "eval/synthetic_probes/n" in line
 
 
+@pytest.mark.slow  # trains a tiny run on a (2,2,2) mesh: about 19 s at load 7.6
 def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch) -> None:
     from scalestudy.config import load_config
     from scalestudy.train import checkpoint, loop, sharding
