@@ -142,6 +142,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "train":
         return _bench_train(args)
+    if args.what == "peer":
+        from scalestudy.train.bench import preset_config
+        from scalestudy.train.peer import PEER_SHAPE, bench_peer
+
+        overrides = (*PEER_SHAPE, *args.overrides)
+        cfg = (
+            load_config(args.config, overrides)
+            if args.config
+            else preset_config(args.preset, args.seq, overrides)
+        )
+        _print(bench_peer(cfg, steps=args.steps, which=args.peer), args.json)
+        return 0
     if args.what == "data":
         from scalestudy.data.pipeline import bench as bench_fn
     else:
@@ -268,12 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_plot)
 
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")
-    p.add_argument("what", choices=["data", "train", "eval"])
+    p.add_argument("what", choices=["data", "train", "eval", "peer"])
     _add_config_args(p, required=False)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--preset", default="small", help="train: size preset without --config")
     p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
     p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
+    p.add_argument("--peer", default="minimal", help="peer: minimal (built in) or nanodo")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench)
 

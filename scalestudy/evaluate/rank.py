@@ -326,6 +326,8 @@ def evaluate_run(
 ) -> dict:
     """Evaluate a run directory's checkpoint (default: latest); results go to its
     summary.json ("eval") and metrics.jsonl, and are returned with the step."""
+    import jax
+
     from scalestudy.models.api import build_model
     from scalestudy.train import checkpoint
 
@@ -337,10 +339,12 @@ def evaluate_run(
             f"no checkpoint in {workdir}: nothing to evaluate; train first "
             f"(`scalestudy train --workdir {workdir}`) or give the directory of a trained run"
         )
-    cfg, params, step = checkpoint.restore_params(workdir, step)
+    # Straight into the run's parameter shardings, scored under the same mesh as training.
+    cfg, params, step = checkpoint.restore_params(workdir, step, on_run_mesh=True)
     model = build_model(cfg.model)
+    mesh = jax.tree.leaves(params)[0].sharding.mesh
     results = evaluate_params(
-        cfg, model, params, tasks=tasks, data_dir=data_dir, max_examples=max_examples
+        cfg, model, params, tasks=tasks, data_dir=data_dir, max_examples=max_examples, mesh=mesh
     )
     _write_results(workdir, step, results)
     return {"step": step, **results}

@@ -403,10 +403,14 @@ def load_config(workdir: Path, step: int) -> ExperimentConfig:
     return validate(ExperimentConfig, raw, f"{directory / str(step)}/config")
 
 
-def restore_params(workdir: Path, step: int | None = None) -> tuple[ExperimentConfig, Any, int]:
+def restore_params(
+    workdir: Path, step: int | None = None, *, on_run_mesh: bool = False
+) -> tuple[ExperimentConfig, Any, int]:
     """(config, params, step) from a run directory's checkpoint (default: the latest).
 
-    Parameters land on the first local device; callers re-shard as they need.
+    Parameters land on the first local device, or with `on_run_mesh` straight into the
+    run's parameter shardings on the mesh its config describes (as training placed them;
+    each device reads only its own shards).
     """
     from scalestudy.models.api import build_model
 
@@ -418,10 +422,19 @@ def restore_params(workdir: Path, step: int | None = None) -> tuple[ExperimentCo
                 f"no checkpoint in {directory}; train first (`scalestudy train --workdir ...`)"
             )
     cfg = load_config(directory, step)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    model = build_model(cfg.model)
+    if on_run_mesh:
+        from scalestudy.train import sharding
+
+        mesh = sharding.make_mesh(cfg.mesh, model=cfg.model)
+        placement = sharding.param_shardings(mesh, model.param_axes())
+    else:
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        placement = jax.tree.map(lambda _: device, model.abstract_params())
     abstract = jax.tree.map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-        build_model(cfg.model).abstract_params(),
+        lambda a, where: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=where),
+        model.abstract_params(),
+        placement,
     )
     manager = Checkpointer(directory, read_only=True)
     if step not in manager.all_steps():

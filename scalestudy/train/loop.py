@@ -299,6 +299,7 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
     rate = metrics.Throughput()
     last_metrics: Any = None
     t_loop = time.perf_counter()
+    aside0 = timing["eval_s"] + timing["checkpoint_s"]  # compile_s is spent before t_loop
     try:
         with _stop_requests(tc.log_every) as stop_requested:
             signum = None
@@ -325,7 +326,10 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
             else:
                 done = stop
             flush(done)
-            train_time = time.perf_counter() - t_loop
+            # Step time only: the loop less evaluation and checkpoint saves inside it (each
+            # timed after its flush, so waiting for queued steps still counts as step time).
+            aside = timing["eval_s"] + timing["checkpoint_s"] - aside0
+            train_time = time.perf_counter() - t_loop - aside
             if signum is not None:
                 if done > start:
                     save(done)
@@ -365,7 +369,9 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
     summary = metrics.run_summary(
         cfg, done, totals, last_logged, final_eval, train_time, start, tokens0
     )
+    timing["wall_s"] = time.perf_counter() - t_start  # this invocation
     summary["timing"] = {k: round(v, 3) for k, v in timing.items()}
+    summary["timing"]["step_s"] = round(train_time, 6)  # what tokens_per_s and mfu divide by
     if primary:
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -244,3 +244,65 @@ def test_run_directory(tmp_path: Path) -> None:
     )
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["step"] == 7 and "eval/synthetic_probes/n" in line
+
+
+@pytest.mark.slow  # trains a tiny run on a (2,2,2) mesh: about 19 s at load 7.6
+def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch) -> None:
+    from scalestudy.config import load_config
+    from scalestudy.train import checkpoint, loop, sharding
+
+    cfg = load_config(
+        None,
+        [
+            "model.d_model=32",
+            "model.d_ff=64",
+            "model.n_heads=2",
+            "model.n_layers=2",
+            "model.rel_max_distance=32",
+            "objective.inputs_length=24",
+            "objective.targets_length=8",
+            "data.synthetic.n_train_documents=100",
+            "data.synthetic.n_validation_documents=20",
+            "train.batch_size=8",
+            "train.steps=2",
+            "train.eval_batches=1",
+            "train.progress=false",
+            "mesh.data=2",
+            "mesh.fsdp=2",
+            "mesh.tensor=2",
+            "eval.tasks=[synthetic_probes]",
+            "eval.max_examples=8",
+            "eval.batch_size=8",
+        ],
+    )
+    loop.train(cfg, tmp_path)
+    mesh = sharding.make_mesh(cfg.mesh, model=cfg.model)
+    model = build_model(cfg.model)
+    trained_shardings = sharding.param_shardings(mesh, model.param_axes())  # as the train step
+
+    # The path before: parameters on one device, then scored.
+    _, one_device, _ = checkpoint.restore_params(tmp_path)
+    assert all(len(a.sharding.device_set) == 1 for a in jax.tree.leaves(one_device))
+    reference = rank.evaluate_params(cfg, model, one_device)
+
+    seen = {}
+    real = rank.evaluate_params
+
+    def spy(cfg, model, params, **kw):
+        seen["params"], seen["mesh"] = params, kw.get("mesh")
+        return real(cfg, model, params, **kw)
+
+    monkeypatch.setattr(rank, "evaluate_params", spy)
+    out = rank.evaluate_run(tmp_path)
+    restored = jax.tree.leaves(seen["params"])
+    assert [a.sharding for a in restored] == jax.tree.leaves(trained_shardings)
+    assert any(
+        len(a.addressable_shards) == 8 and a.sharding.shard_shape(a.shape) != a.shape
+        for a in restored
+    )  # split, not one device or copies
+    assert seen["mesh"] == mesh
+    out.pop("step")
+    assert out.keys() == reference.keys() and out["synthetic_probes/n"] > 0
+    assert out == pytest.approx(reference, rel=1e-6)
+    for key in (k for k in out if k.endswith("acc")):
+        assert out[key] == reference[key]

@@ -190,3 +190,29 @@ def test_eval_fn_hook_and_periodic_validation(tiny_cfg, tmp_path):
     assert [r["step"] for r in rows if "val/loss" in r] == [3, 5]
     val = [r["val/loss"] for r in rows if "val/loss" in r]
     assert summary["best_val_loss"] == min(val) and summary["final_val_loss"] == val[-1]
+
+
+def test_mfu_and_throughput_count_step_time_only(tiny_cfg, tmp_path):
+    pause = 0.4
+
+    def eval_fn(model, params, at):
+        time.sleep(pause)
+        return {"probe/acc": 0.5}
+
+    cfg = tiny_cfg(
+        "causal_decoder",
+        None,
+        "train.stop_after_steps=6",
+        "eval.every_steps=2",
+        "train.eval_every=1",
+    )
+    summary = loop.train(cfg, tmp_path, eval_fn=eval_fn)
+    timing = summary["timing"]
+    slept = 3 * pause  # at steps 2, 4 and 6 (the last one after the loop)
+    assert timing["eval_s"] >= slept
+    assert timing["step_s"] < timing["wall_s"] - slept
+    step_s = timing["step_s"]
+    assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / step_s, rel=1e-4)
+    peak = metrics.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
+    assert summary["flops"] == 6 * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
+    assert summary["mfu"] == pytest.approx(metrics.mfu(summary["flops"], step_s, peak), rel=1e-4)
