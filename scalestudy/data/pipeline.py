@@ -105,13 +105,18 @@ def scoring_batch(
 
 
 def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
-    """Batches/s, examples/s and tokens/s of every valid cell on the configured corpus.
+    """Batches/s, examples/s and tokens/s of every valid cell on the configured corpus; for
+    `data.source: seqio`, the configured stream's resume cost at step `steps` instead.
 
     tokens = non-padding positions (decoder + encoder); loss_tokens = loss-bearing positions.
     Without a config: the synthetic corpus, batch 64 and the default lengths.
     """
     from scalestudy.config import VALID_CELLS
 
+    if cfg is not None and cfg.data.source == "seqio":
+        from scalestudy.data.seqio_pipeline import bench_resume
+
+        return bench_resume(cfg, steps)
     if cfg is None:
         cfg = ExperimentConfig(train={"batch_size": 64})
     out: dict[str, float | int | str] = {

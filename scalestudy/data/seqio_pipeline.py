@@ -32,6 +32,7 @@ import atexit
 import base64
 import gc
 import importlib
+import json
 import os
 import sys
 import weakref
@@ -303,3 +304,61 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
             out[f"{name}/{arch}/tokens_per_s"] = round(tokens / dt)
             out[f"{name}/{arch}/loss_tokens_per_s"] = round(loss_tokens / dt)
     return out
+
+
+def bench_resume(cfg: ExperimentConfig, steps: int) -> dict:
+    """Resume cost of the configured seqio stream at step `steps`: this process's state size
+    and save time, the time to the first batch after `restore` (the dataset built, the state
+    loaded) against a fresh start and against skipping the consumed batches (how resuming
+    worked before), and the examples each way preprocesses again (`seqio_tasks.PREPROCESSED`).
+    """
+    import time
+
+    from scalestudy.data.seqio_tasks import PREPROCESSED
+
+    def timed(fn):
+        n0, t0 = PREPROCESSED.value, time.perf_counter()
+        it = fn()
+        next(it)
+        out = time.perf_counter() - t0, PREPROCESSED.value - n0
+        it.close()
+        return out
+
+    it = SeqioBatchIterator(cfg)
+    next(it)
+    tokens, t0 = 0, time.perf_counter()
+    for _ in range(steps - 1):
+        tokens += int((next(it)["decoder_segment_ids"] > 0).sum())
+    run_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state = it.state()
+    state_s = time.perf_counter() - t0
+    it.close()
+
+    def resumed(version: int):
+        def make() -> SeqioBatchIterator:
+            fresh = SeqioBatchIterator(cfg)
+            fresh.restore({**state, "version": version})  # version 1: skip the consumed ones
+            return fresh
+
+        return make
+
+    start_s, start_n = timed(lambda: SeqioBatchIterator(cfg))
+    restore_s, restore_n = timed(resumed(_STATE_VERSION))
+    skip_s, skip_n = timed(resumed(1))
+    return {
+        "source": f"seqio:{cfg.data.seqio_task}",
+        "arch": cfg.model.arch,
+        "batch_size": cfg.train.batch_size,
+        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
+        "step": steps,
+        "tokens_per_s": round(tokens / max(run_s, 1e-9)),
+        "state_bytes": len(json.dumps(state)),
+        "state_s": round(state_s, 3),
+        "fresh_start_s": round(start_s, 2),
+        "fresh_start_preprocessed": start_n,
+        "restore_s": round(restore_s, 2),
+        "restore_preprocessed": restore_n,
+        "skip_s": round(skip_s, 2),
+        "skip_preprocessed": skip_n,
+    }

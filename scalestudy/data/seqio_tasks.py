@@ -154,12 +154,18 @@ def _documents_source(data_cfg: DataConfig) -> seqio.FunctionDataSource:
     def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
         texts = tf.constant(docs(split))
         n = int(texts.shape[0])
-        # Shuffle document indices, not texts: the shuffle buffer is part of every saved
-        # iterator state (8 bytes a document instead of the corpus). Same order either way.
-        ds = tf.data.Dataset.range(n)
-        if shuffle_files:  # a fresh document order each epoch, fixed by the seed
-            ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-        return ds.map(lambda i: {"text": tf.gather(texts, i)})
+        if not shuffle_files:
+            return tf.data.Dataset.range(n).map(lambda i: {"text": tf.gather(texts, i)})
+        # Endless, a fresh seeded permutation each epoch, drawn stateless per position: no
+        # shuffle buffer, so a saved iterator state holds a position here, not the corpus.
+        key = np.random.SeedSequence().generate_state(1)[0] if seed is None else seed
+        key = tf.constant(int(key) & 0x7FFFFFFF, tf.int64)
+
+        def doc(i: tf.Tensor) -> dict[str, tf.Tensor]:
+            j = tf.random.experimental.index_shuffle(i % n, tf.stack([key, i // n]), n - 1)
+            return {"text": tf.gather(texts, j)}
+
+        return tf.data.Dataset.range(n << 40).map(doc)
 
     return seqio.FunctionDataSource(dataset_fn, splits=sources.SPLITS)
 

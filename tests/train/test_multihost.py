@@ -3,6 +3,7 @@ form one 8-device mesh and must train exactly as one process with eight devices.
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -53,30 +54,7 @@ def test_two_processes_train_like_one(tmp_path: Path):
     config = tmp_path / "config.yaml"
     config.write_text(to_yaml(cfg))
     workdir = tmp_path / "two_processes"
-    port = _free_port()
-    procs = []
-    for pid in range(2):
-        env = {
-            **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-            "JAX_PLATFORMS": "cpu",
-            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
-            "SCALESTUDY_NUM_PROCESSES": "2",
-            "SCALESTUDY_PROCESS_ID": str(pid),
-        }
-        cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
-        procs.append(
-            subprocess.Popen(
-                [*cmd, "--workdir", str(workdir)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    _launch(config, workdir)
 
     want, got = _losses(reference), _losses(workdir)
     assert len(got) == len(want) == cfg.train.steps
@@ -99,3 +77,69 @@ def test_distributed_environment_is_validated():
         )
     with pytest.raises(MeshError, match="accepted: auto, off"):
         initialize_distributed({"SCALESTUDY_DISTRIBUTED": "yes"})
+
+
+def _launch(config: Path, workdir: Path, *overrides: str) -> None:
+    """Run `scalestudy train` as 2 processes of 4 CPU devices; fail with their output."""
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = {
+            **os.environ,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "JAX_PLATFORMS": "cpu",
+            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
+            "SCALESTUDY_NUM_PROCESSES": "2",
+            "SCALESTUDY_PROCESS_ID": str(pid),
+        }
+        cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, "--workdir", str(workdir), *overrides],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    except subprocess.TimeoutExpired:  # one process failed and the other waits for it
+        for p in procs:
+            p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
+    """seqio streaming on 2 processes: each saves its own iterator state and restores it, so
+    a run stopped at step 3 and resumed gives the uninterrupted run's losses."""
+    seqio_overrides = [
+        "data.source=seqio",
+        "data.seqio_task=scalestudy.synthetic.flm",
+        "data.synthetic.n_train_documents=200",
+        "data.synthetic.n_validation_documents=20",
+        "objective.name=flm",
+    ]
+    cfg = load_config(None, [*OVERRIDES, *seqio_overrides])
+    config = tmp_path / "config.yaml"
+    config.write_text(to_yaml(cfg))
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _launch(config, straight)  # checkpoints at steps 3 and 6
+    data = straight / "checkpoints" / "3" / "data"
+    states = [json.loads((data / f"process_{p}-of-2.json").read_text()) for p in range(2)]
+    assert [s["iterator"]["process"] for s in states] == [[0, 2], [1, 2]]
+    assert states[0]["iterator"]["tf_data"] != states[1]["iterator"]["tf_data"]
+
+    # Stopped after step 3: the same run directory without what came later.
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "6")
+    (resumed / "summary.json").unlink()
+    _launch(config, resumed)  # resumes from step 3; process 1 restores its own stream
+    want, got = _losses(straight), _losses(resumed)
+    assert len(got) == len(want) == cfg.train.steps
+    assert got == pytest.approx(want, rel=1e-5)
+    summary = json.loads((resumed / "summary.json").read_text())  # written again: it ran
+    assert summary["tokens"] == json.loads((straight / "summary.json").read_text())["tokens"]
