@@ -1,7 +1,7 @@
 """Batches from any registered seqio Task or Mixture (`data.source: seqio`), resumable.
 
-`SeqioBatchIterator` is `pipeline.BatchIterator`'s counterpart: the same features, the same
-`state()`/`restore()` interface. The dataset is
+`SeqioBatchIterator` is a `batches.BatchIterator`, like the NumPy one: the same features, the
+same `state()`/`restore()` interface. The dataset is
 `get_mixture_or_task(data.seqio_task).get_dataset(...)` with a fixed seed (`data.seed`),
 repeated forever, sharded by process (`seqio.ShardInfo`), converted by the architecture's
 seqio feature converter and batched to this process's rows:

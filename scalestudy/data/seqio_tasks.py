@@ -6,7 +6,7 @@ output features `inputs`/`targets` in our vocabulary. Each Task's preprocessors 
 
 1. rekey the text to `targets` and tokenize it (seqio's tokenize, no EOS);
 2. chunk: for flm/plm append EOS to the document, then cut it into pieces of the objective's
-   piece length, dropping pieces shorter than its minimum (as `pipeline.py` does);
+   piece length, dropping pieces shorter than its minimum (as `numpy_pipeline.py` does);
 3. a cache placeholder (everything after it is redone each epoch, with fresh randomness);
 4. the objective: `Objective.example` from objectives.py, the very function the NumPy path
    calls, run through `tf.numpy_function` with the example index derived from the per-example
@@ -101,7 +101,7 @@ def objective_preprocessor(objective: Objective):
 
 
 def chunk_preprocessor(piece_length: int, min_piece: int, append_eos: bool):
-    """Documents (tokenized `targets`) -> pieces, exactly as pipeline.py cuts them."""
+    """Documents (tokenized `targets`) -> pieces, exactly as numpy_pipeline.py cuts them."""
 
     def chunk(ds: tf.data.Dataset) -> tf.data.Dataset:
         def pieces(ex: Mapping[str, tf.Tensor]) -> tf.data.Dataset:

@@ -48,6 +48,11 @@ class CheckpointError(ScalestudyError):
     """No usable checkpoint where one was expected."""
 
 
+def process_layout() -> tuple[int, int]:
+    """(this process's index, number of processes)."""
+    return jax.process_index(), jax.process_count()
+
+
 def process_file(index: int, count: int) -> str:
     """The name of process `index`'s data state file in a checkpoint of `count` processes."""
     return f"process_{index}-of-{count}.json"
@@ -60,11 +65,11 @@ class ProcessJsonHandler(ocp.JsonCheckpointHandler):
     older release its single file."""
 
     async def _save_fn(self, x: Any, directory: Any) -> None:
-        path = directory / process_file(jax.process_index(), jax.process_count())
+        path = directory / process_file(*process_layout())
         path.write_text(json.dumps(x))
 
     def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
-        own = directory / process_file(jax.process_index(), jax.process_count())
+        own = directory / process_file(*process_layout())
         candidates = [own, *sorted(directory.glob("process_0-of-*.json")), directory / "metadata"]
         for path in candidates:
             if path.exists():

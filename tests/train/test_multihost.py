@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from scalestudy.config import load_config, to_yaml
@@ -143,3 +144,28 @@ def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
     assert got == pytest.approx(want, rel=1e-5)
     summary = json.loads((resumed / "summary.json").read_text())  # written again: it ran
     assert summary["tokens"] == json.loads((straight / "summary.json").read_text())["tokens"]
+
+
+def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
+    """The checkpoint's data item: every process writes its own file and reads it back;
+    another process count reads process 0's (the iterator decides whether it fits)."""
+    import jax.numpy as jnp
+
+    from scalestudy.config import ExperimentConfig
+    from scalestudy.train import checkpoint
+
+    state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    ckpt = checkpoint.Checkpointer(tmp_path, async_save=False)
+    monkeypatch.setattr(checkpoint, "process_layout", lambda: (1, 2))
+    ckpt.save(5, state, {"iterator": {"process": 1}}, ExperimentConfig())
+    ckpt.wait()
+    # What process 0 of the same run writes beside it.
+    (tmp_path / "5" / "data" / "process_0-of-2.json").write_text('{"iterator": {"process": 0}}')
+    files = sorted(f.name for f in (tmp_path / "5" / "data").glob("process_*.json"))
+    assert files == ["process_0-of-2.json", "process_1-of-2.json"]
+    for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0)):
+        monkeypatch.setattr(checkpoint, "process_layout", lambda layout=layout: layout)
+        _, data, step = ckpt.restore(abstract)
+        assert step == 5 and data == {"iterator": {"process": want}}
+    ckpt.close()
