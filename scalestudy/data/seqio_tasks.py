@@ -165,7 +165,7 @@ def _documents_source(data_cfg: DataConfig) -> seqio.FunctionDataSource:
             j = tf.random.experimental.index_shuffle(i % n, tf.stack([key, i // n]), n - 1)
             return {"text": tf.gather(texts, j)}
 
-        return tf.data.Dataset.range(n << 40).map(doc)
+        return tf.data.Dataset.counter().map(doc)
 
     return seqio.FunctionDataSource(dataset_fn, splits=sources.SPLITS)
 

@@ -124,3 +124,21 @@ def test_each_process_restores_its_own_seqio_state():
         alone.restore(states[1])
     for x in (*procs, resumed, alone):
         x.close()
+
+
+def test_seqio_document_order_is_a_fresh_permutation_each_epoch():
+    """Documents are shuffled without a buffer (none in the saved state): each epoch visits
+    every document once, in its own seeded order."""
+    from scalestudy.data.seqio_tasks import _documents_source
+    from scalestudy.data.sources import documents
+
+    data_cfg = cfg_for("synthetic").data
+    docs = documents(data_cfg, "validation")
+    source = _documents_source(data_cfg)
+    stream = source.get_dataset("validation", shuffle=True, seed=3).take(2 * len(docs))
+    texts = [t["text"].decode() for t in stream.as_numpy_iterator()]
+    first, second = texts[: len(docs)], texts[len(docs) :]
+    assert sorted(first) == sorted(second) == sorted(docs)
+    assert first != second and first != docs
+    again = source.get_dataset("validation", shuffle=True, seed=3).take(len(docs))
+    assert [t["text"].decode() for t in again.as_numpy_iterator()] == first
