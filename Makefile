@@ -11,7 +11,7 @@ OUT ?= runs/smoke
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,tpu]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -71,11 +72,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg_path = resolved
     cfg = load_config(cfg_path, args.overrides)
     _join_job()
+    eval_fn = None
+    if args.eval:  # zero-shot, on this run's mesh, before the job ends
+        from scalestudy.evaluate.rank import make_eval_fn
+
+        eval_fn = make_eval_fn(cfg)
     try:
-        summary = train(cfg, workdir)
+        summary = train(cfg, workdir, eval_fn=eval_fn)
     except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
+    except OSError as e:  # a file the run needs cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
 
@@ -100,54 +108,77 @@ def _cmd_study(args: argparse.Namespace) -> int:
     from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
 
-    run_study(
-        Path(args.spec),
-        Path(args.out),
-        overrides=args.overrides,
-        dry_run=args.dry_run,
-        analyze=analyze_study,
-    )
+    try:
+        run_study(
+            Path(args.spec),
+            Path(args.out),
+            overrides=args.overrides,
+            dry_run=args.dry_run,
+            analyze=analyze_study,
+            collect=args.collect,
+        )
+        if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
+            from scalestudy.scaling.decoder_only_plots import plot_experiments
+            from scalestudy.study import experiments
+
+            experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+    except OSError as e:  # a study file cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     return 0
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from scalestudy.scaling.laws import fit_main
+    from scalestudy.scaling.command import fit_main
 
     return fit_main(args)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from scalestudy.scaling.plots import plot_main
+    from scalestudy.scaling.command import plot_main
 
     return plot_main(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "train":
+        return _bench_train(args)
     if args.what == "data":
         from scalestudy.data.pipeline import bench as bench_fn
-    elif args.what == "train":
-        from scalestudy.train.loop import bench as bench_fn
     else:
         from scalestudy.evaluate.rank import bench as bench_fn
     cfg = load_config(args.config, args.overrides) if args.config else None
-    result = bench_fn(cfg, steps=args.steps)
-    if args.what == "train" and not args.json:  # one row per architecture
-        rows = {k: v for k, v in result.items() if isinstance(v, dict)}
-        _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
-        cols = list(next(iter(rows.values())))
-        print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
-        for arch, row in rows.items():
-            print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
+    _print(bench_fn(cfg, steps=args.steps), args.json)
+    return 0
+
+
+def _bench_train(args: argparse.Namespace) -> int:
+    from scalestudy.train.bench import bench, preset_config
+
+    if args.config:
+        cfg = load_config(args.config, args.overrides)
+    else:
+        cfg = preset_config(args.preset, args.seq, tuple(args.overrides))
+    archs = tuple(args.arch.split(",")) if args.arch else None
+    result = bench(cfg, steps=args.steps, archs=archs)
+    if args.json:
+        _print(result, True)
         return 0
-    _print(result, args.json)
+    rows = {k: v for k, v in result.items() if isinstance(v, dict)}  # one per architecture
+    _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
+    cols = list(next(iter(rows.values())))
+    print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
+    for arch, row in rows.items():
+        print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
     return 0
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from scalestudy.train.loop import compile_only
+    if args.topology:  # the TPU compiler needs no local TPU: keep JAX off any TPU runtime
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from scalestudy.train.aot import compile_plan
 
     cfg = load_config(args.config, args.overrides)
-    _print(compile_only(cfg, topology=args.topology), args.json)
+    _print(compile_plan(cfg, topology=args.topology), args.json)
     return 0
 
 
@@ -193,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one run; resumes from --workdir by default")
     _add_config_args(p, required=False)
     p.add_argument("--workdir", required=True)
+    p.add_argument("--eval", action="store_true", help="then evaluate eval.tasks zero-shot")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_train)
 
@@ -209,15 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
+    p.add_argument(
+        "--collect", action="store_true", help="record cluster-trained runs; never train"
+    )
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
     p.set_defaults(fn=_cmd_study)
 
     p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
-    from scalestudy.scaling import report as scaling_report
+    from scalestudy.scaling import command as scaling_command
 
-    scaling_report.add_data_args(p)
-    scaling_report.add_fit_args(p)
+    scaling_command.add_data_args(p)
+    scaling_command.add_fit_args(p)
     p.add_argument("--out", default=None, help="write the fit JSON here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_fit)
@@ -226,19 +261,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
     p.add_argument("--out", required=True, help="directory for the figures")
     p.add_argument("--fits", default=None, help="fit JSON from `scalestudy fit --out`")
-    scaling_report.add_data_args(p)
+    p.add_argument(
+        "--bootstrap", type=int, default=0, help="without --fits: resamples for the bands"
+    )
+    scaling_command.add_data_args(p)
     p.set_defaults(fn=_cmd_plot)
 
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")
     p.add_argument("what", choices=["data", "train", "eval"])
     _add_config_args(p, required=False)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--preset", default="small", help="train: size preset without --config")
+    p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
+    p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench)
 
     p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
     _add_config_args(p)
-    p.add_argument("--topology", default=None, help="e.g. v4-128 (default: local devices)")
+    p.add_argument(
+        "--topology", default=None, help="TPU: v4:4x4x8, v4-256, v5e-8 (default: local devices)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_compile)
 

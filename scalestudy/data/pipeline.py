@@ -10,7 +10,8 @@ Feature conversion (Wang et al. 2022): decoder-only rows hold [inputs; targets] 
 the targets (on everything for flm); the non-causal decoder marks the prefix in
 `decoder_causal_attention` as seqio's PrefixLMFeatureConverter does (the input positions
 including the one holding the last input token). The encoder-decoder sends inputs to the
-encoder (left-truncated to inputs_length) and targets to the decoder (cut at targets_length).
+encoder and targets to the decoder, of `objectives.feature_lengths` positions (inputs
+left-truncated, targets cut at the right, where an example does not fit).
 """
 
 from __future__ import annotations

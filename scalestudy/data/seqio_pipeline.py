@@ -11,7 +11,9 @@ seqio feature converter and batched to this process's rows:
   only) with `decoder_causal_attention` zeroed: the causal decoder has no bidirectional prefix;
 - non-causal decoder: PrefixLMFeatureConverter (the prefix, plus the position holding the last
   input token, is marked in `decoder_causal_attention`);
-- encoder-decoder: EncDecFeatureConverter.
+- encoder-decoder: EncDecFeatureConverter, of `objectives.feature_lengths` positions; for
+  uniform PLM, consecutive examples are first paired with mirrored splits
+  (`seqio_tasks.mirror_prefix_lm_pairs`), so that a row of L + L holds two, as in T5.
 
 Decoder-only rows hold L = inputs_length + targets_length positions for any split of an
 example between inputs and targets (as in the NumPy path), so only the total is checked.
@@ -44,7 +46,13 @@ import tensorflow as tf
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError, sources
 from scalestudy.data.batches import Batch, check_iterator_args, stream_fingerprint
-from scalestudy.data.seqio_tasks import PREFIX, check_registered, register_tasks
+from scalestudy.data.objectives import feature_lengths
+from scalestudy.data.seqio_tasks import (
+    PREFIX,
+    check_registered,
+    mirror_prefix_lm_pairs,
+    register_tasks,
+)
 
 _STATE_VERSION = 2  # 1 (earlier release): batches consumed, restored by skipping
 # tf.data keeps producing in background threads that call back into Python (the objective);
@@ -116,7 +124,8 @@ def _converter(cfg: ExperimentConfig) -> tuple[seqio.FeatureConverter, dict, dic
     obj, arch, pack = cfg.objective, cfg.model.arch, cfg.objective.pack
     n_in, n_tgt, L = obj.inputs_length, obj.targets_length, obj.decoder_length
     if arch == "encoder_decoder":
-        lengths = {"inputs": n_in, "targets": n_tgt}
+        enc, dec = feature_lengths(obj, encoder_decoder=True)
+        lengths = {"inputs": enc, "targets": dec}
         return seqio.EncDecFeatureConverter(pack=pack), lengths, lengths
     if obj.name == "flm":
         return seqio.LMFeatureConverter(pack=pack), {"targets": L}, {"targets": L}
@@ -173,6 +182,10 @@ class SeqioBatchIterator:
             # An in-memory cache would be written into every iterator state.
             try_in_mem_cache=False,
         )
+        obj = self.cfg.objective
+        if self.cfg.model.is_encoder_decoder and (obj.name, obj.plm_split) == ("plm", "uniform"):
+            # Rows of L + L positions: two examples per row, as T5 pairs them.
+            ds = mirror_prefix_lm_pairs(ds, obj.decoder_length)
         ds = converter(ds, task_lengths)
         return ds.batch(self._rows, drop_remainder=True).prefetch(2)
 

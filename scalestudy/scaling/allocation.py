@@ -9,9 +9,12 @@ the multiplicities from `bootstrap.run_counts`.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from scalestudy.scaling.bootstrap import summarise
+from scalestudy.scaling.flags import param_flags, points_flag
 from scalestudy.scaling.io import RunTable, ScalingDataError
 
 
@@ -34,11 +37,20 @@ def _power_laws(logc_RB, logn_RB, logd_RB, w_RB) -> dict[str, np.ndarray]:
     return {"a": a, "b": b, "G": np.exp(log_g), "H": np.exp(log_h)}
 
 
-def _result(point, samples, ci, extra) -> dict:
+SAMPLES_KEPT = 200  # bootstrap values of a, G, b, H written to the JSON (for bands)
+
+
+def _result(point, samples, s, extra, n_points: int, what: str) -> dict:
+    params = summarise({k: v[0] for k, v in point.items()}, samples, s.ci)
+    # Each of N_opt(C) and D_opt(C) is a line with 2 parameters through the same points.
+    flags = points_flag(n_points, 2, s.min_points_per_param, what)
+    flags += param_flags(params, samples, s.ci, None)
     return {
         "formula": "N_opt = G C^a, D_opt = H C^b",
-        "params": summarise({k: v[0] for k, v in point.items()}, samples, ci),
+        "params": params,
+        "samples": {k: np.asarray(v[:SAMPLES_KEPT]).tolist() for k, v in samples.items()},
         **extra,
+        "flags": flags + extra.get("flags", []),
     }
 
 
@@ -70,7 +82,7 @@ def envelope(table: RunTable, n_budgets: int = 80):
     return budgets, loss, dd
 
 
-def approach1(table: RunTable, counts_RJ: np.ndarray, ci: float) -> dict:
+def approach1(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
     """Chinchilla approach 1: minimum loss over runs per FLOP budget -> N_opt(C), D_opt(C)."""
     budgets, loss_JB, d_JB = envelope(table)
     logc = np.log(budgets)
@@ -86,19 +98,13 @@ def approach1(table: RunTable, counts_RJ: np.ndarray, ci: float) -> dict:
     R1 = len(w)
     laws = _power_laws(np.broadcast_to(logc, (R1, len(logc))), logn, logd, w)
     point = {k: v[:1] for k, v in laws.items()}
-    flags = []
     sizes = np.unique(table.N[best[0][valid[0]]])
-    if sizes.size < 3:
-        flags.append(
-            f"only {sizes.size} distinct model size(s) on the loss envelope: the N_opt(C) "
-            "exponent rests on too few sizes"
-        )
     if valid[0].sum() < 2:
         raise ScalingDataError("approach 1: fewer than 2 FLOP budgets are covered by 2+ runs")
     return _result(
         point,
         {k: v[1:] for k, v in laws.items()},
-        ci,
+        s,
         {
             "n_budgets": int(valid[0].sum()),
             "frontier": {
@@ -107,22 +113,56 @@ def approach1(table: RunTable, counts_RJ: np.ndarray, ci: float) -> dict:
                 "N": np.exp(logn[0][valid[0]]).tolist(),
                 "D": np.exp(logd[0][valid[0]]).tolist(),
             },
-            "flags": flags,
         },
+        int(sizes.size),
+        "distinct model sizes on the loss envelope",
     )
 
 
 # ----------------------------------------------------------------------------- approach 2
 
 
-def isoflop_groups(C: np.ndarray, tol_dex: float) -> np.ndarray:
-    """Budget index per run: runs whose log10 C differ by gaps < tol_dex share a budget."""
+def isoflop_groups(C: np.ndarray, tol_dex: float) -> tuple[np.ndarray, list[str]]:
+    """Budget index per run, and flags: each budget spans at most tol_dex in log10 C.
+
+    Runs are taken in order of compute; a run opens a new budget when its log10 C lies more
+    than tol_dex above the first run of the current budget. (Joining runs by the gap to their
+    neighbour instead would chain a continuum of compute into one budget.) Where a cut falls
+    between runs closer than tol_dex, the runs do not form separate budgets: flagged.
+    """
     order = np.argsort(C)
     lc = np.log10(C[order])
-    group_sorted = np.concatenate([[0], np.cumsum(np.diff(lc) > tol_dex)])
+    group_sorted = np.zeros(len(C), dtype=int)
+    start, g = lc[0] if len(lc) else 0.0, 0
+    cuts = []
+    for i, v in enumerate(lc):
+        if v - start > tol_dex:
+            g, start = g + 1, v
+            cuts.append(i)
+        group_sorted[i] = g
     groups = np.empty(len(C), dtype=int)
     groups[order] = group_sorted
-    return groups
+    close = [i for i in cuts if lc[i] - lc[i - 1] < tol_dex]
+    flags = []
+    if close:
+        flags.append(
+            f"budgets: the runs' compute does not fall into separate IsoFLOP budgets ({len(close)} "
+            f"of {len(cuts)} cuts between budgets fall where runs are closer than {tol_dex} dex); "
+            "the grouping is arbitrary: give a budget column (--budget-col) or --isoflop-tol"
+        )
+    return groups, flags
+
+
+def budget_compute(label: str) -> float:
+    """The compute a budget label names ('1e18', 'C1e18', '6e18 FLOPs'), or NaN."""
+    m = re.search(r"[0-9.]+(?:[eE][-+]?\d+)?", str(label))
+    if not m:
+        return float("nan")
+    try:
+        v = float(m.group(0))
+    except ValueError:
+        return float("nan")
+    return v if v > 0 else float("nan")
 
 
 def _parabola_min(x_J, y_J, w_RJ, member_J):
@@ -145,30 +185,39 @@ def _parabola_min(x_J, y_J, w_RJ, member_J):
     return np.where(good, xmin, np.nan), coef, x0, good
 
 
-def approach2(table: RunTable, counts_RJ: np.ndarray, ci: float, tol_dex: float = 0.1) -> dict:
+def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
     """Chinchilla approach 2: IsoFLOP parabolas in log N and log D -> N_opt(C), D_opt(C)."""
+    flags: list[str] = []
     if any(table.budget):
-        # Budgets named by the study (e.g. 'C1e18'): exact IsoFLOP membership.
-        labels = sorted(set(table.budget))
+        # Budgets named by the study or a budget column: exact IsoFLOP membership, and the
+        # named budget is the compute of its parabola (when the label is a number).
+        labels = sorted(set(table.budget), key=lambda b: (budget_compute(b), b))
         groups = np.array([labels.index(b) for b in table.budget])
+        named = [budget_compute(b) for b in labels]
+        c_source = "budget labels" if np.isfinite(named).all() else "mean of runs' log C"
     else:
-        groups = isoflop_groups(table.C, tol_dex)
+        groups, flags = isoflop_groups(table.C, s.isoflop_tol)
+        named, c_source = [np.nan] * (groups.max() + 1), "mean of runs' log C"
     w_RJ = np.concatenate([np.ones((1, len(table.run_id))), counts_RJ])
     logn, logd, loss = np.log(table.N), np.log(table.D), table.loss
-    rows, profiles, flags = [], [], []
+    rows, profiles = [], []
     for g in range(groups.max() + 1):
         member = groups == g
         if np.unique(table.N[member]).size < 3:
             continue
         n_min, coef, x0, good = _parabola_min(logn, loss, w_RJ, member)
         d_min, *_ = _parabola_min(logd, loss, w_RJ, member)
-        c_g = float(np.exp(np.log(table.C[member]).mean()))
+        c_g = named[g] if c_source == "budget labels" else np.exp(np.log(table.C[member]).mean())
+        c_g = float(c_g)
         rows.append((np.log(c_g), n_min, d_min))
         profiles.append(
             {
                 "C": c_g,
                 "runs": int(member.sum()),
+                "run_ids": [table.run_id[j] for j in np.flatnonzero(member)],
                 "parabola_logN": {"c0": coef[0, 0], "c1": coef[0, 1], "c2": coef[0, 2], "x0": x0},
+                # Bootstrap coefficients (c0, c1, c2; null where a resample has < 3 sizes).
+                "parabola_samples": coef[1 : SAMPLES_KEPT + 1].tolist(),
                 "N_opt": float(np.exp(n_min[0])) if good[0] else None,
                 "D_opt": float(np.exp(d_min[0])) if np.isfinite(d_min[0]) else None,
             }
@@ -181,7 +230,7 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, ci: float, tol_dex: float 
     if not rows:
         raise ScalingDataError(
             "approach 2 needs IsoFLOP budgets with at least 3 model sizes each; found none "
-            f"(runs are grouped by compute within {tol_dex} dex; see --isoflop-tol)"
+            f"(runs are grouped by compute within {s.isoflop_tol} dex; see --isoflop-tol)"
         )
     logc = np.array([r[0] for r in rows])[None].repeat(len(w_RJ), 0)
     ln = np.stack([r[1] for r in rows], axis=1)
@@ -193,12 +242,48 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, ci: float, tol_dex: float 
             "need at least 2"
         )
     laws = _power_laws(logc, np.nan_to_num(ln), np.nan_to_num(ld), w)
+    extra = {"n_budgets": int(w[0].sum()), "budget_C": c_source, "isoflop": profiles}
+    if s.kfold:
+        extra["crossval"] = _leave_one_budget_out(logc[0], ln[0], ld[0], w[0])
     return _result(
         {k: v[:1] for k, v in laws.items()},
         {k: v[1:] for k, v in laws.items()},
-        ci,
-        {"n_budgets": int(w[0].sum()), "isoflop": profiles, "flags": flags},
+        s,
+        {**extra, "flags": flags},
+        int(w[0].sum()),
+        "IsoFLOP budgets with a minimum",
     )
+
+
+def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:
+    """Each usable budget's optimum N and D predicted by the lines through the others."""
+    use = np.flatnonzero(w_B > 0)
+    if use.size < 3:
+        return {"error": f"leave-one-budget-out needs 3 usable budgets; got {use.size}"}
+    w_KB = np.repeat(w_B[None], use.size, 0)
+    w_KB[np.arange(use.size), use] = 0.0  # row k leaves budget use[k] out
+    C_KB = np.broadcast_to(logc_B, w_KB.shape)
+    laws = _power_laws(
+        C_KB,
+        np.broadcast_to(np.nan_to_num(logn_B), w_KB.shape),
+        np.broadcast_to(np.nan_to_num(logd_B), w_KB.shape),
+        w_KB,
+    )
+    pred_n = np.log(laws["G"]) + laws["a"] * logc_B[use]
+    pred_d = np.log(laws["H"]) + laws["b"] * logc_B[use]
+    err_n, err_d = logn_B[use] - pred_n, logd_B[use] - pred_d
+    full = _power_laws(
+        logc_B[None], np.nan_to_num(logn_B)[None], np.nan_to_num(logd_B)[None], w_B[None]
+    )
+    fit_n = logn_B[use] - (np.log(full["G"][0]) + full["a"][0] * logc_B[use])
+    return {
+        "kind": "leave-one-budget-out",
+        "folds": int(use.size),
+        "rmse_log": float(np.sqrt(np.mean(err_n**2))),  # of N_opt
+        "in_sample_rmse_log": float(np.sqrt(np.mean(fit_n**2))),
+        "rmse_log_D_opt": float(np.sqrt(np.mean(err_d**2))),
+        "of": "log N_opt of each budget",
+    }
 
 
 # ----------------------------------------------------------------------------- frontier

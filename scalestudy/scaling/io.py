@@ -9,8 +9,7 @@ recorded in `RunTable.choices` so that every fit states what it fitted.
 
 from __future__ import annotations
 
-import csv
-import json
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -56,6 +55,8 @@ class DataSettings:
     d_unit: str = ""
     c_unit: str = ""
     drop_invalid: bool = False
+    where: tuple[str, ...] = ()  # conditions a run must meet ('N>=1e8'; scaling/select.py)
+    exclude: tuple[str, ...] = ()  # run ids left out
 
 
 @dataclass
@@ -124,81 +125,6 @@ def to_float(value: object) -> float:
     if not m:
         return math.nan
     return float(m.group(1).replace(",", "")) * UNITS[m.group(2).lower()]
-
-
-# ----------------------------------------------------------------------------- sources
-
-
-def find_registry(path: Path) -> Path | None:
-    """The registry file for `path` (itself, or the single one inside a study directory)."""
-    if path.is_file() and path.suffix in REGISTRY_SUFFIXES:
-        return path
-    if path.is_dir():
-        found = sorted(p for s in REGISTRY_SUFFIXES for p in path.glob(f"*{s}"))
-        if len(found) > 1:
-            raise ScalingDataError(
-                f"{path} holds several registries ({', '.join(p.name for p in found)}); "
-                "pass one file"
-            )
-        if found:
-            return found[0]
-        raise ScalingDataError(f"no study registry (*.sqlite, *.db) in directory {path}")
-    return None
-
-
-def read_rows(source: str | Path) -> tuple[list[dict], list[dict] | None, str]:
-    """Rows of runs, rows of curves (registry only, else None) and the kind of source."""
-    path = Path(source)
-    if not path.exists():
-        raise ScalingDataError(f"runs source not found: {path}")
-    registry = find_registry(path)
-    if registry is not None:
-        try:
-            from scalestudy.study import registry as reg
-
-            return reg.load_runs(registry), reg.load_curves(registry), "registry"
-        except (ImportError, AttributeError) as e:
-            raise ScalingDataError(f"cannot read study registry {registry}: {e}") from None
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return _read_jsonl(path), None, "jsonl"
-    if suffix in (".csv", ".tsv", ".txt"):
-        return _read_csv(path), None, "csv"
-    raise ScalingDataError(
-        f"{path}: unknown kind of runs source; accepted: a registry (.sqlite, .db or a study "
-        "directory), .csv/.tsv, .jsonl"
-    )
-
-
-def _read_csv(path: Path) -> list[dict]:
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    if not lines:
-        raise ScalingDataError(f"{path}: no rows")
-    try:
-        dialect = csv.Sniffer().sniff(lines[0], delimiters=",\t;")
-    except csv.Error:
-        dialect = csv.excel
-    reader = csv.DictReader(lines, dialect=dialect)
-    rows = [{(k or "").strip(): v for k, v in row.items()} for row in reader]
-    if not rows:
-        raise ScalingDataError(f"{path}: a header but no rows")
-    return rows
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    text = path.read_text()
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    rows = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ScalingDataError(f"{path}:{i}: not valid JSON: {e}") from None
-    if not rows:
-        raise ScalingDataError(f"{path}: no rows")
-    return rows
 
 
 # ----------------------------------------------------------------------------- columns
@@ -312,6 +238,20 @@ def build_table(
     elif curves:
         table_curves = _curves_from_registry(curves, ids, C, D)
 
+    filters: list[str] = []
+    if s.where or s.exclude:
+        from scalestudy.scaling.select import row_mask
+
+        resolved = {"N": N, "D": D, "C": C, "loss": loss, "run": ids}
+        keep_mask, filters = row_mask(s.where, s.exclude, resolved, rows)
+        if not keep_mask.any():
+            raise ScalingDataError(f"no run is left after the filters: {'; '.join(filters)}")
+        k = np.flatnonzero(keep_mask)
+        ids, cell, rows = [ids[i] for i in k], [cell[i] for i in k], [rows[i] for i in k]
+        budget = [budget[i] for i in k]
+        N, D, C, loss = N[k], D[k], C[k], loss[k]
+        table_curves = {r: c for r, c in table_curves.items() if r in set(ids)}
+
     extra = {}
     for col in columns:
         if col.startswith("eval/"):
@@ -327,6 +267,7 @@ def build_table(
         "units": {"n": s.n_unit or "1", "d": s.d_unit or "1", "c": s.c_unit or "1"},
         "groups": list(groups),
         "unfinished_runs_left_out": n_unfinished,
+        "filters": filters,
     }
     return _validate(table, s.drop_invalid)
 
@@ -396,8 +337,19 @@ def _validate(t: RunTable, drop_invalid: bool) -> RunTable:
     return t
 
 
+def fingerprint(t: RunTable) -> str:
+    """A short hash of the runs a fit used (ids, cells, N, D, C, loss), to match fits to data."""
+    rows = sorted(
+        f"{r}|{c}|{n:.10g}|{d:.10g}|{cc:.10g}|{x:.10g}"
+        for r, c, n, d, cc, x in zip(t.run_id, t.cell, t.N, t.D, t.C, t.loss)
+    )
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
 def load_table(source: str | Path, settings: DataSettings | None = None) -> RunTable:
     """Read a registry, CSV/TSV or JSONL of runs into a RunTable."""
+    from scalestudy.scaling.sources import read_rows
+
     rows, curves, kind = read_rows(source)
     table = build_table(rows, curves, settings or DataSettings(), kind)
     table.choices["source"] = str(source)

@@ -8,7 +8,8 @@ Laws (names accepted by `--law` and `FitSettings.laws`):
 - chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022), with
   the implied compute-optimal N_opt(C) = G (C/k)^a, D_opt(C) = (1/G) (C/k)^b for C = k N D.
 - auto: every law the data support (the others are reported as skipped, with the reason).
-Every parameter and derived exponent carries a percentile bootstrap interval over runs.
+Every parameter and derived exponent carries a percentile bootstrap interval over runs, and
+every fit a list of flags saying why the data may not support it (scaling/flags.py).
 """
 
 from __future__ import annotations
@@ -21,15 +22,24 @@ from typing import Any
 
 import numpy as np
 
-from scalestudy.scaling import allocation
+from scalestudy.scaling import allocation, crossval
 from scalestudy.scaling.bootstrap import run_counts, summarise
+from scalestudy.scaling.flags import outlier_flags, param_flags, points_flag
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
-from scalestudy.scaling.io import DataSettings, RunTable, ScalingDataError, table_from_rows
-from scalestudy.scaling.optimize import best_of_grid, minimize
+from scalestudy.scaling.io import (
+    DataSettings,
+    RunTable,
+    ScalingDataError,
+    fingerprint,
+    table_from_rows,
+)
+from scalestudy.scaling.optimize import fit_weighted, point_fit
+from scalestudy.scaling.optimum import ALLOCATION_LAWS, at_compute
 
 LAWS = (*FORM_LAWS, "chinchilla1", "chinchilla2")
 AUTO_LAWS = ("kaplan_n", "kaplan_d", "kaplan_c", "kaplan_nd", "chinchilla1", "chinchilla2")
 AUTO_LAWS = (*AUTO_LAWS, "chinchilla3")
+SAMPLES_KEPT = 200  # bootstrap parameter vectors written to the JSON (for bands in figures)
 
 
 @dataclass(frozen=True)
@@ -44,18 +54,55 @@ class FitSettings:
     huber_delta: float = 1e-3
     flops_per_nd: float | None = None  # k in C = k N D; None: 6 (6nd) or median C/(ND) (counted)
     holdout: int = 0  # refit without the N largest-compute runs and report their errors
-    isoflop_tol: float = 0.1  # dex: runs closer in log10 C share an IsoFLOP budget
+    isoflop_tol: float = 0.1  # dex: the widest spread of log10 C within one IsoFLOP budget
     top_k: int = 4  # grid starts per bootstrap resample (plus the full-data optimum)
     compare_at: tuple[float, ...] = ()  # compute budgets for the cross-cell comparison
+    at_compute: tuple[float, ...] = ()  # budgets at which N_opt, D_opt and D/N are reported
+    kfold: int = 0  # k-fold cross-validation of each law (0: off; -1: leave one out)
+    min_points_per_param: float = 3.0  # fewer points per fitted parameter: flagged
 
     def __post_init__(self):
         bad = [law for law in self.laws if law not in (*LAWS, "auto")]
         if bad:
             raise ScalingDataError(f"unknown law(s) {bad}; accepted: auto, {', '.join(LAWS)}")
-        if not 0.0 < self.ci < 1.0:
-            raise ScalingDataError(f"ci must be in (0, 1), got {self.ci}")
-        if self.bootstrap < 0:
-            raise ScalingDataError(f"bootstrap must be >= 0, got {self.bootstrap}")
+        _check_number("ci", self.ci, "a number in (0, 1), e.g. 0.95", lambda v: 0.0 < v < 1.0)
+        _check_int("bootstrap", self.bootstrap, "0 (no intervals) or an integer >= 2", 0, 2)
+        _check_int("seed", self.seed, "an integer >= 0", 0)
+        _check_int("holdout", self.holdout, "an integer >= 0", 0)
+        _check_int("top_k", self.top_k, "an integer >= 1", 1)
+        _check_int("kfold", self.kfold, "0 (off), -1 (leave one out) or an integer >= 2", -1, 2)
+        _check_number("huber_delta", self.huber_delta, "a number > 0, e.g. 1e-3", _positive)
+        _check_number("isoflop_tol", self.isoflop_tol, "a number of dex > 0, e.g. 0.1", _positive)
+        _check_number("min_points_per_param", self.min_points_per_param, "a number > 0", _positive)
+        if self.flops_per_nd is not None:
+            _check_number("flops_per_nd", self.flops_per_nd, "a number > 0, e.g. 6", _positive)
+        for name in ("compare_at", "at_compute"):
+            for v in getattr(self, name):
+                _check_number(name, v, "compute budgets > 0 in FLOPs, e.g. 1e21", _positive)
+
+
+def _positive(v: float) -> bool:
+    return v > 0.0
+
+
+def _check_number(name: str, value, accepted: str, ok) -> None:
+    """A finite number that `ok` accepts, else an error naming the option and what is accepted."""
+    flag = "--" + name.replace("_", "-")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if isinstance(value, bool) or not np.isfinite(v) or not ok(v):
+        raise ScalingDataError(f"{flag} {value!r} is not accepted; give {accepted}")
+
+
+def _check_int(name: str, value, accepted: str, lowest: int, least_positive: int = 1) -> None:
+    """An integer that is 0 (or `lowest`) or at least `least_positive`."""
+    flag = "--" + name.replace("_", "-")
+    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    ok = ok and (lowest <= value <= 0 or value >= least_positive)
+    if not ok:
+        raise ScalingDataError(f"{flag} {value!r} is not accepted; give {accepted}")
 
 
 # ----------------------------------------------------------------------------- form fits
@@ -100,15 +147,6 @@ def _check_points(form: Form, x_VP: np.ndarray) -> None:
         )
 
 
-def _point_fit(form: Form, x, y, w, delta: float, grid: np.ndarray) -> np.ndarray:
-    # Every grid start is run a short way, the best few to convergence: the same minimum
-    # as running all of them to the end, at a fraction of the cost.
-    res = minimize(form, grid, x, y, w, delta, max_iter=25)
-    top = np.argsort(np.where(np.isfinite(res.loss_K), res.loss_K, np.inf))[:32]
-    res = minimize(form, res.theta_KQ[top], x, y, w, delta, max_iter=1000)
-    return res.theta_KQ[np.argmin(res.loss_K)]
-
-
 def chinchilla_allocation(named: dict[str, np.ndarray], k: float) -> dict[str, np.ndarray]:
     """Exponents a, b and coefficient G of N_opt = G (C/k)^a, D_opt = (C/k)^b / G."""
     al, be = named["alpha"], named["beta"]
@@ -123,22 +161,12 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     _check_points(form, x)
     grid = form.grid(x)
     ones = np.ones_like(y)
-    theta = _point_fit(form, x, y, ones, s.huber_delta, grid)
+    theta = point_fit(form, x, y, ones, s.huber_delta, grid)
     point = {n: v[0] for n, v in form.named(theta[None]).items()}
     samples: dict[str, np.ndarray] = {}
     theta_R = np.zeros((0, len(theta)))
     if len(counts_RJ):
-        w_RP = counts_RJ[:, run]
-        starts = best_of_grid(form, grid, x, y, w_RP, s.huber_delta, s.top_k)
-        starts = np.concatenate([starts, np.broadcast_to(theta, (len(w_RP), 1, len(theta)))], 1)
-        R, S, Q = starts.shape
-        # A short run from every start, then only each resample's best to convergence.
-        res = minimize(
-            form, starts.reshape(R * S, Q), x, y, np.repeat(w_RP, S, 0), s.huber_delta, 30
-        )
-        pick = res.loss_K.reshape(R, S).argmin(axis=1)
-        theta_R = res.theta_KQ.reshape(R, S, Q)[np.arange(R), pick]
-        theta_R = minimize(form, theta_R, x, y, w_RP, s.huber_delta, max_iter=1000).theta_KQ
+        theta_R = fit_weighted(form, grid, theta, x, y, counts_RJ[:, run], s.huber_delta, s.top_k)
         samples = form.named(theta_R)
     if isinstance(form, Chinchilla):
         point.update(
@@ -148,62 +176,53 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             samples.update(chinchilla_allocation(samples, k))
     pred, _ = form.predict(theta[None], x)
     resid = y - pred[0]
+    params = summarise(point, samples, s.ci)
+    ids = [table.run_id[j] for j in run]
+    # Frontier points (L(C)) are read off the runs' curves: count the runs they come from.
+    n_runs = int(np.unique(run).size)
+    what = "points" if n_runs == len(y) else f"runs (behind {len(y)} frontier points)"
+    flags = points_flag(n_runs, len(form.params), s.min_points_per_param, what)
+    if np.ptp(pred[0]) < 1e-3:
+        flags.append(
+            "flat: the fitted loss varies by less than 0.1% over the data, so the exponents "
+            "are not determined (loss does not change with scale in these runs)"
+        )
+    flags += param_flags(params, samples, s.ci, float(np.exp(y.min())))
+    flags += [
+        f"bound: {name}: {bad:.0%} of bootstrap fits failed"
+        for name, v in samples.items()
+        if (bad := float(np.mean(~np.isfinite(v)))) > 0.05
+    ]
+    outliers, outlier_runs = outlier_flags(resid, ids)
     out = {
         "formula": form.formula(),
-        "params": summarise(point, samples, s.ci),
+        "params": params,
         "n_points": len(y),
+        "n_params": len(form.params),
+        "x_range": {
+            v: [float(np.exp(r.min())), float(np.exp(r.max()))] for v, r in zip(form.inputs, x)
+        },
         "theta": theta.tolist(),
+        "theta_samples": theta_R[:SAMPLES_KEPT].tolist(),
         "_theta_samples": theta_R,
         "residuals": {
             "rmse_log": float(np.sqrt(np.mean(resid**2))),
             "max_abs_log": float(np.abs(resid).max()),
+            "outlier_runs": outlier_runs,
             "points": [
                 {"run": table.run_id[j], "x": np.exp(x[:, i]).tolist(), "log_resid": float(r)}
                 for i, (j, r) in enumerate(zip(run, resid))
             ],
         },
-        "flags": _flags(form, point, samples, pred[0]),
+        "flags": flags + outliers,
     }
     if len(form.inputs) == 1:
         out["points_used"] = f"lowest loss per distinct {form.inputs[0]}"
     if s.holdout > 0:
-        out["holdout"] = _holdout(form, table, x, y, run, grid, s)
+        out["holdout"] = crossval.holdout(form, table, x, y, run, grid, s)
+    if s.kfold:
+        out["crossval"] = crossval.kfold(form, x, y, theta, grid, s)
     return out
-
-
-def _flags(form: Form, point: dict, samples: dict, pred_P: np.ndarray) -> list[str]:
-    flags = []
-    if np.ptp(pred_P) < 1e-3:
-        flags.append(
-            "flat: the fitted loss varies by less than 0.1% over the data, so the exponents "
-            "are not determined (loss does not change with scale in these runs)"
-        )
-    for name, v in point.items():
-        if name.startswith(("alpha", "beta")) and not v > 1e-3:
-            flags.append(f"{name} = {v:.3g} <= 0: loss does not fall with scale; degenerate fit")
-        if name in samples:
-            bad = ~np.isfinite(samples[name])
-            if bad.mean() > 0.05:
-                flags.append(f"{name}: {bad.mean():.0%} of bootstrap fits failed")
-    return flags
-
-
-def _holdout(form: Form, table: RunTable, x, y, run, grid, s: FitSettings) -> dict:
-    """Refit without the points of the `holdout` largest-compute runs; their errors."""
-    held_runs = np.argsort(table.C)[::-1][: s.holdout]
-    held = np.isin(run, held_runs)
-    if not held.any():
-        return {"error": f"none of the {s.holdout} largest-compute runs is a point of this law"}
-    if (~held).sum() < len(form.params) + 1:
-        return {"error": f"too few points left after holding out {s.holdout} runs"}
-    theta = _point_fit(form, x, y, (~held).astype(float), s.huber_delta, grid)
-    pred, _ = form.predict(theta[None], x[:, held])
-    err = y[held] - pred[0]
-    return {
-        "runs": [table.run_id[j] for j in run[held]],
-        "rmse_log": float(np.sqrt(np.mean(err**2))),
-        "rel_err": (np.exp(-err) - 1.0).tolist(),  # predicted / observed - 1
-    }
 
 
 # ----------------------------------------------------------------------------- cells
@@ -249,9 +268,9 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
         t0 = time.perf_counter()
         try:
             if law == "chinchilla1":
-                fits[law] = allocation.approach1(table, counts, s.ci)
+                fits[law] = allocation.approach1(table, counts, s)
             elif law == "chinchilla2":
-                fits[law] = allocation.approach2(table, counts, s.ci, s.isoflop_tol)
+                fits[law] = allocation.approach2(table, counts, s)
             else:
                 fits[law] = fit_form(get_form(law), table, counts, s, k)
         except ScalingDataError as e:
@@ -259,6 +278,9 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
                 raise ScalingDataError(f"cell {table.cell[0]!r}: {e}") from None
             fits[law] = {"skipped": str(e)}
             continue
+        if s.at_compute and law in ALLOCATION_LAWS:
+            c_range = summary(table)["C"]
+            fits[law]["at_compute"] = at_compute(law, fits[law], k, s.at_compute, c_range, s.ci)
         fits[law]["time_s"] = round(time.perf_counter() - t0, 3)
     return {"summary": summary(table), "flops_per_nd": {"k": k, "source": k_src}, "fits": fits}
 
@@ -279,31 +301,12 @@ def fit_cells(runs, curves=None, settings: FitSettings | None = None) -> dict:
     result = {
         "settings": {**asdict(s), "data": asdict(s.data)},
         "data": table.choices,
+        "data_fingerprint": fingerprint(table),
         "cells": cells,
     }
     result["comparison"] = compare_cells(result, s)
     result["time_s"] = round(time.perf_counter() - t0, 3)
     return strip_private(result)
-
-
-def fit_main(args) -> int:
-    """`scalestudy fit`: fit, print a table (or JSON), optionally write the JSON."""
-    from scalestudy.scaling.report import format_table, settings_from_args, write_json
-
-    settings, source = settings_from_args(args)
-    from scalestudy.scaling.io import load_table
-
-    table = load_table(source, settings.data)
-    result = fit_cells(table, settings=settings)
-    if args.out:
-        write_json(result, args.out)
-    if args.json:
-        import json
-
-        print(json.dumps(result, indent=2, default=str))
-    else:
-        print(format_table(result))
-    return 0
 
 
 def analyze_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:

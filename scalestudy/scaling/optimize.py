@@ -110,3 +110,37 @@ def best_of_grid(
     k = min(top_k, len(grid_GQ))
     order = np.argpartition(obj_GR, k - 1, axis=0)[:k]  # [k, R]
     return grid_GQ[order.T]
+
+
+def point_fit(form: Form, x_VP, logy_P, w_P, delta: float, grid_GQ: np.ndarray) -> np.ndarray:
+    """The best parameter vector [Q] over every grid start."""
+    # Every grid start is run a short way, the best few to convergence: the same minimum
+    # as running all of them to the end, at a fraction of the cost.
+    res = minimize(form, grid_GQ, x_VP, logy_P, w_P, delta, max_iter=25)
+    top = np.argsort(np.where(np.isfinite(res.loss_K), res.loss_K, np.inf))[:32]
+    res = minimize(form, res.theta_KQ[top], x_VP, logy_P, w_P, delta, max_iter=1000)
+    return res.theta_KQ[np.argmin(res.loss_K)]
+
+
+def fit_weighted(
+    form: Form,
+    grid_GQ: np.ndarray,
+    theta_Q: np.ndarray,
+    x_VP: np.ndarray,
+    logy_P: np.ndarray,
+    w_RP: np.ndarray,
+    delta: float,
+    top_k: int,
+) -> np.ndarray:
+    """One fit per weight vector (bootstrap resample or cross-validation fold): [R, Q].
+
+    Each starts from its top_k grid points and the full-data optimum theta_Q.
+    """
+    starts = best_of_grid(form, grid_GQ, x_VP, logy_P, w_RP, delta, top_k)
+    starts = np.concatenate([starts, np.broadcast_to(theta_Q, (len(w_RP), 1, len(theta_Q)))], 1)
+    R, S, Q = starts.shape
+    # A short run from every start, then only each row's best to convergence.
+    res = minimize(form, starts.reshape(R * S, Q), x_VP, logy_P, np.repeat(w_RP, S, 0), delta, 30)
+    pick = res.loss_K.reshape(R, S).argmin(axis=1)
+    theta_RQ = res.theta_KQ.reshape(R, S, Q)[np.arange(R), pick]
+    return minimize(form, theta_RQ, x_VP, logy_P, w_RP, delta, max_iter=1000).theta_KQ

@@ -1,205 +1,95 @@
 """Figures from runs and fits (PNG and SVG); no fitting here beyond `fit_cells` when no fits
-are given. Every cell has one colour (its architecture) and one marker (its objective) in all
-figures."""
+are given. Every cell has one distinct colour and marker in all figures (architecture and
+objective when known: scaling/figstyle.py); fitted curves carry their bootstrap band, the
+region beyond the data is shaded, and flagged fits say so in the legend.
+
+Each `fig_*` function draws one figure and returns it (None when there is nothing to draw);
+`make_all_plots` saves them.
+"""
 
 from __future__ import annotations
 
-import json
-import zlib
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import RunTable, ScalingDataError, load_table, table_from_rows
+from scalestudy.scaling import figstyle as fs
+from scalestudy.scaling.figstyle import cell_style, cell_styles  # noqa: F401 (public names)
+from scalestudy.scaling.io import RunTable, table_from_rows
+from scalestudy.scaling.plot_allocation import fig_allocation, fig_isoflops
 from scalestudy.scaling.report import loss_at_compute
 
-ARCH_COLOURS = {
-    "causal_decoder": "#1f77b4",
-    "noncausal_decoder": "#ff7f0e",
-    "encoder_decoder": "#2ca02c",
-}
-OBJECTIVE_MARKERS = {"flm": "o", "plm": "s", "mlm": "^"}
-_PALETTE = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-_MARKERS = ["D", "v", "P", "X", "*", "<", ">"]
-PF_DAY = 8.64e19
 
-
-def cell_style(cell: str) -> dict:
-    """Colour from the cell's architecture and marker from its objective (stable across figures)."""
-    parts = cell.split("/")
-    h = zlib.crc32(cell.encode())
-    colour = ARCH_COLOURS.get(parts[0], _PALETTE[h % len(_PALETTE)])
-    marker = OBJECTIVE_MARKERS.get(parts[-1], _MARKERS[h % len(_MARKERS)])
-    return {"color": colour, "marker": marker}
-
-
-def _loss_label(table: RunTable) -> str:
-    if table.choices.get("source_kind") == "registry":
-        return "validation loss (nats/token)"
-    return f"loss ({table.choices.get('loss', 'as given')})"
-
-
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
-    paths = []
-    fig.tight_layout()
-    for ext in ("png", "svg"):
-        p = out_dir / f"{name}.{ext}"
-        fig.savefig(p, dpi=120, bbox_inches="tight")
-        paths.append(p)
-    plt.close(fig)
-    return paths
-
-
-def _axes(ax, xlabel: str, ylabel: str, logy: bool = True) -> None:
-    ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.25)
-
-
-def _fit(fits: dict, cell: str, law: str) -> dict | None:
-    f = fits.get("cells", {}).get(cell, {}).get("fits", {}).get(law)
-    return f if f and "skipped" not in f else None
-
-
-def _curve(law: str, fit: dict, x: np.ndarray) -> np.ndarray:
-    form = get_form(law)
-    y, _ = form.predict(np.array(fit["theta"])[None], np.log(x)[None])
-    return np.exp(y[0])
-
-
-def plot_loss_vs_compute(t: RunTable, fits: dict, out: Path) -> list[Path]:
-    fig, ax = plt.subplots(figsize=(7, 5))
+def fig_loss_vs_compute(t: RunTable, fits: dict):
+    """Runs, curves, the Kaplan frontier fit and Chinchilla's compute-optimal loss per cell."""
+    fig, ax = plt.subplots(figsize=(8.5, 5.2), layout="constrained")
+    styles, ci = fs.cell_styles(t.cells()), fs.ci_level(fits)
+    c_max = float(np.nanmax(t.C))
+    c_grid = np.geomspace(np.nanmin(t.C) / 3, c_max * 30, 100)
+    drawn = set()
     for cell in t.cells():
-        sub, st = t.subset(cell), cell_style(cell)
+        sub, st = t.subset(cell), styles[cell]
         for r in sub.run_id:
             if r in sub.curves:
                 c = sub.curves[r]
                 ax.plot(c["C"], c["loss"], color=st["color"], alpha=0.25, lw=0.8)
-        ax.scatter(sub.C, sub.loss, label=cell, edgecolor="k", lw=0.4, **st)
-        c_grid = np.geomspace(np.nanmin(sub.C) / 3, np.nanmax(sub.C) * 30, 100)
-        if f := _fit(fits, cell, "kaplan_c"):
-            ax.plot(c_grid, _curve("kaplan_c", f, c_grid), color=st["color"], lw=1.5)
-        if f := _fit(fits, cell, "chinchilla3"):
+        drawn_fits = [(n, fs.get_fit(fits, cell, n)) for n in ("kaplan_c", "chinchilla3")]
+        label = fs.cell_label(cell, drawn_fits)
+        ax.scatter(sub.C, sub.loss, label=label, edgecolor="k", lw=0.4, **st)
+        if f := fs.get_fit(fits, cell, "kaplan_c"):
+            y, ys = fs.form_curves("kaplan_c", f, c_grid)
+            fs.split_line(ax, c_grid, y, c_max, color=st["color"], lw=1.5)
+            fs.band(ax, c_grid, ys, st["color"], ci, f"band:{cell}:kaplan_c")
+            drawn.add("kaplan_c")
+        if f := fs.get_fit(fits, cell, "chinchilla3"):
             k = fits["cells"][cell]["flops_per_nd"]["k"]
-            lc = loss_at_compute("chinchilla3", np.array(f["theta"]), c_grid, k)[0]
-            ax.plot(c_grid, lc, color=st["color"], ls="--", lw=1.5)
-    cells = t.cells()
-    if any(_fit(fits, cell, "kaplan_c") for cell in cells):
+            theta = np.array([f["theta"], *f.get("theta_samples", [])], dtype=np.float64)
+            lc = loss_at_compute("chinchilla3", theta, c_grid, k)
+            fs.split_line(ax, c_grid, lc[0], c_max, color=st["color"], ls="--", lw=1.5)
+            fs.band(ax, c_grid, lc[1:], st["color"], ci, f"band:{cell}:chinchilla3")
+            drawn.add("chinchilla3")
+    if "kaplan_c" in drawn:
         ax.plot([], [], "k-", label="L(C) frontier fit (Kaplan)")
-    if any(_fit(fits, cell, "chinchilla3") for cell in cells):
+    if "chinchilla3" in drawn:
         ax.plot([], [], "k--", label="compute-optimal L from L(N, D) (Chinchilla 3)")
-    _axes(ax, "training compute C (FLOPs)", _loss_label(t))
-    ax.legend(fontsize=7)
-    ax.set_title("Loss vs compute")
-    return _save(fig, out, "loss_vs_compute")
+    if drawn:
+        fs.mark_extrapolation(ax, c_max, c_grid[-1])
+    fs.axes(ax, "training compute C (FLOPs)", fs.loss_label(t))
+    fs.legend(ax)
+    ax.set_title(f"Loss vs compute (bands: {ci:.0%} bootstrap)" if drawn else "Loss vs compute")
+    return fig
 
 
-def plot_isoflops(t: RunTable, fits: dict, out: Path) -> list[Path]:
-    cells = [c for c in t.cells() if _fit(fits, c, "chinchilla2")]
-    if not cells:
-        return []
-    fig, axs = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4.2), squeeze=False)
-    for ax, cell in zip(axs[0], cells):
-        sub, st = t.subset(cell), cell_style(cell)
-        profiles = _fit(fits, cell, "chinchilla2")["isoflop"]
-        cmap = plt.get_cmap("viridis")
-        for i, pr in enumerate(profiles):
-            colour = cmap(i / max(len(profiles) - 1, 1))
-            member = np.abs(np.log10(sub.C) - np.log10(pr["C"])) < 0.15
-            ax.scatter(sub.N[member], sub.loss[member], color=colour, marker=st["marker"], s=18)
-            p = pr["parabola_logN"]
-            n = np.geomspace(sub.N[member].min(), sub.N[member].max(), 60)
-            u = np.log(n) - p["x0"]
-            ax.plot(
-                n,
-                p["c0"] + p["c1"] * u + p["c2"] * u * u,
-                color=colour,
-                lw=1,
-                label=f"C={pr['C']:.2g}",
-            )
-            if pr["N_opt"]:
-                u0 = np.log(pr["N_opt"]) - p["x0"]
-                ax.plot(
-                    pr["N_opt"],
-                    p["c0"] + p["c1"] * u0 + p["c2"] * u0**2,
-                    "*",
-                    color=colour,
-                    ms=12,
-                    mec="k",
-                )
-        _axes(ax, "parameters N", _loss_label(t), logy=False)
-        ax.set_title(f"IsoFLOP profiles: {cell}", fontsize=9)
-        ax.legend(fontsize=6)
-    return _save(fig, out, "isoflops")
-
-
-def plot_loss_vs_size(t: RunTable, fits: dict, out: Path) -> list[Path]:
-    fig, axs = plt.subplots(1, 2, figsize=(11, 4.5))
+def fig_loss_vs_size(t: RunTable, fits: dict):
+    """L(N) and L(D) with the fitted kaplan_n / kaplan_d curves and their bands."""
+    fig, axs = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
+    styles, ci = fs.cell_styles(t.cells()), fs.ci_level(fits)
     for ax, var, law, label in (
         (axs[0], "N", "kaplan_n", "parameters N"),
         (axs[1], "D", "kaplan_d", "training tokens D"),
     ):
+        x_max, x_end = -np.inf, -np.inf
         for cell in t.cells():
-            sub, st = t.subset(cell), cell_style(cell)
+            sub, st = t.subset(cell), styles[cell]
             x = getattr(sub, var)
             if np.isnan(x).all():
                 continue
-            ax.scatter(x, sub.loss, label=cell, edgecolor="k", lw=0.4, **st)
-            if f := _fit(fits, cell, law):
+            f = fs.get_fit(fits, cell, law)
+            entry = fs.cell_label(cell, [(law, f)])
+            ax.scatter(x, sub.loss, label=entry, edgecolor="k", lw=0.4, **st)
+            if f:
                 g = np.geomspace(np.nanmin(x) / 2, np.nanmax(x) * 5, 80)
-                ax.plot(g, _curve(law, f, g), color=st["color"])
-        _axes(ax, label, _loss_label(t))
+                y, ys = fs.form_curves(law, f, g)
+                fs.split_line(ax, g, y, np.nanmax(x), color=st["color"])
+                fs.band(ax, g, ys, st["color"], ci, f"band:{cell}:{law}")
+                x_max, x_end = max(x_max, np.nanmax(x)), max(x_end, g[-1])
+        if np.isfinite(x_max):
+            fs.mark_extrapolation(ax, x_max, x_end)
+        fs.axes(ax, label, fs.loss_label(t))
         ax.set_title(f"L({var}) with fitted {law}", fontsize=9)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    return _save(fig, out, "loss_vs_n_d")
-
-
-def plot_allocation(t: RunTable, fits: dict, out: Path) -> list[Path]:
-    lo, hi = np.nanmin(t.C) / 10, np.nanmax(t.C) * 1e4
-    c = np.geomspace(lo, hi, 100)
-    fig, axs = plt.subplots(1, 2, figsize=(11, 4.5))
-    # Published references: Chinchilla's ~20 tokens per parameter (C = 6ND) and Kaplan et
-    # al.'s N_opt = 1.3e9 (C / PF-day)^0.73.
-    n_chin, n_kap = np.sqrt(c / 120.0), 1.3e9 * (c / PF_DAY) ** 0.73
-    for ax, which in zip(axs, ("N", "D")):
-        ref_c = n_chin if which == "N" else 20 * n_chin
-        ref_k = n_kap if which == "N" else c / (6 * n_kap)
-        ax.plot(c, ref_c, color="0.4", ls=":", label="Chinchilla (D = 20 N)")
-        ax.plot(c, ref_k, color="0.6", ls="-.", label="Kaplan et al. (N ∝ C^0.73)")
-    for cell in t.cells():
-        st = cell_style(cell)
-        if f := _fit(fits, cell, "chinchilla3"):
-            k = fits["cells"][cell]["flops_per_nd"]["k"]
-            p = {n: v["value"] for n, v in f["params"].items()}
-            n = p["G"] * (c / k) ** p["a"]
-            axs[0].plot(c, n, color=st["color"], label=f"{cell} (approach 3)")
-            axs[1].plot(c, (c / k) / n, color=st["color"])
-        for law, ls in (("chinchilla2", "--"), ("chinchilla1", (0, (1, 1)))):
-            if f := _fit(fits, cell, law):
-                p = {n: v["value"] for n, v in f["params"].items()}
-                axs[0].plot(c, p["G"] * c ** p["a"], color=st["color"], ls=ls, lw=1)
-                axs[1].plot(c, p["H"] * c ** p["b"], color=st["color"], ls=ls, lw=1)
-        if f := _fit(fits, cell, "chinchilla2"):
-            opt = [(pr["C"], pr["N_opt"], pr["D_opt"]) for pr in f["isoflop"] if pr["N_opt"]]
-            if opt:
-                cc, nn, dd = np.array(opt, dtype=float).T
-                axs[0].scatter(cc, nn, edgecolor="k", lw=0.4, label=f"{cell} IsoFLOP optima", **st)
-                axs[1].scatter(cc, dd, edgecolor="k", lw=0.4, **st)
-    _axes(axs[0], "training compute C (FLOPs)", "compute-optimal parameters N_opt")
-    _axes(axs[1], "training compute C (FLOPs)", "compute-optimal tokens D_opt")
-    axs[0].legend(fontsize=6)
-    axs[1].legend(fontsize=6)
-    fig.suptitle("Compute-optimal allocation (solid: approach 3, dashed: approach 2)", fontsize=9)
-    return _save(fig, out, "optimal_allocation")
+        fs.legend(ax)
+    return fig
 
 
 def task_accuracy(extra: dict[str, np.ndarray]) -> tuple[np.ndarray, int] | None:
@@ -213,15 +103,16 @@ def task_accuracy(extra: dict[str, np.ndarray]) -> tuple[np.ndarray, int] | None
     return np.nanmean(np.stack([extra[k] for k in keys]), axis=0), len(keys)
 
 
-def plot_zero_shot(t: RunTable, out: Path) -> list[Path]:
+def fig_zero_shot(t: RunTable, fits: dict):
     if (got := task_accuracy(t.extra)) is None:
-        return []
+        return None
     acc, n_tasks = got
     fig, ax = plt.subplots(figsize=(7, 5))
+    styles = fs.cell_styles(t.cells())
     for cell in t.cells():
         idx = [i for i, c in enumerate(t.cell) if c == cell]
         order = np.array(idx)[np.argsort(t.C[idx])]
-        st = cell_style(cell)
+        st = styles[cell]
         ax.scatter(t.C[order], acc[order], label=cell, edgecolor="k", lw=0.4, **st)
         # The line joins the best run at each compute (several runs may share a budget).
         key = np.round(np.log10(t.C[order]), 1)
@@ -231,50 +122,67 @@ def plot_zero_shot(t: RunTable, out: Path) -> list[Path]:
             if np.isfinite(acc[order][key == k]).any()
         ]
         ax.plot(t.C[best], acc[best], color=st["color"], lw=1.0, alpha=0.7)
-    _axes(
-        ax,
-        "training compute C (FLOPs)",
-        f"mean zero-shot accuracy over {n_tasks} task(s)",
-        logy=False,
+    fs.axes(
+        ax, "training compute C (FLOPs)", f"mean zero-shot accuracy over {n_tasks} task(s)", False
     )
-    ax.legend(fontsize=7)
+    fs.legend(ax)
     ax.set_title("Zero-shot accuracy vs compute")
-    return _save(fig, out, "zero_shot_vs_compute")
+    return fig
 
 
-def plot_residuals(t: RunTable, fits: dict, out: Path) -> list[Path]:
+def fig_residuals(t: RunTable, fits: dict):
+    """Log residuals per law, one panel each (wrapped into rows); outlying runs ringed."""
     laws = [
         law
-        for law in ("chinchilla3", "kaplan_nd", "kaplan_n", "kaplan_d")
-        if any(_fit(fits, c, law) for c in t.cells())
+        for law in ("chinchilla3", "kaplan_nd", "kaplan_n", "kaplan_d", "kaplan_c")
+        if any(fs.get_fit(fits, c, law) for c in t.cells())
     ]
     if not laws:
-        return []
-    fig, axs = plt.subplots(1, len(laws), figsize=(4.5 * len(laws), 4), squeeze=False)
-    for ax, law in zip(axs[0], laws):
+        return None
+    fig, axs = fs.grid(len(laws), width=4.6, height=4.0)
+    styles = fs.cell_styles(t.cells())
+    for ax, law in zip(axs, laws):
         for cell in t.cells():
-            if f := _fit(fits, cell, law):
+            if f := fs.get_fit(fits, cell, law):
                 pts = f["residuals"]["points"]
-                x = [p["x"][0] for p in pts]
+                x = np.array([p["x"][0] for p in pts])
+                r = np.array([p["log_resid"] for p in pts])
                 ax.scatter(
                     x,
-                    [p["log_resid"] for p in pts],
-                    label=cell,
+                    r,
+                    label=fs.cell_label(cell, [("fit", f)]),
                     edgecolor="k",
                     lw=0.3,
                     s=18,
-                    **cell_style(cell),
+                    **styles[cell],
                 )
+                out = [p["run"] in f["residuals"].get("outlier_runs", []) for p in pts]
+                if any(out):
+                    ax.scatter(
+                        x[out],
+                        r[out],
+                        s=120,
+                        facecolor="none",
+                        edgecolor="r",
+                        lw=1.2,
+                        label="outlier (flagged)",
+                    )
         ax.axhline(0, color="k", lw=0.8)
-        _axes(
-            ax,
-            "parameters N" if law != "kaplan_d" else "training tokens D",
-            "log(L_observed / L_fitted)",
-            logy=False,
-        )
+        xlabel = {"kaplan_d": "training tokens D", "kaplan_c": "training compute C (FLOPs)"}
+        fs.axes(ax, xlabel.get(law, "parameters N"), "log(L_observed / L_fitted)", logy=False)
         ax.set_title(f"residuals of {law}", fontsize=9)
-        ax.legend(fontsize=6)
-    return _save(fig, out, "residuals")
+        fs.legend(ax, 6)
+    return fig
+
+
+FIGURES = {
+    "loss_vs_compute": (fig_loss_vs_compute, True),  # (draw, needs compute)
+    "isoflops": (fig_isoflops, False),
+    "loss_vs_n_d": (fig_loss_vs_size, False),
+    "optimal_allocation": (fig_allocation, True),
+    "zero_shot_vs_compute": (fig_zero_shot, True),
+    "residuals": (fig_residuals, False),
+}
 
 
 def make_all_plots(runs, curves, fits: dict | None, out_dir: str | Path) -> list[Path]:
@@ -291,31 +199,11 @@ def make_all_plots(runs, curves, fits: dict | None, out_dir: str | Path) -> list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     has_c = bool(np.isfinite(table.C).any())
-    paths = plot_loss_vs_compute(table, fits, out) if has_c else []
-    paths += plot_isoflops(table, fits, out)
-    paths += plot_loss_vs_size(table, fits, out)
-    paths += plot_allocation(table, fits, out) if has_c else []
-    paths += plot_zero_shot(table, out) if has_c else []
-    paths += plot_residuals(table, fits, out)
+    paths = []
+    for name, (draw, needs_c) in FIGURES.items():
+        if needs_c and not has_c:
+            continue
+        fig = draw(table, fits)
+        if fig is not None:
+            paths += fs.save(fig, out, name)
     return paths
-
-
-def plot_main(args) -> int:
-    """`scalestudy plot`: figures from a registry or table, with fits from --fits or fitted here."""
-    from scalestudy.scaling.report import data_settings_from_args
-
-    data = data_settings_from_args(args)
-    table = load_table(args.source, data)
-    fits = None
-    if args.fits:
-        path = Path(args.fits)
-        if not path.is_file():
-            raise ScalingDataError(f"--fits: no such file {path}")
-        fits = json.loads(path.read_text())
-    else:
-        from scalestudy.scaling.laws import FitSettings, fit_cells
-
-        fits = fit_cells(table, settings=FitSettings(bootstrap=0, data=data))
-    for p in make_all_plots(table, None, fits, args.out):
-        print(p)
-    return 0

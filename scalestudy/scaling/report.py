@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
 from scalestudy.scaling.bootstrap import interval
+from scalestudy.scaling.flags import extrapolation
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import DataSettings, ScalingDataError
+from scalestudy.scaling.io import ScalingDataError
 
 
 def loss_at_compute(law: str, theta_KQ: np.ndarray, C: np.ndarray, k: float) -> np.ndarray:
@@ -86,7 +86,8 @@ def compare_cells(result: dict, s) -> dict:
             ci = interval(samp[c][0][:, i], s.ci)[0] if c in samp else None
             entry[c] = {"loss": float(pred[c][0][i]), "ci": ci}
         best = min(entry, key=lambda c: entry[c]["loss"])
-        at.append({"C": float(b), "cells": entry, "best": best})
+        far = extrapolation(float(b), [cmin, cmax])
+        at.append({"C": float(b), "cells": entry, "best": best, "extrapolation": far})
     crossings = []
     names = sorted(cells)
     for i, c1 in enumerate(names):
@@ -150,14 +151,51 @@ def _g(v) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
+def _ci(ci) -> str:
+    return f" [{_g(ci[0])}, {_g(ci[1])}]" if ci else ""
+
+
+def _fit_lines(law: str, fit: dict) -> list[str]:
+    """One law's lines: formula, parameters with intervals, validation, answers and flags."""
+    if "skipped" in fit:
+        return [f"  {law:<16} skipped: {fit['skipped']}"]
+    extra = f"rmse(log) {fit['residuals']['rmse_log']:.3g}" if "residuals" in fit else ""
+    mark = "  FLAGGED" if fit.get("flags") else ""
+    lines = [f"  {law:<16} {fit['formula']}   {extra}{mark}"]
+    for name, p in fit["params"].items():
+        lines.append(f"      {name:<8} {_g(p['value']):>11}  {_ci(p.get('ci'))}")
+    if "holdout" in fit and "rmse_log" in fit["holdout"]:
+        lines.append(f"      held-out rmse(log) {fit['holdout']['rmse_log']:.3g}")
+    cv = fit.get("crossval")
+    if cv:
+        if "rmse_log" in cv:
+            lines.append(
+                f"      {cv['kind']} rmse({cv.get('of', 'log L')}) {cv['rmse_log']:.3g} "
+                f"(in-sample {cv['in_sample_rmse_log']:.3g})"
+            )
+        else:
+            lines.append(f"      cross-validation: {cv['error']}")
+    for a in fit.get("at_compute", []):
+        lines.append(
+            f"      at C={a['C']:.3g}: N_opt {_g(a['N_opt']['value'])}{_ci(a['N_opt']['ci'])}, "
+            f"D_opt {_g(a['D_opt']['value'])}{_ci(a['D_opt']['ci'])}, "
+            f"D/N {_g(a['D_per_N']['value'])}{_ci(a['D_per_N']['ci'])}"
+        )
+        if a.get("extrapolation"):
+            lines.append(f"        ! {a['extrapolation']}")
+    return lines + [f"      ! {f}" for f in fit.get("flags", [])]
+
+
 def format_table(result: dict) -> str:
     """A readable summary: per cell and law, each parameter with its interval, and flags."""
-    s = result["settings"]
+    s, d = result["settings"], result["data"]
     lines = [
-        f"data: N: {result['data']['N']}; D: {result['data']['D']}; C: {result['data']['C']}",
+        f"data: N: {d.get('N')}; D: {d.get('D')}; C: {d.get('C')}",
         f"bootstrap: {s['bootstrap']} resamples of runs, seed {s['seed']}, "
         f"{s['ci']:.0%} percentile intervals; Huber delta {s['huber_delta']}",
     ]
+    if d.get("filters"):
+        lines.append(f"filters: {'; '.join(d['filters'])}")
     for cell, v in result["cells"].items():
         sm = v["summary"]
         lines += [
@@ -166,18 +204,7 @@ def format_table(result: dict) -> str:
             f"[{_g(sm['C'] and sm['C'][0])}, {_g(sm['C'] and sm['C'][1])}] FLOPs",
         ]
         for law, fit in v["fits"].items():
-            if "skipped" in fit:
-                lines.append(f"  {law:<16} skipped: {fit['skipped']}")
-                continue
-            extra = f"rmse(log) {fit['residuals']['rmse_log']:.3g}" if "residuals" in fit else ""
-            lines.append(f"  {law:<16} {fit['formula']}   {extra}")
-            for name, p in fit["params"].items():
-                ci = p.get("ci")
-                cis = f"[{_g(ci[0])}, {_g(ci[1])}]" if ci else ""
-                lines.append(f"      {name:<8} {_g(p['value']):>11}  {cis}")
-            if "holdout" in fit and "rmse_log" in fit["holdout"]:
-                lines.append(f"      held-out rmse(log) {fit['holdout']['rmse_log']:.3g}")
-            lines += [f"      ! {f}" for f in fit.get("flags", [])]
+            lines += _fit_lines(law, fit)
     cmp_ = result.get("comparison", {})
     if "at" in cmp_:
         lines += ["", "== comparison (predicted loss at compute)"]
@@ -188,112 +215,11 @@ def format_table(result: dict) -> str:
                 for c, e in row["cells"].items()
             )
             lines.append(f"  C={row['C']:.3g}: {cells}; best {row['best']}")
+            if row.get("extrapolation"):
+                lines.append(f"    ! {row['extrapolation']}")
         for x in cmp_["crossovers"]:
             if x["C"] is not None:
                 lines.append(f"  {x['meaning']}")
         if cmp_.get("note"):
             lines.append(f"  note: {cmp_['note']}")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_data_args(p: argparse.ArgumentParser) -> None:
-    """Flags that say how a registry or table of runs maps to N, D, C and loss."""
-    p.add_argument("--n-col", default=None, help="column of parameter counts N")
-    p.add_argument("--d-col", default=None, help="column of training tokens D")
-    p.add_argument("--c-col", default=None, help="column of training FLOPs C")
-    p.add_argument("--loss-col", default=None, help="column of final loss")
-    p.add_argument("--run-col", default=None, help="run id column (repeated ids: curve points)")
-    p.add_argument(
-        "--group-cols",
-        default=None,
-        help="comma-separated columns fitted apart (default arch,objective if "
-        "present; '' for one group)",
-    )
-    p.add_argument("--n-unit", default="", help="multiplier of N values: 1e6, M, B, ...")
-    p.add_argument("--d-unit", default="", help="multiplier of D values: 1e9, B, T, ...")
-    p.add_argument("--c-unit", default="", help="multiplier of C values: 1e18, PF-days, ...")
-    p.add_argument(
-        "--n-kind",
-        choices=["total", "non_embedding"],
-        default="non_embedding",
-        help="registry: which parameter count is N",
-    )
-    p.add_argument(
-        "--d-kind",
-        choices=["positions", "tokens"],
-        default="positions",
-        help="registry: D as processed positions or loss-bearing tokens",
-    )
-    p.add_argument(
-        "--c-kind",
-        choices=["counted", "6nd"],
-        default=None,
-        help="C as counted FLOPs or 6ND (default: counted if a C column exists)",
-    )
-    p.add_argument(
-        "--drop-invalid",
-        action="store_true",
-        help="drop runs with NaN/non-positive values instead of failing",
-    )
-
-
-def data_settings_from_args(args) -> DataSettings:
-    groups = None
-    if args.group_cols is not None:
-        groups = tuple(g.strip() for g in args.group_cols.split(",") if g.strip())
-    return DataSettings(
-        n_col=args.n_col,
-        d_col=args.d_col,
-        c_col=args.c_col,
-        loss_col=args.loss_col,
-        run_col=args.run_col,
-        group_cols=groups,
-        n_kind=args.n_kind,
-        d_kind=args.d_kind,
-        c_kind=args.c_kind,
-        n_unit=args.n_unit,
-        d_unit=args.d_unit,
-        c_unit=args.c_unit,
-        drop_invalid=args.drop_invalid,
-    )
-
-
-def add_fit_args(p: argparse.ArgumentParser) -> None:
-    """Flags of `scalestudy fit` beyond the data flags."""
-    p.add_argument("--law", default="auto", help="comma-separated laws, or auto")
-    p.add_argument("--bootstrap", type=int, default=200, help="resamples of runs (0: none)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ci", type=float, default=0.95, help="interval coverage")
-    p.add_argument("--huber-delta", type=float, default=1e-3)
-    p.add_argument("--flops-per-nd", type=float, default=None, help="k in C = k N D")
-    p.add_argument("--holdout", type=int, default=0, help="hold out the N largest-C runs")
-    p.add_argument("--isoflop-tol", type=float, default=0.1, help="dex; IsoFLOP grouping")
-    p.add_argument("--compare-at", default=None, help="comma-separated compute budgets")
-
-
-def settings_from_args(args):
-    """(FitSettings, source) from parsed `scalestudy fit` arguments."""
-    from scalestudy.scaling.laws import FitSettings
-
-    compare = ()
-    if getattr(args, "compare_at", None):
-        try:
-            compare = tuple(float(x) for x in args.compare_at.split(","))
-        except ValueError:
-            raise ScalingDataError(f"--compare-at: not numbers: {args.compare_at!r}") from None
-    settings = FitSettings(
-        laws=tuple(x.strip() for x in args.law.split(",")),
-        data=data_settings_from_args(args),
-        bootstrap=args.bootstrap,
-        seed=args.seed,
-        ci=args.ci,
-        huber_delta=args.huber_delta,
-        flops_per_nd=args.flops_per_nd,
-        holdout=args.holdout,
-        isoflop_tol=args.isoflop_tol,
-        compare_at=compare,
-    )
-    return settings, args.source

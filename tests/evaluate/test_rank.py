@@ -92,6 +92,33 @@ def test_score_equals_logprob_from_logits(built) -> None:
         assert np.all(np.abs(other - expected) > 1e-4)
 
 
+def test_encoder_decoder_encodes_each_context_once_with_equal_scores() -> None:
+    from scalestudy.data.pipeline import scoring_batch
+
+    cfg = tiny("encoder_decoder", batch_size=32)
+    model = build_model(cfg.model)
+    params = model.init(jax.random.key(2))
+    scorer = rank.Scorer(cfg, model, params)
+    # 3 examples x 4 choices, and one example whose two choices change the context
+    # (partial scoring): 4 distinct contexts among 14 pairs.
+    contexts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    inputs = [c for c in contexts for _ in range(4)] + [[20, 21], [22, 21]]
+    targets = [[30 + i, 40 + i % 3] for i in range(12)] + [[50], [50]]
+    owner = np.repeat(np.arange(4), [4, 4, 4, 2])
+    full, _ = scoring_batch(scorer.cfg, inputs, targets)
+    sent = scorer._distinct_contexts(full, np.arange(len(inputs)))
+    assert len(sent["encoder_input_tokens"]) == 8 < len(inputs)  # 4 distinct, padded to 8
+    np.testing.assert_array_equal(
+        sent["encoder_input_tokens"][sent["pair_context"]], full["encoder_input_tokens"]
+    )
+    lp, n_tok, correct, _ = scorer(inputs, targets, owner)
+    # The per-pair path: every pair encodes its own copy of its context.
+    reference = jax.device_get(jax.jit(model.score)(params, full))
+    np.testing.assert_allclose(lp, reference["logprob"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(n_tok, reference["n_tokens"])
+    np.testing.assert_array_equal(correct, reference["all_correct"])
+
+
 def test_left_truncation_keeps_the_end_and_is_counted(built) -> None:
     cfg, _, _, scorer = built
     room = 24 if cfg.model.is_encoder_decoder else 32 - 3

@@ -65,6 +65,6 @@ def test_isoflop_budget_without_interior_minimum_is_left_out_and_flagged(make_is
     # Make the smallest budget's loss fall monotonically with N: no minimum inside.
     first = t.C.min() == t.C
     t.loss[first] = 4.0 - 0.1 * np.log(t.N[first])
-    fit = allocation.approach2(t, run_counts(len(t.N), 10, 0), 0.95)
+    fit = allocation.approach2(t, run_counts(len(t.N), 10, 0), FitSettings())
     assert fit["n_budgets"] == 2
     assert any("no minimum inside" in f for f in fit["flags"])

@@ -85,7 +85,7 @@ def test_kaplan_nd_recovers_exponents():
 
 
 def test_approach2_recovers_allocation_exponent(iso_table, true_params):
-    fit = allocation.approach2(iso_table, run_counts(35, 50, 0), 0.95)
+    fit = allocation.approach2(iso_table, run_counts(35, 50, 0), FitSettings())
     a_true = true_params["beta"] / (true_params["alpha"] + true_params["beta"])
     assert fit["n_budgets"] == 5
     assert fit["params"]["a"]["value"] == pytest.approx(a_true, abs=0.04)
@@ -110,7 +110,7 @@ def test_approach1_from_curves_finds_allocation(true_params):
     t = RunTable(
         ids, ["all"] * len(ids), np.array(N), np.array(D), np.array(C), np.array(L), curves=curves
     )
-    fit = allocation.approach1(t, run_counts(len(ids), 20, 0), 0.95)
+    fit = allocation.approach1(t, run_counts(len(ids), 20, 0), FitSettings())
     a_true = true_params["beta"] / (true_params["alpha"] + true_params["beta"])
     assert fit["params"]["a"]["value"] == pytest.approx(a_true, abs=0.06)
     assert fit["n_budgets"] > 10
@@ -167,3 +167,79 @@ def test_compare_cells_finds_crossover(make_isoflop, true_params):
 def test_unknown_law_is_an_error():
     with pytest.raises(ScalingDataError, match="unknown law"):
         FitSettings(laws=("chinchilla4",))
+
+
+def test_isoflop_grouping_does_not_chain_a_continuum_of_compute():
+    # 217 runs spread evenly in log C from 2.9e18 to 1e21: gaps are tiny, so joining
+    # neighbours closer than 0.1 dex made them one budget.
+    C = np.geomspace(2.9e18, 1e21, 217)
+    groups, flags = allocation.isoflop_groups(C, 0.1)
+    spans = [np.ptp(np.log10(C[groups == g])) for g in np.unique(groups)]
+    assert max(spans) <= 0.1 and len(spans) >= 25
+    assert flags and "does not fall into separate IsoFLOP budgets" in flags[0]
+
+
+def test_isoflop_grouping_finds_jittered_budgets_without_flags():
+    rng = np.random.default_rng(0)
+    nominal = np.repeat([1e18, 3e18, 1e19, 3e19], 6)
+    C = nominal * 10 ** rng.uniform(-0.02, 0.02, nominal.size)
+    groups, flags = allocation.isoflop_groups(C, 0.1)
+    assert len(np.unique(groups)) == 4 and not flags
+    assert all(len(np.unique(nominal[groups == g])) == 1 for g in np.unique(groups))
+
+
+def test_budget_labels_give_the_budget_compute_in_numeric_order(make_isoflop):
+    budgets = (1e18, 3e18, 1e19, 3e19, 1e20)
+    t = make_isoflop(budgets=budgets)
+    t.C = t.C * 1.05  # counted FLOPs differ from the nominal 6ND budget
+    t.budget = [f"{c:.0e}" for c in 6 * t.N * t.D / 1.0]
+    fit = allocation.approach2(t, run_counts(35, 0, 0), FitSettings())
+    assert [p["C"] for p in fit["isoflop"]] == pytest.approx(budgets, rel=1e-9)
+    assert fit["budget_C"] == "budget labels"
+    # Each profile holds exactly its own runs.
+    assert all(len(p["run_ids"]) == 7 for p in fit["isoflop"])
+
+
+def test_at_compute_matches_the_fitted_allocation(iso_table):
+    s = FitSettings(laws=("chinchilla3", "chinchilla2"), bootstrap=30, at_compute=(1e19, 1e21))
+    res = fit_cells(iso_table, settings=s)
+    fits = res["cells"]["all"]["fits"]
+    p = {k: v["value"] for k, v in fits["chinchilla3"]["params"].items()}
+    for entry in fits["chinchilla3"]["at_compute"]:
+        n = p["G"] * (entry["C"] / 6.0) ** p["a"]
+        assert entry["N_opt"]["value"] == pytest.approx(n, rel=1e-9)
+        assert entry["D_opt"]["value"] == pytest.approx(entry["C"] / 6.0 / n, rel=1e-9)
+        assert entry["D_per_N"]["value"] == pytest.approx(entry["C"] / 6.0 / n**2, rel=1e-9)
+        lo, hi = entry["N_opt"]["ci"]
+        assert lo < entry["N_opt"]["value"] < hi
+    q = {k: v["value"] for k, v in fits["chinchilla2"]["params"].items()}
+    e2 = fits["chinchilla2"]["at_compute"][1]
+    assert e2["N_opt"]["value"] == pytest.approx(q["G"] * 1e21 ** q["a"], rel=1e-9)
+    assert e2["D_opt"]["value"] == pytest.approx(q["H"] * 1e21 ** q["b"], rel=1e-9)
+
+
+def test_kfold_and_leave_one_out_report_out_of_sample_error(iso_table):
+    form = get_form("chinchilla3")
+    for k, kind in ((5, "5-fold"), (-1, "leave-one-out")):
+        fit = fit_form(form, iso_table, np.zeros((0, 35)), FitSettings(kfold=k), 6.0)
+        cv = fit["crossval"]
+        assert cv["kind"] == kind
+        # Out of sample is worse than in sample, and near the 0.5% noise for a right law.
+        assert cv["in_sample_rmse_log"] < cv["rmse_log"] < 0.012
+
+
+def test_approach2_leave_one_budget_out(make_isoflop):
+    t = make_isoflop(budgets=(1e18, 3e18, 1e19, 3e19, 1e20, 3e20), noise=0.002)
+    fit = allocation.approach2(t, run_counts(len(t.N), 0, 0), FitSettings(kfold=-1))
+    cv = fit["crossval"]
+    assert cv["kind"] == "leave-one-budget-out" and cv["folds"] == 6
+    assert cv["in_sample_rmse_log"] < cv["rmse_log"] < 0.2
+    # Each budget's held-out prediction is the line through the other five.
+    ln = np.log([p["N_opt"] for p in fit["isoflop"]])
+    lc = np.log([p["C"] for p in fit["isoflop"]])
+    errs = []
+    for i in range(6):
+        keep = np.arange(6) != i
+        sl, ic = np.polyfit(lc[keep], ln[keep], 1)
+        errs.append(ln[i] - (ic + sl * lc[i]))
+    assert cv["rmse_log"] == pytest.approx(np.sqrt(np.mean(np.square(errs))), rel=1e-6)

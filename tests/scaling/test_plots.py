@@ -1,6 +1,9 @@
 """Figures from a tiny table of runs: every figure written as PNG and SVG, styles consistent."""
 
+import itertools
+
 import numpy as np
+import pytest
 
 from scalestudy.cli import main
 from scalestudy.config import VALID_CELLS
@@ -116,3 +119,145 @@ def test_zero_shot_accuracy_averages_tasks_not_their_breakdowns():
     acc, n_tasks = task_accuracy(extra)
     assert n_tasks == 2 and np.allclose(acc, [0.5, 0.7])
     assert task_accuracy({"eval/copa/n": np.array([1.0])}) is None
+
+
+# ----------------------------------------------------------------------------- artists
+
+
+def _fits_and_table(tmp_path, make_isoflop, laws, bootstrap=30):
+    from scalestudy.scaling.io import DataSettings, load_table
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+
+    runs = tmp_path / "runs.csv"
+    _write_runs(runs, make_isoflop)
+    t = load_table(runs, DataSettings(run_col="run"))
+    return t, fit_cells(t, settings=FitSettings(laws=laws, bootstrap=bootstrap))
+
+
+def _budget_table(make_isoflop, budgets, cells=("all",)):
+    from scalestudy.scaling.io import RunTable
+
+    parts = [make_isoflop(budgets=budgets, sizes=5, cell=c, seed=i) for i, c in enumerate(cells)]
+    t = RunTable(
+        list(itertools.chain.from_iterable(p.run_id for p in parts)),
+        list(itertools.chain.from_iterable(p.cell for p in parts)),
+        *(np.concatenate([getattr(p, a) for p in parts]) for a in ("N", "D", "C", "loss")),
+    )
+    t.budget = [f"{c:.3g}" for c in np.round(t.C, -12)]
+    t.choices = {"c_kind": "6nd", "groups": []}
+    return t
+
+
+def test_isoflop_colours_follow_compute_and_points_sit_under_their_own_parabola(make_isoflop):
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm, to_rgba
+
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import fig_isoflops
+
+    # Labels sorted as text put 1e+19 before 3e+18; budgets 0.12 dex apart are closer than
+    # the old 0.15 dex drawing window.
+    budgets = (1e18, 1.32e18, 3e18, 1e19, 1.32e19, 3e19, 1e20, 3e20)
+    t = _budget_table(make_isoflop, budgets)
+    fits = fit_cells(t, settings=FitSettings(laws=("chinchilla2",), bootstrap=0))
+    fig = fig_isoflops(t, fits)
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if str(ln.get_label()).startswith("C=")]
+    profiles = fits["cells"]["all"]["fits"]["chinchilla2"]["isoflop"]
+    cs = sorted(p["C"] for p in profiles)
+    assert [float(ln.get_label()[2:]) for ln in lines] == pytest.approx(cs, rel=0.05)
+    assert len(lines) == len(budgets)
+    norm, cmap = LogNorm(min(budgets), max(budgets)), plt.get_cmap("viridis")
+    for c, ln in zip(cs, lines):
+        np.testing.assert_allclose(to_rgba(ln.get_color()), cmap(norm(c)), atol=0.02)
+    # Every run drawn once, in its own budget's colour; >7 budgets never share a style.
+    points = [col for col in ax.collections if len(col.get_offsets())]
+    assert sum(len(col.get_offsets()) for col in points) == len(t.run_id)
+    styles = {(ln.get_color(), ln.get_marker()) for ln in lines}
+    assert len(styles) == len(budgets)
+    for col in points:
+        (colour,) = {tuple(np.round(fc, 3)) for fc in col.get_facecolors()}
+        same = [
+            c for c, ln in zip(cs, lines) if np.allclose(to_rgba(ln.get_color()), colour, atol=2e-3)
+        ]
+        assert len(same) == 1
+        expected = np.sort(t.N[np.isclose(np.round(t.C, -12), same[0], rtol=1e-3)])
+        np.testing.assert_allclose(np.sort(col.get_offsets()[:, 0]), expected)
+    plt.close(fig)
+
+
+def test_many_cells_never_share_a_style_and_panels_wrap_into_a_grid(make_isoflop):
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import cell_styles, fig_isoflops
+
+    names = [f"group{i}" for i in range(50)]  # more cells than 7 colours x 7 markers
+    styles = cell_styles(names)
+    assert len({(s["color"], s["marker"]) for s in styles.values()}) == 50
+    mixed = cell_styles(["causal_decoder/flm", "x", "y", "encoder_decoder/mlm"])
+    assert mixed["causal_decoder/flm"] == cell_style("causal_decoder/flm")
+    assert len({tuple(s.values()) for s in mixed.values()}) == 4
+
+    cells = ("a", "b", "c", "d", "e")
+    t = _budget_table(make_isoflop, (1e18, 1e19, 1e20), cells)
+    t.cell = [r.split("-")[0] for r in t.run_id]
+    fits = fit_cells(t, settings=FitSettings(laws=("chinchilla2",), bootstrap=0))
+    fig = fig_isoflops(t, fits)
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert len(panels) == 5
+    rows = {round(ax.get_position().y0, 3) for ax in panels}
+    assert len(rows) == 2  # three panels, then two: not one row of five
+    plt.close(fig)
+
+
+def test_fitted_curves_have_bands_and_the_extrapolated_region_is_marked(tmp_path, make_isoflop):
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.plots import fig_allocation, fig_isoflops, fig_loss_vs_compute
+
+    laws = ("chinchilla1", "chinchilla2", "chinchilla3", "kaplan_c")
+    t, fits = _fits_and_table(tmp_path, make_isoflop, laws)
+    c_max = float(np.max(t.C))
+    fig = fig_loss_vs_compute(t, fits)
+    gids = {a.get_gid() for a in fig.axes[0].get_children() if a.get_gid()}
+    assert {"band:causal_decoder/flm:chinchilla3", "band:causal_decoder/flm:kaplan_c"} <= gids
+    (span,) = [a for a in fig.axes[0].patches if a.get_gid() == "extrapolation"]
+    assert span.get_x() == pytest.approx(c_max)
+    plt.close(fig)
+
+    fig = fig_isoflops(t, fits)  # each budget's parabola with its band
+    gids = {a.get_gid() for ax in fig.axes for a in ax.get_children() if a.get_gid()}
+    assert {f"band:causal_decoder/flm:C={c:.3g}" for c in (1e18, 1e19, 1e20)} <= gids
+    plt.close(fig)
+
+    fig = fig_allocation(t, fits)
+    ax_n = fig.axes[0]
+    gids = {a.get_gid() for a in ax_n.get_children() if a.get_gid()}
+    for law in laws[:3]:
+        assert f"band:encoder_decoder/mlm:{law}" in gids
+    assert "extrapolation" in gids
+    labels = [txt.get_text() for ax in fig.axes for txt in ax.get_legend().get_texts()]
+    assert any(x.startswith("causal_decoder/flm approach 1") for x in labels)
+    assert "approach 1" in labels  # the line style's own entry
+    assert "dotted: approach 1" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_flagged_fits_say_so_in_the_legend(make_isoflop):
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.io import RunTable
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import fig_loss_vs_size
+
+    N = np.array([2.5e4, 5.5e4, 1.1e5, 1.9e5])  # four sizes, as in the smoke study
+    t = RunTable(
+        [f"r{i}" for i in range(4)], ["all"] * 4, N, N * np.nan, N * np.nan, 3.2 * (N / 1e4) ** -0.1
+    )
+    t.choices = {"groups": []}
+    fits = fit_cells(t, settings=FitSettings(laws=("kaplan_n",), bootstrap=20))
+    fig = fig_loss_vs_size(t, fits)
+    texts = [x.get_text() for x in fig.axes[0].get_legend().get_texts()]
+    assert any("kaplan_n FLAGGED" in x and "points" in x for x in texts)
+    plt.close(fig)

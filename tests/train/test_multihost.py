@@ -3,16 +3,20 @@ form one 8-device mesh and must train exactly as one process with eight devices.
 
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
 import pytest
 
 from scalestudy.config import load_config, to_yaml
+from scalestudy.train import checkpoint
 from scalestudy.train.loop import train
 from scalestudy.train.sharding import MeshError, initialize_distributed
 
@@ -46,22 +50,98 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _launch(cfg, tmp_path: Path, workdir: Path) -> list[subprocess.Popen]:
+    """`scalestudy train` in two local processes of four CPU devices each (one 8-device mesh)."""
+    config = tmp_path / f"{workdir.name}.yaml"
+    config.write_text(to_yaml(cfg))
+    port = _free_port()
+    procs = []
+    for pid in range(2):
+        env = {
+            **os.environ,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "JAX_PLATFORMS": "cpu",
+            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
+            "SCALESTUDY_NUM_PROCESSES": "2",
+            "SCALESTUDY_PROCESS_ID": str(pid),
+        }
+        cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, "--workdir", str(workdir)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    return procs
+
+
+def _finish(procs: list[subprocess.Popen]) -> None:
+    """Wait for the processes of `_launch`; fail with their output unless both succeed."""
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    except subprocess.TimeoutExpired:  # one process failed and the other waits for it
+        for p in procs:
+            p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+
+
 @pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path: Path):
     cfg = load_config(None, OVERRIDES)
     reference = tmp_path / "one_process"
     train(cfg, reference)  # this test process has 8 devices (conftest)
 
-    config = tmp_path / "config.yaml"
-    config.write_text(to_yaml(cfg))
     workdir = tmp_path / "two_processes"
-    _launch(config, workdir)
+    _finish(_launch(cfg, tmp_path, workdir))
 
     want, got = _losses(reference), _losses(workdir)
     assert len(got) == len(want) == cfg.train.steps
     assert got == pytest.approx(want, rel=1e-5)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["tokens"] == json.loads((reference / "summary.json").read_text())["tokens"]
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_process_stops_both_at_one_step_then_resumes_on_one(tmp_path: Path):
+    """SIGTERM reaches process 1 only: both save at the same step and exit with the
+    preemption status; the checkpoint then resumes on one process of 8 devices, on another
+    mesh, continuing the uninterrupted run's losses."""
+    cfg = load_config(None, [*OVERRIDES, "train.steps=200", "train.checkpoint_every=1000"])
+    workdir = tmp_path / "two_processes"
+    procs = _launch(cfg, tmp_path, workdir)
+    deadline = time.time() + 240
+    while time.time() < deadline and all(p.poll() is None for p in procs):
+        if (workdir / "metrics.jsonl").exists() and len(_losses(workdir)) >= 2:
+            break
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    saved = []
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+        found = re.search(r"SIGTERM received: saved a checkpoint at step (\d+)", out)
+        assert found, out[-3000:]
+        saved.append(int(found.group(1)))
+    stopped_at = saved[0]
+    assert saved == [stopped_at, stopped_at] and 2 <= stopped_at < 200
+    assert checkpoint.latest_step(workdir) == stopped_at
+    assert len(_losses(workdir)) == stopped_at
+
+    stop = f"train.stop_after_steps={stopped_at + 3}"
+    reference = tmp_path / "uninterrupted"
+    train(
+        cfg.replace(train={**cfg.train.model_dump(), "stop_after_steps": stopped_at + 3}), reference
+    )
+    resumed = load_config(None, [*OVERRIDES, "train.steps=200", stop, "mesh.data=2", "mesh.fsdp=4"])
+    train(resumed, workdir)  # one process, 8 devices, another mesh
+    want, got = _losses(reference), _losses(workdir)
+    assert len(got) == len(want) == stopped_at + 3
+    assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_distributed_environment_is_validated():
@@ -80,39 +160,6 @@ def test_distributed_environment_is_validated():
         initialize_distributed({"SCALESTUDY_DISTRIBUTED": "yes"})
 
 
-def _launch(config: Path, workdir: Path, *overrides: str) -> None:
-    """Run `scalestudy train` as 2 processes of 4 CPU devices; fail with their output."""
-    port = _free_port()
-    procs = []
-    for pid in range(2):
-        env = {
-            **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-            "JAX_PLATFORMS": "cpu",
-            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
-            "SCALESTUDY_NUM_PROCESSES": "2",
-            "SCALESTUDY_PROCESS_ID": str(pid),
-        }
-        cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
-        procs.append(
-            subprocess.Popen(
-                [*cmd, "--workdir", str(workdir), *overrides],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    try:
-        outputs = [p.communicate(timeout=300)[0] for p in procs]
-    except subprocess.TimeoutExpired:  # one process failed and the other waits for it
-        for p in procs:
-            p.kill()
-        outputs = [p.communicate()[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
-
-
 @pytest.mark.slow
 def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
     """seqio streaming on 2 processes: each saves its own iterator state and restores it, so
@@ -125,10 +172,8 @@ def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
         "objective.name=flm",
     ]
     cfg = load_config(None, [*OVERRIDES, *seqio_overrides])
-    config = tmp_path / "config.yaml"
-    config.write_text(to_yaml(cfg))
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _launch(config, straight)  # checkpoints at steps 3 and 6
+    _finish(_launch(cfg, tmp_path, straight))  # checkpoints at steps 3 and 6
     data = straight / "checkpoints" / "3" / "data"
     states = [json.loads((data / f"process_{p}-of-2.json").read_text()) for p in range(2)]
     assert [s["iterator"]["process"] for s in states] == [[0, 2], [1, 2]]
@@ -138,7 +183,9 @@ def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "6")
     (resumed / "summary.json").unlink()
-    _launch(config, resumed)  # resumes from step 3; process 1 restores its own stream
+    _finish(
+        _launch(cfg, tmp_path, resumed)
+    )  # resumes from step 3; process 1 restores its own stream
     want, got = _losses(straight), _losses(resumed)
     assert len(got) == len(want) == cfg.train.steps
     assert got == pytest.approx(want, rel=1e-5)
@@ -152,7 +199,6 @@ def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
     import jax.numpy as jnp
 
     from scalestudy.config import ExperimentConfig
-    from scalestudy.train import checkpoint
 
     state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)

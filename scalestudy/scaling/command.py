@@ -1,0 +1,273 @@
+"""`scalestudy fit` and `scalestudy plot`: their flags, checked settings and handlers.
+
+Every bad value (a non-positive tolerance, NaN, an unreadable path, malformed `--fits` JSON,
+fits made from other data) is one `ScalingDataError` line; a closed output pipe
+(`scalestudy fit ... | head -1`) ends the command quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from scalestudy.scaling.io import DataSettings, ScalingDataError, fingerprint, load_table
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """Flags that say how a registry or table of runs maps to N, D, C and loss."""
+    p.add_argument("--n-col", default=None, help="column of parameter counts N")
+    p.add_argument("--d-col", default=None, help="column of training tokens D")
+    p.add_argument("--c-col", default=None, help="column of training FLOPs C")
+    p.add_argument("--loss-col", default=None, help="column of final loss")
+    p.add_argument("--run-col", default=None, help="run id column (repeated ids: curve points)")
+    p.add_argument(
+        "--budget-col",
+        default=None,
+        help="IsoFLOP budget column (default 'budget' when present); a numeric label is the "
+        "budget's compute",
+    )
+    p.add_argument(
+        "--group-cols",
+        default=None,
+        help="comma-separated columns fitted apart (default arch,objective if "
+        "present; '' for one group)",
+    )
+    p.add_argument("--n-unit", default="", help="multiplier of N values: 1e6, M, B, ...")
+    p.add_argument("--d-unit", default="", help="multiplier of D values: 1e9, B, T, ...")
+    p.add_argument("--c-unit", default="", help="multiplier of C values: 1e18, PF-days, ...")
+    p.add_argument(
+        "--n-kind",
+        choices=["total", "non_embedding"],
+        default="non_embedding",
+        help="registry: which parameter count is N",
+    )
+    p.add_argument(
+        "--d-kind",
+        choices=["positions", "tokens"],
+        default="positions",
+        help="registry: D as processed positions or loss-bearing tokens",
+    )
+    p.add_argument(
+        "--c-kind",
+        choices=["counted", "6nd"],
+        default=None,
+        help="C as counted FLOPs or 6ND (default: counted if a C column exists)",
+    )
+    p.add_argument(
+        "--drop-invalid",
+        action="store_true",
+        help="drop runs with NaN/non-positive values instead of failing",
+    )
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="COND",
+        help="keep only runs meeting COND, e.g. 'N>=1e8', 'arch=causal_decoder' (repeatable)",
+    )
+    p.add_argument("--exclude", default=None, help="comma-separated run ids to leave out")
+
+
+def data_settings_from_args(args) -> DataSettings:
+    """DataSettings from parsed data flags."""
+    groups = None
+    if args.group_cols is not None:
+        groups = tuple(g.strip() for g in args.group_cols.split(",") if g.strip())
+    exclude = tuple(e.strip() for e in (args.exclude or "").split(",") if e.strip())
+    return DataSettings(
+        n_col=args.n_col,
+        d_col=args.d_col,
+        c_col=args.c_col,
+        loss_col=args.loss_col,
+        run_col=args.run_col,
+        budget_col=args.budget_col,
+        group_cols=groups,
+        n_kind=args.n_kind,
+        d_kind=args.d_kind,
+        c_kind=args.c_kind,
+        n_unit=args.n_unit,
+        d_unit=args.d_unit,
+        c_unit=args.c_unit,
+        drop_invalid=args.drop_invalid,
+        where=tuple(args.where),
+        exclude=exclude,
+    )
+
+
+def add_fit_args(p: argparse.ArgumentParser) -> None:
+    """Flags of `scalestudy fit` beyond the data flags."""
+    p.add_argument("--law", default="auto", help="comma-separated laws, or auto")
+    p.add_argument("--bootstrap", type=int, default=200, help="resamples of runs (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ci", type=float, default=0.95, help="interval coverage, in (0, 1)")
+    p.add_argument("--huber-delta", type=float, default=1e-3)
+    p.add_argument("--flops-per-nd", type=float, default=None, help="k in C = k N D")
+    p.add_argument("--holdout", type=int, default=0, help="hold out the N largest-C runs")
+    p.add_argument(
+        "--isoflop-tol", type=float, default=0.1, help="dex; widest spread of one IsoFLOP budget"
+    )
+    p.add_argument("--compare-at", default=None, help="comma-separated compute budgets")
+    p.add_argument(
+        "--at-compute",
+        default=None,
+        help="comma-separated compute budgets: N_opt, D_opt and D/N there, with intervals",
+    )
+    p.add_argument(
+        "--kfold",
+        default="0",
+        help="cross-validate each law: K folds, or 'loo' for leave-one-out (0: off)",
+    )
+    p.add_argument(
+        "--min-points-per-param",
+        type=float,
+        default=3.0,
+        help="fits with fewer points per parameter are flagged",
+    )
+
+
+def _budgets(text: str | None, flag: str) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ScalingDataError(
+            f"{flag} {text!r}: not comma-separated numbers; give e.g. 1e21,1e22"
+        ) from None
+
+
+def settings_from_args(args):
+    """(FitSettings, source) from parsed `scalestudy fit` arguments."""
+    from scalestudy.scaling.laws import FitSettings
+
+    kfold_text = str(args.kfold).strip().lower()
+    try:
+        kfold = -1 if kfold_text in ("loo", "-1") else int(kfold_text)
+    except ValueError:
+        raise ScalingDataError(
+            f"--kfold {args.kfold!r} is not accepted; give 0 (off), 'loo' or an integer >= 2"
+        ) from None
+    settings = FitSettings(
+        laws=tuple(x.strip() for x in args.law.split(",")),
+        data=data_settings_from_args(args),
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        ci=args.ci,
+        huber_delta=args.huber_delta,
+        flops_per_nd=args.flops_per_nd,
+        holdout=args.holdout,
+        isoflop_tol=args.isoflop_tol,
+        compare_at=_budgets(args.compare_at, "--compare-at"),
+        at_compute=_budgets(args.at_compute, "--at-compute"),
+        kfold=kfold,
+        min_points_per_param=args.min_points_per_param,
+    )
+    return settings, args.source
+
+
+def _writable_file(path: str, flag: str) -> Path:
+    """A path a file can be written to (its folder is created), or a clear error."""
+    p = Path(path)
+    if p.is_dir():
+        raise ScalingDataError(f"{flag} {p} is a directory; give a file name such as fits.json")
+    parent = next((q for q in p.absolute().parents if q.exists()), None)
+    if parent is not None and (not parent.is_dir() or not os.access(parent, os.W_OK)):
+        raise ScalingDataError(f"{flag} {p}: cannot write under {parent}")
+    return p
+
+
+def _writable_dir(path: str, flag: str) -> Path:
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ScalingDataError(f"{flag} {p} is a file; give a directory for the figures")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ScalingDataError(f"{flag} {p}: cannot create the directory ({e.strerror})") from None
+    if not os.access(p, os.W_OK):
+        raise ScalingDataError(f"{flag} {p}: the directory is not writable")
+    return p
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of stdout went away (`| head`): stop printing, without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, as a shell reports a pipeline cut short
+
+
+def fit_main(args) -> int:
+    """`scalestudy fit`: fit, print a table (or JSON), optionally write the JSON."""
+    from scalestudy.scaling.laws import fit_cells
+    from scalestudy.scaling.report import format_table, write_json
+
+    settings, source = settings_from_args(args)
+    out = _writable_file(args.out, "--out") if args.out else None
+    table = load_table(source, settings.data)
+    result = fit_cells(table, settings=settings)
+    if out is not None:
+        try:
+            write_json(result, out)
+        except OSError as e:
+            raise ScalingDataError(f"--out {out}: cannot write ({e.strerror})") from None
+    text = json.dumps(result, indent=2, default=str) if args.json else format_table(result)
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    return 0
+
+
+def read_fits(path: str, table) -> dict:
+    """Fits written by `scalestudy fit --out`, checked to be JSON fits of these very runs."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScalingDataError(f"--fits: no such file {p}")
+    try:
+        fits = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ScalingDataError(f"--fits {p}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise ScalingDataError(f"--fits {p}: cannot read ({e.strerror})") from None
+    if not isinstance(fits, dict) or not isinstance(fits.get("cells"), dict):
+        raise ScalingDataError(
+            f"--fits {p}: not a fit result (no 'cells'); give the JSON `scalestudy fit --out` wrote"
+        )
+    want, got = fits.get("data_fingerprint"), fingerprint(table)
+    if want is None:
+        raise ScalingDataError(
+            f"--fits {p} records no data fingerprint (written by an older version); refit it"
+        )
+    if want != got:
+        raise ScalingDataError(
+            f"--fits {p} was fitted to other runs (data fingerprint {want}; these runs give "
+            f"{got}); refit, or give the source, columns and --where/--exclude used for the fit"
+        )
+    return fits
+
+
+def plot_main(args) -> int:
+    """`scalestudy plot`: figures from a registry or table, with fits from --fits or fitted here."""
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import make_all_plots
+
+    data = data_settings_from_args(args)
+    settings = FitSettings(bootstrap=getattr(args, "bootstrap", 0), data=data)
+    out = _writable_dir(args.out, "--out")
+    table = load_table(args.source, data)
+    fits = read_fits(args.fits, table) if args.fits else fit_cells(table, settings=settings)
+    paths = make_all_plots(table, None, fits, out)
+    try:
+        for p in paths:
+            print(p)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    return 0

@@ -1,0 +1,58 @@
+"""Out-of-sample error of a fitted law: held-out largest-compute runs, and k-fold or
+leave-one-out cross-validation (each fold is a weight vector, so all folds are fitted at once
+by the same batched optimiser as the bootstrap)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scalestudy.scaling.forms import Form
+from scalestudy.scaling.io import RunTable
+from scalestudy.scaling.optimize import fit_weighted, point_fit
+
+
+def holdout(form: Form, table: RunTable, x, y, run, grid, s) -> dict:
+    """Refit without the points of the `holdout` largest-compute runs; their errors."""
+    held_runs = np.argsort(table.C)[::-1][: s.holdout]
+    held = np.isin(run, held_runs)
+    if not held.any():
+        return {"error": f"none of the {s.holdout} largest-compute runs is a point of this law"}
+    if (~held).sum() < len(form.params) + 1:
+        return {"error": f"too few points left after holding out {s.holdout} runs"}
+    theta = point_fit(form, x, y, (~held).astype(float), s.huber_delta, grid)
+    pred, _ = form.predict(theta[None], x[:, held])
+    err = y[held] - pred[0]
+    return {
+        "runs": [table.run_id[j] for j in run[held]],
+        "rmse_log": float(np.sqrt(np.mean(err**2))),
+        "rel_err": (np.exp(-err) - 1.0).tolist(),  # predicted / observed - 1
+    }
+
+
+def kfold(form: Form, x_VP, y_P, theta_Q, grid, s) -> dict:
+    """k-fold (s.kfold >= 2) or leave-one-out (s.kfold == -1) error of the law's predictions.
+
+    Points are assigned to folds in a fixed random order (`s.seed`); each point is predicted
+    by the fit without its fold. Reports the out-of-sample RMSE of log loss beside the
+    in-sample one, so a law that only fits its own points shows a large gap.
+    """
+    P = len(y_P)
+    k = P if s.kfold == -1 else min(s.kfold, P)
+    if P - int(np.ceil(P / k)) < len(form.params) + 1:
+        return {
+            "error": f"too few points ({P}) for {k}-fold validation of {len(form.params)} "
+            "parameters"
+        }
+    fold_P = np.random.default_rng(s.seed).permutation(P) % k
+    w_KP = (fold_P[None] != np.arange(k)[:, None]).astype(float)
+    theta_KQ = fit_weighted(form, grid, theta_Q, x_VP, y_P, w_KP, s.huber_delta, s.top_k)
+    pred_KP, _ = form.predict(theta_KQ, x_VP)
+    err_P = y_P - pred_KP[fold_P, np.arange(P)]
+    full, _ = form.predict(theta_Q[None], x_VP)
+    return {
+        "folds": int(k),
+        "kind": "leave-one-out" if k == P else f"{k}-fold",
+        "rmse_log": float(np.sqrt(np.mean(err_P**2))),
+        "in_sample_rmse_log": float(np.sqrt(np.mean((y_P - full[0]) ** 2))),
+        "max_abs_log": float(np.abs(err_P).max()),
+    }

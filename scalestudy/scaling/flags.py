@@ -1,0 +1,140 @@
+"""Rules that flag a fit the data do not support, each with its reason.
+
+A flag is a string `"<kind>: <reason>"`; kinds:
+- `points`: fewer points than `min_points_per_param` per fitted parameter;
+- `bound`: a parameter on the edge of its domain (E = 0, an exponent <= 0), or an interval
+  reaching that edge;
+- `span`: an interval of E spanning more than `MAX_SPAN_DEX` orders of magnitude, of a
+  coefficient (A, B, G, H, N_c, ...) more than `MAX_COEF_SPAN_DEX` (a coefficient is the law's
+  value far outside the data, so it moves with its exponent and its interval is wide even in
+  a sound fit), or of an exponent wider than the value itself;
+- `sign`: bootstrap resamples that disagree on the sign of an exponent;
+- `outliers`: points whose residual is far outside the others' (robust z-score);
+- `flat`: a fitted loss that barely changes over the data;
+- `extrapolation`: a prediction asked for outside the range of the data (on answers at a
+  given compute, not on the fit itself).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_SPAN_DEX = 2.0  # an interval of E wider than this many decades
+MAX_COEF_SPAN_DEX = 6.0  # an interval of a coefficient wider than this many decades
+BOUND_REL = 1e-3  # E below this share of the lowest observed loss sits on its bound 0
+OUTLIER_Z = 5.0  # robust z-score (median absolute deviation) of an outlying residual
+EXPONENTS = ("alpha", "beta", "a", "b")
+POSITIVE = ("A", "B", "E", "G", "H", "N_c", "D_c", "C_c")
+
+
+def _is_exponent(name: str) -> bool:
+    return name in EXPONENTS or name.startswith(("alpha_", "beta_"))
+
+
+def _g(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def points_flag(n_points: int, n_params: int, min_per_param: float, what: str = "points"):
+    """'points' flag when there are fewer than min_per_param points per parameter."""
+    if n_points >= min_per_param * n_params:
+        return []
+    return [
+        f"points: {n_points} {what} for {n_params} parameters ({n_points / n_params:.2g} per "
+        f"parameter; the stated minimum is {min_per_param:g} per parameter, "
+        "--min-points-per-param): too few to determine the parameters reliably"
+    ]
+
+
+def param_flags(params: dict, samples: dict, ci: float, lowest_loss: float | None) -> list[str]:
+    """bound, span and sign flags of summarised parameters ({name: {value, ci}})."""
+    flags = []
+    level = f"{ci:.0%}"
+    for name, p in params.items():
+        v, iv = p.get("value"), p.get("ci")
+        if v is None:
+            flags.append(f"bound: {name} is not finite: degenerate fit")
+            continue
+        if name == "E" and lowest_loss:
+            edge = BOUND_REL * lowest_loss
+            if v < edge:
+                flags.append(
+                    f"bound: E = {_g(v)} sits on its bound 0 (below {BOUND_REL:.1%} of the "
+                    "lowest loss): the irreducible loss is not determined by these runs; "
+                    "fit the law without E or add runs at larger scale"
+                )
+            elif iv and iv[0] < edge:
+                flags.append(
+                    f"bound: E's {level} interval reaches down to {_g(iv[0])}, its bound 0: "
+                    "the irreducible loss is not determined by these runs"
+                )
+        if _is_exponent(name) and name not in ("a", "b") and not v > 1e-3:
+            flags.append(
+                f"bound: {name} = {_g(v)} <= 0: loss does not fall with scale; degenerate fit"
+            )
+        if iv is not None:
+            lo, hi = iv
+            at_bound = name == "E" and lowest_loss and lo < BOUND_REL * lowest_loss
+            if at_bound:
+                pass  # already flagged as reaching its bound
+            elif (
+                name in POSITIVE
+                and lo > 0
+                and np.log10(hi / lo) > (MAX_SPAN_DEX if name == "E" else MAX_COEF_SPAN_DEX)
+            ):
+                flags.append(
+                    f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] spans "
+                    f"{np.log10(hi / lo):.0f} orders of magnitude"
+                )
+            elif name in POSITIVE and lo <= 0 < hi and name != "E":
+                flags.append(f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] reaches 0")
+            elif _is_exponent(name) and hi - lo > abs(v):
+                flags.append(
+                    f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] is wider than "
+                    f"its value {_g(v)}"
+                )
+        s = samples.get(name)
+        if _is_exponent(name) and s is not None and len(s) and v != 0:
+            s = np.asarray(s, dtype=float)
+            s = s[np.isfinite(s)]
+            opposite = float(np.mean(np.sign(s) == -np.sign(v))) if len(s) else 0.0
+            if opposite > (1.0 - ci) / 2.0:
+                flags.append(
+                    f"sign: {opposite:.0%} of bootstrap fits give {name} of the opposite sign "
+                    f"to {_g(v)}: the direction of the effect is not determined"
+                )
+    return flags
+
+
+def outlier_flags(resid_P: np.ndarray, run_ids: list[str]) -> tuple[list[str], list[str]]:
+    """('outliers' flags, the runs flagged): residuals with robust z-score above OUTLIER_Z."""
+    r = np.asarray(resid_P, dtype=float)
+    if r.size < 6:
+        return [], []
+    med = np.median(r)
+    sigma = 1.4826 * np.median(np.abs(r - med))
+    if not sigma > 0:
+        return [], []
+    z = np.abs(r - med) / sigma
+    out = np.flatnonzero(z > OUTLIER_Z)
+    if not out.size:
+        return [], []
+    runs = [run_ids[i] for i in out]
+    shown = ", ".join(f"{run_ids[i]} ({r[i]:+.3g})" for i in out[:5])
+    more = f" and {out.size - 5} more" if out.size > 5 else ""
+    return [
+        f"outliers: {out.size} point(s) with log residuals beyond {OUTLIER_Z} robust standard "
+        f"deviations: {shown}{more}; check them, or leave them out with --exclude"
+    ], runs
+
+
+def extrapolation(c: float, c_range: list[float] | None) -> str | None:
+    """Why a prediction at compute c extrapolates beyond the runs' compute range (or None)."""
+    if not c_range:
+        return None
+    lo, hi = c_range
+    if c > hi * (1 + 1e-9):
+        return f"extrapolation: C = {_g(c)} is {c / hi:.3g}x the largest run's compute {_g(hi)}"
+    if c < lo * (1 - 1e-9):
+        return f"extrapolation: C = {_g(c)} is below the smallest run's compute {_g(lo)}"
+    return None

@@ -1,0 +1,209 @@
+"""Ahead-of-time compilation of the train step for the local devices or a TPU topology.
+
+`compile_plan(cfg, topology)` lowers and compiles the step without running it, and reports
+what a launch needs to know before the hardware exists: per-chip memory against the chip's
+HBM (fits or not), XLA's FLOPs against the counted model FLOPs, and the compiler's own
+estimate of the step time (TPU `optimal_seconds`) turned into an estimated MFU.
+
+TPU topologies need the TPU compiler (the `tpu` extra: libtpu), which runs on any Linux
+host; no TPU is needed. Names: "v4:4x4x8" (chips along each axis) or a Cloud TPU type
+such as "v4-256" or "v5e-8" (v4 and v5p types count TensorCores, two per chip; v5e and v6e
+types count chips).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import re
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from scalestudy.config import ExperimentConfig, ScalestudyError
+from scalestudy.data import pipeline
+from scalestudy.models import counting
+from scalestudy.train import metrics, sharding, step
+
+# Chip generation -> (name in libtpu's topology names, torus dimensions, cores per chip in
+# the Cloud TPU type name).
+_GENERATIONS = {
+    "v4": ("v4", 3, 2),
+    "v5p": ("v5p", 3, 2),
+    "v5e": ("v5e", 2, 1),
+    "v5litepod": ("v5e", 2, 1),
+    "v6e": ("v6e", 2, 1),
+}
+_TOPOLOGY = re.compile(r"^(v4|v5p|v5e|v6e):(\d+(?:x\d+)+)$")
+_CLOUD_TYPE = re.compile(r"^(v4|v5p|v5e|v5litepod|v6e)-(\d+)$")
+_ACCEPTED = (
+    "a topology such as v4:4x4x8, v5e:2x4, v5p:2x2x2, v6e:4x4, or a Cloud TPU type such as "
+    "v4-256, v5e-8, v5p-16, v6e-8"
+)
+
+
+class TopologyError(ScalestudyError):
+    """An unknown TPU topology name, or no TPU compiler installed."""
+
+
+# Standard slice shapes by chip count (Cloud TPU documentation's slice tables).
+_SLICES = {
+    3: {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+        256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"},
+    2: {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+        256: "16x16"},
+}  # fmt: skip
+
+
+def resolve_topology(name: str) -> tuple[str, int]:
+    """(libtpu topology name, number of chips) for a topology or Cloud TPU type name."""
+    if m := _TOPOLOGY.match(name):
+        gen, shape = m.groups()
+        dims = _GENERATIONS[gen][1]
+        sizes = [int(s) for s in shape.split("x")]
+        if len(sizes) != dims:
+            raise TopologyError(
+                f"--topology {name!r}: {gen} chips form a {dims}-D torus, so give {dims} "
+                f"sizes; accepted: {_ACCEPTED}"
+            )
+        return name, math.prod(sizes)
+    if m := _CLOUD_TYPE.match(name):
+        gen, count = m.group(1), int(m.group(2))
+        lib_name, dims, cores = _GENERATIONS[gen]
+        chips, shapes = count // cores, _SLICES[dims]
+        if chips * cores != count or chips not in shapes:
+            unit = "TensorCores (2 per chip)" if cores == 2 else "chips"
+            sizes = ", ".join(str(n * cores) for n in shapes)
+            raise TopologyError(
+                f"--topology {name!r}: {gen} types count {unit}; accepted sizes: {sizes} "
+                f"(or give the shape itself, {lib_name}:AxB{'xC' if dims == 3 else ''})"
+            )
+        return f"{lib_name}:{shapes[chips]}", chips
+    raise TopologyError(f"--topology {name!r} is not a TPU topology; accepted: {_ACCEPTED}")
+
+
+def tpu_devices(name: str) -> list:
+    """Compile-only devices of a TPU topology (one per chip)."""
+    topo, chips = resolve_topology(name)
+    if importlib.util.find_spec("libtpu") is None:
+        raise TopologyError(
+            f"--topology {name!r} needs the TPU compiler, which is not installed: install the "
+            "`tpu` extra (pip install -e '.[tpu]'); it runs on this machine, no TPU needed. "
+            "Without --topology the step compiles for the local devices"
+        )
+    # Compiling needs no TPU, so no exclusive hold on one: other processes on this host may
+    # have loaded libtpu too.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies
+
+    try:
+        # "megacore": one JAX device per v4/v5p chip (its two TensorCores), as on the hardware.
+        options = {"chip_config_name": "megacore"} if topo.split(":")[0] in ("v4", "v5p") else {}
+        devices = topologies.get_topology_desc(topo, "tpu", **options).devices
+    except Exception as e:
+        raise TopologyError(
+            f"--topology {name!r} ({topo}): the TPU compiler refused it "
+            f"({type(e).__name__}: {str(e)[:200]}); accepted: {_ACCEPTED}"
+        ) from None
+    if len(devices) != chips:
+        raise TopologyError(f"--topology {name!r}: expected {chips} chips, got {len(devices)}")
+    return list(devices)
+
+
+def abstract_batch(cfg: ExperimentConfig) -> dict[str, np.ndarray]:
+    """A global batch of the run's feature shapes (contents irrelevant), without reading data."""
+    rows = cfg.train.batch_size
+    batch, _ = pipeline.scoring_batch(cfg, [[]] * rows, [[1]] * rows)
+    return batch
+
+
+def state_bytes_per_device(program: step.Program) -> int:
+    """Bytes of parameters and optimizer state held by one device under the state sharding."""
+    total = 0
+    for leaf in jax.tree.leaves(program.abstract_state):
+        shard = leaf.sharding.shard_shape(leaf.shape)
+        total += math.prod(shard) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _describe(cfg: ExperimentConfig, where: str, kind: str, mesh: Any) -> dict[str, Any]:
+    return {
+        "target": where,
+        "device_kind": kind,
+        "mesh": dict(mesh.shape),
+        "params": counting.count_params(cfg.model)["total"],
+        "batch": cfg.train.batch_size,
+        "microbatches": cfg.train.microbatches,
+        "remat": cfg.model.remat,
+    }
+
+
+def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str, Any]:
+    """Compile the train step of `cfg` for the local devices or a TPU `topology` and report
+    per-chip memory, XLA and counted FLOPs, and (TPU) the compiler's step-time estimate."""
+    if topology is None:
+        devices = jax.devices()
+        where = f"{len(devices)} local {devices[0].platform} devices"
+    else:
+        devices = tpu_devices(topology)
+        where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
+    kind = devices[0].device_kind
+    mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model)
+    batch = abstract_batch(cfg)
+    program = step.build_program(cfg, batch, mesh, compile=False)
+    shaped = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=program.batch_sharding)
+        for k, v in batch.items()
+    }
+    t = time.perf_counter()
+    with sharding.axis_rules(mesh):
+        lowered = program.train_step.lower(program.abstract_state, shaped)
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            # The TPU compiler refuses a program that cannot fit: that is the answer.
+            return {**_describe(cfg, where, kind, mesh), "fits": False, "compiler": str(e)[:300]}
+    seconds = time.perf_counter() - t
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
+
+    gib = 2**30
+    out = {**_describe(cfg, where, kind, mesh), "compile_s": round(seconds, 1)}
+    sizes = {
+        name: getattr(memory, f"{name}_size_in_bytes", 0) or 0
+        for name in ("argument", "output", "temp", "generated_code", "alias")
+    }
+    for name, value in sizes.items():
+        out[f"{name}_gib"] = round(value / gib, 3)
+    # Donated state: outputs aliased to arguments take no second buffer.
+    total = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
+    total += sizes["generated_code"]
+    out["total_gib_per_chip"] = round(total / gib, 3)
+    state = state_bytes_per_device(program)
+    out["state_gib_per_chip"] = round(state / gib, 3)  # parameters + optimizer state
+    entry = metrics.chip(kind)
+    if entry is not None:
+        out["hbm_gib_per_chip"] = entry.hbm_gib
+        out["fits"] = total <= entry.hbm_gib * gib
+    # XLA counts the partitioned program: one device's share of the step.
+    xla = float(cost.get("flops", float("nan"))) * mesh.size
+    counted = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
+    out["xla_flops_per_step"] = xla
+    out["counted_flops_per_step"] = counted
+    out["xla_over_counted"] = round(xla / counted, 3)
+    # The compiler's estimate; negative or absent where it has none. XLA's cost analysis
+    # counts a loop body once, so with scanned layers FLOPs and estimate cover one layer.
+    est = float(cost.get("optimal_seconds", -1.0))
+    out["compiler_optimal_s"] = est
+    if est > 0 and entry is not None:
+        peak = metrics.peak_flops(kind, cfg.model.dtype, n_devices=mesh.size)
+        out["est_step_s"] = float(f"{est:.3g}")
+        out["est_mfu"] = round(metrics.mfu(counted, est, peak["flops_per_s"]), 3)
+    out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
+    return out

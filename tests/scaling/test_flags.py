@@ -1,0 +1,133 @@
+"""Fits the data do not support come back flagged with the reason; sound fits do not."""
+
+import numpy as np
+
+from scalestudy.scaling.bootstrap import run_counts
+from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.io import RunTable
+from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
+from scalestudy.scaling.report import format_table
+
+
+def _table(N, D, loss, cell="all"):
+    N, D, loss = (np.asarray(a, dtype=float) for a in (N, D, loss))
+    ids = [f"r{i}" for i in range(len(N))]
+    t = RunTable(ids, [cell] * len(N), N, D, 6 * N * D, loss)
+    t.choices = {"c_kind": "6nd", "groups": []}
+    return t
+
+
+def _fit(law, t, resamples=0, **kw):
+    s = FitSettings(bootstrap=resamples, **kw)
+    return fit_form(get_form(law), t, run_counts(len(t.N), resamples, 0), s, 6.0)
+
+
+def _kinds(fit):
+    return {f.split(":")[0] for f in fit["flags"]}
+
+
+def test_smoke_study_like_fit_with_four_sizes_is_flagged():
+    # Four tiny sizes of a smoke study, loss close to a pure power law: E runs to its bound.
+    rng = np.random.default_rng(0)
+    N = np.array([2.5e4, 5.5e4, 1.1e5, 1.9e5])
+    t = _table(N, np.full(4, 6e5), 3.2 * (N / 1e4) ** -0.1 * np.exp(rng.normal(0, 0.003, 4)))
+    fit = _fit("kaplan_n", t, resamples=60)
+    assert {"points", "bound"} <= _kinds(fit)
+    assert any("4 points for 3 parameters" in f for f in fit["flags"])
+    assert any(f.startswith("bound: E") for f in fit["flags"])
+
+
+def test_e_on_its_bound_is_flagged_even_with_many_points():
+    N = np.geomspace(1e6, 1e10, 20)
+    t = _table(N, N * 20, (8.8e13 / N) ** 0.076)  # no irreducible term at all
+    fit = _fit("kaplan_n", t)
+    assert fit["params"]["E"]["value"] < 1e-3
+    assert any("E = " in f and "sits on its bound 0" in f for f in fit["flags"])
+
+
+def test_six_point_approach3_fit_is_flagged(iso_table):
+    keep = [0, 3, 6, 14, 17, 20]  # two budgets, three sizes each
+    t = _table(iso_table.N[keep], iso_table.D[keep], iso_table.loss[keep])
+    fit = _fit("chinchilla3", t, resamples=40)
+    assert "points" in _kinds(fit)
+    assert any("6 points for 5 parameters" in f for f in fit["flags"])
+
+
+def test_interval_over_many_decades_is_flagged():
+    from scalestudy.scaling.flags import param_flags
+
+    params = {"A": {"value": 400.0, "ci": [10.0, 1e54]}, "E": {"value": 1.7, "ci": [1e-5, 3.0]}}
+    flags = param_flags(params, {}, 0.95, lowest_loss=2.0)
+    assert any(f.startswith("span: A's 95% interval") and "53 orders" in f for f in flags)
+    assert any(f.startswith("bound: E's 95% interval reaches down to 1e-05") for f in flags)
+
+
+def test_exponent_whose_resamples_disagree_in_sign_is_flagged():
+    rng = np.random.default_rng(3)
+    N = np.geomspace(1e6, 1e9, 12)
+    t = _table(N, N * 20, 3.0 * np.exp(rng.normal(0, 0.02, 12)))  # no trend, only noise
+    fit = _fit("kaplan_n_noE", t, resamples=100)
+    assert "sign" in _kinds(fit)
+    assert any("bootstrap fits give alpha_N of the opposite sign" in f for f in fit["flags"])
+
+
+def test_outlying_run_is_flagged_by_name(make_isoflop):
+    t = make_isoflop(noise=0.002)
+    t.loss[10] *= 1.15
+    fit = _fit("chinchilla3", t)
+    assert "outliers" in _kinds(fit)
+    assert fit["residuals"]["outlier_runs"] == [t.run_id[10]]
+
+
+def test_sound_fits_carry_no_flags(make_isoflop):
+    t = make_isoflop(budgets=(1e18, 3e18, 1e19, 3e19, 1e20, 3e20), seed=0)
+    res = fit_cells(t, settings=FitSettings(laws=("chinchilla3", "chinchilla2"), bootstrap=40))
+    for law, fit in res["cells"]["all"]["fits"].items():
+        assert fit["flags"] == [], (law, fit["flags"])
+
+
+def test_answers_beyond_the_data_are_flagged_as_extrapolation(iso_table):
+    s = FitSettings(laws=("chinchilla3",), bootstrap=20, at_compute=(3e19, 1e22))
+    res = fit_cells(iso_table, settings=s)
+    inside, beyond = res["cells"]["all"]["fits"]["chinchilla3"]["at_compute"]
+    assert inside["extrapolation"] is None
+    assert "100x the largest run's compute 1e+20" in beyond["extrapolation"]
+    row = res["comparison"]["at"][-1]  # default budgets: largest C, x10, x100
+    assert "extrapolation" in row["extrapolation"]
+    text = format_table(res)
+    assert "! extrapolation: C = 1e+22" in text
+
+
+def test_flags_reach_the_text_output(iso_table):
+    keep = [0, 3, 6, 14, 17, 20]
+    t = _table(iso_table.N[keep], iso_table.D[keep], iso_table.loss[keep])
+    res = fit_cells(t, settings=FitSettings(laws=("chinchilla3",), bootstrap=10))
+    text = format_table(res)
+    assert "FLAGGED" in text and "! points: 6 points for 5 parameters" in text
+
+
+def test_flags_reach_the_study_report(iso_table):
+    from scalestudy.study.report import _fits_lines
+
+    keep = [0, 3, 6, 14, 17, 20]
+    t = _table(iso_table.N[keep], iso_table.D[keep], iso_table.loss[keep])
+    res = fit_cells(t, settings=FitSettings(laws=("chinchilla3",), bootstrap=10))
+    row = next(line for line in _fits_lines(res) if "| chinchilla3 |" in line)
+    assert "**flagged**: points: 6 points for 5 parameters" in row
+
+
+def test_frontier_fit_counts_the_runs_behind_its_points():
+    # Four runs with long training curves: L(C) has many frontier points but only 4 runs.
+    ids, N, D, C, L, curves = [], [], [], [], [], {}
+    for n in (2.5e4, 5.5e4, 1.1e5, 1.9e5):
+        d = np.geomspace(2e4, 6e5, 30)
+        loss = 0.6 + 2.2 * (n / 1e4) ** -0.25 + 40 * d**-0.3
+        rid = f"{n:.3g}"
+        curves[rid] = {"C": 6 * n * d, "D": d, "loss": loss}
+        ids.append(rid)
+        N.append(n), D.append(d[-1]), C.append(6 * n * d[-1]), L.append(loss[-1])
+    t = RunTable(ids, ["all"] * 4, *(np.array(v) for v in (N, D, C, L)), curves=curves)
+    t.choices = {"c_kind": "counted", "groups": []}
+    fit = _fit("kaplan_c", t)
+    assert fit["n_points"] > 10
+    assert any(f.startswith("points: 4 runs (behind") for f in fit["flags"])
