@@ -1,7 +1,7 @@
 """Batches from any registered seqio Task or Mixture (`data.source: seqio`), resumable.
 
-`SeqioBatchIterator` is `pipeline.BatchIterator`'s counterpart: the same features, the same
-`state()`/`restore()` interface. The dataset is
+`SeqioBatchIterator` is a `batches.BatchIterator`, like the NumPy one: the same features, the
+same `state()`/`restore()` interface. The dataset is
 `get_mixture_or_task(data.seqio_task).get_dataset(...)` with a fixed seed (`data.seed`),
 repeated forever, sharded by process (`seqio.ShardInfo`), converted by the architecture's
 seqio feature converter and batched to this process's rows:
@@ -11,23 +11,30 @@ seqio feature converter and batched to this process's rows:
   only) with `decoder_causal_attention` zeroed: the causal decoder has no bidirectional prefix;
 - non-causal decoder: PrefixLMFeatureConverter (the prefix, plus the position holding the last
   input token, is marked in `decoder_causal_attention`);
-- encoder-decoder: EncDecFeatureConverter.
+- encoder-decoder: EncDecFeatureConverter, of `objectives.feature_lengths` positions; for
+  uniform PLM, consecutive examples are first paired with mirrored splits
+  (`seqio_tasks.mirror_prefix_lm_pairs`), so that a row of L + L holds two, as in T5.
 
 Decoder-only rows hold L = inputs_length + targets_length positions for any split of an
 example between inputs and targets (as in the NumPy path), so only the total is checked.
 
-Resume: the stream is a pure function of the config, the seed and the process layout, so the
-state is the number of batches consumed; `restore` rebuilds the dataset and skips that many
-batches. Skipping recomputes them (about the cost of producing them in the first place: see
-README), which is fine for data-bound experiments and small next to a training step for large
-models; the NumPy path (`data.source` synthetic/text/tfds) restores in O(1).
+Resume without replay: the state of this process's tf.data iterator (shuffle buffers, packing
+buffers, source positions, random-seed streams) is serialised with tf.data's own iterator
+checkpointing (what `tf.train.Checkpoint(iterator=...)` saves) and kept, base64, in `state()`;
+`restore` rebuilds the dataset and loads that state, so no consumed example is read, tokenized
+or preprocessed again: resume costs the same at step 10 and at step 10,000. Each process has
+its own iterator over its own shard, so each process saves and restores its own state (the
+checkpoint keeps one file per process); a state only restores into the same process index,
+process count and config.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import gc
 import importlib
+import json
 import os
 import sys
 import weakref
@@ -38,8 +45,8 @@ import tensorflow as tf
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError, sources
+from scalestudy.data.batches import Batch, check_iterator_args, stream_fingerprint
 from scalestudy.data.objectives import feature_lengths
-from scalestudy.data.pipeline import check_iterator_args, stream_fingerprint
 from scalestudy.data.seqio_tasks import (
     PREFIX,
     check_registered,
@@ -47,7 +54,7 @@ from scalestudy.data.seqio_tasks import (
     register_tasks,
 )
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 1 (earlier release): batches consumed, restored by skipping
 # tf.data keeps producing in background threads that call back into Python (the objective);
 # such threads still running at interpreter exit deadlock it, so live iterators are closed first.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -158,9 +165,9 @@ class SeqioBatchIterator:
         self._shard = seqio.ShardInfo(index=process_index, num_shards=process_count)
         self._rows = B // process_count
         self._step = 0
-        # Resuming re-reads this process's shard, so the process layout is part of the stream.
+        # Each process streams its own shard: the layout is part of what a state restores into.
         self._fingerprint = stream_fingerprint(cfg, split, process_index, process_count)
-        self._it = self._iterator(0)
+        self._it = self._iterator()
         _LIVE.add(self)
 
     def _dataset(self) -> tf.data.Dataset:
@@ -172,19 +179,18 @@ class SeqioBatchIterator:
             seed=self.cfg.data.seed,
             shard_info=self._shard if self._shard.num_shards > 1 else None,
             num_epochs=None,
+            # An in-memory cache would be written into every iterator state.
+            try_in_mem_cache=False,
         )
         obj = self.cfg.objective
         if self.cfg.model.is_encoder_decoder and (obj.name, obj.plm_split) == ("plm", "uniform"):
             # Rows of L + L positions: two examples per row, as T5 pairs them.
             ds = mirror_prefix_lm_pairs(ds, obj.decoder_length)
         ds = converter(ds, task_lengths)
-        return ds.batch(self._rows, drop_remainder=True)
+        return ds.batch(self._rows, drop_remainder=True).prefetch(2)
 
-    def _iterator(self, skip: int):
-        ds = self._dataset()
-        if skip:
-            ds = ds.skip(skip)
-        return ds.prefetch(2).as_numpy_iterator()
+    def _iterator(self):
+        return iter(self._dataset())
 
     def close(self) -> None:
         """Stop the background tf.data work (also done for every live iterator at exit)."""
@@ -193,47 +199,72 @@ class SeqioBatchIterator:
     # ------------------------------------------------------------------ state
 
     def state(self) -> dict:
-        """JSON-able position: batches consumed and a config fingerprint."""
+        """JSON-able position of this process's stream: its tf.data iterator state (base64),
+        the batches consumed and a fingerprint of the config and process layout."""
+        if self._it is None:
+            raise DataError("this seqio data iterator was closed; its state is gone")
+        # Iterator checkpointing as tf.train.Checkpoint does it, kept in memory: one string.
+        tf_state = self._it._save().numpy()
         return {
             "version": _STATE_VERSION,
             "kind": "seqio",
             "split": self.split,
             "step": self._step,
+            "process": [self._shard.index, self._shard.num_shards],
             "fingerprint": self._fingerprint,
+            "tf_data": base64.b64encode(tf_state).decode("ascii"),
         }
 
     def restore(self, state: dict) -> None:
-        """Continue from `state` (same config and process layout): skips consumed batches."""
+        """Continue from `state`, this process's own: loads the tf.data state, replays nothing."""
         if (
             not isinstance(state, dict)
-            or state.get("version") != _STATE_VERSION
+            or state.get("version") not in (1, _STATE_VERSION)  # 1: explained below
             or state.get("kind") != "seqio"
         ):
             raise DataError(
-                f"not a seqio data iterator state (version {_STATE_VERSION}): {state!r}"
+                f"not a seqio data iterator state (version {_STATE_VERSION}): {str(state)[:200]}"
             )
         if state.get("fingerprint") != self._fingerprint:
             raise DataError(
                 "seqio data iterator state was saved for a different data/objective/arch/batch "
                 f"config or process layout (fingerprint {state.get('fingerprint')} != "
-                f"{self._fingerprint}); resume with the run's own config.yaml and process count"
+                f"{self._fingerprint}, saved by process {state.get('process', '?')}, this is "
+                f"process [{self._shard.index}, {self._shard.num_shards}]); resume with the "
+                "run's own config.yaml and process count"
             )
+        if state["version"] == 1:
+            raise DataError(
+                "this seqio data iterator state was saved by an earlier release (it holds only "
+                "the number of batches consumed, and that release read documents in another "
+                "order), so its stream cannot be continued exactly: start the run again in a "
+                "new workdir, or finish it with the release that started it"
+            )
+        if self._it is None:
+            self._it = self._iterator()
+        # Replaces the iterator's whole state (buffers included), wherever it stood.
+        self._it._restore(tf.constant(base64.b64decode(state["tf_data"])))
         self._step = int(state["step"])
-        self._it = self._iterator(self._step)
+
+    def _skip_to(self, step: int) -> None:
+        """Position at `step` by producing and dropping the batches before it: how resuming
+        worked before iterator checkpoints (kept to measure against, in `bench_resume`)."""
+        self._it = iter(self._dataset().skip(step))
+        self._step = step
 
     # ------------------------------------------------------------------ batches
 
     def __iter__(self) -> SeqioBatchIterator:
         return self
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def __next__(self) -> Batch:
         if self._it is None:
             raise DataError("this seqio data iterator was closed")
         raw = next(self._it)
         self._step += 1
-        return self._contract(raw)
+        return self._contract({k: v.numpy() for k, v in raw.items()})
 
-    def _contract(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _contract(self, raw: Batch) -> Batch:
         """seqio's features -> the batch contract (int32; segments/positions when unpacked)."""
         f = {k: np.asarray(v, np.int32) for k, v in raw.items()}
         for prefix, token_key in (
@@ -294,3 +325,64 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
             out[f"{name}/{arch}/tokens_per_s"] = round(tokens / dt)
             out[f"{name}/{arch}/loss_tokens_per_s"] = round(loss_tokens / dt)
     return out
+
+
+def bench_resume(cfg: ExperimentConfig, steps: int) -> dict:
+    """Resume cost of the configured seqio stream at step `steps`: this process's state size
+    and save time, the time to the first batch after `restore` (the dataset built, the state
+    loaded) against a fresh start and against skipping the consumed batches (how resuming
+    worked before), and the examples each way preprocesses again (`seqio_tasks.PREPROCESSED`).
+    """
+    import time
+
+    from scalestudy.data.seqio_tasks import PREPROCESSED
+
+    def timed(fn):
+        n0, t0 = PREPROCESSED.value, time.perf_counter()
+        it = fn()
+        next(it)
+        out = time.perf_counter() - t0, PREPROCESSED.value - n0
+        it.close()
+        return out
+
+    it = SeqioBatchIterator(cfg)
+    next(it)
+    tokens, t0 = 0, time.perf_counter()
+    for _ in range(steps - 1):
+        tokens += int((next(it)["decoder_segment_ids"] > 0).sum())
+    run_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state = it.state()
+    state_s = time.perf_counter() - t0
+    it.close()
+
+    def resumed(skip: bool):
+        def make() -> SeqioBatchIterator:
+            fresh = SeqioBatchIterator(cfg)
+            if skip:
+                fresh._skip_to(steps)
+            else:
+                fresh.restore(state)
+            return fresh
+
+        return make
+
+    start_s, start_n = timed(lambda: SeqioBatchIterator(cfg))
+    restore_s, restore_n = timed(resumed(skip=False))
+    skip_s, skip_n = timed(resumed(skip=True))
+    return {
+        "source": f"seqio:{cfg.data.seqio_task}",
+        "arch": cfg.model.arch,
+        "batch_size": cfg.train.batch_size,
+        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
+        "step": steps,
+        "tokens_per_s": round(tokens / max(run_s, 1e-9)),
+        "state_bytes": len(json.dumps(state)),
+        "state_s": round(state_s, 3),
+        "fresh_start_s": round(start_s, 2),
+        "fresh_start_preprocessed": start_n,
+        "restore_s": round(restore_s, 2),
+        "restore_preprocessed": restore_n,
+        "skip_s": round(skip_s, 2),
+        "skip_preprocessed": skip_n,
+    }

@@ -7,7 +7,7 @@ output features `inputs`/`targets` in our vocabulary. Each Task's preprocessors 
 1. rekey the text to `targets` and tokenize it (seqio's tokenize, no EOS);
 2. chunk: for flm/plm append EOS to the document, join 128 consecutive documents (T5's
    reduce_concat_tokens; `objective.pieces`), then cut into pieces of the objective's
-   piece length, dropping pieces shorter than its minimum (as `pipeline.py` does);
+   piece length, dropping pieces shorter than its minimum (as `numpy_pipeline.py` does);
 3. a cache placeholder (everything after it is redone each epoch, with fresh randomness);
 4. the objective: `Objective.example` from objectives.py, the very function the NumPy path
    calls, run through `tf.numpy_function` with the example index derived from the per-example
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -52,6 +53,26 @@ def example_index(seed: Sequence[int] | np.ndarray) -> int:
     return (int(s[0]) * _GOLDEN + int(s[1])) & _M64
 
 
+class _Counter:
+    """Examples the objective preprocessor has produced in this process (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    @property
+    def value(self) -> int:
+        return self._n
+
+
+# Resuming must not preprocess the consumed stream again; this count shows it does not.
+PREPROCESSED = _Counter()
+
+
 def apply_objective(
     features: Mapping[str, tf.Tensor], seed: tf.Tensor, *, objective: Objective
 ) -> dict[str, tf.Tensor]:
@@ -59,6 +80,7 @@ def apply_objective(
 
     def run(piece: np.ndarray, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         inputs, targets = objective.example(piece.astype(np.int32), example_index(pair))
+        PREPROCESSED.add()
         return inputs.astype(np.int32), targets.astype(np.int32)
 
     pair = tf.reshape(
@@ -80,7 +102,7 @@ def objective_preprocessor(objective: Objective):
 
 
 def chunk_preprocessor(piece_length: int, min_piece: int, append_eos: bool, group: int = 1):
-    """Documents (tokenized `targets`) -> pieces, exactly as pipeline.py cuts them: every
+    """Documents (tokenized `targets`) -> pieces, exactly as numpy_pipeline.py cuts them: every
     `group` consecutive documents joined (T5's reduce_concat_tokens), then cut."""
 
     def chunk(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -160,11 +182,20 @@ def _documents_source(data_cfg: DataConfig) -> seqio.FunctionDataSource:
         return tuple(sources.documents(data_cfg, split))
 
     def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
-        texts = docs(split)
-        ds = tf.data.Dataset.from_tensor_slices({"text": list(texts)})
-        if shuffle_files:  # a fresh document order each epoch, fixed by the seed
-            ds = ds.shuffle(len(texts), seed=seed, reshuffle_each_iteration=True)
-        return ds
+        texts = tf.constant(docs(split))
+        n = int(texts.shape[0])
+        if not shuffle_files:
+            return tf.data.Dataset.range(n).map(lambda i: {"text": tf.gather(texts, i)})
+        # Endless, a fresh seeded permutation each epoch, drawn stateless per position: no
+        # shuffle buffer, so a saved iterator state holds a position here, not the corpus.
+        key = np.random.SeedSequence().generate_state(1)[0] if seed is None else seed
+        key = tf.constant(int(key) & 0x7FFFFFFF, tf.int64)
+
+        def doc(i: tf.Tensor) -> dict[str, tf.Tensor]:
+            j = tf.random.experimental.index_shuffle(i % n, tf.stack([key, i // n]), n - 1)
+            return {"text": tf.gather(texts, j)}
+
+        return tf.data.Dataset.counter().map(doc)
 
     return seqio.FunctionDataSource(dataset_fn, splits=sources.SPLITS)
 

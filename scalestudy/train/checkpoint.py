@@ -4,7 +4,9 @@ A checkpoint (`<workdir>/checkpoints/<step>/`) holds four items:
 
 - `params`: the parameters (restorable alone, for evaluation);
 - `train`: the rest of the train state (step, optimizer state, RNG key);
-- `data`: the data iterator state (JSON from `BatchIterator.state()`);
+- `data`: the data iterator state of every process, one JSON file each
+  (`process_<i>-of-<n>.json`, from `BatchIterator.state()` and the loop's totals): each
+  process streams its own shard and restores its own state;
 - `config`: the resolved `ExperimentConfig` (JSON).
 
 Saves are asynchronous (the device-to-host copy blocks, the writing does not) and atomic:
@@ -26,6 +28,7 @@ deleted except by the keep-last-N / keep-every-K policy after a successful save.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -55,6 +58,55 @@ CORRUPT = "corrupt_checkpoints"
 
 class CheckpointError(ScalestudyError):
     """No usable checkpoint where one was expected."""
+
+
+def process_layout() -> tuple[int, int]:
+    """(this process's index, number of processes)."""
+    return jax.process_index(), jax.process_count()
+
+
+def process_file(index: int, count: int) -> str:
+    """The name of process `index`'s data state file in a checkpoint of `count` processes."""
+    return f"process_{index}-of-{count}.json"
+
+
+class ProcessJsonHandler(ocp.JsonCheckpointHandler):
+    """A JSON item written by every process into its own file (orbax's JSON item is written
+    by the primary host only). Restore reads this process's file; a checkpoint of another
+    process count gives process 0's state (the iterator says whether it fits), and one of an
+    older release its single file."""
+
+    async def _save_fn(self, x: Any, directory: Any) -> None:
+        path = directory / process_file(*process_layout())
+        path.write_text(json.dumps(x))
+
+    def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
+        return json.loads(data_state_file(directory).read_text())
+
+
+def data_state_file(directory: Any) -> Any:
+    """The file of a checkpoint's `data` item that this process restores (see
+    ProcessJsonHandler); FileNotFoundError when there is none."""
+    own = directory / process_file(*process_layout())
+    candidates = [own, *sorted(directory.glob("process_0-of-*.json")), directory / "metadata"]
+    for path in candidates:
+        if path.exists():
+            return path
+    raise FileNotFoundError(
+        errno.ENOENT, f"no data state file in {directory} (looked for {own.name})"
+    )
+
+
+@ocp.args.register_with_handler(ProcessJsonHandler, for_save=True)
+@dataclasses.dataclass
+class ProcessJsonSave(ocp.args.CheckpointArgs):
+    item: Any
+
+
+@ocp.args.register_with_handler(ProcessJsonHandler, for_restore=True)
+@dataclasses.dataclass
+class ProcessJsonRestore(ocp.args.CheckpointArgs):
+    pass
 
 
 class CheckpointWriteError(CheckpointError):
@@ -177,12 +229,13 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def save(self, step: int, state: dict, data_state: dict, cfg: ExperimentConfig) -> None:
-        """Start saving `state` (a dict with "params" and the rest) at `step`."""
+        """Start saving `state` (a dict with "params" and the rest) at `step`; every process
+        calls this with its own `data_state`."""
         rest = {k: v for k, v in state.items() if k != "params"}
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state["params"]),
             train=ocp.args.StandardSave(rest),
-            data=ocp.args.JsonSave(data_state),
+            data=ProcessJsonSave(data_state),
             config=ocp.args.JsonSave(cfg.model_dump(mode="json")),
         )
         self.wait()  # orbax waits for the previous save anyway; its error names its step
@@ -245,7 +298,7 @@ class Checkpointer:
             args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_state["params"]),
                 train=ocp.args.StandardRestore(rest),
-                data=ocp.args.JsonRestore(),
+                data=ProcessJsonRestore(),
             ),
         )
         return {"params": out["params"], **out["train"]}, out["data"]
@@ -342,7 +395,8 @@ class Checkpointer:
             return f"items missing: {', '.join(missing)}"
         for item in ("data", "config"):
             try:
-                json.loads((d / item / "metadata").read_text())
+                path = data_state_file(d / item) if item == "data" else d / item / "metadata"
+                json.loads(path.read_text())
             except (OSError, ValueError) as e:
                 if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
                     raise

@@ -107,6 +107,12 @@ def _prepare_workdir(cfg: ExperimentConfig, workdir: Path, primary: bool) -> Non
     if workdir.exists() and not workdir.is_dir():
         raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
     resume.check_resume(cfg, workdir)  # before anything is written
+    if jax.process_count() > 1:
+        # No process creates the checkpoint directory or config.yaml before every process has
+        # looked for them: one that looked later would take another branch and another barrier.
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("scalestudy_workdir_checked")
     workdir.mkdir(parents=True, exist_ok=True)
     if primary:
         tmp = workdir / "config.yaml.tmp"

@@ -9,7 +9,8 @@ seqio = pytest.importorskip("seqio")
 tf = pytest.importorskip("tensorflow")
 
 from scalestudy.config import VALID_CELLS, ConfigError, ExperimentConfig, validate  # noqa: E402
-from scalestudy.data import DataError, pipeline  # noqa: E402
+from scalestudy.data import DataError, numpy_pipeline  # noqa: E402
+from scalestudy.data.batches import DECODER_FEATURES  # noqa: E402
 from scalestudy.data.objectives import EOS_ID, Objective, feature_lengths  # noqa: E402
 from scalestudy.data.pipeline import make_iterator  # noqa: E402
 from scalestudy.data.seqio_pipeline import get_provider  # noqa: E402
@@ -66,17 +67,19 @@ def test_objective_preprocessor_equals_numpy_objective(name, split):
 
 @pytest.mark.parametrize("name", ["flm", "plm"])
 def test_task_pieces_equal_numpy_pieces(name):
-    """Tokenize + chunk (+ EOS) in the Task cut documents exactly as pipeline.py does."""
+    """Tokenize + chunk (+ EOS) in the Task cut documents exactly as the NumPy path does."""
     cfg = cfg_for(name=name)
     register_tasks(cfg, objectives=[name])
     task = seqio.get_mixture_or_task(task_name("synthetic", name))
     L = cfg.objective.decoder_length
     ds = task.get_dataset({"inputs": L, "targets": L}, "validation", shuffle=False, seed=0)
     got = [np.concatenate([ex["inputs"], ex["targets"]]) for ex in ds.as_numpy_iterator()]
-    ref = pipeline.BatchIterator(cfg.replace(data={**cfg.data.model_dump(), "source": "synthetic"}))
+    ref = numpy_pipeline.NumpyBatchIterator(
+        cfg.replace(data={**cfg.data.model_dump(), "source": "synthetic"})
+    )
     data_json = cfg.data.replace(source="synthetic").model_dump_json()
     obj = ref._objective
-    p = pipeline._pieces(
+    p = numpy_pipeline._pieces(
         data_json, "validation", obj.piece_length, obj.min_piece, obj.append_eos, obj.group
     )
     want = [p.tokens[s : s + n] for s, n in zip(p.starts, p.lengths)]
@@ -93,7 +96,7 @@ def check_contract(b: dict, cfg: ExperimentConfig) -> None:
     arch, name = cfg.model.arch, cfg.objective.name
     B = cfg.train.batch_size
     S, L = feature_lengths(cfg.objective, arch == "encoder_decoder")
-    for k in pipeline.DECODER_FEATURES:
+    for k in DECODER_FEATURES:
         assert b[k].shape == (B, L) and b[k].dtype == np.int32, k
     if S:
         assert b["encoder_input_tokens"].shape == (B, S)

@@ -165,3 +165,17 @@ def test_every_checkpoint_unreadable_stops_instead_of_starting_over(tmp_path):
                 ckpt.restore(abstract(make_state(0)))
         ckpt.close()
     assert sorted(p.name for p in (tmp_path / "corrupt_checkpoints").iterdir()) == ["10", "5"]
+
+
+def test_an_unreadable_data_state_file_is_set_aside(tmp_path):
+    """The data item is one file per process: a garbled one makes the checkpoint unreadable."""
+    save_steps(tmp_path / "checkpoints", (5, 10))
+    (tmp_path / "checkpoints/10/data/process_0-of-1.json").write_text("{garbage")
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    assert ckpt.verify(5) is None
+    assert ckpt.verify(10).startswith("data: ")
+    with pytest.warns(UserWarning, match="step 10 cannot be restored: it is unreadable"):
+        _, data, step = ckpt.restore(abstract(make_state(0)))
+    assert step == 5 and data == {"position": 5}
+    assert (tmp_path / "corrupt_checkpoints/10/data").is_dir()
+    ckpt.close()

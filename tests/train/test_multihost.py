@@ -4,6 +4,7 @@ form one 8-device mesh and must train exactly as one process with eight devices.
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import pytest
 
 from scalestudy.config import load_config, to_yaml
@@ -76,6 +78,18 @@ def _launch(cfg, tmp_path: Path, workdir: Path) -> list[subprocess.Popen]:
     return procs
 
 
+def _finish(procs: list[subprocess.Popen]) -> None:
+    """Wait for the processes of `_launch`; fail with their output unless both succeed."""
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    except subprocess.TimeoutExpired:  # one process failed and the other waits for it
+        for p in procs:
+            p.kill()
+        outputs = [p.communicate()[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+
+
 @pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path: Path):
     cfg = load_config(None, OVERRIDES)
@@ -83,10 +97,7 @@ def test_two_processes_train_like_one(tmp_path: Path):
     train(cfg, reference)  # this test process has 8 devices (conftest)
 
     workdir = tmp_path / "two_processes"
-    procs = _launch(cfg, tmp_path, workdir)
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    _finish(_launch(cfg, tmp_path, workdir))
 
     want, got = _losses(reference), _losses(workdir)
     assert len(got) == len(want) == cfg.train.steps
@@ -147,3 +158,60 @@ def test_distributed_environment_is_validated():
         )
     with pytest.raises(MeshError, match="accepted: auto, off"):
         initialize_distributed({"SCALESTUDY_DISTRIBUTED": "yes"})
+
+
+@pytest.mark.slow
+def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
+    """seqio streaming on 2 processes: each saves its own iterator state and restores it, so
+    a run stopped at step 3 and resumed gives the uninterrupted run's losses."""
+    seqio_overrides = [
+        "data.source=seqio",
+        "data.seqio_task=scalestudy.synthetic.flm",
+        "data.synthetic.n_train_documents=200",
+        "data.synthetic.n_validation_documents=20",
+        "objective.name=flm",
+    ]
+    cfg = load_config(None, [*OVERRIDES, *seqio_overrides])
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _finish(_launch(cfg, tmp_path, straight))  # checkpoints at steps 3 and 6
+    data = straight / "checkpoints" / "3" / "data"
+    states = [json.loads((data / f"process_{p}-of-2.json").read_text()) for p in range(2)]
+    assert [s["iterator"]["process"] for s in states] == [[0, 2], [1, 2]]
+    assert states[0]["iterator"]["tf_data"] != states[1]["iterator"]["tf_data"]
+
+    # Stopped after step 3: the same run directory without what came later.
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "6")
+    (resumed / "summary.json").unlink()
+    _finish(
+        _launch(cfg, tmp_path, resumed)
+    )  # resumes from step 3; process 1 restores its own stream
+    want, got = _losses(straight), _losses(resumed)
+    assert len(got) == len(want) == cfg.train.steps
+    assert got == pytest.approx(want, rel=1e-5)
+    summary = json.loads((resumed / "summary.json").read_text())  # written again: it ran
+    assert summary["tokens"] == json.loads((straight / "summary.json").read_text())["tokens"]
+
+
+def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
+    """The checkpoint's data item: every process writes its own file and reads it back;
+    another process count reads process 0's (the iterator decides whether it fits)."""
+    import jax.numpy as jnp
+
+    from scalestudy.config import ExperimentConfig
+
+    state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    ckpt = checkpoint.Checkpointer(tmp_path, async_save=False)
+    monkeypatch.setattr(checkpoint, "process_layout", lambda: (1, 2))
+    ckpt.save(5, state, {"iterator": {"process": 1}}, ExperimentConfig())
+    ckpt.wait()
+    # What process 0 of the same run writes beside it.
+    (tmp_path / "5" / "data" / "process_0-of-2.json").write_text('{"iterator": {"process": 0}}')
+    files = sorted(f.name for f in (tmp_path / "5" / "data").glob("process_*.json"))
+    assert files == ["process_0-of-2.json", "process_1-of-2.json"]
+    for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0)):
+        monkeypatch.setattr(checkpoint, "process_layout", lambda layout=layout: layout)
+        _, data, step = ckpt.restore(abstract)
+        assert step == 5 and data == {"iterator": {"process": want}}
+    ckpt.close()
