@@ -39,15 +39,6 @@ def test_smoke_fit_laws_have_three_sizes_per_parameter():
             assert len(n) >= need * n_params, (cell, law, len(n), n_params)
 
 
-def test_smoke_learning_rate_shrinks_with_width():
-    _, runs = _expand("smoke.yaml")
-    by_width = {r.cfg.model.d_model: r.cfg.optim.learning_rate for r in runs}
-    widths = sorted(by_width)
-    assert len(widths) >= 4
-    for w in widths:
-        assert by_width[w] == pytest.approx(5e-3 * 48 / w)
-
-
 def test_smoke_probes_mostly_fit_the_scoring_length():
     from scalestudy.data.pipeline import scoring_batch
     from scalestudy.data.vocab import get_vocabulary
@@ -113,7 +104,7 @@ def test_realtext_spec_runs_at_tiny_scale(tmp_path):
         "base.train.checkpoint_every=3",
         "base.train.async_checkpoint=false",
         f"tasks=[{','.join(tasks)}]",
-        "cells=[[causal_decoder,flm],[encoder_decoder,mlm]]",
+        "cells=[[noncausal_decoder,mlm]]",
         "ladder.sizes=[{name: xs, d_model: 16, n_layers: 2, d_ff: 32}]",
         "budget.steps=3",
         "fit.bootstrap=0",
@@ -121,9 +112,10 @@ def test_realtext_spec_runs_at_tiny_scale(tmp_path):
     args = ["study", "--spec", str(STUDIES / "realtext.yaml"), "--out", str(out), *overrides]
     assert cli.main(args) == 0
     runs = load_runs(out)
-    assert len(runs) == 2 and all(r["status"] == "done" for r in runs)
+    assert len(runs) == 1 and all(r["status"] == "done" for r in runs)
     for r in runs:
-        assert f"spm_path: {spm}" in r["config"] and "vocab: sentencepiece" in r["config"]
+        config = (Path(r["workdir"]) / "config.yaml").read_text()
+        assert f"spm_path: {spm}" in config and "vocab: sentencepiece" in config
         for task in tasks[:-1]:
             assert r[f"eval/{task}/n"] == 3, task
         assert math.isfinite(r["eval/text/bpb"]) and r["eval/text/bpb"] > 0
