@@ -71,11 +71,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg_path = resolved
     cfg = load_config(cfg_path, args.overrides)
     _join_job()
+    eval_fn = None
+    if args.eval:  # zero-shot, on this run's mesh, before the job ends
+        from scalestudy.evaluate.rank import make_eval_fn
+
+        eval_fn = make_eval_fn(cfg)
     try:
-        summary = train(cfg, workdir)
+        summary = train(cfg, workdir, eval_fn=eval_fn)
     except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
+    except OSError as e:  # a file the run needs cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
 
@@ -100,13 +107,22 @@ def _cmd_study(args: argparse.Namespace) -> int:
     from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
 
-    run_study(
-        Path(args.spec),
-        Path(args.out),
-        overrides=args.overrides,
-        dry_run=args.dry_run,
-        analyze=analyze_study,
-    )
+    try:
+        run_study(
+            Path(args.spec),
+            Path(args.out),
+            overrides=args.overrides,
+            dry_run=args.dry_run,
+            analyze=analyze_study,
+            collect=args.collect,
+        )
+        if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
+            from scalestudy.scaling.decoder_only_plots import plot_experiments
+            from scalestudy.study import experiments
+
+            experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+    except OSError as e:  # a study file cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
     return 0
 
 
@@ -193,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train one run; resumes from --workdir by default")
     _add_config_args(p, required=False)
     p.add_argument("--workdir", required=True)
+    p.add_argument("--eval", action="store_true", help="then evaluate eval.tasks zero-shot")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_train)
 
@@ -209,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
+    p.add_argument(
+        "--collect", action="store_true", help="record cluster-trained runs; never train"
+    )
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
     p.set_defaults(fn=_cmd_study)
 

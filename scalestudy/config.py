@@ -97,8 +97,9 @@ class ModelConfig(_Frozen):
     rel_max_distance: int = Field(128, ge=2)
     tie_embeddings: bool = False
     # "mixed": in bidirectional stacks, half the heads see only the past (forward) and half only
-    # the future (backward). Causal stacks ignore it.
-    attention: Literal["standard", "mixed"] = "standard"
+    # the future (backward). Causal stacks ignore it. "mixed_layers": the same split by layer
+    # (even layers forward, odd layers backward) instead of by head.
+    attention: Literal["standard", "mixed", "mixed_layers"] = "standard"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype
     param_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -206,7 +207,8 @@ class ObjectiveConfig(_Frozen):
     """Pretraining objective and task feature lengths.
 
     Decoder-only models see sequences of `inputs_length + targets_length` positions; the
-    encoder-decoder's encoder sees `inputs_length` and its decoder `targets_length`.
+    encoder-decoder's encoder sees `inputs_length` and its decoder `targets_length`, except
+    for plm with the uniform split (both see the sum; `objectives.feature_lengths`).
     """
 
     name: ObjectiveName = "flm"
@@ -214,10 +216,13 @@ class ObjectiveConfig(_Frozen):
     targets_length: int = Field(16, ge=1)
     noise_density: float = Field(0.15, gt=0.0, lt=1.0)  # mlm
     mean_noise_span_length: float = Field(3.0, ge=1.0)  # mlm
-    # plm: "uniform" splits an n-token piece at 1..n-1 (the encoder-decoder then keeps the last
-    # inputs_length input and first targets_length target tokens); "fit" draws only splits
-    # that fit (inputs_length, targets_length) untruncated, the same for every architecture.
+    # plm: "uniform" splits a piece of L = inputs_length + targets_length tokens at 1..L-1, as
+    # Wang et al. / T5 (the encoder-decoder then gets L encoder and L decoder positions);
+    # "fit" draws only splits that fit (inputs_length, targets_length) untruncated.
     plm_split: Literal["uniform", "fit"] = "uniform"
+    # Pieces cut from 128 documents concatenated (T5's reduce_concat_tokens + split_tokens),
+    # or from each document on its own.
+    pieces: Literal["concatenated", "per_document"] = "concatenated"
     pack: bool = True
 
     @property
@@ -649,6 +654,8 @@ class SlurmConfig(_Frozen):
     cpus_per_task: int = Field(16, ge=1)
     mem: str | None = None
     max_parallel: int | None = Field(None, ge=1)
+    # SIGTERM this many seconds before the time limit: the run checkpoints and is requeued.
+    signal_seconds: int = Field(120, ge=1)
     setup: Tuple = ()  # shell lines run before training (module load, venv activation, ...)
     scalestudy: str = "scalestudy"  # the command, e.g. /path/.venv/bin/scalestudy
 
@@ -663,9 +670,74 @@ class TpuConfig(_Frozen):
     runtime_version: str = "tpu-ubuntu2204-base"
     queued: bool = True  # queued resources rather than a directly created TPU VM
     spot: bool = False
+    # Give up (non-zero exit) when a queued resource is not ACTIVE after this long.
+    queue_timeout_minutes: float = Field(24 * 60, gt=0)
     repo_dir: str = "~/scalestudy"
     setup: Tuple = ()
     scalestudy: str = ".venv/bin/scalestudy"
+
+
+class VariantConfig(_Frozen):
+    """A named variant of a study's cells: ModelConfig keys set over each matched model (e.g.
+    `position: rope`), optionally its own matching mode, optionally only for some cells."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    model: dict = {}
+    matching: MatchingMode | None = None  # None: the study's
+    cells: Tuple = ()  # [[arch, objective], ...] it applies to; empty: every cell of the study
+
+    @model_validator(mode="after")
+    def _check(self) -> VariantConfig:
+        allowed = [k for k in ModelConfig.model_fields if k != "arch"]  # cells set the arch
+        unknown = sorted(set(self.model) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"variants[{self.name}].model: cannot set {unknown}; accepted keys: "
+                f"{', '.join(allowed)}"
+            )
+        for cell in self.cells:
+            if not isinstance(cell, list | tuple) or len(cell) != 2:
+                raise ConfigError(
+                    f"variants[{self.name}].cells: each entry is [arch, objective]; got {cell!r}"
+                )
+            check_cell(*cell)
+        return self
+
+
+class ComparisonConfig(_Frozen):
+    """One claim of the decoder-only report: groups of runs compared on validation loss and
+    probe accuracy, each group named "arch/objective" or "arch/objective/variant"."""
+
+    title: str
+    question: str = ""
+    groups: Tuple  # the first is the reference the others are compared with
+
+
+class InferenceCostConfig(_Frozen):
+    """Multi-turn inference cost: a dialogue of `turns` turns, each a user message of
+    `user_tokens` then a greedy reply of `reply_tokens`, timed on this host."""
+
+    turns: int = Field(8, ge=1)
+    user_tokens: int = Field(32, ge=1)
+    reply_tokens: int = Field(16, ge=1)
+    rows: int = Field(1, ge=1)  # dialogues decoded together
+    repeats: int = Field(5, ge=1)  # timings per turn; the fastest is reported
+    model: dict = {}  # ModelConfig keys over the study's largest rung (e.g. a wider model)
+
+
+class RankOverTrainingConfig(_Frozen):
+    """Attention-rank probes on every kept checkpoint of the first seed of some groups."""
+
+    groups: Tuple
+    examples: int = Field(8, ge=1)
+
+
+class DecoderOnlyConfig(_Frozen):
+    """The "why decoder-only" experiments run after a study's training (study/experiments.py)."""
+
+    inference: InferenceCostConfig | None = None
+    comparisons: Annotated[tuple[ComparisonConfig, ...], Field(strict=False)] = ()
+    rank: RankOverTrainingConfig | None = None
 
 
 class StudySpec(_Frozen):
@@ -686,6 +758,9 @@ class StudySpec(_Frozen):
     matching: MatchingMode = "equal_stack_shape"
     match_tolerance: float = Field(0.03, gt=0.0, lt=1.0)  # equal_total_params: relative
     seeds: Tuple = (0,)
+    # Named variants (model-key overrides) of the cells; empty: each cell once, unchanged.
+    variants: Annotated[tuple[VariantConfig, ...], Field(strict=False)] = ()
+    experiments: DecoderOnlyConfig | None = None  # the decoder-only report's experiments
     tasks: Tuple = ()  # evaluation tasks; empty: base eval.tasks
     fit: FitConfig = FitConfig()
     slurm: SlurmConfig = SlurmConfig()
@@ -705,4 +780,7 @@ class StudySpec(_Frozen):
             check_cell(*cell)
         if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
             raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"variants: names must be unique; got {names}")
         return self

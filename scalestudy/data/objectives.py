@@ -1,18 +1,27 @@
 """Pretraining objectives: raw token pieces -> (inputs, targets) examples.
 
-An objective never knows the architecture: it turns a piece of one document into an
-(inputs, targets) pair, and `pipeline.py` converts pairs into each architecture's features.
+An objective never knows the architecture: it turns a piece of text into an (inputs, targets)
+pair, and `pipeline.py` converts pairs into each architecture's features.
 
-Chunking (how much raw text one example consumes), with I = inputs_length, T = targets_length
-and L = I + T:
-- flm: a document plus EOS is cut into consecutive pieces of L tokens (the last may be
-  shorter); inputs are empty and the whole piece is the target.
-- plm: the same pieces of L tokens; a piece of n >= 2 tokens is split at s, drawn uniformly
-  from 1..n-1 (`plm_split='uniform'`) or from the splits that fit (I, T) without truncation,
-  max(1, n-T)..min(n-1, I) (`plm_split='fit'`). inputs = piece[:s], targets = piece[s:].
-- mlm: a document (no EOS) is cut into pieces of R raw tokens, R the largest length whose
-  corrupted inputs fit in I (T5's rule: I=512 -> R=568 and targets 114); noise spans are
-  replaced by sentinels; inputs and targets each end with EOS.
+Pieces (as T5's preprocessors cut them, `objective.pieces`): with `concatenated` (default),
+every 128 consecutive documents are concatenated (T5's `reduce_concat_tokens`, batch 128) and
+the concatenation is cut into consecutive pieces of the objective's length, the last of each
+group shorter (`split_tokens`); with `per_document`, each document is cut on its own (T5's
+`merge_examples_to_reduce_padding=False`). With I = inputs_length, T = targets_length and
+L = I + T:
+- flm: documents each followed by EOS, in pieces of L tokens; inputs are empty and the whole
+  piece is the target (T5's `full_lm`).
+- plm: the same pieces of L tokens (T5's `targets_for_prefix_lm_objective`), split at s.
+  `plm_split='uniform'` is Wang et al.'s setting (T5's `pack_prefix_lm_decoder_only` and
+  `pack_prefix_lm_encoder_decoder`): s uniform in 1..L-1, inputs = piece[:s], targets =
+  piece[s:]; example 2j+1 is split at L - s of example 2j, as T5 pairs the two examples of an
+  encoder-decoder row, so a pair fills one encoder row and one decoder row of L positions
+  exactly. Every architecture sees every token of the piece: decoder-only rows have L
+  positions, the encoder-decoder's encoder and decoder L each (`feature_lengths`).
+  `plm_split='fit'` draws s only from max(1, n-T)..min(n-1, I), so (I, T) always fits.
+- mlm: documents without EOS in pieces of R tokens, R the largest length whose corrupted inputs
+  fit in I (T5's `random_spans_helper`: I=512 -> R=568 and targets 114); noise spans are
+  replaced by sentinels (T5's `random_spans_noise_mask`); inputs and targets end with EOS.
 Pieces shorter than the objective's minimum (1 token for flm, 2 otherwise) are dropped.
 
 Randomness for example k is a pure function of (seed, k) (`uniforms`), so any example can be
@@ -29,6 +38,7 @@ from scalestudy.config import ObjectiveConfig
 from scalestudy.data import DataError
 
 EOS_ID = 1  # seqio convention for both vocabularies (0 = padding)
+CONCAT_DOCUMENTS = 128  # documents concatenated before cutting pieces (T5's reduce_concat_tokens)
 
 # ----------------------------------------------------------------------------- randomness
 
@@ -180,6 +190,46 @@ def span_corrupt(
     return corrupt(piece, keep, noise, vocab_size)
 
 
+# ----------------------------------------------------------------------------- pieces
+
+
+def piece_spans(
+    offsets: np.ndarray, piece_length: int, min_piece: int, group: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of the pieces of a token stream whose documents start at
+    `offsets[:-1]` (`offsets[-1]` is its end): every `group` consecutive documents are joined
+    (1: each on its own) and cut into consecutive pieces of `piece_length` tokens, the last of
+    each group shorter; pieces shorter than `min_piece` are dropped."""
+    offsets = np.asarray(offsets, np.int64)
+    bounds = offsets[::group]
+    if bounds[-1] != offsets[-1]:
+        bounds = np.append(bounds, offsets[-1])
+    span = np.diff(bounds)
+    n_chunks = -(-span // piece_length)
+    part = np.repeat(np.arange(span.size), n_chunks)
+    first = np.cumsum(n_chunks) - n_chunks
+    k = np.arange(part.size) - np.repeat(first, n_chunks)
+    starts = bounds[part] + k * piece_length
+    lengths = np.minimum(piece_length, bounds[part + 1] - starts)
+    keep = lengths >= min_piece
+    return starts[keep], lengths[keep]
+
+
+def feature_lengths(cfg: ObjectiveConfig, encoder_decoder: bool) -> tuple[int, int]:
+    """(encoder, decoder) positions of a row for the objective `cfg` (encoder 0: decoder-only).
+
+    Decoder-only rows hold L = I + T. The encoder-decoder has I and T, except for prefix LM
+    with the uniform split, where, as in Wang et al. (T5's `pack_prefix_lm_encoder_decoder`),
+    encoder and decoder both have L positions, so that no input or target token is cut.
+    """
+    L = cfg.decoder_length
+    if not encoder_decoder:
+        return 0, L
+    if cfg.name == "plm" and cfg.plm_split == "uniform":
+        return L, L
+    return cfg.inputs_length, cfg.targets_length
+
+
 # ----------------------------------------------------------------------------- examples
 
 
@@ -224,22 +274,30 @@ class Objective:
             self.piece_length = L
             self.min_piece = 1 if cfg.name == "flm" else 2
         self.append_eos = cfg.name != "mlm"
+        # Documents joined before cutting pieces (`piece_spans`).
+        self.group = CONCAT_DOCUMENTS if cfg.pieces == "concatenated" else 1
 
     def sizes(self, n: int, index: int) -> tuple[int, int]:
         """(len(inputs), len(targets)) of example `index` made from an n-token piece."""
         if self.name == "flm":
             return 0, n
         if self.name == "plm":
-            s = self._split(n, uniform(self.seed, index))
+            s = self._split(n, index)
             return s, n - s
         return span_lengths(n, self.cfg.noise_density, self.cfg.mean_noise_span_length)
 
-    def _split(self, n: int, u: float) -> int:
+    def _split(self, n: int, index: int) -> int:
+        """Inputs length of example `index`, a piece of n tokens (see the module docstring)."""
         if self.cfg.plm_split == "uniform":
-            lo, hi = 1, n - 1
-        else:
-            lo = max(1, n - self.cfg.targets_length)
-            hi = min(n - 1, self.cfg.inputs_length)
+            L = self.cfg.decoder_length
+            pair = index - index % 2
+            s = 1 + min(int(uniform(self.seed, pair) * (L - 1)), L - 2)
+            if index % 2:
+                s = L - s  # the mirrored split of the pair's second example
+            return min(max(s, 1), n - 1)
+        lo = max(1, n - self.cfg.targets_length)
+        hi = min(n - 1, self.cfg.inputs_length)
+        u = uniform(self.seed, index)
         return lo + min(int(u * (hi - lo + 1)), hi - lo)
 
     def draws(self, indices: list[int]) -> np.ndarray | None:
@@ -259,7 +317,7 @@ class Objective:
         if self.name == "flm":
             return piece[:0], piece
         if self.name == "plm":
-            s = self._split(n, uniform(self.seed, index))
+            s = self._split(n, index)
             return piece[:s], piece[s:]
         if u is None:
             u = uniforms(self.seed, index, max(n - 2, 1))

@@ -15,7 +15,8 @@ Feature conversion (Wang et al. 2022): decoder-only rows hold [inputs; targets] 
 the targets (on everything for flm); the non-causal decoder marks the prefix in
 `decoder_causal_attention` as seqio's PrefixLMFeatureConverter does (the input positions
 including the one holding the last input token). The encoder-decoder sends inputs to the
-encoder (left-truncated to inputs_length) and targets to the decoder (cut at targets_length).
+encoder and targets to the decoder, of `objectives.feature_lengths` positions (inputs
+left-truncated, targets cut at the right, where an example does not fit).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 
 from scalestudy.config import ExperimentConfig, check_cell
 from scalestudy.data import DataError, sources, vocab
-from scalestudy.data.objectives import EOS_ID, Objective
+from scalestudy.data.objectives import EOS_ID, Objective, feature_lengths, piece_spans
 
 if TYPE_CHECKING:
     from scalestudy.data.seqio_pipeline import SeqioBatchIterator
@@ -65,26 +66,19 @@ def _encoded(data_json: str, split: str) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=16)
 def _pieces(
-    data_json: str, split: str, piece_length: int, min_piece: int, append_eos: bool
+    data_json: str, split: str, piece_length: int, min_piece: int, append_eos: bool, group: int
 ) -> _Pieces:
     ids, offsets = _encoded(data_json, split)
     if append_eos:
         ids = np.insert(ids, offsets[1:], EOS_ID)
         offsets = offsets + np.arange(offsets.size)
-    doc_len = np.diff(offsets)
-    n_chunks = -(-doc_len // piece_length)
-    doc = np.repeat(np.arange(doc_len.size), n_chunks)
-    first = np.cumsum(n_chunks) - n_chunks
-    k = np.arange(doc.size) - np.repeat(first, n_chunks)
-    starts = offsets[doc] + k * piece_length
-    lengths = np.minimum(piece_length, offsets[doc + 1] - starts)
-    keep = lengths >= min_piece
-    if not keep.any():
+    starts, lengths = piece_spans(offsets, piece_length, min_piece, group)
+    if not starts.size:
         raise DataError(
             f"the {split} split has no piece of >= {min_piece} tokens; the documents are empty "
             "or too short for the objective"
         )
-    return _Pieces(ids.astype(np.int32), starts[keep], lengths[keep])
+    return _Pieces(ids.astype(np.int32), starts, lengths)
 
 
 DECODER_FEATURES = (
@@ -167,12 +161,12 @@ class BatchIterator:
             self._objective.piece_length,
             self._objective.min_piece,
             self._objective.append_eos,
+            self._objective.group,
         )
         self._encdec = cfg.model.is_encoder_decoder
         self._prefix = cfg.model.arch == "noncausal_decoder"
         obj = cfg.objective
-        self._enc_len = obj.inputs_length if self._encdec else 0
-        self._dec_len = obj.targets_length if self._encdec else obj.decoder_length
+        self._enc_len, self._dec_len = feature_lengths(obj, self._encdec)
         self._rows = slice(
             process_index * B // process_count, (process_index + 1) * B // process_count
         )

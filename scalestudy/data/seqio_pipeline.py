@@ -38,8 +38,14 @@ import tensorflow as tf
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError, sources
+from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.pipeline import check_iterator_args, stream_fingerprint
-from scalestudy.data.seqio_tasks import PREFIX, check_registered, register_tasks
+from scalestudy.data.seqio_tasks import (
+    PREFIX,
+    check_registered,
+    mirror_prefix_lm_pairs,
+    register_tasks,
+)
 
 _STATE_VERSION = 1
 # tf.data keeps producing in background threads that call back into Python (the objective);
@@ -111,7 +117,8 @@ def _converter(cfg: ExperimentConfig) -> tuple[seqio.FeatureConverter, dict, dic
     obj, arch, pack = cfg.objective, cfg.model.arch, cfg.objective.pack
     n_in, n_tgt, L = obj.inputs_length, obj.targets_length, obj.decoder_length
     if arch == "encoder_decoder":
-        lengths = {"inputs": n_in, "targets": n_tgt}
+        enc, dec = feature_lengths(obj, encoder_decoder=True)
+        lengths = {"inputs": enc, "targets": dec}
         return seqio.EncDecFeatureConverter(pack=pack), lengths, lengths
     if obj.name == "flm":
         return seqio.LMFeatureConverter(pack=pack), {"targets": L}, {"targets": L}
@@ -166,6 +173,10 @@ class SeqioBatchIterator:
             shard_info=self._shard if self._shard.num_shards > 1 else None,
             num_epochs=None,
         )
+        obj = self.cfg.objective
+        if self.cfg.model.is_encoder_decoder and (obj.name, obj.plm_split) == ("plm", "uniform"):
+            # Rows of L + L positions: two examples per row, as T5 pairs them.
+            ds = mirror_prefix_lm_pairs(ds, obj.decoder_length)
         ds = converter(ds, task_lengths)
         return ds.batch(self._rows, drop_remainder=True)
 

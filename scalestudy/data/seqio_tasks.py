@@ -5,7 +5,8 @@
 output features `inputs`/`targets` in our vocabulary. Each Task's preprocessors are:
 
 1. rekey the text to `targets` and tokenize it (seqio's tokenize, no EOS);
-2. chunk: for flm/plm append EOS to the document, then cut it into pieces of the objective's
+2. chunk: for flm/plm append EOS to the document, join 128 consecutive documents (T5's
+   reduce_concat_tokens; `objective.pieces`), then cut into pieces of the objective's
    piece length, dropping pieces shorter than its minimum (as `pipeline.py` does);
 3. a cache placeholder (everything after it is redone each epoch, with fresh randomness);
 4. the objective: `Objective.example` from objectives.py, the very function the NumPy path
@@ -78,22 +79,51 @@ def objective_preprocessor(objective: Objective):
     return seqio.map_over_dataset(fn, num_seeds=1)
 
 
-def chunk_preprocessor(piece_length: int, min_piece: int, append_eos: bool):
-    """Documents (tokenized `targets`) -> pieces, exactly as pipeline.py cuts them."""
+def chunk_preprocessor(piece_length: int, min_piece: int, append_eos: bool, group: int = 1):
+    """Documents (tokenized `targets`) -> pieces, exactly as pipeline.py cuts them: every
+    `group` consecutive documents joined (T5's reduce_concat_tokens), then cut."""
 
     def chunk(ds: tf.data.Dataset) -> tf.data.Dataset:
-        def pieces(ex: Mapping[str, tf.Tensor]) -> tf.data.Dataset:
+        def tokens(ex: Mapping[str, tf.Tensor]) -> tf.Tensor:
             ids = tf.cast(ex["targets"], tf.int32)
             if append_eos:
                 ids = tf.concat([ids, [EOS_ID]], axis=0)
+            return ids
+
+        def pieces(ids: tf.Tensor) -> tf.data.Dataset:
             starts = tf.range(0, tf.size(ids), piece_length)
             rows = tf.RaggedTensor.from_row_starts(ids, starts)
             return tf.data.Dataset.from_tensor_slices({"targets": rows})
 
-        out = ds.flat_map(pieces)
+        docs = ds.map(tokens)
+        if group > 1:
+            docs = docs.ragged_batch(group).map(lambda rt: rt.flat_values)
+        out = docs.flat_map(pieces)
         return out.filter(lambda ex: tf.size(ex["targets"]) >= min_piece)
 
     return chunk
+
+
+def mirror_prefix_lm_pairs(ds: tf.data.Dataset, length: int) -> tf.data.Dataset:
+    """Consecutive (inputs, targets) examples in pairs whose splits mirror, s and `length` - s
+    (the second piece re-split, within its own length): T5's `pack_prefix_lm_encoder_decoder`
+    pairing, so that a packed encoder-decoder row of `length` + `length` holds both. Applied
+    after the Task's shuffle, which would separate pairs made inside the Task."""
+
+    def mirror(ex: Mapping[str, tf.RaggedTensor]) -> tf.data.Dataset:
+        inputs, targets = ex["inputs"], ex["targets"]
+        s = tf.cast(inputs.row_lengths()[0], tf.int32)
+        piece = tf.concat([inputs[1], targets[1]], axis=0)
+        t = tf.clip_by_value(length - s, 1, tf.maximum(tf.size(piece) - 1, 1))
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                "inputs": tf.ragged.stack([inputs[0], piece[:t]]),
+                "targets": tf.ragged.stack([targets[0], piece[t:]]),
+            }
+        )
+
+    pairs = ds.map(lambda ex: {"inputs": ex["inputs"], "targets": ex["targets"]})
+    return pairs.ragged_batch(2, drop_remainder=True).flat_map(mirror)
 
 
 def trim_inputs_left(
@@ -168,7 +198,9 @@ def _add_task(
     preprocessors = [
         functools.partial(seqio.preprocessors.rekey, key_map={"targets": text_key}),
         functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
-        chunk_preprocessor(objective.piece_length, objective.min_piece, objective.append_eos),
+        chunk_preprocessor(
+            objective.piece_length, objective.min_piece, objective.append_eos, objective.group
+        ),
         seqio.CacheDatasetPlaceholder(),
         objective_preprocessor(objective),
         trim_inputs_left,

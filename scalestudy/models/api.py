@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalestudy.config import ModelConfig
-from scalestudy.models import masks
+from scalestudy.models import decode, masks
 from scalestudy.models.decoder import Decoder
 from scalestudy.models.encdec import EncoderDecoder
 from scalestudy.models.layers import ParamInit
@@ -138,7 +138,9 @@ class Model:
             enc_rng, dec_rng = (None, None) if rng is None else jax.random.split(rng)
             encoded_BSD = module.encode(
                 enc_tokens_BS,
-                masks.encoder_self(enc_segment_BS, heads, mixed),
+                masks.per_layer(
+                    lambda d: masks.encoder_self(enc_segment_BS, heads, mixed, d), cfg.attention
+                ),
                 enc_positions_BS,
                 enc_rng,
                 deterministic,
@@ -164,7 +166,11 @@ class Model:
         if cfg.arch == "noncausal_decoder":
             prefix_BL = batch.get("decoder_causal_attention")
             prefix_BL = jnp.zeros_like(tokens_BL) if prefix_BL is None else prefix_BL
-        mask_BHLL = masks.decoder_self(segment_BL, prefix_BL, heads, mixed)
+        # Mixed layers only change bidirectional regions: the causal decoder has none.
+        mask_BHLL = masks.per_layer(
+            lambda d: masks.decoder_self(segment_BL, prefix_BL, heads, mixed, d),
+            cfg.attention if prefix_BL is not None else "standard",
+        )
         out = module(tokens_BL, mask_BHLL, positions_BL, rng, deterministic, intermediates)
         if not intermediates:
             return out
@@ -221,6 +227,94 @@ class Model:
             "n_tokens": w_BL.sum(axis=1).astype(jnp.int32),
             "all_correct": jnp.all(correct_BL | ~w_BL, axis=1),
         }
+
+    # ------------------------------------------------------------------ generation
+
+    def new_cache(
+        self,
+        params: Params,
+        rows: int,
+        max_length: int,
+        encoder_tokens_BS: jax.Array | None = None,
+    ) -> decode.Cache:
+        """An empty decoding cache of `max_length` decoder slots. The encoder-decoder needs
+        `encoder_tokens_BS` (its input; 0 is padding): they are encoded here, once, and their
+        cross-attention keys and values cached."""
+        if not self.cfg.is_encoder_decoder:
+            return decode.init_cache(self.cfg, rows, max_length)
+        if encoder_tokens_BS is None:
+            raise ValueError("the encoder-decoder's cache needs encoder_tokens_BS to encode")
+        module, cfg = self._bind(params), self.cfg
+        tokens_BS = jnp.asarray(encoder_tokens_BS)
+        segment_BS = (tokens_BS > 0).astype(jnp.int32)
+        positions_BS = jnp.broadcast_to(jnp.arange(tokens_BS.shape[1]), tokens_BS.shape)
+        mask = masks.per_layer(
+            lambda d: masks.encoder_self(segment_BS, cfg.n_heads, cfg.attention == "mixed", d),
+            cfg.attention,
+        )
+        encoded_BSD = module.encode(tokens_BS, mask, positions_BS)
+        return decode.init_cache(cfg, rows, max_length, module.decoder, encoded_BSD, segment_BS)
+
+    def extend(
+        self,
+        params: Params,
+        cache: decode.Cache,
+        tokens_BL: jax.Array,
+        segment_BL: jax.Array | None = None,
+        positions_BL: jax.Array | None = None,
+        prefix_BL: jax.Array | None = None,
+    ) -> tuple[jax.Array, decode.Cache]:
+        """Logits [B, L, V] of `L` new decoder positions given everything in `cache`, and the
+        cache with them added (see `models/decode.py`). Defaults: one segment (1), positions
+        continuing from the cache's length. `prefix_BL` (1 = bidirectional prefix) counts only
+        for the non-causal decoder, and a prefix must come in one call."""
+        tokens_BL = jnp.asarray(tokens_BL)
+        rows, length = tokens_BL.shape
+        if segment_BL is None:
+            segment_BL = jnp.ones((rows, length), jnp.int32)
+        if positions_BL is None:
+            positions_BL = jnp.broadcast_to(cache.length + jnp.arange(length), (rows, length))
+        if self.cfg.arch != "noncausal_decoder":
+            prefix_BL = None
+        return decode.extend(
+            self._bind(params), self.cfg, cache, tokens_BL, segment_BL, positions_BL, prefix_BL
+        )
+
+    def _prompt(self, params: Params, prompt_BP: jax.Array, room: int) -> tuple:
+        """(fresh cache with `room` free decoder slots after the prompt, decoder tokens,
+        positions, prefix flags) for reading `prompt_BP` as this architecture reads a prompt:
+        decoder-only models read `0, prompt...` (the non-causal decoder bidirectionally: the
+        prompt is its prefix, as in prefix-LM training); the encoder-decoder encodes the
+        prompt and its decoder starts from 0."""
+        prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
+        rows, length = prompt_BP.shape
+        if self.cfg.is_encoder_decoder:
+            cache = self.new_cache(params, rows, 1 + room, prompt_BP)
+            tokens_BL = jnp.zeros((rows, 1), jnp.int32)
+        else:
+            cache = self.new_cache(params, rows, 1 + length + room)
+            tokens_BL = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), prompt_BP], axis=1)
+        positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
+        prefix_BL = None
+        if self.cfg.arch == "noncausal_decoder":
+            prefix_BL = jnp.ones_like(tokens_BL)
+        return cache, tokens_BL, positions_BL, prefix_BL
+
+    def prefill(
+        self, params: Params, prompt_BP: jax.Array, room: int
+    ) -> tuple[jax.Array, decode.Cache]:
+        """Read a prompt from scratch (see `generate`): the logits [B, L, V] of the decoder
+        positions read and a cache with `room` free slots to decode into."""
+        cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, room)
+        segment_BL = jnp.ones_like(tokens_BL)
+        return self.extend(params, cache, tokens_BL, segment_BL, positions_BL, prefix_BL)
+
+    def generate(self, params: Params, prompt_BP: jax.Array, steps: int) -> jax.Array:
+        """[B, steps] greedy continuation of each row's prompt (unpadded, equal lengths), read
+        as `prefill` reads it."""
+        cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, steps)
+        module = self._bind(params)
+        return decode.greedy(module, self.cfg, cache, tokens_BL, positions_BL, prefix_BL, steps)
 
 
 def build_model(cfg: ModelConfig) -> Model:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.data.objectives import feature_lengths
 
 
 def _attention_params(cfg: ModelConfig) -> int:
@@ -89,11 +90,51 @@ def forward_flops(cfg: ModelConfig, decoder_length: int, encoder_length: int = 0
     return total
 
 
+def decode_flops(cfg: ModelConfig, new: int, context: int, encoder: int = 0) -> float:
+    """Forward matmul FLOPs needed to run `new` decoder positions against `context` cached
+    ones (keys: context + new, in full), cross-attending to `encoder` encoder positions whose
+    keys and values are cached, with logits at one position (the next token)."""
+    d, hk = cfg.d_model, cfg.n_heads * cfg.head_dim
+    n_in = 2 if cfg.activation.startswith("gated_") else 1
+    layer = 2.0 * new * d * hk * 4 + 2.0 * 2 * hk * new * (context + new)
+    layer += 2.0 * new * (n_in + 1) * d * cfg.d_ff
+    if encoder:
+        layer += 2.0 * new * d * hk * 2 + 2.0 * 2 * hk * new * encoder
+    return cfg.n_layers * layer + 2.0 * d * cfg.vocab_size
+
+
+def encoding_flops(cfg: ModelConfig, length: int) -> float:
+    """Forward matmul FLOPs of encoding `length` positions (bidirectionally) and projecting
+    them to every decoder layer's cross-attention keys and values."""
+    d, hk = cfg.d_model, cfg.n_heads * cfg.head_dim
+    n_in = 2 if cfg.activation.startswith("gated_") else 1
+    layer = 2.0 * length * d * hk * 4 + 2.0 * 2 * hk * length * length
+    layer += 2.0 * length * (n_in + 1) * d * cfg.d_ff
+    return cfg.encoder_layers * layer + cfg.n_layers * 2.0 * length * d * hk * 2
+
+
+def prompt_flops(cfg: ModelConfig, length: int) -> float:
+    """Forward FLOPs of reading a `length`-token prompt from scratch up to the first next-token
+    logits (`Model.prefill`): decoder-only models read `0, prompt`; the encoder-decoder
+    encodes the prompt and runs its decoder on `0`."""
+    if cfg.is_encoder_decoder:
+        return encoding_flops(cfg, length) + decode_flops(cfg, 1, 0, length)
+    return decode_flops(cfg, length + 1, 0)
+
+
+def reply_step_flops(cfg: ModelConfig, length: int, step: int) -> float:
+    """Forward FLOPs of decoding reply token `step + 1` (step 0, 1, ...) after a
+    `length`-token prompt read by `Model.prefill` (keys and values cached)."""
+    if cfg.is_encoder_decoder:
+        return decode_flops(cfg, 1, 1 + step, length)
+    return decode_flops(cfg, 1, length + 1 + step)
+
+
 def flops(cfg: ExperimentConfig) -> dict[str, Any]:
     """Training FLOPs (forward + backward) per example and per position for `cfg`'s lengths."""
     m, obj = cfg.model, cfg.objective
     if m.is_encoder_decoder:
-        dec_len, enc_len, prefix = obj.targets_length, obj.inputs_length, 0
+        (enc_len, dec_len), prefix = feature_lengths(obj, encoder_decoder=True), 0
     else:
         dec_len, enc_len = obj.decoder_length, 0
         prefix = obj.inputs_length if obj.name != "flm" else 0

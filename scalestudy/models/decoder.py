@@ -39,7 +39,7 @@ ACT_BLD = ("batch", "length", "embed")
 class Context(NamedTuple):
     """Per-call inputs every layer of a stack sees (masks, bias, positions, encoder output)."""
 
-    mask_BHLL: jax.Array
+    mask_BHLL: jax.Array  # or [P, B, H, L, L]: layer i uses mask i % P (mixed layers)
     bias_BHLL: jax.Array | None
     positions_BL: jax.Array
     encoded_BSD: jax.Array | None = None
@@ -132,9 +132,18 @@ class Stack(nnx.Module):
         if self.cfg.position == "relative_bias":
             ctx = ctx._replace(bias_BHLL=self.relpos(ctx.positions_BL, ctx.positions_BL))
         keys = None if rng is None else jax.random.split(rng, self.n_layers)
+        layer_masks = ctx.mask_BHLL if ctx.mask_BHLL.ndim == 5 else None
 
-        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key) -> tuple:
-            return nnx.merge(graphdef, layer_state)(x, ctx, key, deterministic, intermediates)
+        def run(
+            graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, index=0
+        ) -> tuple:
+            layer_ctx = ctx
+            if layer_masks is not None:
+                mask_BHLL = jax.lax.dynamic_index_in_dim(
+                    layer_masks, index % layer_masks.shape[0], keepdims=False
+                )
+                layer_ctx = ctx._replace(mask_BHLL=mask_BHLL)
+            return nnx.merge(graphdef, layer_state)(x, layer_ctx, key, deterministic, intermediates)
 
         if self.cfg.remat == "full":
             run = jax.checkpoint(run, static_argnums=(0,))
@@ -142,17 +151,18 @@ class Stack(nnx.Module):
             graphdef, state = nnx.split(self.layers)
 
             def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple | None]:
-                layer_state, key = xs
-                y, probs_BHLL = run(graphdef, layer_state, x, key)
+                layer_state, key, index = xs
+                y, probs_BHLL = run(graphdef, layer_state, x, key, index)
                 return y, ((probs_BHLL, x) if intermediates else None)
 
-            x_BLD, per_layer = jax.lax.scan(body, x_BLD, (state, keys))
+            xs = (state, keys, jnp.arange(self.n_layers))
+            x_BLD, per_layer = jax.lax.scan(body, x_BLD, xs)
         else:
             per_layer = []
             for i in range(self.n_layers):
                 graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
                 key = None if keys is None else keys[i]
-                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key)
+                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key, i)
                 per_layer.append((probs_BHLL, x_BLD))
                 x_BLD = y
             if intermediates:

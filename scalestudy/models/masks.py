@@ -8,7 +8,13 @@ encoder-decoder's cross-attention only joins matching packed segments.
 
 "Mixed" attention (for bidirectional regions only) gives the first half of the heads a forward
 (lower-triangular, key <= query) mask and the second half a backward (upper-triangular,
-key >= query) mask.
+key >= query) mask. "Mixed layers" does the same per layer instead of per head: even layers
+forward, odd layers backward (`LAYER_DIRECTIONS`); a stack then receives one mask per
+direction, stacked on a leading axis, and layer i uses mask i % 2.
+
+`by_slot` builds the same masks from explicit query and key indices, for incremental decoding
+with a key/value cache (`models/decode.py`), where queries are a few new positions and keys
+every cached one.
 """
 
 from __future__ import annotations
@@ -24,13 +30,22 @@ def causal(q_len: int, k_len: int | None = None) -> jnp.ndarray:
     return (k_1K <= q_Q1)[None, None]
 
 
-def directions(length: int, n_heads: int, mixed: bool) -> jnp.ndarray:
+LAYER_DIRECTIONS = ("forward", "backward")  # "mixed_layers": layer i goes LAYER_DIRECTIONS[i % 2]
+
+
+def directions(
+    length: int, n_heads: int, mixed: bool, layer_direction: str | None = None
+) -> jnp.ndarray:
     """[1, H or 1, L, L] head directions of a bidirectional region.
 
     Standard attention sees everything (all True, one head); mixed attention gives heads
     [0, H/2) the forward mask (key <= query) and heads [H/2, H) the backward mask
-    (key >= query).
+    (key >= query); `layer_direction` ("forward" or "backward") gives every head of a layer
+    that one direction (mixed layers).
     """
+    if layer_direction is not None:
+        forward_LL = causal(length)[0, 0]
+        return (forward_LL if layer_direction == "forward" else forward_LL.T)[None, None]
     if not mixed:
         return jnp.ones((1, 1, length, length), bool)
     forward_LL = causal(length)[0, 0]
@@ -50,7 +65,12 @@ def segments(q_segment_BQ: jnp.ndarray, k_segment_BK: jnp.ndarray) -> jnp.ndarra
     return same & padding(q_segment_BQ > 0, k_segment_BK > 0)
 
 
-def prefix(causal_attention_BL: jnp.ndarray, n_heads: int = 1, mixed: bool = False) -> jnp.ndarray:
+def prefix(
+    causal_attention_BL: jnp.ndarray,
+    n_heads: int = 1,
+    mixed: bool = False,
+    layer_direction: str | None = None,
+) -> jnp.ndarray:
     """[B, H or 1, L, L] prefix-LM mask: causal, plus both-ways among prefix positions.
 
     `causal_attention_BL` is 1 over the bidirectional prefix (seqio's
@@ -61,7 +81,8 @@ def prefix(causal_attention_BL: jnp.ndarray, n_heads: int = 1, mixed: bool = Fal
     length = causal_attention_BL.shape[-1]
     in_prefix_BL = causal_attention_BL.astype(bool)
     both_BQK = in_prefix_BL[:, None, :, None] & in_prefix_BL[:, None, None, :]
-    return jnp.where(both_BQK, directions(length, n_heads, mixed), causal(length))
+    inside = directions(length, n_heads, mixed, layer_direction)
+    return jnp.where(both_BQK, inside, causal(length))
 
 
 def decoder_self(
@@ -69,6 +90,7 @@ def decoder_self(
     causal_attention_BL: jnp.ndarray | None = None,
     n_heads: int = 1,
     mixed: bool = False,
+    layer_direction: str | None = None,
 ) -> jnp.ndarray:
     """Decoder self-attention: causal (or prefix-LM when `causal_attention_BL` is given),
     restricted to the query's own packed segment."""
@@ -76,13 +98,62 @@ def decoder_self(
     if causal_attention_BL is None:
         within = causal(length)
     else:
-        within = prefix(causal_attention_BL, n_heads, mixed)
+        within = prefix(causal_attention_BL, n_heads, mixed, layer_direction)
     return within & segments(segment_BL, segment_BL)
 
 
-def encoder_self(segment_BS: jnp.ndarray, n_heads: int = 1, mixed: bool = False) -> jnp.ndarray:
+def encoder_self(
+    segment_BS: jnp.ndarray,
+    n_heads: int = 1,
+    mixed: bool = False,
+    layer_direction: str | None = None,
+) -> jnp.ndarray:
     """Encoder self-attention: bidirectional (or mixed) within each packed segment."""
-    return directions(segment_BS.shape[-1], n_heads, mixed) & segments(segment_BS, segment_BS)
+    inside = directions(segment_BS.shape[-1], n_heads, mixed, layer_direction)
+    return inside & segments(segment_BS, segment_BS)
+
+
+def per_layer(build, attention: str) -> jnp.ndarray:
+    """`build(layer_direction)` once, or, for "mixed_layers", one mask per direction stacked
+    on a leading axis [2, B, H, Q, K] (layer i of a stack uses mask i % 2)."""
+    if attention != "mixed_layers":
+        return build(None)
+    return jnp.stack([build(d) for d in LAYER_DIRECTIONS])
+
+
+def by_slot(
+    q_slot_BQ: jnp.ndarray,
+    k_slot_BK: jnp.ndarray,
+    q_segment_BQ: jnp.ndarray,
+    k_segment_BK: jnp.ndarray,
+    q_prefix_BQ: jnp.ndarray | None = None,
+    k_prefix_BK: jnp.ndarray | None = None,
+    n_heads: int = 1,
+    mixed: bool = False,
+    layer_direction: str | None = None,
+) -> jnp.ndarray:
+    """[B, H or 1, Q, K] decoder self-attention from explicit indices (slots in the row).
+
+    The same rule as `decoder_self`: key slot <= query slot, both ways among prefix slots
+    (one direction per head when mixed, per layer with `layer_direction`), same segment.
+    With `q_slot = k_slot = arange(L)` it equals `decoder_self` on the whole row.
+    """
+    forward_BQK = k_slot_BK[:, None, :] <= q_slot_BQ[:, :, None]
+    within = forward_BQK[:, None]
+    if q_prefix_BQ is not None:
+        both_BQK = q_prefix_BQ.astype(bool)[:, :, None] & k_prefix_BK.astype(bool)[:, None, :]
+        backward_BQK = k_slot_BK[:, None, :] >= q_slot_BQ[:, :, None]
+        if layer_direction is not None:
+            inside = (forward_BQK if layer_direction == "forward" else backward_BQK)[:, None]
+        elif mixed:
+            is_forward_H = jnp.arange(n_heads) < (n_heads + 1) // 2
+            inside = jnp.where(
+                is_forward_H[None, :, None, None], forward_BQK[:, None], backward_BQK[:, None]
+            )
+        else:
+            inside = jnp.ones_like(within)
+        within = jnp.where(both_BQK[:, None], inside, within)
+    return within & segments(q_segment_BQ, k_segment_BK)
 
 
 def cross(decoder_segment_BL: jnp.ndarray, encoder_segment_BS: jnp.ndarray) -> jnp.ndarray:

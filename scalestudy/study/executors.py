@@ -1,34 +1,27 @@
-"""Where a study's runs execute: here (sequentially), on SLURM, or on a TPU pod.
+"""Where a study's runs execute here, and how cluster-trained runs are collected.
 
 The local executor trains runs one after another in this process, with one progress bar over
-the whole study's training FLOPs. The cluster executors render real commands (an sbatch job
-array; gcloud TPU VM / queued-resource commands), written beside the study and printed; they
-are submitted only when asked. Cluster jobs train with `scalestudy train` into the run
-directories; running `scalestudy study` on the same spec and directory afterwards collects
-their summaries into the registry (it never retrains a finished run), then fits and reports.
+the whole study's training FLOPs, evaluating each run zero-shot at the end of its training.
+Cluster jobs (study/cluster.py) train and evaluate each run in its own job with
+`scalestudy train --eval`; `collect` then records their summaries in the registry. Collecting
+never trains and never evaluates: a run that is missing, unfinished or unevaluated is
+reported as such, so no run is ever restored onto the collecting host's devices.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
 import threading
 import traceback
 from pathlib import Path
-from string import Template
 from typing import Any
 
-from scalestudy.config import ScalestudyError, StudySpec, to_yaml
+from scalestudy.config import ScalestudyError
 from scalestudy.study.registry import Registry, read_metrics_jsonl
 
 
 class StudyRunError(ScalestudyError):
     """Some runs of a study failed (the others are kept)."""
-
-
-class LaunchError(ScalestudyError):
-    """A cluster launch could not be rendered or submitted."""
 
 
 def _finished_summary(workdir: Path, steps: int) -> dict | None:
@@ -51,14 +44,17 @@ def _default_train(cfg: Any, workdir: Path) -> dict:
     return loop.train(cfg, workdir, eval_fn=rank.make_eval_fn(cfg))
 
 
-def _evaluate_if_missing(cfg: Any, workdir: Path, summary: dict) -> dict:
-    """Cluster runs trained with `scalestudy train` have no eval: evaluate at collection."""
-    if summary.get("eval") or not cfg.eval.tasks:
-        return summary
-    from scalestudy.evaluate import rank
+def _needs_eval(cfg: Any, summary: dict) -> bool:
+    """Whether a finished run lacks the zero-shot results its config asks for."""
+    return bool(cfg.eval.tasks or cfg.eval.custom_tasks) and not summary.get("eval")
 
-    results = rank.evaluate_run(workdir, tasks=list(cfg.eval.tasks))
-    return {**summary, "eval": results}
+
+def _not_evaluated(workdir: Path) -> str:
+    return (
+        f"trained but not evaluated (no zero-shot results in {workdir / 'summary.json'}); "
+        f"evaluate it on its own mesh with `scalestudy train --eval --workdir {workdir}` in a "
+        "job with the run's resources"
+    )
 
 
 class _Progress:
@@ -165,179 +161,51 @@ class LocalExecutor:
             self.reg.mark_running(run.run_id)
             workdir.mkdir(parents=True, exist_ok=True)
             summary = self.train_fn(run.cfg, workdir)
-        summary = _evaluate_if_missing(run.cfg, workdir, summary)
+        elif _needs_eval(run.cfg, summary):  # trained elsewhere, e.g. by a cluster job
+            print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
         self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
 
 
-# ----------------------------------------------------------------------------- cluster
-
-SLURM_TEMPLATE = """#!/bin/bash
-# Study $study: $n_runs runs as one SLURM job array (one run per array task).
-# Rendered by `scalestudy launch --executor slurm`; submit with `sbatch $script`.
-#SBATCH --job-name=$study
-#SBATCH --array=0-$last_index$throttle
-#SBATCH --nodes=$nodes
-#SBATCH --gpus-per-node=$gpus
-#SBATCH --cpus-per-task=$cpus
-#SBATCH --time=$time
-#SBATCH --output=$out/slurm/%x-%A_%a.out
-$extra_sbatch
-set -euo pipefail
-$setup
-RUN_DIR=$$(sed -n "$$((SLURM_ARRAY_TASK_ID + 1))p" $runs_list)
-# Every task of a multi-node run joins one JAX job (JAX reads the SLURM environment).
-export SCALESTUDY_DISTRIBUTED=auto
-# Resumes from RUN_DIR's checkpoints when the task is requeued or re-submitted.
-srun $scalestudy train --config "$$RUN_DIR/config.yaml" --workdir "$$RUN_DIR"
-"""
-
-SLURM_COLLECT = """#!/bin/bash
-# Collects the finished runs into the registry, then fits, plots and writes the report.
-#SBATCH --job-name=$study-collect
-#SBATCH --time=02:00:00
-#SBATCH --output=$out/slurm/%x-%j.out
-$extra_sbatch
-set -euo pipefail
-$setup
-$scalestudy study --spec $spec --out $out
-"""
-
-TPU_TEMPLATE = """#!/bin/bash
-# Study $study on a TPU VM ($accelerator, $zone): $n_runs runs, one after another, each
-# using the whole slice (every worker runs the same command; JAX joins them into one mesh).
-# Rendered by `scalestudy launch --executor tpu`; run this file to execute it.
-set -euo pipefail
-$create
-gcloud compute tpus tpu-vm ssh $name $project_flag--zone=$zone --worker=all --command=$remote
-# Collect into the registry, fit, plot and report (worker 0 only).
-gcloud compute tpus tpu-vm ssh $name $project_flag--zone=$zone --worker=0 --command=$collect
-"""
+def _unfinished(workdir: Path, steps: int) -> tuple[bool, str]:
+    """(whether the run ever started, what is missing) for a run with no final summary."""
+    logged = [int(r["step"]) for r in read_metrics_jsonl(workdir / "metrics.jsonl") if "step" in r]
+    ckpts = workdir / "checkpoints"
+    saved = (
+        sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
+    )
+    if not logged and not saved:
+        return False, f"never trained (no metrics, no checkpoint in {workdir})"
+    where = f"the latest checkpoint is step {saved[-1]}" if saved else "no checkpoint was saved"
+    return True, (
+        f"unfinished: logged up to step {max(logged, default=0)} of {steps} and {where}; "
+        "re-submit its job to resume it"
+    )
 
 
-def _write_run_configs(runs: list, out: Path) -> Path:
-    """Write each run's resolved config.yaml; returns the file listing run directories."""
-    lines = []
+def collect(reg: Registry, out: Path, runs: list) -> list[str]:
+    """Record every finished run's summary in the registry without training or evaluating
+    anything; returns one line per run that is missing, unfinished or not evaluated."""
+    status = {r["run_id"]: r["status"] for r in reg.runs()}
+    problems: list[str] = []
+    recorded = 0
     for run in runs:
-        workdir = out / "runs" / run.dirname
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "config.yaml").write_text(to_yaml(run.cfg))
-        lines.append(str(workdir.resolve()))
-    listing = out / "runs.txt"
-    listing.write_text("\n".join(lines) + "\n")
-    return listing
-
-
-def render_slurm(study: StudySpec, spec: Path, runs: list, out: Path) -> tuple[str, str]:
-    """(array script, collect script) for a study's runs."""
-    s = study.slurm
-    extra = [f"#SBATCH --partition={s.partition}"] if s.partition else []
-    extra += [f"#SBATCH --account={s.account}"] if s.account else []
-    extra += [f"#SBATCH --mem={s.mem}"] if s.mem else []
-    common = {
-        "study": study.name,
-        "out": shlex.quote(str(out.resolve())),
-        "extra_sbatch": "\n".join(extra),
-        "setup": "\n".join(s.setup),
-        "scalestudy": s.scalestudy,
-    }
-    array = Template(SLURM_TEMPLATE).substitute(
-        common,
-        n_runs=len(runs),
-        script=shlex.quote(str(out / "study.sbatch")),
-        last_index=len(runs) - 1,
-        throttle=f"%{s.max_parallel}" if s.max_parallel else "",
-        nodes=s.nodes,
-        gpus=s.gpus_per_node,
-        cpus=s.cpus_per_task,
-        time=s.time,
-        runs_list=shlex.quote(str(out.resolve() / "runs.txt")),
-    )
-    collect = Template(SLURM_COLLECT).substitute(common, spec=shlex.quote(str(spec.resolve())))
-    return array, collect
-
-
-def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
-    """The gcloud commands that create a TPU VM (or queued resource) and run the study."""
-    t = study.tpu
-    project_flag = f"--project={t.project} " if t.project else ""
-    spot = " --spot" if t.spot else ""
-    if t.queued:
-        create = (
-            f"gcloud compute tpus queued-resources create {t.name}-qr {project_flag}"
-            f"--zone={t.zone} --node-id={t.name} --accelerator-type={t.accelerator_type} "
-            f"--runtime-version={t.runtime_version}{spot}\n"
-            f"until gcloud compute tpus queued-resources describe {t.name}-qr {project_flag}"
-            f"--zone={t.zone} --format='value(state.state)' | grep -q ACTIVE; do sleep 60; done"
-        )
-    else:
-        create = (
-            f"gcloud compute tpus tpu-vm create {t.name} {project_flag}--zone={t.zone} "
-            f"--accelerator-type={t.accelerator_type} --version={t.runtime_version}{spot}"
-        )
-    # Each worker first writes the run configs itself (deterministic: the same files everywhere).
-    # Every worker joins one JAX job (JAX reads the TPU slice's topology).
-    steps = [f"cd {t.repo_dir}", *t.setup, "export SCALESTUDY_DISTRIBUTED=auto"]
-    steps.append(
-        f"{t.scalestudy} launch --spec {shlex.quote(str(spec))} --executor tpu "
-        f"--out {shlex.quote(str(out))} > /dev/null"
-    )
-    for run in runs:
-        workdir = out / "runs" / run.dirname
-        steps.append(
-            f"{t.scalestudy} train --config {shlex.quote(str(workdir / 'config.yaml'))} "
-            f"--workdir {shlex.quote(str(workdir))}"
-        )
-    collect = [f"cd {t.repo_dir}", *t.setup]
-    collect.append(
-        f"{t.scalestudy} study --spec {shlex.quote(str(spec))} --out {shlex.quote(str(out))}"
-    )
-    return Template(TPU_TEMPLATE).substitute(
-        study=study.name,
-        accelerator=t.accelerator_type,
-        zone=t.zone,
-        n_runs=len(runs),
-        create=create,
-        name=t.name,
-        project_flag=project_flag,
-        remote=shlex.quote(" && ".join(steps)),
-        collect=shlex.quote(" && ".join(collect)),
-    )
-
-
-def launch(
-    study: StudySpec, spec: Path, runs: list, executor: str, out: Path, *, submit: bool
-) -> str:
-    """Write run configs and the executor's script under `out`; submit it if asked."""
-    out.mkdir(parents=True, exist_ok=True)
-    _write_run_configs(runs, out)
-    if executor == "slurm":
-        array, collect = render_slurm(study, spec, runs, out)
-        (out / "slurm").mkdir(exist_ok=True)
-        (out / "study.sbatch").write_text(array)
-        (out / "collect.sbatch").write_text(collect)
-        text = array + "\n# --- collect.sbatch (submitted after the array) ---\n" + collect
-        if submit:
-            job = _submit(["sbatch", "--parsable", str(out / "study.sbatch")])
-            _submit(["sbatch", f"--dependency=afterany:{job}", str(out / "collect.sbatch")])
-        return text
-    if executor == "tpu":
-        script = render_tpu(study, spec, runs, out)
-        (out / "study_tpu.sh").write_text(script)
-        if submit:
-            _submit(["bash", str(out / "study_tpu.sh")])
-        return script
-    raise LaunchError(
-        f"executor: got {executor!r}; accepted: slurm, tpu (local: `scalestudy study`)"
-    )
-
-
-def _submit(cmd: list[str]) -> str:
-    try:
-        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise LaunchError(
-            f"{cmd[0]} not found on PATH; run without --submit to print the script"
-        ) from None
-    except subprocess.CalledProcessError as e:
-        raise LaunchError(f"{' '.join(cmd)} failed ({e.returncode}): {e.stderr.strip()}") from None
-    return done.stdout.strip().split(";")[0]
+        workdir = Path(out) / "runs" / run.dirname
+        name = run.cfg.name.split(".", 1)[-1]
+        summary = _finished_summary(workdir, run.cfg.train.steps)
+        if summary is None:
+            started, why = _unfinished(workdir, run.cfg.train.steps)
+            if started:
+                reg.mark_failed(run.run_id, why)
+            else:  # still pending: nothing ran
+                reg.update(run.run_id, status="pending", error=why)
+            problems.append(f"{name}: {why}")
+            continue
+        if status.get(run.run_id) != "done":
+            reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
+            recorded += 1
+        if _needs_eval(run.cfg, summary):
+            problems.append(f"{name}: {_not_evaluated(workdir)}")
+    print(f"collected {recorded} new run(s); {len(runs) - len(problems)} of {len(runs)} complete")
+    for line in problems:
+        print(f"  not complete: {line}")
+    return problems

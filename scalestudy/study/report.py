@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.config import ScalestudyError, StudySpec
+from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.registry import load_curves, load_runs
 
 # analyze(study, out, done_runs, curves) -> (fits JSON, figure paths): the scaling room's fits
@@ -233,8 +234,12 @@ def render_markdown(
     fits: dict[str, Any],
     figures: list[str],
     notes: list[str] = (),
+    loss_tokens: dict[str, float | str] | None = None,
 ) -> str:
-    """The report as Markdown: what ran, who wins at equal parameters and compute, fits."""
+    """The report as Markdown: what ran, who wins at equal parameters and compute, fits.
+
+    `loss_tokens`: cell -> mean loss-bearing tokens per example, or why it was not measured
+    (`loss_tokens.per_cell`)."""
     cmp = compare(runs)
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
@@ -310,6 +315,8 @@ def render_markdown(
         lines += ["## Scaling-law fits", "", *notes, *_fits_lines(fits), ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
+    if loss_tokens is not None:
+        lines += loss_token_report.lines(runs, loss_tokens)
     lines += ["## Runs", "", *_runs_table(runs), ""]
     return "\n".join(lines)
 
@@ -389,7 +396,8 @@ def finalize(study: StudySpec, out: Path, analyze: Analyze | None = None) -> Pat
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
-    text = render_markdown(study, runs, fits, figures, notes)
+    per_example = loss_token_report.per_cell(out / "registry.sqlite")
+    text = render_markdown(study, runs, fits, figures, notes, per_example)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(render_html(text))
     print(f"report: {out / 'report.md'}")

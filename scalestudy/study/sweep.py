@@ -46,6 +46,7 @@ class PlannedRun:
     matching: str
     params: dict[str, int]
     flops: dict[str, Any]
+    variant: str = ""  # the spec's variant name; "" without variants
 
     @property
     def arch(self) -> str:
@@ -147,9 +148,15 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             f"ladder rung {rung.name}",
         )
         reference_params = counting.count_params(shape)
-        for arch, objective in grid:
-            model = ladder.match_model(shape, arch, study.matching, study.match_tolerance)
-            name = ".".join(p for p in (arch, objective, rung.name, tag, f"s{seed}") if p)
+        for (arch, objective), variant in _cell_variants(study, grid):
+            matching = (variant.matching if variant else None) or study.matching
+            model = ladder.match_model(shape, arch, matching, study.match_tolerance)
+            vname = variant.name if variant else ""
+            if variant and variant.model:
+                model = validate(
+                    ModelConfig, {**model.model_dump(), **variant.model}, f"variant {vname}"
+                )
+            name = ".".join(p for p in (arch, objective, vname, rung.name, tag, f"s{seed}") if p)
             data = deep_merge(
                 base,
                 {
@@ -161,7 +168,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                 },
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
-            steps = _steps(cfg, shape, study, compute, reference_params)
+            steps = _steps(cfg, shape, study, compute, reference_params, matching)
             if steps == 0:
                 continue  # an IsoFLOP point too short for this size
             cfg = cfg.replace(train=cfg.train.replace(steps=steps))
@@ -173,14 +180,34 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     size_index=i,
                     budget=tag,
                     seed=seed,
-                    matching=study.matching,
+                    matching=matching,
                     params=counting.count_params(cfg.model),
                     flops=counting.flops(cfg),
+                    variant=vname,
                 )
             )
     if not runs:
         raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
     return runs
+
+
+def _cell_variants(study: StudySpec, grid: list[tuple[str, str]]) -> list[tuple[tuple, Any]]:
+    """(cell, variant) pairs in cell order; each cell once with variant None when the study
+    has no variants; a variant with `cells` applies only to those (which must be in the grid)."""
+    if not study.variants:
+        return [(cell, None) for cell in grid]
+    for v in study.variants:
+        missing = [list(c) for c in v.cells if tuple(c) not in grid]
+        if missing:
+            raise ConfigError(
+                f"variants[{v.name}].cells: {missing} not among the study's cells {grid}"
+            )
+    return [
+        (cell, v)
+        for cell in grid
+        for v in study.variants
+        if not v.cells or cell in [tuple(c) for c in v.cells]
+    ]
 
 
 def _learning_rate(study: StudySpec, base: dict, shape: ModelConfig) -> float:
@@ -197,8 +224,9 @@ def _steps(
     study: StudySpec,
     compute: float | None,
     reference_params: dict[str, int],
+    matching: str | None = None,
 ) -> int:
-    if study.matching != "equal_flops":
+    if (matching or study.matching) != "equal_flops":
         return ladder.steps_for_budget(cfg, study.budget, compute, reference_params)
     # Every cell spends the training FLOPs of the causal decoder at this rung and budget.
     ref = cfg.replace(model=shape)
@@ -238,15 +266,18 @@ def run_study(
     *,
     train_fn: Any = None,
     analyze: Any = None,
+    collect: bool = False,
 ) -> None:
     """Run (or resume) a whole study: train what is missing, then fit, plot and report.
 
+    With `collect`, nothing is trained or evaluated: the runs that cluster jobs finished are
+    recorded, the report is written, and missing or unfinished runs raise StudyRunError.
     `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it);
     `analyze(study, out, runs, curves) -> (fits, figure paths)` supplies the scaling fits and
     plots for the report (the CLI passes scalestudy.scaling's).
     """
     from scalestudy.study import executors, report
-    from scalestudy.study.registry import Registry
+    from scalestudy.study.registry import Registry, study_lock
 
     spec = Path(spec)
     study = load_study(spec, overrides)
@@ -256,13 +287,23 @@ def run_study(
         print(plan_table(runs))
         return
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.yaml").write_text(to_yaml(study))
-    with Registry(out / REGISTRY_NAME) as reg:
-        reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
-        failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
-    report.finalize(study, out, analyze)
-    if failed:
+    with study_lock(out):  # one process per study directory
+        (out / "spec.yaml").write_text(to_yaml(study))
+        with Registry(out / REGISTRY_NAME) as reg:
+            reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
+            if collect:
+                missing = executors.collect(reg, out, runs)
+            else:
+                failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
+        report.finalize(study, out, analyze)
+    if collect and missing:
+        raise executors.StudyRunError(
+            f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "
+            f"run's state is in the `error` column of {out / REGISTRY_NAME}); the report "
+            "covers the complete ones. Collecting never trains: re-submit their jobs, then "
+            "collect again"
+        )
+    if not collect and failed:
         raise executors.StudyRunError(
             f"{len(failed)} run(s) failed: {', '.join(failed)}; see the `error` column of "
             f"{out / REGISTRY_NAME} and each run's directory. Re-run the same command to retry "
@@ -272,9 +313,9 @@ def run_study(
 
 def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
     """Render (and with `submit`, submit) the cluster jobs of a study; returns the script."""
-    from scalestudy.study import executors
+    from scalestudy.study import cluster
 
     spec = Path(spec)
     study = load_study(spec)
     runs = expand(study, spec.parent)
-    return executors.launch(study, spec, runs, executor, Path(out), submit=submit)
+    return cluster.launch(study, spec, runs, executor, Path(out), submit=submit)

@@ -149,21 +149,41 @@ class MetricsWriter:
             self._tb.close()
 
 
+def _rows(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """(line, row) for every complete row of a metrics.jsonl text.
+
+    A line that does not parse (torn by a full disk or a power cut while it was written) is
+    dropped: its step is re-run on resume, so its row is written again.
+    """
+    out = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            out.append((line, row))
+    return out
+
+
 def truncate_after(workdir: Path, step: int) -> None:
-    """Drop metrics.jsonl rows after `step` (they belong to work lost at a preemption)."""
+    """Drop metrics.jsonl rows after `step` (they belong to work lost at a preemption) and
+    torn lines; the file is replaced atomically so a crash here loses nothing."""
     path = Path(workdir) / METRICS_FILE
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [line for line, row in _rows(path.read_text(errors="replace")) if row["step"] <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
 
 
 def read_metrics(workdir: Path) -> list[dict[str, Any]]:
-    """All rows of a run's metrics.jsonl."""
+    """All complete rows of a run's metrics.jsonl (a torn line is skipped)."""
     path = Path(workdir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [row for _, row in _rows(path.read_text(errors="replace"))]
 
 
 class Throughput:

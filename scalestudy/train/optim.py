@@ -90,8 +90,43 @@ def make_schedule(cfg: OptimConfig, total_steps: int) -> Schedule:
     return schedule
 
 
+def t5x_shape(shape: tuple[int, ...], axes: tuple[str | None, ...]) -> tuple[int, ...]:
+    """The shape T5X stores a tensor of logical `axes` in: adjacent `heads` and `kv` axes are
+    one joined axis. T5X's attention kernels are 2-D, [embed, heads*kv] and [heads*kv, embed]
+    (its DenseGeneral reshapes them for the matmul), and Adafactor factors those matrices."""
+    if len(shape) != len(axes):
+        raise ValueError(f"shape {shape} and logical axes {axes} differ in rank")
+    out: list[int] = []
+    for i, (n, name) in enumerate(zip(shape, axes)):
+        if name == "kv" and i > 0 and axes[i - 1] == "heads":
+            out[-1] *= n
+        else:
+            out.append(n)
+    return tuple(out)
+
+
+def as_t5x_matrix(
+    tx: optax.GradientTransformation, axes: tuple[str | None, ...]
+) -> optax.GradientTransformation:
+    """`tx` applied to one tensor of logical `axes` seen in T5X's shape (`t5x_shape`); the
+    optimizer state keeps that shape, the updates come back in the tensor's own."""
+
+    def init(p: jax.Array) -> Any:
+        return tx.init(p.reshape(t5x_shape(p.shape, axes)))
+
+    def update(g: jax.Array, state: Any, p: jax.Array | None = None) -> tuple[jax.Array, Any]:
+        shape = t5x_shape(g.shape, axes)
+        u, state = tx.update(g.reshape(shape), state, None if p is None else p.reshape(shape))
+        return u.reshape(g.shape), state
+
+    return optax.GradientTransformation(init, update)
+
+
 def per_tensor(
-    make: Callable[[bool], optax.GradientTransformation], stacked: Any, decay: Any
+    make: Callable[[bool], optax.GradientTransformation],
+    stacked: Any,
+    decay: Any,
+    axes: Any = None,
 ) -> optax.GradientTransformation:
     """Run a per-tensor optimizer on each parameter by itself, and on each layer's slice of
     a parameter stacked along a leading `layers` axis (scanned layers).
@@ -100,29 +135,39 @@ def per_tensor(
     params-shaped trees of bools. Adafactor's statistics (which dims to factor, the
     parameter RMS that scales updates, the update RMS it clips) are per tensor: without
     this, a scanned model would pool them over all layers, unlike T5X's per-layer tensors.
+    `axes` (params-shaped tree of logical-axis tuples, or None) makes each tensor seen in
+    T5X's shape (`as_t5x_matrix`), e.g. attention kernels as 2-D [embed, heads*kv].
     """
+    if axes is None:
+        axes = jax.tree.map(lambda _: None, stacked)
 
-    def leaf(is_stacked: bool, decays: bool) -> optax.GradientTransformation:
+    def leaf(is_stacked: bool, decays: bool, boxed: _Axes) -> optax.GradientTransformation:
         tx = make(decays)
+        if boxed.names is not None:
+            names = boxed.names
+            tx = as_t5x_matrix(tx, tuple(names[1:] if is_stacked else names))
         return (
             optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
-            if (is_stacked)
+            if is_stacked
             else tx
         )
 
     def init(params: Any) -> Any:
-        return jax.tree.map(lambda p, s, d: leaf(s, d).init(p), params, stacked, decay)
+        return jax.tree.map(
+            lambda p, s, d, a: leaf(s, d, a).init(p), params, stacked, decay, _boxed(axes)
+        )
 
     def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
         if params is None:
             raise ValueError("per_tensor optimizers need the parameters in update()")
         pairs = jax.tree.map(
-            lambda g, st, p, s, d: leaf(s, d).update(g, st, p),
+            lambda g, st, p, s, d, a: leaf(s, d, a).update(g, st, p),
             updates,
             state,
             params,
             stacked,
             decay,
+            _boxed(axes),
         )
         return (
             jax.tree.map(lambda _, pair: pair[0], updates, pairs),
@@ -132,15 +177,39 @@ def per_tensor(
     return optax.GradientTransformation(init, update)
 
 
+class _Axes:
+    """A tuple of logical axis names (or None) held as one pytree leaf."""
+
+    def __init__(self, names: tuple[str | None, ...] | None) -> None:
+        self.names = names
+
+
+def _boxed(axes: Any) -> Any:
+    """`axes` with each tuple of names (or None) wrapped as a single leaf."""
+    return jax.tree.map(
+        _Axes,
+        axes,
+        is_leaf=lambda x: (
+            x is None or (isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+        ),
+    )
+
+
 def make_optimizer(
-    cfg: OptimConfig, total_steps: int, decay_mask: Any = None, stacked: Any = None
+    cfg: OptimConfig,
+    total_steps: int,
+    decay_mask: Any = None,
+    stacked: Any = None,
+    axes: Any = None,
 ) -> tuple[optax.GradientTransformation, Schedule]:
     """(optimizer, schedule) for `cfg`: global-norm clipping, then AdamW or Adafactor.
 
     `decay_mask` (a params-shaped tree of bools, or None for all) selects the parameters
     that receive weight decay; the loop passes "matrices only". `stacked` (a params-shaped
     tree of bools) marks parameters stacked along a leading layers axis, which Adafactor
-    treats layer by layer (see `per_tensor`).
+    treats layer by layer (see `per_tensor`). `axes` (the parameters' logical axis names)
+    lets Adafactor see each tensor as T5X stores it, so it factors the same matrices
+    (`t5x_shape`); `stacked` defaults to "leading axis is `layers`" when `axes` is given.
     """
     schedule = make_schedule(cfg, total_steps)
     parts: list[optax.GradientTransformation] = []
@@ -170,13 +239,15 @@ def make_optimizer(
                 weight_decay_rate=(cfg.weight_decay or None) if decays else None,
             )
 
+        if axes is not None and stacked is None:
+            stacked = jax.tree.map(lambda a: (a.names or ("",))[0] == "layers", _boxed(axes))
         if stacked is None:
             parts.append(
                 adafactor(True) if decay_mask is None else _masked_decay(adafactor, decay_mask)
             )
         else:
             decay = decay_mask if decay_mask is not None else jax.tree.map(lambda _: True, stacked)
-            parts.append(per_tensor(adafactor, stacked, decay))
+            parts.append(per_tensor(adafactor, stacked, decay, axes))
     return optax.chain(*parts), schedule
 
 

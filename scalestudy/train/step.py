@@ -242,6 +242,7 @@ def build_program(
         cfg.train.steps,
         decay_mask=decay_mask(model.param_axes()),
         stacked=stacked_mask(model.param_axes()),
+        axes=model.param_axes(),
     )
     param_sh = sharding.param_shardings(mesh, model.param_axes())
     seed = jax.ShapeDtypeStruct((), jnp.int32)

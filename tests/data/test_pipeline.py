@@ -7,6 +7,7 @@ import pytest
 
 from scalestudy.config import VALID_CELLS, ConfigError, ExperimentConfig, validate
 from scalestudy.data import DataError
+from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.pipeline import empty_features, make_iterator, scoring_batch, write_decoder
 
 CELLS = [(a, o) for a, objs in VALID_CELLS.items() for o in objs]
@@ -84,7 +85,10 @@ def test_every_cell_rows_are_the_objective_examples(arch, objective):
     cfg = cfg_for(arch, objective)
     it = make_iterator(cfg)
     encdec = arch == "encoder_decoder"
-    L = 8 if encdec else 32
+    # 24 + 8; the encoder-decoder's PLM rows hold the whole 32-token piece in both stacks.
+    S, L = feature_lengths(cfg.objective, encdec)
+    want = (32, 32) if (encdec and objective == "plm") else (24, 8) if encdec else (0, 32)
+    assert want == (S, L)
     for _ in range(3):
         start = it.state()["cursor"]
         plan, _ = it._plan(start)
@@ -92,7 +96,7 @@ def test_every_cell_rows_are_the_objective_examples(arch, objective):
         assert b["decoder_target_tokens"].shape == (8, L)
         assert all(v.dtype == np.int32 for v in b.values())
         if encdec:
-            assert b["encoder_input_tokens"].shape == (8, 24)
+            assert b["encoder_input_tokens"].shape == (8, S)
         for r, row in enumerate(plan):
             dseg = b["decoder_segment_ids"][r]
             assert dseg.max() == len(row) >= 1
@@ -111,9 +115,9 @@ def test_every_cell_rows_are_the_objective_examples(arch, objective):
                 assert inp[0] == 0 and np.array_equal(inp[1:], tgt[:-1])  # no leak across
                 if encdec:
                     eidx = np.flatnonzero(b["encoder_segment_ids"][r] == s)
-                    assert np.array_equal(b["encoder_input_tokens"][r, eidx], inputs[-24:])
+                    assert np.array_equal(b["encoder_input_tokens"][r, eidx], inputs[-S:])
                     assert b["encoder_positions"][r, eidx].tolist() == list(range(eidx.size))
-                    assert np.array_equal(tgt, targets[:8]) and w.all()
+                    assert np.array_equal(tgt, targets[:L]) and w.all()
                     assert not b["decoder_causal_attention"].any()
                 else:
                     a = inputs.size

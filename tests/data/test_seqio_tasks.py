@@ -10,7 +10,7 @@ tf = pytest.importorskip("tensorflow")
 
 from scalestudy.config import VALID_CELLS, ConfigError, ExperimentConfig, validate  # noqa: E402
 from scalestudy.data import DataError, pipeline  # noqa: E402
-from scalestudy.data.objectives import EOS_ID, Objective  # noqa: E402
+from scalestudy.data.objectives import EOS_ID, Objective, feature_lengths  # noqa: E402
 from scalestudy.data.pipeline import make_iterator  # noqa: E402
 from scalestudy.data.seqio_pipeline import get_provider  # noqa: E402
 from scalestudy.data.seqio_tasks import (  # noqa: E402
@@ -76,12 +76,14 @@ def test_task_pieces_equal_numpy_pieces(name):
     ref = pipeline.BatchIterator(cfg.replace(data={**cfg.data.model_dump(), "source": "synthetic"}))
     data_json = cfg.data.replace(source="synthetic").model_dump_json()
     obj = ref._objective
-    p = pipeline._pieces(data_json, "validation", obj.piece_length, obj.min_piece, obj.append_eos)
+    p = pipeline._pieces(
+        data_json, "validation", obj.piece_length, obj.min_piece, obj.append_eos, obj.group
+    )
     want = [p.tokens[s : s + n] for s, n in zip(p.starts, p.lengths)]
     assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    assert sum(int(w[-1] == EOS_ID) for w in want) == 20  # one EOS per document
+    assert sum(int((w == EOS_ID).sum()) for w in want) == 20  # one EOS per document
 
 
 # ----------------------------------------------------------------------------- contract
@@ -90,9 +92,11 @@ def test_task_pieces_equal_numpy_pieces(name):
 def check_contract(b: dict, cfg: ExperimentConfig) -> None:
     arch, name = cfg.model.arch, cfg.objective.name
     B = cfg.train.batch_size
-    L = cfg.objective.targets_length if arch == "encoder_decoder" else cfg.objective.decoder_length
+    S, L = feature_lengths(cfg.objective, arch == "encoder_decoder")
     for k in pipeline.DECODER_FEATURES:
         assert b[k].shape == (B, L) and b[k].dtype == np.int32, k
+    if S:
+        assert b["encoder_input_tokens"].shape == (B, S)
     seg, pos, w = b["decoder_segment_ids"], b["decoder_positions"], b["decoder_loss_weights"]
     tgt, inp, ca = (
         b["decoder_target_tokens"],
@@ -158,11 +162,13 @@ def test_mixture_of_two_text_tasks_draws_from_both(tmp_path):
     a, z = tmp_path / "a.txt", tmp_path / "z.txt"
     a.write_text("\n".join("aaaa " * (i % 5 + 3) for i in range(60)))
     z.write_text("\n".join("zzzz " * (i % 5 + 3) for i in range(60)))
-    base = cfg_for(data={"split_by": "line"}, batch_size=4)
+    # Each line its own document, so that short examples get packed.
+    per_doc = {"pieces": "per_document"}
+    base = cfg_for(data={"split_by": "line"}, obj=per_doc, batch_size=4)
     register_text_task(base, "test_seqio.a", [a])
     register_text_task(base, "test_seqio.z", [z])
     register_mixture("test_seqio.az", {"test_seqio.a": 1.0, "test_seqio.z": 1.0})
-    cfg = cfg_for(task="test_seqio.az", data={"split_by": "line"}, batch_size=4)
+    cfg = cfg_for(task="test_seqio.az", data={"split_by": "line"}, obj=per_doc, batch_size=4)
     it = make_iterator(cfg)
     batches = [next(it) for _ in range(4)]
     for b in batches:

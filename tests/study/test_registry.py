@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -10,7 +11,15 @@ import time
 
 import pytest
 
-from scalestudy.study.registry import Registry, load_curves, load_runs, read_metrics_jsonl
+from scalestudy.study import sweep
+from scalestudy.study.registry import (
+    LOCK_NAME,
+    Registry,
+    StudyLockError,
+    load_curves,
+    load_runs,
+    read_metrics_jsonl,
+)
 
 ROW = {
     "run_id": "abc",
@@ -103,7 +112,11 @@ def test_sigkill_mid_study_then_rerun_finishes_only_what_is_missing(tmp_path, ti
     while time.time() < deadline:  # kill once two runs are done and the third is running
         if db.exists():
             with sqlite3.connect(db, timeout=5) as c:
-                done = c.execute("SELECT COUNT(*) FROM runs WHERE status='done'").fetchone()[0]
+                try:
+                    query = "SELECT COUNT(*) FROM runs WHERE status='done'"
+                    done = c.execute(query).fetchone()[0]
+                except sqlite3.OperationalError:  # created, schema not yet committed
+                    done = 0
             if done >= 2:
                 time.sleep(0.3)
                 break
@@ -129,3 +142,56 @@ def test_sigkill_mid_study_then_rerun_finishes_only_what_is_missing(tmp_path, ti
     assert (out / "report.md").is_file()
     # Curves were copied from every run's metrics.jsonl.
     assert {c["run_id"] for c in load_curves(db)} == {r["run_id"] for r in runs}
+
+
+def _fake_train(cfg, workdir):
+    summary = {"steps": cfg.train.steps, "tokens": 1.0, "flops": 1.0, "final_val_loss": 1.0}
+    summary["eval"] = {"probe/acc": 0.5}
+    (workdir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_a_second_process_on_the_same_study_directory_refuses(tmp_path, tiny_spec):
+    out = tmp_path / "study"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(StudyLockError) as error:
+            sweep.run_study(tiny_spec, out, train_fn=_fake_train)
+        message = str(error.value)
+        assert f"pid {holder.pid} on {socket.gethostname()}, started " in message
+        assert not (out / "runs").exists() and not (out / "registry.sqlite").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without releasing: its lock is stale and is taken over.
+    sweep.run_study(tiny_spec, out, train_fn=_fake_train)
+    assert load_runs(out) and all(r["status"] == "done" for r in load_runs(out))
+    assert (out / LOCK_NAME).read_text() == ""  # released
+
+
+def test_a_lock_from_another_host_is_refused_and_the_cli_says_so(tmp_path, tiny_spec, capsys):
+    from scalestudy import cli
+
+    out = tmp_path / "study"
+    out.mkdir()
+    record = {"pid": 1, "host": "elsewhere", "started": "2026-01-01 00:00:00 UTC"}
+    (out / LOCK_NAME).write_text(json.dumps(record))
+    code = cli.main(["study", "--spec", str(tiny_spec), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "pid 1 on elsewhere, started 2026-01-01" in err
+    assert f"delete {out / LOCK_NAME}" in err and "Traceback" not in err
+    (tmp_path / "file").write_text("")
+    assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+LOCK_HOLDER = """
+import sys, time
+from scalestudy.study.registry import study_lock
+with study_lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(600)
+"""

@@ -22,8 +22,15 @@ def test_smoke_spec_has_every_cell_at_six_sizes():
     cells = {(r.arch, r.objective) for r in runs}
     assert len(cells) == 7 and ("noncausal_decoder", "flm") not in cells
     assert len(runs) == 7 * len({r.size for r in runs}) and len({r.size for r in runs}) >= 6
-    # One sequence/batch shape for the whole study (compiled steps differ only by size).
-    assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in runs}) == 1
+    # One sequence/batch shape for the whole study (compiled steps differ only by size), but
+    # for the encoder-decoder's PLM rows, which hold L = I + T positions in each stack.
+    same = [r for r in runs if (r.arch, r.objective) != ("encoder_decoder", "plm")]
+    assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in same}) == 1
+    L = runs[0].cfg.objective.decoder_length
+    assert (
+        all(r.flops["positions_per_example"] == 2 * L for r in runs if r not in same)
+        and same[0].flops["positions_per_example"] == L
+    )
     sizes = [r.size_index for r in runs]
     assert sizes == sorted(sizes)  # size-major
 
@@ -98,7 +105,7 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     out = tmp_path / "study"
     text = sweep.launch(tiny_spec, "slurm", out, submit=False)
     assert "#SBATCH --array=0-3" in text
-    assert "scalestudy train --config" in text and "scalestudy study --spec" in text
+    assert "scalestudy train --eval --config" in text and "study --collect --spec" in text
     listed = (out / "runs.txt").read_text().split()
     assert len(listed) == 4
     runs = _expand(tiny_spec)
@@ -106,5 +113,5 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
         assert load_config(Path(workdir) / "config.yaml").hash() == run.run_id
     tpu = sweep.launch(tiny_spec, "tpu", out, submit=False)
     assert "gcloud compute tpus queued-resources create" in tpu
-    assert tpu.count("train --config") == 4 and "--worker=all" in tpu
+    assert tpu.count("train --eval --config") == 4 and tpu.count(" all 'cd ") == 5
     assert "launch --spec" in tpu  # workers write the run configs themselves

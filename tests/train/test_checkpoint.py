@@ -96,3 +96,72 @@ def test_interrupted_save_is_invisible(tmp_path):
         _, _, step = ckpt.restore(abstract(make_state(0)))
     assert step == 1
     ckpt.close()
+
+
+def save_steps(directory, steps, keep_last=5):
+    ckpt = Checkpointer(directory, keep_last=keep_last)
+    for step in steps:
+        ckpt.save(step, make_state(step), {"position": step}, ExperimentConfig())
+    ckpt.wait()
+    ckpt.close()
+
+
+def test_a_state_that_does_not_fit_is_an_error_and_moves_nothing(tmp_path):
+    """Restore raising (here: shapes differ) is not corruption: the checkpoint stays."""
+    save_steps(tmp_path / "checkpoints", (5, 10))
+    other = abstract(make_state(0))
+    other["params"]["dense"]["b"] = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=None)
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    with pytest.raises(CheckpointError, match=r"step 10 .* intact .*not compatible"):
+        ckpt.restore(other)
+    assert ckpt.all_steps() == [5, 10] and not (tmp_path / "corrupt_checkpoints").exists()
+    ckpt.close()
+
+
+def test_a_transient_failure_moves_nothing(tmp_path, monkeypatch):
+    save_steps(tmp_path / "checkpoints", (5, 10))
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    real = ckpt._restore_step
+    calls = []
+
+    def flaky(step, abstract_state):
+        calls.append(step)
+        if len(calls) == 1:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while restoring")
+        return real(step, abstract_state)
+
+    monkeypatch.setattr(ckpt, "_restore_step", flaky)
+    with pytest.raises(CheckpointError, match=r"intact.*RESOURCE_EXHAUSTED"):
+        ckpt.restore(abstract(make_state(0)))
+    assert ckpt.all_steps() == [5, 10]
+    _, _, step = ckpt.restore(abstract(make_state(0)))  # the retry restores the newest
+    assert step == 10
+    ckpt.close()
+
+
+def test_missing_files_are_set_aside(tmp_path):
+    save_steps(tmp_path / "checkpoints", (5, 10))
+    for f in (tmp_path / "checkpoints/10/train").rglob("*"):
+        if f.is_file() and "ocdbt" in str(f.parent) + f.name:
+            f.unlink()
+    ckpt = Checkpointer(tmp_path / "checkpoints")
+    with pytest.warns(UserWarning, match="step 10 cannot be restored: it is unreadable"):
+        _, data, step = ckpt.restore(abstract(make_state(0)))
+    assert step == 5 and data == {"position": 5}
+    assert (tmp_path / "corrupt_checkpoints/10/train").is_dir()
+    ckpt.close()
+
+
+def test_every_checkpoint_unreadable_stops_instead_of_starting_over(tmp_path):
+    save_steps(tmp_path / "checkpoints", (5, 10))
+    for f in (tmp_path / "checkpoints").rglob("*"):
+        if f.is_file() and f.parent.name in ("params", "train"):
+            f.write_bytes(b"garbage")
+    for _attempt in range(2):  # the second run finds only the set-aside ones: still an error
+        ckpt = Checkpointer(tmp_path / "checkpoints")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(CheckpointError, match=r"no readable checkpoint.*step 0"):
+                ckpt.restore(abstract(make_state(0)))
+        ckpt.close()
+    assert sorted(p.name for p in (tmp_path / "corrupt_checkpoints").iterdir()) == ["10", "5"]

@@ -52,3 +52,21 @@ def test_crc32c_known_answer():
         metrics._masked_crc32c(b"123456789")
         == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
     )
+
+
+def test_torn_last_line_does_not_block_resume(tmp_path):
+    """A row cut short by a full disk or a power cut: dropped, later rows append cleanly."""
+    writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    for step in (1, 2):
+        writer.write(step, {"x": step})
+    writer.close()
+    path = tmp_path / metrics.METRICS_FILE
+    with path.open("a") as f:
+        f.write('{"step": 3, "x": 3.0, "to')  # no newline: the writer died here
+    assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 2]
+    metrics.truncate_after(tmp_path, 5)
+    writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    writer.write(3, {"x": 3})
+    writer.close()
+    assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 2, 3]
+    assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 3

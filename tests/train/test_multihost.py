@@ -3,14 +3,18 @@ form one 8-device mesh and must train exactly as one process with eight devices.
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from scalestudy.config import load_config, to_yaml
+from scalestudy.train import checkpoint
 from scalestudy.train.loop import train
 from scalestudy.train.sharding import MeshError, initialize_distributed
 
@@ -44,15 +48,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_train_like_one(tmp_path: Path):
-    cfg = load_config(None, OVERRIDES)
-    reference = tmp_path / "one_process"
-    train(cfg, reference)  # this test process has 8 devices (conftest)
-
-    config = tmp_path / "config.yaml"
+def _launch(cfg, tmp_path: Path, workdir: Path) -> list[subprocess.Popen]:
+    """`scalestudy train` in two local processes of four CPU devices each (one 8-device mesh)."""
+    config = tmp_path / f"{workdir.name}.yaml"
     config.write_text(to_yaml(cfg))
-    workdir = tmp_path / "two_processes"
     port = _free_port()
     procs = []
     for pid in range(2):
@@ -74,6 +73,17 @@ def test_two_processes_train_like_one(tmp_path: Path):
                 text=True,
             )
         )
+    return procs
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tmp_path: Path):
+    cfg = load_config(None, OVERRIDES)
+    reference = tmp_path / "one_process"
+    train(cfg, reference)  # this test process has 8 devices (conftest)
+
+    workdir = tmp_path / "two_processes"
+    procs = _launch(cfg, tmp_path, workdir)
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-3000:]
@@ -83,6 +93,44 @@ def test_two_processes_train_like_one(tmp_path: Path):
     assert got == pytest.approx(want, rel=1e-5)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["tokens"] == json.loads((reference / "summary.json").read_text())["tokens"]
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_process_stops_both_at_one_step_then_resumes_on_one(tmp_path: Path):
+    """SIGTERM reaches process 1 only: both save at the same step and exit with the
+    preemption status; the checkpoint then resumes on one process of 8 devices, on another
+    mesh, continuing the uninterrupted run's losses."""
+    cfg = load_config(None, [*OVERRIDES, "train.steps=200", "train.checkpoint_every=1000"])
+    workdir = tmp_path / "two_processes"
+    procs = _launch(cfg, tmp_path, workdir)
+    deadline = time.time() + 240
+    while time.time() < deadline and all(p.poll() is None for p in procs):
+        if (workdir / "metrics.jsonl").exists() and len(_losses(workdir)) >= 2:
+            break
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    saved = []
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+        found = re.search(r"SIGTERM received: saved a checkpoint at step (\d+)", out)
+        assert found, out[-3000:]
+        saved.append(int(found.group(1)))
+    stopped_at = saved[0]
+    assert saved == [stopped_at, stopped_at] and 2 <= stopped_at < 200
+    assert checkpoint.latest_step(workdir) == stopped_at
+    assert len(_losses(workdir)) == stopped_at
+
+    stop = f"train.stop_after_steps={stopped_at + 3}"
+    reference = tmp_path / "uninterrupted"
+    train(
+        cfg.replace(train={**cfg.train.model_dump(), "stop_after_steps": stopped_at + 3}), reference
+    )
+    resumed = load_config(None, [*OVERRIDES, "train.steps=200", stop, "mesh.data=2", "mesh.fsdp=4"])
+    train(resumed, workdir)  # one process, 8 devices, another mesh
+    want, got = _losses(reference), _losses(workdir)
+    assert len(got) == len(want) == stopped_at + 3
+    assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_distributed_environment_is_validated():

@@ -130,3 +130,90 @@ def test_adafactor_treats_stacked_layers_as_separate_tensors():
     pooled_tx, _ = make_optimizer(cfg, 10, decay_mask={"w": True}, stacked={"w": False})
     pooled = _run(pooled_tx, {"w": stack}, [{"w": g} for g in grads])[-1]["w"]
     assert not np.allclose(pooled, got, rtol=1e-3)
+
+
+def _state_bytes(state) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def test_adafactor_factors_attention_kernels_as_t5x_2d_matrices():
+    # T5X stores attention kernels as [embed, heads*kv] and [heads*kv, embed] and factors
+    # them; ours are [D, H, K] and [H, K, D]. With D = H*K = 128 (>= optax's and T5X's
+    # min_dim_size_to_factor) Adafactor must give the updates, and keep the state, of the
+    # reshaped 2-D kernels, not the full second moments of K = 32 < 128.
+    cfg = OptimConfig(name="adafactor", schedule="constant", learning_rate=0.01, weight_decay=0.1)
+    rng = np.random.default_rng(1)
+    D, H, K = 128, 4, 32
+    q = jnp.asarray(rng.normal(size=(D, H, K)))
+    o = jnp.asarray(rng.normal(size=(H, K, D)) * 0.5)
+    grads = [
+        {"q": jnp.asarray(rng.normal(size=(D, H, K))), "o": jnp.asarray(rng.normal(size=(H, K, D)))}
+        for _ in range(3)
+    ]
+    axes = {"q": ("embed", "heads", "kv"), "o": ("heads", "kv", "embed")}
+    tx, _ = make_optimizer(cfg, 10, decay_mask={"q": True, "o": True}, axes=axes)
+    got = _run(tx, {"q": q, "o": o}, grads)[-1]
+    ref_tx, _ = make_optimizer(cfg, 10, decay_mask={"q": True, "o": True})
+    want = _run(
+        ref_tx,
+        {"q": q.reshape(D, H * K), "o": o.reshape(H * K, D)},
+        [{"q": g["q"].reshape(D, H * K), "o": g["o"].reshape(H * K, D)} for g in grads],
+    )[-1]
+    np.testing.assert_allclose(got["q"], want["q"].reshape(D, H, K), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got["o"], want["o"].reshape(H, K, D), rtol=1e-6, atol=1e-7)
+    state = tx.init({"q": q, "o": o})
+    ref_state = ref_tx.init({"q": q.reshape(D, H * K), "o": o.reshape(H * K, D)})
+    assert _state_bytes(state) == _state_bytes(ref_state) < q.size * 4  # factored: D + H*K
+    # Treating [D, H, K] as is (factoring D x H, K kept) gives different updates.
+    naive_tx, _ = make_optimizer(cfg, 10, decay_mask={"q": True, "o": True})
+    naive = _run(naive_tx, {"q": q, "o": o}, grads)[-1]
+    assert not np.allclose(naive["q"], got["q"], rtol=1e-3)
+
+
+def test_adafactor_t5x_matrices_per_layer_when_stacked():
+    # Scanned [layers, D, H, K] kernels: each layer's slice is factored as the 2-D [D, H*K].
+    cfg = OptimConfig(name="adafactor", schedule="constant", learning_rate=0.01)
+    rng = np.random.default_rng(2)
+    L, D, H, K = 2, 128, 2, 64
+    stack = jnp.asarray(rng.normal(size=(L, D, H, K)) * np.array([3.0, 1.0])[:, None, None, None])
+    grads = [jnp.asarray(rng.normal(size=(L, D, H, K))) for _ in range(3)]
+    tx, _ = make_optimizer(cfg, 10, axes={"w": ("layers", "embed", "heads", "kv")})
+    got = _run(tx, {"w": stack}, [{"w": g} for g in grads])[-1]["w"]
+    ref_tx, _ = make_optimizer(cfg, 10, decay_mask={"a": True, "b": True})
+    two_d = lambda x: x.reshape(D, H * K)
+    want = _run(
+        ref_tx,
+        {"a": two_d(stack[0]), "b": two_d(stack[1])},
+        [{"a": two_d(g[0]), "b": two_d(g[1])} for g in grads],
+    )[-1]
+    np.testing.assert_allclose(
+        got, np.stack([want["a"], want["b"]]).reshape(L, D, H, K), rtol=1e-6, atol=1e-7
+    )
+
+
+def test_adafactor_state_of_a_model_is_t5x_sized():
+    # The optimizer state of a whole model (abstractly evaluated) equals T5X's: every
+    # [D, H*K] attention kernel and every >= 128 x 128 matrix factored, per layer.
+    from scalestudy.config import ModelConfig
+    from scalestudy.models.api import build_model
+    from scalestudy.train.step import decay_mask, stacked_mask
+
+    m = ModelConfig(
+        arch="causal_decoder",
+        vocab_size=256,
+        d_model=128,
+        d_ff=256,
+        n_heads=4,
+        d_kv=32,
+        n_layers=2,
+        scan_layers=True,
+    )
+    model = build_model(m)
+    axes = model.param_axes()
+    cfg = OptimConfig(name="adafactor", schedule="constant", grad_clip_norm=None)
+    tx, _ = make_optimizer(
+        cfg, 10, decay_mask=decay_mask(axes), stacked=stacked_mask(axes), axes=axes
+    )
+    state = jax.eval_shape(tx.init, model.abstract_params())
+    big = [x for x in jax.tree.leaves(state) if x.size >= 128 * 128]
+    assert big == []  # nothing stores a full second moment of a matrix

@@ -1,0 +1,239 @@
+"""Incremental decoding with a key/value cache, and greedy generation.
+
+A `Cache` holds, for every layer of the decoder stack, the keys and values (after RoPE) of the
+positions processed so far, in slots 0 .. length-1 of a fixed-size buffer, together with each
+slot's segment id, position and prefix flag. `extend` runs a chunk of new positions: it writes
+their keys and values into the next slots and attends each new query to every filled slot
+under the same rule the full forward pass uses (`masks.by_slot`), so the logits equal the
+uncached ones. The causal decoder can therefore keep its cache across the turns of a dialogue
+and pay only for new tokens; a non-causal decoder's bidirectional prefix must be recomputed
+whenever it grows (its earlier positions attend to the new ones), and an encoder-decoder
+re-encodes the whole history. The encoder-decoder's cache also holds the cross-attention keys
+and values of the encoder output, computed once per encoding.
+
+This module never looks at the architecture: `models/api.py` passes the prefix flags (non-causal
+decoder) and the encoder output (encoder-decoder). Shape letters as in `layers.py`, plus N
+layers and P mask periods (mixed layers).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scalestudy.config import ModelConfig
+from scalestudy.models import masks
+from scalestudy.models.decoder import Stack, output_logits
+from scalestudy.models.layers import NEG_INF, constrain, rope
+
+
+class Cache(NamedTuple):
+    """Keys and values of the positions processed so far (slots 0 .. length - 1)."""
+
+    k_NBSHK: jax.Array
+    v_NBSHK: jax.Array
+    segment_BS: jax.Array  # 0 on empty slots
+    position_BS: jax.Array
+    prefix_BS: jax.Array  # 1 on bidirectional-prefix slots (non-causal decoder)
+    length: jax.Array  # int32 scalar: filled slots, the same in every row
+    cross_k_NBSHK: jax.Array | None = None  # encoder-decoder: keys/values of the encoder output
+    cross_v_NBSHK: jax.Array | None = None
+    cross_segment_BS: jax.Array | None = None
+
+
+def attend(
+    q_BLHK: jax.Array,
+    k_BSHK: jax.Array,
+    v_BSHK: jax.Array,
+    mask_BHLS: jax.Array,
+    bias_BHLS: jax.Array | None,
+) -> jax.Array:
+    """Dot-product attention [B, L, H, K] as `layers.Attention` computes it (no 1/sqrt(K)
+    scaling, float32 logits and softmax, masked logits set to NEG_INF); masked slots get
+    exactly zero weight, so extra empty cache slots do not change the result."""
+    logits_BHLS = jnp.einsum("BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=jnp.float32)
+    if bias_BHLS is not None:
+        logits_BHLS = logits_BHLS + bias_BHLS
+    logits_BHLS = jnp.where(mask_BHLS, logits_BHLS, NEG_INF)
+    probs_BHLS = jax.nn.softmax(logits_BHLS, axis=-1).astype(q_BLHK.dtype)
+    return jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
+
+
+def _layers(stack: Stack) -> tuple[nnx.GraphDef, nnx.State]:
+    """The stack's block graph and its parameters stacked along a leading layer axis."""
+    if stack.cfg.scan_layers:
+        return nnx.split(stack.layers)
+    splits = [nnx.split(getattr(stack, f"layer_{i}")) for i in range(stack.n_layers)]
+    return splits[0][0], jax.tree.map(lambda *xs: jnp.stack(xs), *[s for _, s in splits])
+
+
+def _project(attn: nnx.Module, x_BLD: jax.Array, name: str) -> jax.Array:
+    w_DHK = getattr(attn, name)[...].astype(attn.dtype)
+    return jnp.einsum("BLD,DHK->BLHK", x_BLD, w_DHK)
+
+
+def _output(attn: nnx.Module, out_BLHK: jax.Array) -> jax.Array:
+    return jnp.einsum("BLHK,HKD->BLD", out_BLHK, attn.o[...].astype(attn.dtype))
+
+
+def init_cache(
+    cfg: ModelConfig,
+    batch_size: int,
+    max_length: int,
+    stack: Stack | None = None,
+    encoded_BSD: jax.Array | None = None,
+    encoder_segment_BS: jax.Array | None = None,
+) -> Cache:
+    """An empty cache of `max_length` slots; with an encoder output (and the decoder `stack`
+    reading it), also that output's cross-attention keys and values for every layer."""
+    shape = (cfg.n_layers, batch_size, max_length, cfg.n_heads, cfg.head_dim)
+    zeros_BS = jnp.zeros((batch_size, max_length), jnp.int32)
+    cache = Cache(
+        jnp.zeros(shape, cfg.dtype),
+        jnp.zeros(shape, cfg.dtype),
+        zeros_BS,
+        zeros_BS,
+        zeros_BS,
+        jnp.zeros((), jnp.int32),
+    )
+    if encoded_BSD is None:
+        return cache
+    graphdef, state_N = _layers(stack)
+
+    def cross_kv(_, layer_state: nnx.State) -> tuple[None, tuple[jax.Array, jax.Array]]:
+        attn = nnx.merge(graphdef, layer_state).cross_attn
+        return None, (_project(attn, encoded_BSD, "k"), _project(attn, encoded_BSD, "v"))
+
+    _, (k_NBSHK, v_NBSHK) = jax.lax.scan(cross_kv, None, state_N)
+    return cache._replace(
+        cross_k_NBSHK=k_NBSHK, cross_v_NBSHK=v_NBSHK, cross_segment_BS=encoder_segment_BS
+    )
+
+
+def extend(
+    module: nnx.Module,
+    cfg: ModelConfig,
+    cache: Cache,
+    tokens_BL: jax.Array,
+    segment_BL: jax.Array,
+    positions_BL: jax.Array,
+    prefix_BL: jax.Array | None = None,
+) -> tuple[jax.Array, Cache]:
+    """Float32 logits [B, L, V] of `L` new positions and the cache holding them too.
+
+    `module` is a bound `Decoder` or `EncoderDecoder` (its `embed`, `decoder` stack and output
+    projection are used). `prefix_BL` marks bidirectional-prefix positions (non-causal
+    decoder); a prefix must arrive in one chunk, since its earlier positions attend to its
+    later ones. The cache must have room for the chunk (not checked inside jit).
+    """
+    stack: Stack = module.decoder
+    start = cache.length
+    length = tokens_BL.shape[1]
+    write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=1)
+    prefix_BL = jnp.zeros_like(segment_BL) if prefix_BL is None else prefix_BL
+    segment_BS = write(cache.segment_BS, segment_BL.astype(jnp.int32))
+    position_BS = write(cache.position_BS, positions_BL.astype(jnp.int32))
+    prefix_BS = write(cache.prefix_BS, prefix_BL.astype(jnp.int32))
+    rows, slots = segment_BS.shape
+    q_slot_BL = jnp.broadcast_to(start + jnp.arange(length), (rows, length))
+    k_slot_BS = jnp.broadcast_to(jnp.arange(slots), (rows, slots))
+    heads, mixed = cfg.n_heads, cfg.attention == "mixed"
+    mask_BHLS = masks.per_layer(
+        lambda d: masks.by_slot(
+            q_slot_BL, k_slot_BS, segment_BL, segment_BS, prefix_BL, prefix_BS, heads, mixed, d
+        ),
+        cfg.attention,
+    )
+    layer_masks = mask_BHLS if mask_BHLS.ndim == 5 else None
+    bias_BHLS = None
+    if cfg.position == "relative_bias":
+        bias_BHLS = stack.relpos(positions_BL, position_BS)
+    cross_mask_BHLS = None
+    if cache.cross_k_NBSHK is not None:
+        cross_mask_BHLS = masks.cross(segment_BL, cache.cross_segment_BS)
+
+    graphdef, state_N = _layers(stack)
+
+    def layer(x_BLD: jax.Array, xs: tuple) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        layer_state, index, k_BSHK, v_BSHK, cross_k_BSHK, cross_v_BSHK = xs
+        block = nnx.merge(graphdef, layer_state)
+        attn = block.self_attn
+        h_BLD = block.self_norm(x_BLD)
+        q_BLHK, new_k_BLHK = _project(attn, h_BLD, "q"), _project(attn, h_BLD, "k")
+        if cfg.position == "rope":
+            q_BLHK, new_k_BLHK = rope(q_BLHK, positions_BL), rope(new_k_BLHK, positions_BL)
+        k_BSHK = write(k_BSHK, new_k_BLHK)
+        v_BSHK = write(v_BSHK, _project(attn, h_BLD, "v"))
+        mask = mask_BHLS
+        if layer_masks is not None:
+            mask = jax.lax.dynamic_index_in_dim(layer_masks, index % 2, keepdims=False)
+        x_BLD = x_BLD + _output(attn, attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_BHLS))
+        if cross_k_BSHK is not None:
+            h_BLD = block.cross_norm(x_BLD)
+            out_BLHK = attend(
+                _project(block.cross_attn, h_BLD, "q"),
+                cross_k_BSHK,
+                cross_v_BSHK,
+                cross_mask_BHLS,
+                None,
+            )
+            x_BLD = x_BLD + _output(block.cross_attn, out_BLHK)
+        x_BLD = x_BLD + block.mlp(block.mlp_norm(x_BLD))
+        return constrain(x_BLD, ("batch", "length", "embed")), (k_BSHK, v_BSHK)
+
+    x_BLD = module.embed(tokens_BL)
+    xs = (
+        state_N,
+        jnp.arange(stack.n_layers),
+        cache.k_NBSHK,
+        cache.v_NBSHK,
+        cache.cross_k_NBSHK,
+        cache.cross_v_NBSHK,
+    )
+    x_BLD, (k_NBSHK, v_NBSHK) = jax.lax.scan(layer, x_BLD, xs)
+    logits_BLV = output_logits(module, stack.final_norm(x_BLD))
+    new = cache._replace(
+        k_NBSHK=k_NBSHK,
+        v_NBSHK=v_NBSHK,
+        segment_BS=segment_BS,
+        position_BS=position_BS,
+        prefix_BS=prefix_BS,
+        length=start + length,
+    )
+    return logits_BLV, new
+
+
+def greedy(
+    module: nnx.Module,
+    cfg: ModelConfig,
+    cache: Cache,
+    tokens_BL: jax.Array,
+    positions_BL: jax.Array,
+    prefix_BL: jax.Array | None,
+    steps: int,
+) -> jax.Array:
+    """[B, steps] greedy continuation: prefill `tokens_BL` (one unpacked segment per row),
+    then feed back the argmax one position at a time."""
+    rows, length = tokens_BL.shape
+    ones_BL = jnp.ones((rows, length), jnp.int32)
+    logits_BLV, cache = extend(module, cfg, cache, tokens_BL, ones_BL, positions_BL, prefix_BL)
+    first_B = jnp.argmax(logits_BLV[:, -1], axis=-1).astype(jnp.int32)
+    next_position_B = positions_BL[:, -1] + 1
+
+    def step(carry: tuple, i: jax.Array) -> tuple[tuple, jax.Array]:
+        cache, token_B = carry
+        logits_B1V, cache = extend(
+            module,
+            cfg,
+            cache,
+            token_B[:, None],
+            jnp.ones((rows, 1), jnp.int32),
+            (next_position_B + i)[:, None],
+        )
+        return (cache, jnp.argmax(logits_B1V[:, 0], axis=-1).astype(jnp.int32)), token_B
+
+    (_, last_B), tokens_TB = jax.lax.scan(step, (cache, first_B), jnp.arange(steps - 1))
+    return jnp.concatenate([tokens_TB.T, last_B[:, None]], axis=1)

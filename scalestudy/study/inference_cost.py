@@ -1,0 +1,140 @@
+"""Multi-turn inference cost: key/value-cache reuse against recomputation, timed per turn.
+
+A dialogue of k turns: each turn appends a user message of u tokens and a greedy reply of r
+tokens. What each architecture must compute at turn k (h = (k - 1)(u + r) history tokens):
+
+- causal decoder, cache reused: only the u new tokens (plus the previous reply's last token,
+  generated but not yet read) against the cached h; then r - 1 single-token steps.
+- causal decoder, no reuse (a control): the whole `0, history, message` again, causally.
+- non-causal decoder: the whole history and message again as its bidirectional prefix (every
+  earlier prefix position attends to the new ones, so no cached key stays valid).
+- encoder-decoder: the whole history and message re-encoded; the reply decoded from 0.
+
+Time to first token is the prefill (or encoding plus first decoder step); total time adds the
+r - 1 steps. Compilation is excluded (a warm-up call per shape); each time is the fastest of
+`repeats` calls. Replies read back by the recomputing series are placeholder tokens (the cost
+does not depend on them). FLOPs come from `models/counting.py`'s formula for what each step needs
+(decode_flops), next to the measured times. Weights are freshly initialised: the cost does
+not depend on their values.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalestudy.config import InferenceCostConfig, ModelConfig
+from scalestudy.models import counting
+from scalestudy.models.api import build_model
+
+SERIES = (
+    ("causal_decoder", True),
+    ("causal_decoder", False),
+    ("noncausal_decoder", False),
+    ("encoder_decoder", False),
+)
+
+
+def series_name(arch: str, reuse: bool) -> str:
+    return f"{arch} ({'cache reused' if reuse else 'recomputed'})"
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[tuple[float, float], Any]:
+    """Fastest wall seconds of `fn()` over `repeats` calls after one warm-up (the minimum: on a
+    shared host other jobs only ever add time), the slowest, and its result."""
+    out = jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return (min(times), max(times)), out
+
+
+def _reply(params: Any, extend: Callable, cache: Any, token_B: jax.Array, r: int):
+    """r - 1 greedy single-token steps after the first reply token; the final cache."""
+    for _ in range(r - 1):
+        logits_B1V, cache = extend(params, cache, token_B[:, None])
+        token_B = jnp.argmax(logits_B1V[:, -1], axis=-1).astype(jnp.int32)
+    return cache, token_B
+
+
+def measure(model_cfg: ModelConfig, cfg: InferenceCostConfig, seed: int = 0) -> list[dict]:
+    """One row per (series, turn): measured seconds to first token and in total (fastest and
+    slowest of the repeats), and the FLOPs the turn needs by formula."""
+    rng = np.random.default_rng(seed)
+    shape = (cfg.turns, cfg.rows)
+    messages = rng.integers(1, 256, (*shape, cfg.user_tokens)).astype(np.int32)
+    # What the recomputing series read back as earlier replies (cost does not depend on it).
+    replies = rng.integers(1, 256, (*shape, cfg.reply_tokens)).astype(np.int32)
+    series = [
+        _series(
+            model_cfg.replace(arch=arch, n_encoder_layers=None), reuse, cfg, messages, replies, seed
+        )
+        for arch, reuse in SERIES
+    ]
+    # Turn by turn, every series in turn: a busy spell of the host hits all of them alike.
+    return [next(turns) for _ in range(cfg.turns) for turns in series]
+
+
+def _series(
+    mcfg: ModelConfig,
+    reuse: bool,
+    cfg: InferenceCostConfig,
+    messages: np.ndarray,
+    replies: np.ndarray,
+    seed: int = 0,
+) -> Iterator[dict]:
+    """Each turn's row of one series (a generator, so that series can be interleaved)."""
+    u, r, b = cfg.user_tokens, cfg.reply_tokens, cfg.rows
+    model = build_model(mcfg)
+    params = jax.jit(model.init)(jax.random.key(seed))
+    extend = jax.jit(model.extend)
+    prefill = jax.jit(model.prefill, static_argnums=2)
+    buffer = 1 + cfg.turns * (u + r) + r
+    history = np.zeros((b, 0), np.int32)  # user messages and replies so far
+    cache, last_B = None, jnp.zeros((b,), jnp.int32)  # reused cache; previous reply's end
+    for k in range(1, cfg.turns + 1):
+        message = messages[k - 1]
+        h = history.shape[1]
+        if reuse:
+            cache = cache if cache is not None else model.new_cache(params, b, buffer)
+            chunk = np.concatenate([np.asarray(last_B)[:, None], message], axis=1)
+            first = functools.partial(extend, params, cache, chunk)
+            flops_first = counting.decode_flops(mcfg, u + 1, h)
+            step_flops = [counting.decode_flops(mcfg, 1, h + u + 1 + j) for j in range(r - 1)]
+        else:  # read the whole dialogue so far from scratch, as this architecture reads a prompt
+            prompt = np.concatenate([history, message], axis=1)
+            first = functools.partial(prefill, params, prompt, r)
+            flops_first = counting.prompt_flops(mcfg, h + u)
+            step_flops = [counting.reply_step_flops(mcfg, h + u, j) for j in range(r - 1)]
+        ttft, (logits, cache_first) = _timed(first, cfg.repeats)
+        token_B = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        rest = functools.partial(_reply, params, extend, cache_first, token_B, r)
+        steps, (cache_after, last_B) = _timed(rest, cfg.repeats)
+        flops_rest = sum(step_flops)
+        if reuse:
+            cache = cache_after
+        history = np.concatenate([history, message, replies[k - 1]], axis=1)
+        yield (
+            {
+                "series": series_name(mcfg.arch, reuse),
+                "arch": mcfg.arch,
+                "reuse": reuse,
+                "turn": k,
+                "history_tokens": h,
+                "ttft_s": ttft[0],
+                "total_s": ttft[0] + steps[0],
+                "ttft_max_s": ttft[1],
+                "total_max_s": ttft[1] + steps[1],
+                "flops_first": flops_first,
+                "flops_total": flops_first + flops_rest,
+                "params_total": counting.count_params(mcfg)["total"],
+            }
+        )

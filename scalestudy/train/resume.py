@@ -1,0 +1,102 @@
+"""What may change when a run directory is resumed, and the check that refuses the rest.
+
+A run directory belongs to one experiment: its `config.yaml` (or, without it, the config
+stored in its newest checkpoint). Re-running `scalestudy train --workdir W` with a config that
+differs in anything that changes shapes or semantics (model, objective, data, optimizer,
+length, seed, ...) would silently turn it into another experiment, so it is refused with the
+differing keys named. Only keys in `SAFE_ON_RESUME` (cadence, stopping point, retention,
+evaluation, device layout) may differ; the new values are then what `config.yaml` records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config import ConfigError, ExperimentConfig, ScalestudyError, load_config
+from scalestudy.train import checkpoint
+
+# Dotted keys (or prefixes ending in ".") that may change between invocations of one run.
+SAFE_ON_RESUME: tuple[str, ...] = (
+    "name",
+    "train.log_every",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.keep_last",
+    "train.keep_every",
+    "train.async_checkpoint",
+    "train.stop_after_steps",
+    "train.progress",
+    "train.init_from",  # only used before the run has checkpoints of its own
+    "train.init_step",
+    "eval.",  # evaluation reads the parameters, never changes them
+    "mesh.",  # device layout: checkpoints restore onto another mesh
+    "model.remat",  # memory only
+)
+
+
+class ResumeConfigError(ScalestudyError):
+    """The config given for an existing run directory changes what the run is."""
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out |= _flat(v, f"{prefix}{k}.")
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _safe(key: str) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_ON_RESUME)
+
+
+def changed_keys(old: ExperimentConfig, new: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old value, new value)} for every key that differs and may not change."""
+    a, b = _flat(old.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    return {
+        k: (a.get(k), b.get(k))
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k) != b.get(k) and not _safe(k)
+    }
+
+
+def run_config(workdir: Path) -> ExperimentConfig | None:
+    """The config the run in `workdir` was trained with, or None when nothing was trained
+    there yet (no checkpoint and no summary)."""
+    workdir = Path(workdir)
+    latest = checkpoint.latest_step(workdir)
+    if latest is None and not (workdir / "summary.json").exists():
+        return None
+    resolved = workdir / "config.yaml"
+    if resolved.is_file():
+        try:
+            return load_config(resolved)
+        except ConfigError:
+            if latest is None:
+                raise
+    if latest is None:
+        return None
+    return checkpoint.load_config(workdir, latest)
+
+
+def check_resume(cfg: ExperimentConfig, workdir: Path) -> None:
+    """Raise ResumeConfigError when `workdir` holds a run whose config differs from `cfg`
+    in a key that may not change on resume."""
+    old = run_config(workdir)
+    if old is None:
+        return
+    changed = changed_keys(old, cfg)
+    if not changed:
+        return
+    lines = "\n".join(f"  {k}: {a!r} in the run, {b!r} given" for k, (a, b) in changed.items())
+    raise ResumeConfigError(
+        f"--workdir {workdir} holds a run trained with a different config; these keys would "
+        f"change what the run is, so it is not resumed (nothing was changed):\n{lines}\n"
+        f"To resume it, run without those overrides (--workdir alone reads its config.yaml). "
+        f"To start a new run, use another --workdir. To branch from its checkpoint with the "
+        f"new config, use another --workdir and train.init_from={workdir} "
+        f"(train.init_step=N for a given step). Keys that may change on resume: "
+        f"{', '.join(s.rstrip('.') + ('.*' if s.endswith('.') else '') for s in SAFE_ON_RESUME)}"
+    )
