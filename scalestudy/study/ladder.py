@@ -42,8 +42,9 @@ RUNGS: dict[str, float] = {
 }
 
 PRESETS: dict[str, tuple[Any, ...]] = {
-    # CPU smoke test: tiny widths so 7 cells x 4 sizes train in minutes on 2 cores.
-    "smoke": (2e4, 5e4, 1e5, 2e5),
+    # CPU studies: six sizes over 1.5 decades (d_model 16 .. 80), so that a two-parameter law
+    # has three sizes per parameter (the fits' points flag) and 7 cells train in minutes.
+    "smoke": (1e4, 2e4, 4e4, 7e4, 1.4e5, 3e5),
     "tiny": ("100K", "300K", "1M", "3M"),
     "decades": ("100K", "1M", "10M", "100M", "1B", "10B", "100B"),
     "half_decades": tuple(RUNGS),

@@ -1,0 +1,122 @@
+"""The shipped study specs: the smoke study supports its fits and probes, the real-text study
+runs end to end at a tiny scale on the real corpora."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from scalestudy.study import sweep
+
+counting = pytest.importorskip("scalestudy.models.counting")
+
+REPO = Path(__file__).resolve().parents[2]
+STUDIES = REPO / "configs" / "studies"
+DATA = REPO.parent / "shared" / "data"
+FLM_PLM = {
+    ("causal_decoder", "flm"),
+    ("causal_decoder", "plm"),
+    ("noncausal_decoder", "plm"),
+    ("encoder_decoder", "plm"),
+}
+
+
+def _expand(name, overrides=()):
+    path = STUDIES / name
+    study = sweep.load_study(path, overrides)
+    return study, sweep.expand(study, path.parent)
+
+
+def test_smoke_fit_laws_have_three_sizes_per_parameter():
+    forms = pytest.importorskip("scalestudy.scaling.forms")
+    laws = pytest.importorskip("scalestudy.scaling.laws")
+    study, runs = _expand("smoke.yaml")
+    need = laws.FitSettings().min_points_per_param
+    for cell in FLM_PLM:
+        n = {r.params[study.fit.n_kind] for r in runs if (r.arch, r.objective) == cell}
+        for law in study.fit.laws:
+            n_params = len(forms.get_form(law).params)
+            assert len(n) >= need * n_params, (cell, law, len(n), n_params)
+
+
+def test_smoke_probes_mostly_fit_the_scoring_length():
+    from scalestudy.data.pipeline import scoring_batch
+    from scalestudy.data.vocab import get_vocabulary
+    from scalestudy.evaluate.rank import limit_examples, scoring_config
+    from scalestudy.evaluate.tasks import load_task
+
+    _, runs = _expand("smoke.yaml")
+    for arch in ("causal_decoder", "noncausal_decoder", "encoder_decoder"):
+        cfg = next(r.cfg for r in runs if r.arch == arch)
+        vocab = get_vocabulary(cfg.data)
+        task = load_task("synthetic_probes", synthetic=cfg.data.synthetic)
+        examples = limit_examples(task, cfg.eval.max_examples)
+        scoring = scoring_config(cfg)
+        cut = 0
+        for ex in examples:
+            pairs = ex.pairs()
+            inputs = [list(vocab.encode(c)) for c, _ in pairs]
+            targets = [list(vocab.encode(t)) for _, t in pairs]
+            cut += scoring_batch(scoring, inputs, targets)[1] > 0
+        # Before: every probe context (78-277 bytes) was cut to the 48 training input bytes.
+        assert cut <= len(examples) // 4, (arch, cut, len(examples))
+
+
+def test_realtext_spec_has_every_cell_at_six_sizes_and_relative_paths():
+    study, runs = _expand("realtext.yaml")
+    cells = {(r.arch, r.objective) for r in runs}
+    assert len(cells) == 7 and len({r.size for r in runs}) >= 6
+    data = runs[0].cfg.data
+    paths = [*data.paths, *data.validation_paths, data.spm_path, runs[0].cfg.eval.data_dir]
+    paths += [t.split(":", 1)[1] for t in study.tasks if t.startswith("text:")]
+    assert all(not Path(p).is_absolute() for p in paths), paths
+    # Relative to the repository root, the data paths name the shared corpora.
+    if DATA.is_dir():
+        for p in [*data.paths, *data.validation_paths, runs[0].cfg.eval.data_dir]:
+            assert (REPO / p).exists(), p
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"real data not found at {DATA}")
+def test_realtext_spec_runs_at_tiny_scale(tmp_path):
+    from scalestudy import cli
+    from scalestudy.data.vocab import train_sentencepiece
+    from scalestudy.study.registry import load_runs
+
+    pytest.importorskip("scalestudy.train.loop")
+    corpora, evals = DATA / "corpora", DATA / "eval"
+    valid = corpora / "tinystories" / "tinystories_valid_first794KB.txt"
+    spm = train_sentencepiece([valid], tmp_path / "vocab.model", vocab_size=256)
+    wiki = corpora / "wikitext2" / "valid.txt"
+    tasks = ["copa", "piqa", "arc_easy", "hellaswag", "winogrande", "lambada", f"text:{wiki}"]
+    out = tmp_path / "study"
+    overrides = [
+        f"base.data.paths=[{corpora / 'tinystories' / 'tinystories_train_first2316stories.txt'}"
+        f",{corpora / 'gutenberg_children'}]",
+        f"base.data.validation_paths=[{valid}]",
+        f"base.data.spm_path={spm}",
+        "base.data.max_documents=40",
+        "base.model.vocab_size=384",
+        f"base.eval.data_dir={evals}",
+        "base.eval.max_examples=3",
+        "base.optim.warmup_steps=1",
+        "base.train.eval_batches=1",
+        "base.train.checkpoint_every=3",
+        "base.train.async_checkpoint=false",
+        f"tasks=[{','.join(tasks)}]",
+        "cells=[[noncausal_decoder,mlm]]",
+        "ladder.sizes=[{name: xs, d_model: 16, n_layers: 2, d_ff: 32}]",
+        "budget.steps=3",
+        "fit.bootstrap=0",
+    ]
+    args = ["study", "--spec", str(STUDIES / "realtext.yaml"), "--out", str(out), *overrides]
+    assert cli.main(args) == 0
+    runs = load_runs(out)
+    assert len(runs) == 1 and all(r["status"] == "done" for r in runs)
+    for r in runs:
+        config = (Path(r["workdir"]) / "config.yaml").read_text()
+        assert f"spm_path: {spm}" in config and "vocab: sentencepiece" in config
+        for task in tasks[:-1]:
+            assert r[f"eval/{task}/n"] == 3, task
+        assert math.isfinite(r["eval/text/bpb"]) and r["eval/text/bpb"] > 0
+    assert (out / "report.md").is_file()
