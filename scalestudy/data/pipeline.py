@@ -4,14 +4,8 @@
 (the one contract training speaks): the NumPy pipeline (`numpy_pipeline.py`) for the
 synthetic/text/tfds sources, or the seqio streaming pipeline (`seqio_pipeline.py`) for
 `data.source: seqio`. Neither iterator imports this module, and this module imports the seqio
-one only when it is asked for, so the default path never builds tf.data graphs.
-
-Feature conversion (Wang et al. 2022): decoder-only rows hold [inputs; targets] with loss on
-the targets (on everything for flm); the non-causal decoder marks the prefix in
-`decoder_causal_attention` as seqio's PrefixLMFeatureConverter does (the input positions
-including the one holding the last input token). The encoder-decoder sends inputs to the
-encoder and targets to the decoder, of `objectives.feature_lengths` positions (inputs
-left-truncated, targets cut at the right, where an example does not fit).
+one only when it is asked for, so the default path never builds tf.data graphs. Feature
+conversion (which positions each architecture sees) is described in `numpy_pipeline.py`.
 """
 
 from __future__ import annotations
