@@ -146,20 +146,11 @@ def test_seqio_document_order_is_a_fresh_permutation_each_epoch():
     assert [t["text"].decode() for t in again.as_numpy_iterator()] == first
 
 
-def test_seqio_resume_keeps_mirrored_plm_pairs():
+def test_seqio_resume_keeps_mirrored_plm_pairs(seqio_encdec_plm_cfg):
     """The encoder-decoder PLM stream (pieces cut from grouped documents, examples paired with
     mirrored splits after the shuffle) restored from a tf.data state continues exactly, and
     its rows still hold two examples filling L encoder and L decoder positions."""
-    cfg = ExperimentConfig(
-        model={"arch": "encoder_decoder"},
-        objective={"name": "plm", "inputs_length": 24, "targets_length": 8},
-        data={
-            "source": "seqio",
-            "seqio_task": "scalestudy.synthetic.plm",
-            "synthetic": {"n_train_documents": 300, "n_validation_documents": 30},
-        },
-        train={"batch_size": 8},
-    )
+    cfg = seqio_encdec_plm_cfg
     straight = make_iterator(cfg)
     for _ in range(3):
         next(straight)

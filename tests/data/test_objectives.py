@@ -372,22 +372,12 @@ def test_mlm_piece_length_is_t5s_random_spans_helper(inputs_length):
     assert noise + spans + 1 == targets
 
 
-def test_seqio_encoder_decoder_plm_rows_hold_mirrored_pairs():
+def test_seqio_encoder_decoder_plm_rows_hold_mirrored_pairs(seqio_encdec_plm_cfg):
     """The seqio path pairs PLM examples after its shuffle: rows of L + L hold two examples
     whose encoder parts and decoder parts each fill L positions, as in T5."""
-    from scalestudy.config import ExperimentConfig
     from scalestudy.data.pipeline import make_iterator
 
-    cfg = ExperimentConfig(
-        model={"arch": "encoder_decoder"},
-        objective={"name": "plm", "inputs_length": 24, "targets_length": 8},
-        data={
-            "source": "seqio",
-            "seqio_task": "scalestudy.synthetic.plm",
-            "synthetic": {"n_train_documents": 300, "n_validation_documents": 30},
-        },
-        train={"batch_size": 8},
-    )
+    cfg = seqio_encdec_plm_cfg
     it = make_iterator(cfg)
     b = next(it)
     it.close()
