@@ -158,7 +158,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from scalestudy.data.pipeline import bench as bench_fn
     else:
         from scalestudy.evaluate.rank import bench as bench_fn
-    cfg = load_config(args.config, args.overrides) if args.config else None
+    cfg = load_config(args.config, args.overrides) if args.config or args.overrides else None
     _print(bench_fn(cfg, steps=args.steps), args.json)
     return 0
 

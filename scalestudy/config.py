@@ -625,6 +625,9 @@ class LadderConfig(_Frozen):
     # lr_reference_width / d_model (wider models take smaller Adam steps, as in muP).
     lr_scaling: Literal["none", "inverse_width"] = "none"
     lr_reference_width: int = Field(256, ge=1)
+    # Cells that train at only some of the sizes: {"arch/objective": [size name, ...]}; a
+    # cell not listed trains at every size (study/sweep.py checks the names).
+    cell_sizes: dict[str, Tuple] = {}
 
     @model_validator(mode="after")
     def _check(self) -> LadderConfig:
@@ -632,6 +635,12 @@ class LadderConfig(_Frozen):
             raise ConfigError(
                 "ladder: give a preset (e.g. ladder.preset=smoke) or a list of ladder.sizes"
             )
+        for cell, names in self.cell_sizes.items():
+            if cell.count("/") != 1 or not names:
+                raise ConfigError(
+                    f"ladder.cell_sizes: each key is 'arch/objective' with a non-empty list of "
+                    f"size names; got {cell!r}: {list(names)!r}"
+                )
         return self
 
 

@@ -291,13 +291,24 @@ def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:
 
 def frontier_points(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(C, loss, run index) of the compute-efficient frontier: the curves' envelope when
-    curves exist, else the runs no cheaper run beats."""
+    curves exist, else the runs no cheaper run beats.
+
+    The envelope is taken only at compute where at least two curves compete, plus the end of
+    the longest run: beyond the second-longest run's end a single curve is left, mid-way
+    through its learning-rate schedule, and its loss there says nothing about what that
+    compute buys (a run trained to exactly that compute ends lower)."""
     if sum(r in table.curves for r in table.run_id) >= 2:
         budgets, loss_JB, _ = envelope(table, n_budgets=40)
         best = loss_JB.argmin(axis=0)
         lb = loss_JB[best, np.arange(len(budgets))]
-        ok = np.isfinite(lb)
-        return budgets[ok], lb[ok], best[ok]
+        ok = np.isfinite(loss_JB).sum(axis=0) >= 2
+        last = max(
+            (j for j, r in enumerate(table.run_id) if r in table.curves),
+            key=lambda j: table.curves[table.run_id[j]]["C"][-1],
+        )
+        end = table.curves[table.run_id[last]]
+        c = np.append(budgets[ok], end["C"][-1])
+        return c, np.append(lb[ok], end["loss"][-1]), np.append(best[ok], last)
     order = np.argsort(table.C)
     keep, best = [], np.inf
     for j in order:

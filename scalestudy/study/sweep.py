@@ -136,6 +136,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             f"the study has no valid cells: archs={list(study.archs)}, "
             f"objectives={list(study.objectives)}"
         )
+    sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
     runs: list[PlannedRun] = []
     for (i, rung), (tag, compute), seed in itertools.product(
         enumerate(rungs), ladder.budget_points(study.budget), study.seeds
@@ -149,6 +150,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
         )
         reference_params = counting.count_params(shape)
         for (arch, objective), variant in _cell_variants(study, grid):
+            if rung.name not in sizes_of.get((arch, objective), (rung.name,)):
+                continue
             matching = (variant.matching if variant else None) or study.matching
             model = ladder.match_model(shape, arch, matching, study.match_tolerance)
             vname = variant.name if variant else ""
@@ -189,6 +192,27 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
     if not runs:
         raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
     return runs
+
+
+def _cell_sizes(
+    study: StudySpec, grid: list[tuple[str, str]], names: list[str]
+) -> dict[tuple[str, str], tuple[str, ...]]:
+    """ladder.cell_sizes as {(arch, objective): size names}, checked against the study's
+    cells and its ladder's size names."""
+    out = {}
+    for key, sizes in study.ladder.cell_sizes.items():
+        cell = tuple(key.split("/"))
+        if cell not in grid:
+            accepted = ", ".join(f"{a}/{o}" for a, o in grid)
+            raise ConfigError(f"ladder.cell_sizes: {key!r} is not a cell of the study ({accepted})")
+        unknown = [str(n) for n in sizes if str(n) not in names]
+        if unknown:
+            raise ConfigError(
+                f"ladder.cell_sizes[{key}]: {unknown} are not sizes of the ladder "
+                f"({', '.join(names)})"
+            )
+        out[cell] = tuple(str(n) for n in sizes)
+    return out
 
 
 def _cell_variants(study: StudySpec, grid: list[tuple[str, str]]) -> list[tuple[tuple, Any]]:

@@ -181,6 +181,32 @@ def enable_compilation_cache() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
 
 
+# glibc malloc settings for a CPU host (mallopt parameter numbers): keep freed memory instead of
+# handing it back to the kernel after every step, which then faults it in again page by page.
+# A smoke-study run (70K parameters, 300 steps): 5.6M -> 1.8M minor page faults, system
+# time 11.2 -> 4.0 s, wall time 34 -> 29 s (README, Training).
+_MALLOPT = {"MALLOC_TRIM_THRESHOLD_": (-1, 1 << 30), "MALLOC_TOP_PAD_": (-2, 1 << 28)}
+_MALLOPT["MALLOC_MMAP_THRESHOLD_"] = (-3, 1 << 25)  # 32 MiB, glibc's largest
+
+
+def tune_host_allocator() -> dict[str, int]:
+    """On a CPU backend with glibc, raise malloc's trim, top-pad and mmap thresholds (each
+    unless its MALLOC_*_ variable is set); returns the settings applied (none elsewhere)."""
+    if jax.default_backend() != "cpu":
+        return {}
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return {}
+    applied = {}
+    for name, (param, value) in _MALLOPT.items():
+        if name not in os.environ and mallopt(param, value) == 1:
+            applied[name] = value
+    return applied
+
+
 _PROGRAMS: OrderedDict[str, Program] = OrderedDict()
 _MAX_PROGRAMS = 8
 
@@ -225,6 +251,7 @@ def build_program(
     the functions are jitted but not compiled (for AOT inspection).
     """
     enable_compilation_cache()
+    tune_host_allocator()
     mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model)
     processes = jax.process_count()
     shapes = {

@@ -243,3 +243,28 @@ def test_approach2_leave_one_budget_out(make_isoflop):
         sl, ic = np.polyfit(lc[keep], ln[keep], 1)
         errs.append(ln[i] - (ic + sl * lc[i]))
     assert cv["rmse_log"] == pytest.approx(np.sqrt(np.mean(np.square(errs))), rel=1e-6)
+
+
+def test_frontier_stops_where_a_single_curve_is_left():
+    # Two runs; the longer one's curve has a plateau (mid-schedule) past the shorter run's
+    # end. There a lone curve is no frontier: only its final point is kept.
+    d = np.geomspace(1e6, 1e8, 30)
+    short = {"C": 6e5 * d[:20], "D": d[:20], "loss": 3.0 * (6e5 * d[:20] / 1e11) ** -0.1}
+    long_loss = 3.2 * (6e6 * d / 1e11) ** -0.1
+    long_loss[20:-1] = long_loss[19]  # a plateau, then the schedule's end
+    long = {"C": 6e6 * d, "D": d, "loss": long_loss}
+    curves = {"short": short, "long": long}
+    t = RunTable(
+        ["short", "long"],
+        ["all"] * 2,
+        np.array([1e5, 1e6]),
+        np.array([d[19], d[-1]]),
+        np.array([short["C"][-1], long["C"][-1]]),
+        np.array([short["loss"][-1], long["loss"][-1]]),
+        curves=curves,
+    )
+    c, loss, run = allocation.frontier_points(t)
+    inside = c < long["C"][-1]
+    assert c[inside].max() <= short["C"][-1] * (1 + 1e-9)  # no point from the lone tail
+    assert c[-1] == long["C"][-1] and loss[-1] == long_loss[-1] and run[-1] == 1
+    assert c[inside].min() >= long["C"][0] * (1 - 1e-9)  # nor from the short run's lone head

@@ -62,6 +62,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
+# The states of a job that has ended for good (a requeued task passes through others).
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "DEADLINE"}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,10 +139,11 @@ class Cluster:
         done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=30)
         return done.stdout.strip()
 
-    def jobs(self) -> dict[str, tuple[str, str]] | None:
-        """Job id -> (state, reason) of every job the controller still lists; None when
+    def jobs(self, every_state: bool = False) -> dict[str, tuple[str, str]] | None:
+        """Job id -> (state, reason) of every active job the controller lists (with
+        `every_state`, ended jobs too: the controller keeps them MinJobAge seconds); None when
         squeue cannot answer (a busy controller), which must not read as 'no jobs'."""
-        cmd = ["squeue", "-h", "-o", "%i %T %r"]
+        cmd = ["squeue", "-h", "-o", "%i %T %r", *(["--states=all"] if every_state else [])]
         try:
             done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=30)
         except subprocess.TimeoutExpired:
@@ -329,13 +334,14 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
     assert not (workdir / "summary.json").exists()
     slurm.sh("scontrol", "update", f"JobId={task}", "StartTime=now")
 
+    # Finished: both tasks and the collect job are listed in a final state. (An empty queue
+    # is not evidence: the active-job list can come back empty while a requeued task is
+    # between states.)
+    ours = {f"{array}_0", f"{array}_1", collect}
+
     def finished() -> bool:
-        # Under load squeue can answer with an empty list while a requeued task is between
-        # states: the queue counts as empty only when it stays empty a few seconds later.
-        if slurm.jobs() != {}:
-            return False
-        time.sleep(3)
-        return slurm.jobs() == {}
+        jobs = slurm.jobs(every_state=True) or {}
+        return ours <= jobs.keys() and all(jobs[j][0] in ENDED for j in ours)
 
     _until(finished, 600, "the study did not finish", slurm, out)
     wall = time.time() - t0
@@ -343,7 +349,10 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
     logs = {p.name: p.read_text() for p in (out / "slurm").glob("*.out")}
     task_log = next(text for name, text in logs.items() if name.endswith(f"_{victim}.out"))
     assert f"saved a checkpoint at step {saved[-1]}" in task_log
-    assert "requeueing to resume it" in task_log and "attempt 2" in task_log
+    assert "requeueing to resume it" in task_log and "attempt 2" in task_log, (
+        f"{task_log}\n--- scontrol show job {task}\n{slurm.sh('scontrol', 'show', 'job', task)}"
+        f"\n--- slurmctld.log\n{_tail(slurm.root / 'slurmctld.log', 40)}"
+    )
     other = next(text for name, text in logs.items() if name.endswith(f"_{1 - victim}.out"))
     assert "attempt 2" not in other and "SIGTERM" not in other  # only the victim was hit
     # Resumed, not restarted: the first attempt's metric rows up to the checkpoint survive

@@ -86,6 +86,23 @@ def test_isoflop_grid(tiny_spec):
         assert c - per_step < r.planned_flops <= c
 
 
+def test_cell_sizes_train_a_cell_at_only_the_sizes_named(tiny_spec):
+    runs = _expand(tiny_spec, ["ladder.cell_sizes={encoder_decoder/mlm: [s]}"])
+    assert sorted((r.arch, r.size) for r in runs) == [
+        ("causal_decoder", "s"),
+        ("causal_decoder", "xs"),
+        ("encoder_decoder", "s"),
+    ]
+    full = {r.run_id for r in _expand(tiny_spec)}
+    assert {r.run_id for r in runs} <= full  # the same runs, fewer of them
+    with pytest.raises(ConfigError, match=r"\['m'\] are not sizes of the ladder \(xs, s\)"):
+        _expand(tiny_spec, ["ladder.cell_sizes={encoder_decoder/mlm: [m]}"])
+    with pytest.raises(ConfigError, match="'noncausal_decoder/plm' is not a cell of the study"):
+        _expand(tiny_spec, ["ladder.cell_sizes={noncausal_decoder/plm: [s]}"])
+    with pytest.raises(ConfigError, match="'arch/objective' with a non-empty list"):
+        _expand(tiny_spec, ["ladder.cell_sizes={encoder_decoder: [s]}"])
+
+
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_every_study_spec_validates(path, capsys):
     sweep.run_study(path, Path("unused"), dry_run=True)
