@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SPEC ?= configs/studies/smoke.yaml
 OUT ?= runs/smoke
+# Runs trained at a time (each in its own process): tiny CPU runs leave cores idle.
+WORKERS ?= 2
 
 .PHONY: study test install lint format clean
 
@@ -17,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 study: $(STAMP)
-	$(BIN)/scalestudy study --spec $(SPEC) --out $(OUT)
+	$(BIN)/scalestudy study --spec $(SPEC) --out $(OUT) --workers $(WORKERS)
 
 test: $(STAMP)
 	$(BIN)/ruff format --check .

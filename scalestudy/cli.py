@@ -30,6 +30,16 @@ def _print(obj: dict, as_json: bool) -> None:
             print(f"{k:<{width}}  {v}")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1 is accepted; got {text!r}")
+    return value
+
+
 def _join_job() -> None:
     """Join a multi-host job when the environment says this is one (train/sharding.py)."""
     from scalestudy.train.sharding import initialize_distributed
@@ -116,6 +126,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             analyze=analyze_study,
             collect=args.collect,
+            workers=args.workers,
         )
         if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
             from scalestudy.scaling.decoder_only_plots import plot_experiments
@@ -253,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="runs trained at a time on this host, each in its own process (default 1)",
+    )
     p.add_argument(
         "--collect", action="store_true", help="record cluster-trained runs; never train"
     )

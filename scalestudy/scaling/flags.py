@@ -9,7 +9,8 @@ A flag is a string `"<kind>: <reason>"`; kinds:
   value far outside the data, so it moves with its exponent and its interval is wide even in
   a sound fit), or of an exponent wider than the value itself;
 - `sign`: bootstrap resamples that disagree on the sign of an exponent;
-- `outliers`: points whose residual is far outside the others' (robust z-score);
+- `outliers`: points whose residual is far outside the others' (robust z-score, with a floor
+  on the spread so that a near-perfect fit of a few points does not flag a 5% residual);
 - `flat`: a fitted loss that barely changes over the data;
 - `extrapolation`: a prediction asked for outside the range of the data (on answers at a
   given compute, not on the fit itself).
@@ -23,6 +24,10 @@ MAX_SPAN_DEX = 2.0  # an interval of E wider than this many decades
 MAX_COEF_SPAN_DEX = 6.0  # an interval of a coefficient wider than this many decades
 BOUND_REL = 1e-3  # E below this share of the lowest observed loss sits on its bound 0
 OUTLIER_Z = 5.0  # robust z-score (median absolute deviation) of an outlying residual
+# The smallest residual spread the z-score divides by (log loss): a few runs on a near-perfect
+# fit have a median absolute deviation near 0, which would make a 5% residual "5 robust
+# standard deviations" out; seed-to-seed differences in a final loss are of this order.
+MIN_RESID_SD = 0.02
 EXPONENTS = ("alpha", "beta", "a", "b")
 POSITIVE = ("A", "B", "E", "G", "H", "N_c", "D_c", "C_c")
 
@@ -112,9 +117,7 @@ def outlier_flags(resid_P: np.ndarray, run_ids: list[str]) -> tuple[list[str], l
     if r.size < 6:
         return [], []
     med = np.median(r)
-    sigma = 1.4826 * np.median(np.abs(r - med))
-    if not sigma > 0:
-        return [], []
+    sigma = max(1.4826 * np.median(np.abs(r - med)), MIN_RESID_SD)
     z = np.abs(r - med) / sigma
     out = np.flatnonzero(z > OUTLIER_Z)
     if not out.size:

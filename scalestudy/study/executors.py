@@ -109,13 +109,22 @@ _BAR = "{desc} {percentage:5.1f}%|{bar}| [{elapsed}<{remaining}] {postfix}"
 
 
 class LocalExecutor:
-    """Trains a study's missing runs sequentially in this process, recording each in the
-    registry; finished runs are skipped, unfinished ones resume from their checkpoints."""
+    """Trains a study's missing runs on this host, recording each in the registry; finished
+    runs are skipped, unfinished ones resume from their checkpoints.
 
-    def __init__(self, registry: Registry, out: Path, *, train_fn: Any = None) -> None:
+    With one worker the runs train one after another in this process. With `workers` > 1
+    they train in that many worker processes at once (each a fresh interpreter with its own
+    JAX runtime; this process alone writes the registry). On a CPU, tiny models leave cores
+    idle between their small kernels, so two runs at a time finish a smoke study sooner; on
+    an accelerator host keep one worker per device set."""
+
+    def __init__(
+        self, registry: Registry, out: Path, *, train_fn: Any = None, workers: int = 1
+    ) -> None:
         self.reg = registry
         self.out = Path(out)
         self.train_fn = train_fn or _default_train
+        self.workers = workers
 
     def run(self, runs: list) -> list[str]:
         """Train every run not yet done; returns the names of runs that failed."""
@@ -128,6 +137,8 @@ class LocalExecutor:
             return []
         total = sum(r.planned_flops for r in todo) or 1.0
         weights = [0.5 / len(todo) + 0.5 * r.planned_flops / total for r in todo]
+        if self.workers > 1 and len(todo) > 1:
+            return self._run_parallel(todo, weights)
         progress = _Progress(1.0, len(todo))
         failed: list[str] = []
         try:
@@ -154,6 +165,60 @@ class LocalExecutor:
         finally:
             progress.close()
         return failed
+
+    def _run_parallel(self, todo: list, weights: list[float]) -> list[str]:
+        """Train `todo` in worker processes, at most self.workers at a time."""
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=100.0, unit="%", bar_format=_BAR, dynamic_ncols=True)
+        failed: list[str] = []
+        done_weight, finished = 0.0, 0
+        context = multiprocessing.get_context("spawn")  # no forked JAX runtime
+        with ProcessPoolExecutor(self.workers, mp_context=context) as pool:
+            pending = {}
+            try:
+                for run, weight in zip(todo, weights, strict=True):
+                    workdir = self.out / "runs" / run.dirname
+                    summary = _finished_summary(workdir, run.cfg.train.steps)
+                    if summary is not None:  # trained, but not yet recorded
+                        self._record(run, workdir, summary)
+                        done_weight += weight
+                        continue
+                    self.reg.mark_running(run.run_id)
+                    workdir.mkdir(parents=True, exist_ok=True)
+                    future = pool.submit(self.train_fn, run.cfg, workdir)
+                    pending[future] = (run, workdir, weight)
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        run, workdir, weight = pending.pop(future)
+                        finished += 1
+                        name = run.cfg.name.split(".", 1)[-1]
+                        try:
+                            self._record(run, workdir, future.result())
+                        except Exception as e:  # one bad run must not lose the others
+                            detail = "".join(traceback.format_exception_only(type(e), e))
+                            self.reg.mark_failed(run.run_id, detail.strip())
+                            failed.append(run.cfg.name)
+                            bar.write(f"run {run.cfg.name} failed: {detail.strip()}")
+                        done_weight += weight
+                        bar.set_description(f"[{finished}/{len(todo)}] {name}")
+                        bar.n = round(100.0 * done_weight, 2)
+                        bar.refresh()
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            finally:
+                bar.close()
+        return failed
+
+    def _record(self, run: Any, workdir: Path, summary: dict) -> None:
+        if _needs_eval(run.cfg, summary):
+            print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
+        self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
 
     def _one(self, run: Any, workdir: Path) -> None:
         summary = _finished_summary(workdir, run.cfg.train.steps)

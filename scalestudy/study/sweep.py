@@ -291,12 +291,15 @@ def run_study(
     train_fn: Any = None,
     analyze: Any = None,
     collect: bool = False,
+    workers: int = 1,
 ) -> None:
     """Run (or resume) a whole study: train what is missing, then fit, plot and report.
 
     With `collect`, nothing is trained or evaluated: the runs that cluster jobs finished are
     recorded, the report is written, and missing or unfinished runs raise StudyRunError.
-    `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it);
+    `workers` > 1 trains that many runs at a time, each in its own process.
+    `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it; with
+    workers it must be importable by name);
     `analyze(study, out, runs, curves) -> (fits, figure paths)` supplies the scaling fits and
     plots for the report (the CLI passes scalestudy.scaling's).
     """
@@ -318,7 +321,8 @@ def run_study(
             if collect:
                 missing = executors.collect(reg, out, runs)
             else:
-                failed = executors.LocalExecutor(reg, out, train_fn=train_fn).run(runs)
+                executor = executors.LocalExecutor(reg, out, train_fn=train_fn, workers=workers)
+                failed = executor.run(runs)
         report.finalize(study, out, analyze)
     if collect and missing:
         raise executors.StudyRunError(

@@ -79,6 +79,17 @@ def test_outlying_run_is_flagged_by_name(make_isoflop):
     assert fit["residuals"]["outlier_runs"] == [t.run_id[10]]
 
 
+def test_a_small_residual_on_a_near_perfect_fit_is_no_outlier():
+    # Six sizes on an exact law but for one point 5% low: the others' residuals are near 0,
+    # so without a floor on their spread that point would sit "beyond 5 standard deviations".
+    N = np.geomspace(1e4, 3e5, 6)
+    loss = (6e4 / N) ** 0.31
+    loss[2] *= 0.95
+    assert "outliers" not in _kinds(_fit("kaplan_n_noE", _table(N, N * 20, loss)))
+    loss[2] *= 0.7 / 0.95  # 30% low is one
+    assert "outliers" in _kinds(_fit("kaplan_n_noE", _table(N, N * 20, loss)))
+
+
 def test_sound_fits_carry_no_flags(make_isoflop):
     t = make_isoflop(budgets=(1e18, 3e18, 1e19, 3e19, 1e20, 3e20), seed=0)
     res = fit_cells(t, settings=FitSettings(laws=("chinchilla3", "chinchilla2"), bootstrap=40))

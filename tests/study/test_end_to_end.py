@@ -33,3 +33,23 @@ def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(out)]) == 0
     assert "4 of 4 runs already done; 0 to go" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_two_workers_train_the_same_runs_as_one(tiny_spec, tmp_path, capsys):
+    # Trained by two worker processes, each run's validation loss and probe accuracy are
+    # those of a one-process study.
+    one, two = tmp_path / "one", tmp_path / "two"
+    argv = ["study", "--spec", str(tiny_spec), "fit.bootstrap=0"]
+    assert cli.main([*argv, "--out", str(one)]) == 0
+    assert cli.main([*argv, "--out", str(two), "--workers", "2"]) == 0
+    a = {r["run_id"]: r for r in load_runs(one)}
+    b = {r["run_id"]: r for r in load_runs(two)}
+    assert a.keys() == b.keys() and all(r["status"] == "done" for r in b.values())
+    for k, r in a.items():
+        assert b[k]["loss"] == pytest.approx(r["loss"], rel=1e-6)
+        assert b[k]["eval/synthetic_probes/acc"] == r["eval/synthetic_probes/acc"]
+    assert {c["run_id"] for c in load_curves(two)} == set(b)
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--out", str(two), "--workers", "0"])
+    assert "--workers: a whole number of at least 1 is accepted; got '0'" in capsys.readouterr().err
