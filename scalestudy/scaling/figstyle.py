@@ -112,6 +112,15 @@ def get_fit(fits: dict, cell: str, law: str) -> dict | None:
     return f if f and "skipped" not in f else None
 
 
+def first_fit(fits: dict, cell: str, laws: tuple[str, ...]) -> tuple[str, dict | None]:
+    """(name, fit) of the first of `laws` fitted for `cell` (a law with E, then without),
+    or (laws[0], None)."""
+    for law in laws:
+        if f := get_fit(fits, cell, law):
+            return law, f
+    return laws[0], None
+
+
 def fit_label(text: str, fit: dict) -> str:
     """A legend label that says when the fit is flagged, and why (the flag kinds)."""
     flags = fit.get("flags") or []

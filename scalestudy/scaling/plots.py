@@ -34,13 +34,14 @@ def fig_loss_vs_compute(t: RunTable, fits: dict):
             if r in sub.curves:
                 c = sub.curves[r]
                 ax.plot(c["C"], c["loss"], color=st["color"], alpha=0.25, lw=0.8)
-        drawn_fits = [(n, fs.get_fit(fits, cell, n)) for n in ("kaplan_c", "chinchilla3")]
+        kaplan, f = fs.first_fit(fits, cell, ("kaplan_c", "kaplan_c_noE"))
+        drawn_fits = [(kaplan, f), ("chinchilla3", fs.get_fit(fits, cell, "chinchilla3"))]
         label = fs.cell_label(cell, drawn_fits)
         ax.scatter(sub.C, sub.loss, label=label, edgecolor="k", lw=0.4, **st)
-        if f := fs.get_fit(fits, cell, "kaplan_c"):
-            y, ys = fs.form_curves("kaplan_c", f, c_grid)
+        if f:
+            y, ys = fs.form_curves(kaplan, f, c_grid)
             fs.split_line(ax, c_grid, y, c_max, color=st["color"], lw=1.5)
-            fs.band(ax, c_grid, ys, st["color"], ci, f"band:{cell}:kaplan_c")
+            fs.band(ax, c_grid, ys, st["color"], ci, f"band:{cell}:{kaplan}")
             drawn.add("kaplan_c")
         if f := fs.get_fit(fits, cell, "chinchilla3"):
             k = fits["cells"][cell]["flops_per_nd"]["k"]
@@ -62,20 +63,23 @@ def fig_loss_vs_compute(t: RunTable, fits: dict):
 
 
 def fig_loss_vs_size(t: RunTable, fits: dict):
-    """L(N) and L(D) with the fitted kaplan_n / kaplan_d curves and their bands."""
+    """L(N) and L(D) with the fitted kaplan_n / kaplan_d curves (or their forms without E)
+    and their bands."""
     fig, axs = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
     styles, ci = fs.cell_styles(t.cells()), fs.ci_level(fits)
-    for ax, var, law, label in (
+    for ax, var, family, label in (
         (axs[0], "N", "kaplan_n", "parameters N"),
         (axs[1], "D", "kaplan_d", "training tokens D"),
     ):
         x_max, x_end = -np.inf, -np.inf
+        names = set()
         for cell in t.cells():
             sub, st = t.subset(cell), styles[cell]
             x = getattr(sub, var)
             if np.isnan(x).all():
                 continue
-            f = fs.get_fit(fits, cell, law)
+            law, f = fs.first_fit(fits, cell, (family, f"{family}_noE"))
+            names.add(law if f else family)
             entry = fs.cell_label(cell, [(law, f)])
             ax.scatter(x, sub.loss, label=entry, edgecolor="k", lw=0.4, **st)
             if f:
@@ -87,7 +91,7 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
         if np.isfinite(x_max):
             fs.mark_extrapolation(ax, x_max, x_end)
         fs.axes(ax, label, fs.loss_label(t))
-        ax.set_title(f"L({var}) with fitted {law}", fontsize=9)
+        ax.set_title(f"L({var}) with fitted {' / '.join(sorted(names)) or family}", fontsize=9)
         fs.legend(ax)
     return fig
 
@@ -134,7 +138,8 @@ def fig_residuals(t: RunTable, fits: dict):
     """Log residuals per law, one panel each (wrapped into rows); outlying runs ringed."""
     laws = [
         law
-        for law in ("chinchilla3", "kaplan_nd", "kaplan_n", "kaplan_d", "kaplan_c")
+        for base in ("chinchilla3", "kaplan_nd", "kaplan_n", "kaplan_d", "kaplan_c")
+        for law in (base, f"{base}_noE")
         if any(fs.get_fit(fits, c, law) for c in t.cells())
     ]
     if not laws:

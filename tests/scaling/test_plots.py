@@ -244,6 +244,28 @@ def test_fitted_curves_have_bands_and_the_extrapolated_region_is_marked(tmp_path
     plt.close(fig)
 
 
+def test_laws_without_E_are_drawn_with_their_bands(tmp_path, make_isoflop):
+    # The main study fits kaplan_n_noE and kaplan_c_noE: its figures must show those fits.
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.plots import fig_loss_vs_compute, fig_loss_vs_size, fig_residuals
+
+    t, fits = _fits_and_table(tmp_path, make_isoflop, ("kaplan_n_noE", "kaplan_c_noE"))
+    fig = fig_loss_vs_compute(t, fits)
+    gids = {a.get_gid() for a in fig.axes[0].get_children() if a.get_gid()}
+    assert {f"band:{c}:kaplan_c_noE" for c in t.cells()} <= gids
+    assert "L(C) frontier fit (Kaplan)" in [x.get_text() for x in fig.axes[0].get_legend().texts]
+    plt.close(fig)
+    fig = fig_loss_vs_size(t, fits)
+    gids = {a.get_gid() for a in fig.axes[0].get_children() if a.get_gid()}
+    assert {f"band:{c}:kaplan_n_noE" for c in t.cells()} <= gids
+    assert fig.axes[0].get_title() == "L(N) with fitted kaplan_n_noE"
+    plt.close(fig)
+    fig = fig_residuals(t, fits)
+    assert fig is not None and len([ax for ax in fig.axes if ax.has_data()]) == 2
+    plt.close(fig)
+
+
 def test_flagged_fits_say_so_in_the_legend(make_isoflop):
     import matplotlib.pyplot as plt
 
