@@ -177,7 +177,9 @@ class LocalExecutor:
         failed: list[str] = []
         done_weight, finished = 0.0, 0
         context = multiprocessing.get_context("spawn")  # no forked JAX runtime
-        with ProcessPoolExecutor(self.workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(
+            self.workers, mp_context=context, initializer=_share_accelerator
+        ) as pool:
             pending = {}
             try:
                 for run, weight in zip(todo, weights, strict=True):
@@ -229,6 +231,14 @@ class LocalExecutor:
         elif _needs_eval(run.cfg, summary):  # trained elsewhere, e.g. by a cluster job
             print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
         self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
+
+
+def _share_accelerator() -> None:
+    """In a worker process: allocate accelerator memory as needed, not 75% of it up front,
+    so that workers sharing a GPU do not starve each other (a user's setting wins)."""
+    import os
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def _unfinished(workdir: Path, steps: int) -> tuple[bool, str]:
