@@ -111,18 +111,24 @@ def param_flags(params: dict, samples: dict, ci: float, lowest_loss: float | Non
     return flags
 
 
-def outlier_flags(resid_P: np.ndarray, run_ids: list[str]) -> tuple[list[str], list[str]]:
-    """('outliers' flags, the runs flagged): residuals with robust z-score above OUTLIER_Z."""
+def outlier_points(resid_P: np.ndarray) -> np.ndarray:
+    """Indices of the residuals with a robust z-score above OUTLIER_Z (none below 6 points)."""
     r = np.asarray(resid_P, dtype=float)
     if r.size < 6:
-        return [], []
+        return np.zeros(0, dtype=int)
     med = np.median(r)
     sigma = max(1.4826 * np.median(np.abs(r - med)), MIN_RESID_SD)
-    z = np.abs(r - med) / sigma
-    out = np.flatnonzero(z > OUTLIER_Z)
+    return np.flatnonzero(np.abs(r - med) / sigma > OUTLIER_Z)
+
+
+def outlier_flags(resid_P: np.ndarray, run_ids: list[str]) -> tuple[list[str], list[str]]:
+    """('outliers' flags, the runs flagged): residuals with robust z-score above OUTLIER_Z;
+    `run_ids` names each point's run (frontier points of one run share it)."""
+    r = np.asarray(resid_P, dtype=float)
+    out = outlier_points(r)
     if not out.size:
         return [], []
-    runs = [run_ids[i] for i in out]
+    runs = list(dict.fromkeys(run_ids[i] for i in out))
     shown = ", ".join(f"{run_ids[i]} ({r[i]:+.3g})" for i in out[:5])
     more = f" and {out.size - 5} more" if out.size > 5 else ""
     return [

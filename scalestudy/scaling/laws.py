@@ -24,7 +24,7 @@ import numpy as np
 
 from scalestudy.scaling import allocation, crossval
 from scalestudy.scaling.bootstrap import run_counts, summarise
-from scalestudy.scaling.flags import outlier_flags, param_flags, points_flag
+from scalestudy.scaling.flags import outlier_flags, outlier_points, param_flags, points_flag
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.io import (
     DataSettings,
@@ -194,6 +194,7 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         if (bad := float(np.mean(~np.isfinite(v)))) > 0.05
     ]
     outliers, outlier_runs = outlier_flags(resid, ids)
+    outlying = set(outlier_points(resid).tolist())
     out = {
         "formula": form.formula(),
         "params": params,
@@ -210,7 +211,12 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             "max_abs_log": float(np.abs(resid).max()),
             "outlier_runs": outlier_runs,
             "points": [
-                {"run": table.run_id[j], "x": np.exp(x[:, i]).tolist(), "log_resid": float(r)}
+                {
+                    "run": table.run_id[j],
+                    "x": np.exp(x[:, i]).tolist(),
+                    "log_resid": float(r),
+                    "outlier": i in outlying,
+                }
                 for i, (j, r) in enumerate(zip(run, resid))
             ],
         },

@@ -135,7 +135,7 @@ def fig_zero_shot(t: RunTable, fits: dict):
 
 
 def fig_residuals(t: RunTable, fits: dict):
-    """Log residuals per law, one panel each (wrapped into rows); outlying runs ringed."""
+    """Log residuals per law, one panel each (wrapped into rows); outlying points ringed."""
     laws = [
         law
         for base in ("chinchilla3", "kaplan_nd", "kaplan_n", "kaplan_d", "kaplan_c")
@@ -161,8 +161,9 @@ def fig_residuals(t: RunTable, fits: dict):
                     s=18,
                     **styles[cell],
                 )
-                out = [p["run"] in f["residuals"].get("outlier_runs", []) for p in pts]
-                if any(out):
+                out = np.array([bool(p.get("outlier")) for p in pts], dtype=bool)
+                if out.any():
+                    ringed = any(c.get_label() == "outlier (flagged)" for c in ax.collections)
                     ax.scatter(
                         x[out],
                         r[out],
@@ -170,11 +171,12 @@ def fig_residuals(t: RunTable, fits: dict):
                         facecolor="none",
                         edgecolor="r",
                         lw=1.2,
-                        label="outlier (flagged)",
+                        label="_nolegend_" if ringed else "outlier (flagged)",
                     )
         ax.axhline(0, color="k", lw=0.8)
         xlabel = {"kaplan_d": "training tokens D", "kaplan_c": "training compute C (FLOPs)"}
-        fs.axes(ax, xlabel.get(law, "parameters N"), "log(L_observed / L_fitted)", logy=False)
+        xlabel = xlabel.get(law.removesuffix("_noE"), "parameters N")
+        fs.axes(ax, xlabel, "log(L_observed / L_fitted)", logy=False)
         ax.set_title(f"residuals of {law}", fontsize=9)
         fs.legend(ax, 6)
     return fig

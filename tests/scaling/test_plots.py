@@ -283,3 +283,37 @@ def test_flagged_fits_say_so_in_the_legend(make_isoflop):
     texts = [x.get_text() for x in fig.axes[0].get_legend().get_texts()]
     assert any("kaplan_n FLAGGED" in x and "points" in x for x in texts)
     plt.close(fig)
+
+
+def test_residuals_ring_only_the_outlying_points_not_their_whole_run():
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.io import RunTable
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import fig_residuals
+
+    # Four runs' training curves on one power law in C; one point of the largest run, where
+    # the curves overlap, is 40% low. The L(C) frontier holds many points of that run: only
+    # the ones at that dip are outliers.
+    ids, N, D, C, L, curves = [], [], [], [], [], {}
+    for n in (2.5e4, 5.5e4, 1.1e5, 1.9e5):
+        d = np.geomspace(2e4, 6e5, 30)
+        loss = (6 * n * d / 1e8) ** -0.3
+        rid = f"{n:.3g}"
+        curves[rid] = {"C": 6 * n * d, "D": d, "loss": loss}
+        ids.append(rid)
+        N.append(n), D.append(d[-1]), C.append(6 * n * d[-1]), L.append(loss[-1])
+    curves[ids[-1]]["loss"][15] *= 0.6
+    t = RunTable(ids, ["all"] * 4, *(np.array(v) for v in (N, D, C, L)), curves=curves)
+    t.choices = {"c_kind": "counted", "groups": []}
+    fits = fit_cells(t, settings=FitSettings(laws=("kaplan_c_noE",), bootstrap=0))
+    pts = fits["cells"]["all"]["fits"]["kaplan_c_noE"]["residuals"]["points"]
+    flagged = [p for p in pts if p["outlier"]]
+    same_run = [p for p in pts if p["run"] == ids[-1]]
+    assert 1 <= len(flagged) < len(same_run) and {p["run"] for p in flagged} == {ids[-1]}
+    fig = fig_residuals(t, fits)
+    (ax,) = [a for a in fig.axes if a.has_data()]
+    rings = [c for c in ax.collections if c.get_label() == "outlier (flagged)"]
+    assert len(rings) == 1 and len(rings[0].get_offsets()) == len(flagged)
+    assert ax.get_xlabel() == "training compute C (FLOPs)"
+    plt.close(fig)
