@@ -107,10 +107,31 @@ def task_accuracy(extra: dict[str, np.ndarray]) -> tuple[np.ndarray, int] | None
     return np.nanmean(np.stack([extra[k] for k in keys]), axis=0), len(keys)
 
 
+def task_interval(extra: dict[str, np.ndarray], z: float = 1.96) -> np.ndarray | None:
+    """Per run, the binomial half-width (z standard errors) of the mean over tasks of
+    `eval/<task>/acc`, from each task's `eval/<task>/n`; None without every task's n."""
+    keys = [k for k in extra if k.endswith("/acc") and k.count("/") == 2]
+    if not keys or any(k.removesuffix("acc") + "n" not in extra for k in keys):
+        return None
+    var = sum(
+        extra[k] * (1 - extra[k]) / np.maximum(extra[k.removesuffix("acc") + "n"], 1) for k in keys
+    )
+    return z * np.sqrt(var) / len(keys)
+
+
+def task_chance(extra: dict[str, np.ndarray]) -> float | None:
+    """The mean over runs and tasks of `eval/<task>/chance` (a uniform guess), if recorded."""
+    keys = [k for k in extra if k.endswith("/chance") and k.count("/") == 2]
+    values = np.concatenate([extra[k] for k in keys]) if keys else np.zeros(0)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else None
+
+
 def fig_zero_shot(t: RunTable, fits: dict):
     if (got := task_accuracy(t.extra)) is None:
         return None
     acc, n_tasks = got
+    half = task_interval(t.extra)
     fig, ax = plt.subplots(figsize=(7, 5))
     styles = fs.cell_styles(t.cells())
     for cell in t.cells():
@@ -118,6 +139,18 @@ def fig_zero_shot(t: RunTable, fits: dict):
         order = np.array(idx)[np.argsort(t.C[idx])]
         st = styles[cell]
         ax.scatter(t.C[order], acc[order], label=cell, edgecolor="k", lw=0.4, **st)
+        if half is not None:
+            ax.errorbar(
+                t.C[order],
+                acc[order],
+                yerr=half[order],
+                fmt="none",
+                ecolor=st["color"],
+                elinewidth=0.8,
+                alpha=0.5,
+                capsize=2,
+                gid=f"interval:{cell}",
+            )
         # The line joins the best run at each compute (several runs may share a budget).
         key = np.round(np.log10(t.C[order]), 1)
         best = [
@@ -126,11 +159,14 @@ def fig_zero_shot(t: RunTable, fits: dict):
             if np.isfinite(acc[order][key == k]).any()
         ]
         ax.plot(t.C[best], acc[best], color=st["color"], lw=1.0, alpha=0.7)
+    if (chance := task_chance(t.extra)) is not None:
+        ax.axhline(chance, color="0.4", ls=":", lw=1.2, label=f"chance ({chance:.3f})")
     fs.axes(
         ax, "training compute C (FLOPs)", f"mean zero-shot accuracy over {n_tasks} task(s)", False
     )
     fs.legend(ax)
-    ax.set_title("Zero-shot accuracy vs compute")
+    bars = " (bars: binomial 95% intervals)" if half is not None else ""
+    ax.set_title(f"Zero-shot accuracy vs compute{bars}")
     return fig
 
 

@@ -121,6 +121,35 @@ def test_zero_shot_accuracy_averages_tasks_not_their_breakdowns():
     assert task_accuracy({"eval/copa/n": np.array([1.0])}) is None
 
 
+def test_zero_shot_figure_has_binomial_intervals_and_chance():
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.io import RunTable
+    from scalestudy.scaling.plots import fig_zero_shot, task_chance, task_interval
+
+    extra = {
+        "eval/copa/acc": np.array([0.5, 0.6]),
+        "eval/copa/n": np.array([100.0, 400.0]),
+        "eval/copa/chance": np.array([0.5, 0.5]),
+        "eval/piqa/acc": np.array([0.5, 0.7]),
+        "eval/piqa/n": np.array([100.0, 400.0]),
+        "eval/piqa/chance": np.array([0.25, 0.25]),
+    }
+    half = task_interval(extra)
+    # Mean of two tasks: variance (p1 q1 / n1 + p2 q2 / n2) / 4.
+    expect = 1.96 * np.sqrt([(0.25 / 100 + 0.25 / 100) / 4, (0.24 / 400 + 0.21 / 400) / 4])
+    assert np.allclose(half, expect) and task_chance(extra) == 0.375
+    assert task_interval({k: v for k, v in extra.items() if k != "eval/piqa/n"}) is None
+    N = np.array([1e4, 2e4])
+    t = RunTable(["a", "b"], ["all"] * 2, N, N * 10, 6 * N * N * 10, np.array([2.0, 1.8]))
+    t.extra = extra
+    fig = fig_zero_shot(t, {})
+    ax = fig.axes[0]
+    assert "interval:all" in {c.get_gid() for c in ax.get_children()}
+    assert "chance (0.375)" in [x.get_text() for x in ax.get_legend().get_texts()]
+    plt.close(fig)
+
+
 # ----------------------------------------------------------------------------- artists
 
 
