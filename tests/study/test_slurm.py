@@ -318,7 +318,7 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
         os.kill(trainer, signal.SIGCONT)
 
     # The task checkpoints, exits 143 and requeues itself; SLURM holds a requeued job for
-    # about two minutes, so note what is on disk, then let it start at once.
+    # about two minutes, so note what is on disk, then let it start in a few seconds.
     def held():
         return (slurm.jobs() or {}).get(task, ("", ""))[1] == "BeginTime"
 
@@ -332,7 +332,9 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
         if json.loads(line)["step"] <= saved[-1]
     ]
     assert not (workdir / "summary.json").exists()
-    slurm.sh("scontrol", "update", f"JobId={task}", "StartTime=now")
+    # Not at once: slurmd refuses a credential issued in the same second as the requeue's
+    # revocation ("Job credential revoked"), which SLURM's own hold avoids.
+    slurm.sh("scontrol", "update", f"JobId={task}", "StartTime=now+5")
 
     # Finished: both tasks and the collect job are listed in a final state. (An empty queue
     # is not evidence: the active-job list can come back empty while a requeued task is
