@@ -121,11 +121,12 @@ def outlier_points(resid_P: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.abs(r - med) / sigma > OUTLIER_Z)
 
 
-def outlier_flags(resid_P: np.ndarray, run_ids: list[str]) -> tuple[list[str], list[str]]:
-    """('outliers' flags, the runs flagged): residuals with robust z-score above OUTLIER_Z;
+def outlier_flags(
+    resid_P: np.ndarray, run_ids: list[str], out: np.ndarray
+) -> tuple[list[str], list[str]]:
+    """('outliers' flags, the runs flagged) for the outlying points `out` (outlier_points);
     `run_ids` names each point's run (frontier points of one run share it)."""
     r = np.asarray(resid_P, dtype=float)
-    out = outlier_points(r)
     if not out.size:
         return [], []
     runs = list(dict.fromkeys(run_ids[i] for i in out))

@@ -193,8 +193,9 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         for name, v in samples.items()
         if (bad := float(np.mean(~np.isfinite(v)))) > 0.05
     ]
-    outliers, outlier_runs = outlier_flags(resid, ids)
-    outlying = set(outlier_points(resid).tolist())
+    out_P = outlier_points(resid)
+    outliers, outlier_runs = outlier_flags(resid, ids, out_P)
+    outlying = set(out_P.tolist())
     out = {
         "formula": form.formula(),
         "params": params,

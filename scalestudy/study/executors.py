@@ -152,14 +152,13 @@ class LocalExecutor:
                     run.cfg.train.steps,
                 )
                 try:
-                    self._one(run, workdir)
+                    if self._prepare(run, workdir) is None:
+                        self._record(run, workdir, self.train_fn(run.cfg, workdir))
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:  # one bad run must not lose the rest of the study
-                    detail = "".join(traceback.format_exception_only(type(e), e)).strip()
-                    self.reg.mark_failed(run.run_id, detail + "\n" + traceback.format_exc())
+                    self._fail(run, e, progress.bar.write)
                     failed.append(run.cfg.name)
-                    progress.bar.write(f"run {run.cfg.name} failed: {detail}")
                 finally:
                     progress.end(weights[i - 1])
         finally:
@@ -171,11 +170,9 @@ class LocalExecutor:
         import multiprocessing
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-        from tqdm import tqdm
-
-        bar = tqdm(total=100.0, unit="%", bar_format=_BAR, dynamic_ncols=True)
+        progress = _Progress(1.0, len(todo))
         failed: list[str] = []
-        done_weight, finished = 0.0, 0
+        finished = 0
         context = multiprocessing.get_context("spawn")  # no forked JAX runtime
         with ProcessPoolExecutor(
             self.workers, mp_context=context, initializer=_share_accelerator
@@ -184,13 +181,9 @@ class LocalExecutor:
             try:
                 for run, weight in zip(todo, weights, strict=True):
                     workdir = self.out / "runs" / run.dirname
-                    summary = _finished_summary(workdir, run.cfg.train.steps)
-                    if summary is not None:  # trained, but not yet recorded
-                        self._record(run, workdir, summary)
-                        done_weight += weight
+                    if self._prepare(run, workdir) is not None:
+                        progress.end(weight)
                         continue
-                    self.reg.mark_running(run.run_id)
-                    workdir.mkdir(parents=True, exist_ok=True)
                     future = pool.submit(self.train_fn, run.cfg, workdir)
                     pending[future] = (run, workdir, weight)
                 while pending:
@@ -198,39 +191,42 @@ class LocalExecutor:
                     for future in done:
                         run, workdir, weight = pending.pop(future)
                         finished += 1
-                        name = run.cfg.name.split(".", 1)[-1]
                         try:
                             self._record(run, workdir, future.result())
                         except Exception as e:  # one bad run must not lose the others
-                            detail = "".join(traceback.format_exception_only(type(e), e))
-                            self.reg.mark_failed(run.run_id, detail.strip())
+                            self._fail(run, e, progress.bar.write)
                             failed.append(run.cfg.name)
-                            bar.write(f"run {run.cfg.name} failed: {detail.strip()}")
-                        done_weight += weight
-                        bar.set_description(f"[{finished}/{len(todo)}] {name}")
-                        bar.n = round(100.0 * done_weight, 2)
-                        bar.refresh()
+                        name = run.cfg.name.split(".", 1)[-1]
+                        progress.bar.set_description(f"[{finished}/{len(todo)}] {name}")
+                        progress.end(weight)
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
             finally:
-                bar.close()
+                progress.close()
         return failed
 
+    def _prepare(self, run: Any, workdir: Path) -> dict | None:
+        """The summary of a run already trained (e.g. by a cluster job), recorded now; or
+        None once the run is marked running and has its directory."""
+        summary = _finished_summary(workdir, run.cfg.train.steps)
+        if summary is not None:
+            if _needs_eval(run.cfg, summary):
+                print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
+            self._record(run, workdir, summary)
+            return summary
+        self.reg.mark_running(run.run_id)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return None
+
     def _record(self, run: Any, workdir: Path, summary: dict) -> None:
-        if _needs_eval(run.cfg, summary):
-            print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
         self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
 
-    def _one(self, run: Any, workdir: Path) -> None:
-        summary = _finished_summary(workdir, run.cfg.train.steps)
-        if summary is None:
-            self.reg.mark_running(run.run_id)
-            workdir.mkdir(parents=True, exist_ok=True)
-            summary = self.train_fn(run.cfg, workdir)
-        elif _needs_eval(run.cfg, summary):  # trained elsewhere, e.g. by a cluster job
-            print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
-        self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
+    def _fail(self, run: Any, error: Exception, write: Any) -> None:
+        """Record a failed run (called while handling `error`, for its traceback)."""
+        detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+        self.reg.mark_failed(run.run_id, detail + "\n" + traceback.format_exc())
+        write(f"run {run.cfg.name} failed: {detail}")
 
 
 def _share_accelerator() -> None:
