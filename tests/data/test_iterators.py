@@ -75,17 +75,23 @@ def test_both_pipelines_meet_the_contract(source):
     it.close()
 
 
+def _state_then_batches(cfg, consumed: int, then: int = 2):
+    """A new iterator after `consumed` batches: (the iterator, its state as saved to JSON,
+    the `then` batches that follow it)."""
+    it = make_iterator(cfg)
+    for _ in range(consumed):
+        next(it)
+    state = json.loads(json.dumps(it.state()))
+    return it, state, [next(it) for _ in range(then)]
+
+
 def test_seqio_resume_replays_nothing():
     """A restored seqio iterator continues exactly and preprocesses none of the consumed
     stream: the objective preprocessor runs for the new batches only."""
     from scalestudy.data.seqio_tasks import PREPROCESSED
 
     cfg = cfg_for("seqio")
-    straight = make_iterator(cfg)
-    for _ in range(12):
-        next(straight)
-    state = json.loads(json.dumps(straight.state()))
-    want = [next(straight) for _ in range(2)]
+    straight, state, want = _state_then_batches(cfg, 12)
     resumed = make_iterator(cfg)
     before = PREPROCESSED.value
     resumed.restore(state)
@@ -151,11 +157,7 @@ def test_seqio_resume_keeps_mirrored_plm_pairs(seqio_encdec_plm_cfg):
     mirrored splits after the shuffle) restored from a tf.data state continues exactly, and
     its rows still hold two examples filling L encoder and L decoder positions."""
     cfg = seqio_encdec_plm_cfg
-    straight = make_iterator(cfg)
-    for _ in range(3):
-        next(straight)
-    state = json.loads(json.dumps(straight.state()))
-    want = [next(straight) for _ in range(2)]
+    straight, state, want = _state_then_batches(cfg, 3)
     resumed = make_iterator(cfg)
     resumed.restore(state)
     got = [next(resumed) for _ in range(2)]
