@@ -205,13 +205,14 @@ def _cell_sizes(
         if cell not in grid:
             accepted = ", ".join(f"{a}/{o}" for a, o in grid)
             raise ConfigError(f"ladder.cell_sizes: {key!r} is not a cell of the study ({accepted})")
-        unknown = [str(n) for n in sizes if str(n) not in names]
+        given = tuple(str(n) for n in sizes)
+        unknown = [n for n in given if n not in names]
         if unknown:
             raise ConfigError(
                 f"ladder.cell_sizes[{key}]: {unknown} are not sizes of the ladder "
                 f"({', '.join(names)})"
             )
-        out[cell] = tuple(str(n) for n in sizes)
+        out[cell] = given
     return out
 
 
