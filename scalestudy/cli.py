@@ -13,7 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from scalestudy.config import ScalestudyError, load_config
+from scalestudy.config import load_config
+from scalestudy.errors import ScalestudyError
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:

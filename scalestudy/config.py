@@ -1,43 +1,25 @@
-"""Typed, frozen configs for every concern, loaded from YAML with dotted overrides.
+"""Typed, frozen configs of one run: model, data, objective, optim, mesh, train, eval.
 
-One pydantic model per concern (model, data, objective, optim, mesh, train, eval) and an
-`ExperimentConfig` that holds one of each. Every field has a default, so any YAML file that
-sets a subset (a model preset, an experiment) is a complete experiment. Validation happens
-here, at load time, before any JAX work: unknown keys, wrong types and impossible values are
-`ConfigError`s that name the key, the value and what would be accepted.
-
-YAML files may start with `include: [other.yaml, ...]` (paths relative to the including file);
-included files are deep-merged first, then the file's own keys, then command-line overrides
-of the form `model.d_model=512` (values parsed as YAML scalars).
+One pydantic model per concern and an `ExperimentConfig` that holds one of each. Every field
+has a default, so any YAML file that sets a subset (a model preset, an experiment) is a
+complete experiment. Validation happens here, at load time, before any JAX work: unknown keys,
+wrong types and impossible values are `ConfigError`s that name the key, the value and what
+would be accepted. Reading YAML (includes, overrides) lives in `yamlio.py`; a study's spec
+in `study/spec.py`.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-class ScalestudyError(Exception):
-    """Base of every error meant for the user: the CLI prints it without a traceback."""
-
-
-class ConfigError(ScalestudyError, ValueError):
-    """A config key or value is wrong; the message names the key, value and accepted values."""
-
+from scalestudy.errors import ConfigError
+from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
 Arch = Literal["causal_decoder", "noncausal_decoder", "encoder_decoder"]
 ObjectiveName = Literal["flm", "plm", "mlm"]
@@ -72,15 +54,15 @@ def check_cell(arch: str, objective: str) -> None:
 Tuple = Annotated[tuple, Field(strict=False)]  # YAML gives lists; accept them for tuples.
 
 
-class _Frozen(BaseModel):
+class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    def replace(self, **changes: Any) -> _Frozen:
+    def replace(self, **changes: Any) -> Frozen:
         """A validated copy with `changes` applied (nested models may be given as dicts)."""
         return type(self).model_validate({**self.model_dump(), **changes})
 
 
-class ModelConfig(_Frozen):
+class ModelConfig(Frozen):
     """Transformer shape and family options; T5.1.1 conventions by default."""
 
     arch: Arch = "causal_decoder"
@@ -172,7 +154,7 @@ class ModelConfig(_Frozen):
             )
 
 
-class SyntheticConfig(_Frozen):
+class SyntheticConfig(Frozen):
     """The built-in synthetic corpus (data/synthetic.py)."""
 
     n_train_documents: int = Field(20000, ge=1)
@@ -180,7 +162,7 @@ class SyntheticConfig(_Frozen):
     seed: int = 1234
 
 
-class DataConfig(_Frozen):
+class DataConfig(Frozen):
     """Where text comes from and how it becomes token ids."""
 
     source: Literal["synthetic", "text", "tfds", "seqio"] = "synthetic"
@@ -234,7 +216,7 @@ class DataConfig(_Frozen):
         return self
 
 
-class ObjectiveConfig(_Frozen):
+class ObjectiveConfig(Frozen):
     """Pretraining objective and task feature lengths.
 
     Decoder-only models see sequences of `inputs_length + targets_length` positions; the
@@ -261,7 +243,7 @@ class ObjectiveConfig(_Frozen):
         return self.inputs_length + self.targets_length
 
 
-class OptimConfig(_Frozen):
+class OptimConfig(Frozen):
     """Optimizer and learning-rate schedule (train/optim.py)."""
 
     name: Literal["adamw", "adafactor"] = "adamw"
@@ -284,7 +266,7 @@ class OptimConfig(_Frozen):
     clipping_threshold: float | None = Field(1.0, gt=0.0)
 
 
-class MeshConfig(_Frozen):
+class MeshConfig(Frozen):
     """Device mesh shape; one axis may be -1 for 'all remaining devices'."""
 
     data: int = -1
@@ -309,7 +291,7 @@ class MeshConfig(_Frozen):
         return self
 
 
-class TrainConfig(_Frozen):
+class TrainConfig(Frozen):
     """Run length, batch, logging and checkpoint cadence (train/loop.py)."""
 
     steps: int = Field(100, ge=1)
@@ -348,7 +330,7 @@ class TrainConfig(_Frozen):
         return self
 
 
-class TaskConfig(_Frozen):
+class TaskConfig(Frozen):
     """A zero-shot task defined entirely in YAML over a JSONL file (evaluate/generic.py).
 
     kind "choice": each row has a context and choices, scored as context + delimiter + choice;
@@ -400,7 +382,7 @@ class TaskConfig(_Frozen):
         return "choice_fields" if self.choice_fields else "choices_field"
 
 
-class EvalConfig(_Frozen):
+class EvalConfig(Frozen):
     """Zero-shot evaluation: task names from the registry, YAML task files, or inline tasks."""
 
     tasks: Tuple = ("synthetic_probes",)
@@ -416,7 +398,7 @@ class EvalConfig(_Frozen):
     targets_length: int | None = Field(None, ge=1)
 
 
-class ExperimentConfig(_Frozen):
+class ExperimentConfig(Frozen):
     """Everything one training run needs; `config.yaml` in a run directory is one of these."""
 
     name: str = "run"
@@ -444,126 +426,6 @@ class ExperimentConfig(_Frozen):
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-# ----------------------------------------------------------------------------- loading
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`)."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def parse_yaml(text: str) -> Any:
-    """Parse YAML text (safe; scientific notation without a dot is a float)."""
-    return yaml.load(text, Loader=_YamlLoader)
-
-
-def deep_merge(base: dict, update: dict) -> dict:
-    """Merge `update` into a copy of `base`: mappings merge recursively, the rest replaces."""
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
-    """Read a YAML mapping, resolving `include:` lists relative to the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    resolved = path.resolve()
-    if resolved in _seen:
-        chain = " -> ".join(str(p) for p in (*_seen, resolved))
-        raise ConfigError(f"include cycle: {chain}")
-    try:
-        raw = parse_yaml(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
-    includes = raw.pop("include", [])
-    if isinstance(includes, str):
-        includes = [includes]
-    merged: dict = {}
-    for inc in includes:
-        merged = deep_merge(merged, read_yaml(path.parent / inc, (*_seen, resolved)))
-    return deep_merge(merged, raw)
-
-
-def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict."""
-    out = dict(data)
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise ConfigError(
-                f"override {item!r} is not of the form key.sub=value (e.g. model.d_model=128)"
-            )
-        try:
-            value = parse_yaml(text) if text else ""
-        except yaml.YAMLError:
-            value = text
-        *parents, leaf = key.split(".")
-        node: dict[str, Any] = {leaf: value}
-        for parent in reversed(parents):
-            node = {parent: node}
-        out = deep_merge(out, node)
-    return out
-
-
-def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names accepted at `loc` (a pydantic error location) within `model`."""
-    cls: Any = model
-    for part in loc[:-1]:
-        field = getattr(cls, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        cls = field.annotation
-    return sorted(getattr(cls, "model_fields", {}))
-
-
-def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
-    """Turn a pydantic error into lines that name key, value and what is accepted."""
-    lines = []
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        key = ".".join(str(p) for p in loc)
-        if e["type"] == "extra_forbidden":
-            accepted = _accepted_keys(model, loc)
-            close = difflib.get_close_matches(str(loc[-1]), accepted, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            lines.append(f"unknown key {key!r}{hint}; accepted keys here: {', '.join(accepted)}")
-        elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
-            lines.append(str(e["ctx"]["error"]))
-        else:
-            msg = e["msg"].replace("Value error, ", "")
-            lines.append(f"{key}: {msg}; got {e.get('input')!r}")
-    return f"{source}: invalid config:\n  " + "\n  ".join(lines)
-
-
-def validate(model: type[_Frozen], data: dict, source: str = "config") -> Any:
-    """Validate `data` as `model`, raising ConfigError with readable messages."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(format_validation_error(e, model, source)) from None
-
-
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> ExperimentConfig:
@@ -576,251 +438,3 @@ def load_config(
 def to_yaml(cfg: BaseModel) -> str:
     """The resolved config as YAML (what a run directory's `config.yaml` holds)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-# ----------------------------------------------------------------------------- Study spec
-# A study spec (configs/studies/*.yaml) describes a whole sweep; study/sweep.py expands it in
-# code into ExperimentConfigs, one per (cell, size, budget point, seed).
-
-_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-
-
-def parse_count(value: Any) -> Any:
-    """Read a count written as a number, '1e6', '1.5e18' or with a suffix ('300K', '168B')."""
-    if isinstance(value, str):
-        text = value.strip().replace("_", "")
-        scale = _COUNT_SUFFIXES.get(text[-1:].upper(), 1.0) if text else 1.0
-        if scale != 1.0:
-            text = text[:-1]
-        try:
-            return float(text) * scale
-        except ValueError:
-            raise ConfigError(
-                f"cannot read {value!r} as a count; write a number such as 2e6, 1.5e18, "
-                "300K, 20M or 168B"
-            ) from None
-    return value
-
-
-Count = Annotated[float, BeforeValidator(parse_count), Field(strict=False, gt=0)]
-MatchingMode = Literal["equal_total_params", "equal_stack_shape", "equal_flops"]
-
-
-class LadderConfig(_Frozen):
-    """Model sizes of a study: a named preset, target sizes, or explicit shapes.
-
-    `sizes` entries are rung names ('1M', '30M'), target non-embedding parameter counts of a
-    decoder stack (2e6), model preset YAML files (relative to the spec), or mappings of
-    ModelConfig keys with a `name`. Shapes for targets come from study/ladder.py's rule.
-    """
-
-    preset: str | None = None
-    sizes: Tuple = ()
-    head_dim: int = Field(64, ge=4)  # per-head width once d_model reaches 4 * head_dim
-    ff_multiplier: float = Field(8 / 3, gt=0.0)  # d_ff / d_model (gated MLP: 8/3 keeps 12 d^2)
-    aspect_small: float = Field(16.0, gt=0.0)  # d_model / n_layers at 1e5 parameters
-    aspect_large: float = Field(128.0, gt=0.0)  # ... at 1e11 parameters (log-linear between)
-    min_layers: int = Field(2, ge=1)
-    # Peak learning rate per rung: "inverse_width" scales optim.learning_rate by
-    # lr_reference_width / d_model (wider models take smaller Adam steps, as in muP).
-    lr_scaling: Literal["none", "inverse_width"] = "none"
-    lr_reference_width: int = Field(256, ge=1)
-    # Cells that train at only some of the sizes: {"arch/objective": [size name, ...]}; a
-    # cell not listed trains at every size (study/sweep.py checks the names).
-    cell_sizes: dict[str, Tuple] = {}
-
-    @model_validator(mode="after")
-    def _check(self) -> LadderConfig:
-        if self.preset is None and not self.sizes:
-            raise ConfigError(
-                "ladder: give a preset (e.g. ladder.preset=smoke) or a list of ladder.sizes"
-            )
-        for cell, names in self.cell_sizes.items():
-            if cell.count("/") != 1 or not names:
-                raise ConfigError(
-                    f"ladder.cell_sizes: each key is 'arch/objective' with a non-empty list of "
-                    f"size names; got {cell!r}: {list(names)!r}"
-                )
-        return self
-
-
-class BudgetConfig(_Frozen):
-    """How long each run trains: fixed steps, fixed tokens, tokens per parameter, or IsoFLOP.
-
-    Tokens are processed positions (decoder positions, plus encoder positions for the
-    encoder-decoder), so every architecture sees the same text for the same budget.
-    """
-
-    kind: Literal["steps", "tokens", "tokens_per_param", "isoflop"] = "steps"
-    steps: int | None = Field(None, ge=1)
-    tokens: Count | None = None
-    tokens_per_param: float = Field(20.0, gt=0.0)  # Chinchilla's ratio
-    param_kind: Literal["total", "non_embedding"] = "non_embedding"
-    compute: Tuple = ()  # isoflop: training FLOPs budgets, e.g. [1e15, 3e15]
-    min_steps: int = Field(10, ge=1)  # isoflop: drop (size, budget) points shorter than this
-
-    @model_validator(mode="after")
-    def _check(self) -> BudgetConfig:
-        need = {"steps": self.steps, "tokens": self.tokens}.get(self.kind, True)
-        if need is None:
-            raise ConfigError(f"budget.kind={self.kind!r} needs budget.{self.kind} to be set")
-        if self.kind == "isoflop":
-            if not self.compute:
-                raise ConfigError("budget.kind='isoflop' needs budget.compute: a list of FLOPs")
-            for c in self.compute:
-                if not isinstance(parse_count(c), int | float) or parse_count(c) <= 0:
-                    raise ConfigError(f"budget.compute: {c!r} is not a positive FLOP count")
-        return self
-
-
-class FitConfig(_Frozen):
-    """Scaling-law fits run at the end of a study (scalestudy.scaling)."""
-
-    laws: Tuple = ("kaplan_n", "chinchilla3")
-    n_kind: Literal["total", "non_embedding"] = "non_embedding"
-    c_kind: Literal["6nd", "counted"] = "counted"
-    bootstrap: int = Field(200, ge=0)
-    seed: int = 0
-
-
-class SlurmConfig(_Frozen):
-    """SLURM job-array settings (launch/slurm.sbatch.tmpl)."""
-
-    partition: str | None = None
-    account: str | None = None
-    time: str = "24:00:00"
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(8, ge=0)
-    cpus_per_task: int = Field(16, ge=1)
-    mem: str | None = None
-    max_parallel: int | None = Field(None, ge=1)
-    # SIGTERM this many seconds before the time limit: the run checkpoints and is requeued.
-    signal_seconds: int = Field(120, ge=1)
-    setup: Tuple = ()  # shell lines run before training (module load, venv activation, ...)
-    scalestudy: str = "scalestudy"  # the command, e.g. /path/.venv/bin/scalestudy
-
-
-class TpuConfig(_Frozen):
-    """TPU VM settings for `gcloud compute tpus` (launch/tpu_*.sh.tmpl)."""
-
-    name: str = "scalestudy"
-    project: str | None = None
-    zone: str = "us-central2-b"
-    accelerator_type: str = "v4-8"
-    runtime_version: str = "tpu-ubuntu2204-base"
-    queued: bool = True  # queued resources rather than a directly created TPU VM
-    spot: bool = False
-    # Give up (non-zero exit) when a queued resource is not ACTIVE after this long.
-    queue_timeout_minutes: float = Field(24 * 60, gt=0)
-    repo_dir: str = "~/scalestudy"
-    setup: Tuple = ()
-    scalestudy: str = ".venv/bin/scalestudy"
-
-
-class VariantConfig(_Frozen):
-    """A named variant of a study's cells: ModelConfig keys set over each matched model (e.g.
-    `position: rope`), optionally its own matching mode, optionally only for some cells."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
-    model: dict = {}
-    matching: MatchingMode | None = None  # None: the study's
-    cells: Tuple = ()  # [[arch, objective], ...] it applies to; empty: every cell of the study
-
-    @model_validator(mode="after")
-    def _check(self) -> VariantConfig:
-        allowed = [k for k in ModelConfig.model_fields if k != "arch"]  # cells set the arch
-        unknown = sorted(set(self.model) - set(allowed))
-        if unknown:
-            raise ConfigError(
-                f"variants[{self.name}].model: cannot set {unknown}; accepted keys: "
-                f"{', '.join(allowed)}"
-            )
-        for cell in self.cells:
-            if not isinstance(cell, list | tuple) or len(cell) != 2:
-                raise ConfigError(
-                    f"variants[{self.name}].cells: each entry is [arch, objective]; got {cell!r}"
-                )
-            check_cell(*cell)
-        return self
-
-
-class ComparisonConfig(_Frozen):
-    """One claim of the decoder-only report: groups of runs compared on validation loss and
-    probe accuracy, each group named "arch/objective" or "arch/objective/variant"."""
-
-    title: str
-    question: str = ""
-    groups: Tuple  # the first is the reference the others are compared with
-
-
-class InferenceCostConfig(_Frozen):
-    """Multi-turn inference cost: a dialogue of `turns` turns, each a user message of
-    `user_tokens` then a greedy reply of `reply_tokens`, timed on this host."""
-
-    turns: int = Field(8, ge=1)
-    user_tokens: int = Field(32, ge=1)
-    reply_tokens: int = Field(16, ge=1)
-    rows: int = Field(1, ge=1)  # dialogues decoded together
-    repeats: int = Field(5, ge=1)  # timings per turn; the fastest is reported
-    model: dict = {}  # ModelConfig keys over the study's largest rung (e.g. a wider model)
-
-
-class RankOverTrainingConfig(_Frozen):
-    """Attention-rank probes on every kept checkpoint of the first seed of some groups."""
-
-    groups: Tuple
-    examples: int = Field(8, ge=1)
-
-
-class DecoderOnlyConfig(_Frozen):
-    """The "why decoder-only" experiments run after a study's training (study/experiments.py)."""
-
-    inference: InferenceCostConfig | None = None
-    comparisons: Annotated[tuple[ComparisonConfig, ...], Field(strict=False)] = ()
-    rank: RankOverTrainingConfig | None = None
-
-
-class StudySpec(_Frozen):
-    """A whole study: base experiment, grid axes, sizes, budgets, matching, evaluation, fits."""
-
-    name: str
-    description: str = ""
-    # Experiment YAML file(s), relative to the spec file, merged in order.
-    base_config: Annotated[tuple, BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)] = (
-        Field(default=(), strict=False)
-    )
-    base: dict = {}  # inline ExperimentConfig keys, merged over base_config
-    archs: Tuple = ARCHS
-    objectives: Tuple = OBJECTIVES
-    cells: Tuple = ()  # [[arch, objective], ...]; empty: every valid cell of archs x objectives
-    ladder: LadderConfig
-    budget: BudgetConfig = BudgetConfig(kind="steps", steps=100)
-    matching: MatchingMode = "equal_stack_shape"
-    match_tolerance: float = Field(0.03, gt=0.0, lt=1.0)  # equal_total_params: relative
-    seeds: Tuple = (0,)
-    # Named variants (model-key overrides) of the cells; empty: each cell once, unchanged.
-    variants: Annotated[tuple[VariantConfig, ...], Field(strict=False)] = ()
-    experiments: DecoderOnlyConfig | None = None  # the decoder-only report's experiments
-    tasks: Tuple = ()  # evaluation tasks; empty: base eval.tasks
-    fit: FitConfig = FitConfig()
-    slurm: SlurmConfig = SlurmConfig()
-    tpu: TpuConfig = TpuConfig()
-
-    @model_validator(mode="after")
-    def _check(self) -> StudySpec:
-        for arch in self.archs:
-            if arch not in ARCHS:
-                raise ConfigError(f"archs: got {arch!r}; accepted: {', '.join(ARCHS)}")
-        for obj in self.objectives:
-            if obj not in OBJECTIVES:
-                raise ConfigError(f"objectives: got {obj!r}; accepted: {', '.join(OBJECTIVES)}")
-        for cell in self.cells:
-            if not isinstance(cell, list | tuple) or len(cell) != 2:
-                raise ConfigError(f"cells: each entry is [arch, objective]; got {cell!r}")
-            check_cell(*cell)
-        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
-            raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
-        names = [v.name for v in self.variants]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"variants: names must be unique; got {names}")
-        return self

@@ -42,7 +42,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, ModelConfig, ScalestudyError
+from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.errors import ScalestudyError
 
 DEFAULT_EXAMPLES = 16
 ROWS_PER_CALL = 4  # rows per device call: bounds the [layers, B, H, L, L] probabilities in memory

@@ -4,14 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import (
-    VALID_CELLS,
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    load_config,
-    to_yaml,
-)
+from scalestudy.config import VALID_CELLS, ExperimentConfig, load_config, to_yaml
+from scalestudy.errors import ConfigError
+from scalestudy.yamlio import apply_overrides
 
 # (overrides, words the error message must contain): each a distinct way to get a config wrong.
 BAD_INPUTS = [
@@ -128,8 +123,9 @@ def test_scientific_notation_without_a_dot_is_a_float(tmp_path: Path):
 
 def _validate_any(path: Path) -> object:
     """Validate one file under configs/ as what its folder holds."""
-    from scalestudy.config import TaskConfig, read_yaml, validate
+    from scalestudy.config import TaskConfig
     from scalestudy.study.sweep import load_study
+    from scalestudy.yamlio import read_yaml, validate
 
     kind = path.relative_to(CONFIGS).parts[0]
     if kind == "studies":

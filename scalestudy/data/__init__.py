@@ -1,6 +1,6 @@
 """Data room: sources, vocabularies, objectives and the packed, resumable batch pipeline."""
 
-from scalestudy.config import ScalestudyError
+from scalestudy.errors import ScalestudyError
 
 
 class DataError(ScalestudyError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ScalestudyError
+from scalestudy.errors import ScalestudyError
 
 
 class TaskDataError(ScalestudyError):

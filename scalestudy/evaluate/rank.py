@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, ScalestudyError
+from scalestudy.config import ExperimentConfig
+from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate.prompts import Example
 from scalestudy.evaluate.tasks import Task
 

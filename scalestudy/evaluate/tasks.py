@@ -18,17 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from scalestudy.config import (
-    ConfigError,
-    EvalConfig,
-    SyntheticConfig,
-    TaskConfig,
-    read_yaml,
-    validate,
-)
+from scalestudy.config import EvalConfig, SyntheticConfig, TaskConfig
+from scalestudy.errors import ConfigError
 from scalestudy.evaluate import generic, prompts
 from scalestudy.evaluate.formats import Row, TaskDataError, read_rows, require_file
 from scalestudy.evaluate.prompts import Example
+from scalestudy.yamlio import read_yaml, validate
 
 Kind = Literal["choice", "last_word", "text"]
 

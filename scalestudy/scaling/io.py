@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalestudy.config import ScalestudyError
+from scalestudy.errors import ScalestudyError
 
 
 class ScalingDataError(ScalestudyError, ValueError):

@@ -23,7 +23,9 @@ import subprocess
 from pathlib import Path
 from string import Template
 
-from scalestudy.config import ScalestudyError, StudySpec, to_yaml
+from scalestudy.config import to_yaml
+from scalestudy.errors import ScalestudyError
+from scalestudy.study.spec import StudySpec
 
 
 class LaunchError(ScalestudyError):

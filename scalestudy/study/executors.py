@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ScalestudyError
+from scalestudy.errors import ScalestudyError
 from scalestudy.study.registry import Registry, read_metrics_jsonl
 
 

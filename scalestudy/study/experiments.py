@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from scalestudy.config import ComparisonConfig
 from scalestudy.study import report
 from scalestudy.study.registry import load_runs
+from scalestudy.study.spec import ComparisonConfig
 
 REPORT_NAME = "decoder_only.md"
 Plot = Callable[[Path, dict], dict[str, list[str]]]

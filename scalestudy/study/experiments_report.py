@@ -7,8 +7,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from scalestudy.config import StudySpec
 from scalestudy.study.report import Z95
+from scalestudy.study.spec import StudySpec
 
 FLOAT32_TOLERANCE = "rtol = n x float32 eps (n the block size; NumPy's matrix_rank rule)"
 

@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scalestudy.config import InferenceCostConfig, ModelConfig
+from scalestudy.config import ModelConfig
 from scalestudy.models import counting
 from scalestudy.models.api import build_model
+from scalestudy.study.spec import InferenceCostConfig
 
 SERIES = (
     ("causal_decoder", True),

@@ -23,15 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import (
-    BudgetConfig,
-    ConfigError,
-    ExperimentConfig,
-    LadderConfig,
-    ModelConfig,
-    parse_count,
-    read_yaml,
-)
+from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.errors import ConfigError
+from scalestudy.study.spec import BudgetConfig, LadderConfig, parse_count
+from scalestudy.yamlio import read_yaml
 
 # Named rungs: targets of non-embedding parameters per decoder stack, 1e5 .. 1e11.
 RUNGS: dict[str, float] = {

@@ -11,8 +11,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ExperimentConfig, ScalestudyError, parse_yaml, validate
+from scalestudy.config import ExperimentConfig
+from scalestudy.errors import ScalestudyError
 from scalestudy.study.registry import Registry
+from scalestudy.yamlio import parse_yaml, validate
 
 
 def _cell(run: dict[str, Any]) -> str:

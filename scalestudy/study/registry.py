@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ScalestudyError
+from scalestudy.errors import ScalestudyError
 
 STATUSES = ("pending", "running", "done", "failed")
 

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ScalestudyError, StudySpec
+from scalestudy.errors import ScalestudyError
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.registry import load_curves, load_runs
+from scalestudy.study.spec import StudySpec
 
 # analyze(study, out, done_runs, curves) -> (fits JSON, figure paths): the scaling room's fits
 # and plots, passed in by the caller (study sits left of scaling in the flow of imports).

@@ -15,20 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import (
-    VALID_CELLS,
-    ConfigError,
-    ExperimentConfig,
-    ModelConfig,
-    OptimConfig,
-    StudySpec,
-    apply_overrides,
-    deep_merge,
-    read_yaml,
-    to_yaml,
-    validate,
-)
+from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
+from scalestudy.errors import ConfigError
 from scalestudy.study import ladder
+from scalestudy.study.spec import StudySpec
+from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
 
 REGISTRY_NAME = "registry.sqlite"
 

@@ -23,8 +23,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, ScalestudyError
+from scalestudy.config import ExperimentConfig
 from scalestudy.data import pipeline
+from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
 from scalestudy.train import metrics, sharding, step
 

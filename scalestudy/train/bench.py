@@ -13,8 +13,9 @@ from typing import Any
 
 import jax
 
-from scalestudy.config import VALID_CELLS, ConfigError, ExperimentConfig, load_config
+from scalestudy.config import VALID_CELLS, ExperimentConfig, load_config
 from scalestudy.data import pipeline
+from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 from scalestudy.train import metrics, step
 

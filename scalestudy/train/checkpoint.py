@@ -49,7 +49,9 @@ from orbax.checkpoint.checkpoint_managers import (
     LatestN,
 )
 
-from scalestudy.config import ExperimentConfig, ScalestudyError, validate
+from scalestudy.config import ExperimentConfig
+from scalestudy.errors import ScalestudyError
+from scalestudy.yamlio import validate
 
 ITEMS = ("params", "train", "data", "config")
 CHECKPOINTS = "checkpoints"

@@ -28,8 +28,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, ScalestudyError, to_yaml
+from scalestudy.config import ExperimentConfig, to_yaml
 from scalestudy.data import pipeline
+from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
 from scalestudy.train import checkpoint, metrics, resume, step
 

@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from scalestudy.config import ConfigError, OptimConfig
+from scalestudy.config import OptimConfig
+from scalestudy.errors import ConfigError
 
 Schedule = Callable[[jax.Array | int], jax.Array]
 

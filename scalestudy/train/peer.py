@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from scalestudy.config import ConfigError, ExperimentConfig
+from scalestudy.config import ExperimentConfig
 from scalestudy.data import pipeline
+from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 from scalestudy.train import step
 
@@ -176,7 +177,7 @@ def _nanodo(cfg: ExperimentConfig, key: jax.Array, length: int) -> tuple[Any, An
 
 def peer_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """`cfg` at the peer's shape (see PEER_SHAPE)."""
-    from scalestudy.config import apply_overrides
+    from scalestudy.yamlio import apply_overrides
 
     return type(cfg).model_validate(apply_overrides(cfg.model_dump(), PEER_SHAPE))
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ConfigError, ExperimentConfig, ScalestudyError, load_config
+from scalestudy.config import ExperimentConfig, load_config
+from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.train import checkpoint
 
 # Dotted keys (or prefixes ending in ".") that may change between invocations of one run.

@@ -25,7 +25,8 @@ from flax.linen import spmd as linen_spmd
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scalestudy.config import ConfigError, MeshConfig, ModelConfig
+from scalestudy.config import MeshConfig, ModelConfig
+from scalestudy.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig, ScalestudyError
+from scalestudy.config import ExperimentConfig
 from scalestudy.data.vocab import get_vocabulary
+from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate import rank
 from scalestudy.evaluate.prompts import Example
 from scalestudy.evaluate.tasks import Task, load_task

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import ConfigError, TaskConfig, read_yaml, validate
+from scalestudy.config import TaskConfig
+from scalestudy.errors import ConfigError
 from scalestudy.evaluate.formats import TaskDataError
 from scalestudy.evaluate.tasks import REGISTRY, load_task
+from scalestudy.yamlio import read_yaml, validate
 
 # Rows of each task's standard split, as the release READMEs state them (COPA: SuperGLUE
 # validation = dev ids 401-500).

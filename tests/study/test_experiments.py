@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from scalestudy import cli
-from scalestudy.config import ComparisonConfig, ConfigError
+from scalestudy.errors import ConfigError
 from scalestudy.study import experiments
 from scalestudy.study.registry import load_runs
+from scalestudy.study.spec import ComparisonConfig
 from scalestudy.study.sweep import expand, load_study
 
 from .conftest import write_spec

@@ -4,8 +4,10 @@ import math
 
 import pytest
 
-from scalestudy.config import BudgetConfig, ConfigError, ExperimentConfig, LadderConfig
+from scalestudy.config import ExperimentConfig
+from scalestudy.errors import ConfigError
 from scalestudy.study import ladder
+from scalestudy.study.spec import BudgetConfig, LadderConfig
 
 counting = pytest.importorskip("scalestudy.models.counting")
 

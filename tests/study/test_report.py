@@ -85,7 +85,7 @@ def test_close_cells_are_called_indistinguishable_and_seeds_widen_intervals():
 
 
 def test_markdown_and_html_render(tmp_path):
-    from scalestudy.config import StudySpec
+    from scalestudy.study.spec import StudySpec
 
     runs = [_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]
     for r in runs:

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import ConfigError, load_config
+from scalestudy.config import load_config
+from scalestudy.errors import ConfigError
 from scalestudy.study import sweep
 
 counting = pytest.importorskip("scalestudy.models.counting")

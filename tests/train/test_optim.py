@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalestudy.config import ConfigError, OptimConfig
+from scalestudy.config import OptimConfig
+from scalestudy.errors import ConfigError
 from scalestudy.train.optim import make_optimizer, make_schedule
 
 

@@ -4,8 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import ConfigError, load_config
+from scalestudy.config import load_config
 from scalestudy.data import pipeline
+from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 from scalestudy.train import peer
 

@@ -1,0 +1,268 @@
+"""A study spec (configs/studies/*.yaml): the ladder, budgets, cells, seeds, fits, launchers.
+
+`study/sweep.py` expands a spec in code into ExperimentConfigs, one per (cell, size, budget
+point, seed).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from scalestudy.config import (
+    ARCHS,
+    OBJECTIVES,
+    Frozen,
+    ModelConfig,
+    Tuple,
+    check_cell,
+)
+from scalestudy.errors import ConfigError
+
+_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_count(value: Any) -> Any:
+    """Read a count written as a number, '1e6', '1.5e18' or with a suffix ('300K', '168B')."""
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        scale = _COUNT_SUFFIXES.get(text[-1:].upper(), 1.0) if text else 1.0
+        if scale != 1.0:
+            text = text[:-1]
+        try:
+            return float(text) * scale
+        except ValueError:
+            raise ConfigError(
+                f"cannot read {value!r} as a count; write a number such as 2e6, 1.5e18, "
+                "300K, 20M or 168B"
+            ) from None
+    return value
+
+
+Count = Annotated[float, BeforeValidator(parse_count), Field(strict=False, gt=0)]
+MatchingMode = Literal["equal_total_params", "equal_stack_shape", "equal_flops"]
+
+
+class LadderConfig(Frozen):
+    """Model sizes of a study: a named preset, target sizes, or explicit shapes.
+
+    `sizes` entries are rung names ('1M', '30M'), target non-embedding parameter counts of a
+    decoder stack (2e6), model preset YAML files (relative to the spec), or mappings of
+    ModelConfig keys with a `name`. Shapes for targets come from study/ladder.py's rule.
+    """
+
+    preset: str | None = None
+    sizes: Tuple = ()
+    head_dim: int = Field(64, ge=4)  # per-head width once d_model reaches 4 * head_dim
+    ff_multiplier: float = Field(8 / 3, gt=0.0)  # d_ff / d_model (gated MLP: 8/3 keeps 12 d^2)
+    aspect_small: float = Field(16.0, gt=0.0)  # d_model / n_layers at 1e5 parameters
+    aspect_large: float = Field(128.0, gt=0.0)  # ... at 1e11 parameters (log-linear between)
+    min_layers: int = Field(2, ge=1)
+    # Peak learning rate per rung: "inverse_width" scales optim.learning_rate by
+    # lr_reference_width / d_model (wider models take smaller Adam steps, as in muP).
+    lr_scaling: Literal["none", "inverse_width"] = "none"
+    lr_reference_width: int = Field(256, ge=1)
+    # Cells that train at only some of the sizes: {"arch/objective": [size name, ...]}; a
+    # cell not listed trains at every size (study/sweep.py checks the names).
+    cell_sizes: dict[str, Tuple] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> LadderConfig:
+        if self.preset is None and not self.sizes:
+            raise ConfigError(
+                "ladder: give a preset (e.g. ladder.preset=smoke) or a list of ladder.sizes"
+            )
+        for cell, names in self.cell_sizes.items():
+            if cell.count("/") != 1 or not names:
+                raise ConfigError(
+                    f"ladder.cell_sizes: each key is 'arch/objective' with a non-empty list of "
+                    f"size names; got {cell!r}: {list(names)!r}"
+                )
+        return self
+
+
+class BudgetConfig(Frozen):
+    """How long each run trains: fixed steps, fixed tokens, tokens per parameter, or IsoFLOP.
+
+    Tokens are processed positions (decoder positions, plus encoder positions for the
+    encoder-decoder), so every architecture sees the same text for the same budget.
+    """
+
+    kind: Literal["steps", "tokens", "tokens_per_param", "isoflop"] = "steps"
+    steps: int | None = Field(None, ge=1)
+    tokens: Count | None = None
+    tokens_per_param: float = Field(20.0, gt=0.0)  # Chinchilla's ratio
+    param_kind: Literal["total", "non_embedding"] = "non_embedding"
+    compute: Tuple = ()  # isoflop: training FLOPs budgets, e.g. [1e15, 3e15]
+    min_steps: int = Field(10, ge=1)  # isoflop: drop (size, budget) points shorter than this
+
+    @model_validator(mode="after")
+    def _check(self) -> BudgetConfig:
+        need = {"steps": self.steps, "tokens": self.tokens}.get(self.kind, True)
+        if need is None:
+            raise ConfigError(f"budget.kind={self.kind!r} needs budget.{self.kind} to be set")
+        if self.kind == "isoflop":
+            if not self.compute:
+                raise ConfigError("budget.kind='isoflop' needs budget.compute: a list of FLOPs")
+            for c in self.compute:
+                if not isinstance(parse_count(c), int | float) or parse_count(c) <= 0:
+                    raise ConfigError(f"budget.compute: {c!r} is not a positive FLOP count")
+        return self
+
+
+class FitConfig(Frozen):
+    """Scaling-law fits run at the end of a study (scalestudy.scaling)."""
+
+    laws: Tuple = ("kaplan_n", "chinchilla3")
+    n_kind: Literal["total", "non_embedding"] = "non_embedding"
+    c_kind: Literal["6nd", "counted"] = "counted"
+    bootstrap: int = Field(200, ge=0)
+    seed: int = 0
+
+
+class SlurmConfig(Frozen):
+    """SLURM job-array settings (launch/slurm.sbatch.tmpl)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str = "24:00:00"
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=0)
+    cpus_per_task: int = Field(16, ge=1)
+    mem: str | None = None
+    max_parallel: int | None = Field(None, ge=1)
+    # SIGTERM this many seconds before the time limit: the run checkpoints and is requeued.
+    signal_seconds: int = Field(120, ge=1)
+    setup: Tuple = ()  # shell lines run before training (module load, venv activation, ...)
+    scalestudy: str = "scalestudy"  # the command, e.g. /path/.venv/bin/scalestudy
+
+
+class TpuConfig(Frozen):
+    """TPU VM settings for `gcloud compute tpus` (launch/tpu_*.sh.tmpl)."""
+
+    name: str = "scalestudy"
+    project: str | None = None
+    zone: str = "us-central2-b"
+    accelerator_type: str = "v4-8"
+    runtime_version: str = "tpu-ubuntu2204-base"
+    queued: bool = True  # queued resources rather than a directly created TPU VM
+    spot: bool = False
+    # Give up (non-zero exit) when a queued resource is not ACTIVE after this long.
+    queue_timeout_minutes: float = Field(24 * 60, gt=0)
+    repo_dir: str = "~/scalestudy"
+    setup: Tuple = ()
+    scalestudy: str = ".venv/bin/scalestudy"
+
+
+class VariantConfig(Frozen):
+    """A named variant of a study's cells: ModelConfig keys set over each matched model (e.g.
+    `position: rope`), optionally its own matching mode, optionally only for some cells."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    model: dict = Field(default_factory=dict)
+    matching: MatchingMode | None = None  # None: the study's
+    cells: Tuple = ()  # [[arch, objective], ...] it applies to; empty: every cell of the study
+
+    @model_validator(mode="after")
+    def _check(self) -> VariantConfig:
+        allowed = [k for k in ModelConfig.model_fields if k != "arch"]  # cells set the arch
+        unknown = sorted(set(self.model) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"variants[{self.name}].model: cannot set {unknown}; accepted keys: "
+                f"{', '.join(allowed)}"
+            )
+        for cell in self.cells:
+            if not isinstance(cell, list | tuple) or len(cell) != 2:
+                raise ConfigError(
+                    f"variants[{self.name}].cells: each entry is [arch, objective]; got {cell!r}"
+                )
+            check_cell(*cell)
+        return self
+
+
+class ComparisonConfig(Frozen):
+    """One claim of the decoder-only report: groups of runs compared on validation loss and
+    probe accuracy, each group named "arch/objective" or "arch/objective/variant"."""
+
+    title: str
+    question: str = ""
+    groups: Tuple  # the first is the reference the others are compared with
+
+
+class InferenceCostConfig(Frozen):
+    """Multi-turn inference cost: a dialogue of `turns` turns, each a user message of
+    `user_tokens` then a greedy reply of `reply_tokens`, timed on this host."""
+
+    turns: int = Field(8, ge=1)
+    user_tokens: int = Field(32, ge=1)
+    reply_tokens: int = Field(16, ge=1)
+    rows: int = Field(1, ge=1)  # dialogues decoded together
+    repeats: int = Field(5, ge=1)  # timings per turn; the fastest is reported
+    model: dict = Field(
+        default_factory=dict
+    )  # ModelConfig keys over the study's largest rung (e.g. a wider model)
+
+
+class RankOverTrainingConfig(Frozen):
+    """Attention-rank probes on every kept checkpoint of the first seed of some groups."""
+
+    groups: Tuple
+    examples: int = Field(8, ge=1)
+
+
+class DecoderOnlyConfig(Frozen):
+    """The "why decoder-only" experiments run after a study's training (study/experiments.py)."""
+
+    inference: InferenceCostConfig | None = None
+    comparisons: Annotated[tuple[ComparisonConfig, ...], Field(strict=False)] = ()
+    rank: RankOverTrainingConfig | None = None
+
+
+class StudySpec(Frozen):
+    """A whole study: base experiment, grid axes, sizes, budgets, matching, evaluation, fits."""
+
+    name: str
+    description: str = ""
+    # Experiment YAML file(s), relative to the spec file, merged in order.
+    base_config: Annotated[tuple, BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)] = (
+        Field(default=(), strict=False)
+    )
+    base: dict = Field(
+        default_factory=dict
+    )  # inline ExperimentConfig keys, merged over base_config
+    archs: Tuple = ARCHS
+    objectives: Tuple = OBJECTIVES
+    cells: Tuple = ()  # [[arch, objective], ...]; empty: every valid cell of archs x objectives
+    ladder: LadderConfig
+    budget: BudgetConfig = BudgetConfig(kind="steps", steps=100)
+    matching: MatchingMode = "equal_stack_shape"
+    match_tolerance: float = Field(0.03, gt=0.0, lt=1.0)  # equal_total_params: relative
+    seeds: Tuple = (0,)
+    # Named variants (model-key overrides) of the cells; empty: each cell once, unchanged.
+    variants: Annotated[tuple[VariantConfig, ...], Field(strict=False)] = ()
+    experiments: DecoderOnlyConfig | None = None  # the decoder-only report's experiments
+    tasks: Tuple = ()  # evaluation tasks; empty: base eval.tasks
+    fit: FitConfig = FitConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    tpu: TpuConfig = TpuConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> StudySpec:
+        for arch in self.archs:
+            if arch not in ARCHS:
+                raise ConfigError(f"archs: got {arch!r}; accepted: {', '.join(ARCHS)}")
+        for obj in self.objectives:
+            if obj not in OBJECTIVES:
+                raise ConfigError(f"objectives: got {obj!r}; accepted: {', '.join(OBJECTIVES)}")
+        for cell in self.cells:
+            if not isinstance(cell, list | tuple) or len(cell) != 2:
+                raise ConfigError(f"cells: each entry is [arch, objective]; got {cell!r}")
+            check_cell(*cell)
+        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
+            raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"variants: names must be unique; got {names}")
+        return self

@@ -1,0 +1,136 @@
+"""YAML config files: `include:` lists, dotted `key=value` overrides, readable validation errors.
+
+A file may start with `include: [other.yaml, ...]` (paths relative to the including file);
+included files are deep-merged first, then the file's own keys, then overrides of the form
+`model.d_model=512` (values parsed as YAML scalars). `validate` turns pydantic's errors into
+lines that name the key, the value and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scalestudy.errors import ConfigError
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML text (safe; scientific notation without a dot is a float)."""
+    return yaml.load(text, Loader=_YamlLoader)
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    """Merge `update` into a copy of `base`: mappings merge recursively, the rest replaces."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML mapping, resolving `include:` lists relative to the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    resolved = path.resolve()
+    if resolved in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, resolved))
+        raise ConfigError(f"include cycle: {chain}")
+    try:
+        raw = parse_yaml(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
+    includes = raw.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    merged: dict = {}
+    for inc in includes:
+        merged = deep_merge(merged, read_yaml(path.parent / inc, (*_seen, resolved)))
+    return deep_merge(merged, raw)
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict."""
+    out = dict(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(
+                f"override {item!r} is not of the form key.sub=value (e.g. model.d_model=128)"
+            )
+        try:
+            value = parse_yaml(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        *parents, leaf = key.split(".")
+        node: dict[str, Any] = {leaf: value}
+        for parent in reversed(parents):
+            node = {parent: node}
+        out = deep_merge(out, node)
+    return out
+
+
+def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names accepted at `loc` (a pydantic error location) within `model`."""
+    cls: Any = model
+    for part in loc[:-1]:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        cls = field.annotation
+    return sorted(getattr(cls, "model_fields", {}))
+
+
+def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
+    """Turn a pydantic error into lines that name key, value and what is accepted."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            accepted = _accepted_keys(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            lines.append(f"unknown key {key!r}{hint}; accepted keys here: {', '.join(accepted)}")
+        elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
+            lines.append(str(e["ctx"]["error"]))
+        else:
+            msg = e["msg"].replace("Value error, ", "")
+            lines.append(f"{key}: {msg}; got {e.get('input')!r}")
+    return f"{source}: invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate(model: type[BaseModel], data: dict, source: str = "config") -> Any:
+    """Validate `data` as `model`, raising ConfigError with readable messages."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, model, source)) from None
