@@ -130,10 +130,12 @@ def _cmd_study(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
         if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
-            from scalestudy.scaling.decoder_only_plots import plot_experiments
-            from scalestudy.study import experiments
+            from scalestudy.decoder_only import run as decoder_only
+            from scalestudy.study.sweep import expand, load_study
 
-            experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+            study = load_study(Path(args.spec), args.overrides)
+            if study.experiments is not None:
+                decoder_only.run(study, expand(study, Path(args.spec).parent), Path(args.out))
     except OSError as e:  # a study file cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
     return 0
@@ -215,7 +217,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _cmd_probe(args: argparse.Namespace) -> int:
     _join_job()
-    from scalestudy.probes import probe_run
+    from scalestudy.decoder_only.attention_rank import probe_run
 
     _print(probe_run(Path(args.workdir), step=args.step), args.json)
     return 0

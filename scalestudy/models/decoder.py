@@ -8,8 +8,8 @@ A stack's layers are stored stacked along a leading "layers" axis and run with `
 when `cfg.scan_layers` (compile time independent of depth), or as a list of layers otherwise.
 
 With the static flag `intermediates=True` a stack also returns its self-attention
-probabilities and residual stream (`Intermediates`, for `probes.py`); without it the traced
-program is the plain forward pass.
+probabilities and residual stream (`Intermediates`, for `decoder_only/attention_rank.py`);
+without it the traced program is the plain forward pass.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ class RankOverTrainingConfig(Frozen):
 
 
 class DecoderOnlyConfig(Frozen):
-    """The "why decoder-only" experiments run after a study's training (study/experiments.py)."""
+    """The "why decoder-only" experiments run after a study's training (decoder_only/)."""
 
     inference: InferenceCostConfig | None = None
     comparisons: Annotated[tuple[ComparisonConfig, ...], Field(strict=False)] = ()

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from scalestudy import cli
+from scalestudy.decoder_only import run as decoder_only_run
 from scalestudy.errors import ConfigError
-from scalestudy.study import experiments
 from scalestudy.study.registry import load_runs
 from scalestudy.study.spec import ComparisonConfig
 from scalestudy.study.sweep import expand, load_study
@@ -79,21 +79,21 @@ def test_variant_errors_name_the_key(tmp_path):
 
 
 def test_difference_interval_and_verdicts():
-    a = experiments.loss_stats([{"loss": x} for x in (2.0, 2.1, 1.9)])
-    b = experiments.loss_stats([{"loss": x} for x in (3.0, 3.1, 2.9)])
-    d, half = experiments.difference(a, b, "loss")
+    a = decoder_only_run.loss_stats([{"loss": x} for x in (2.0, 2.1, 1.9)])
+    b = decoder_only_run.loss_stats([{"loss": x} for x in (3.0, 3.1, 2.9)])
+    d, half = decoder_only_run.difference(a, b, "loss")
     assert d == pytest.approx(-1.0) and 0 < half < 1.0
-    assert "better" in experiments.verdict("a", "b", d, half, "loss", lower=True)
-    c = experiments.loss_stats([{"loss": x} for x in (2.0, 2.5, 1.5)])
-    d, half = experiments.difference(c, a, "loss")
-    assert "not distinguishable at 95%" in experiments.verdict("c", "a", d, half, "loss", True)
-    one = experiments.loss_stats([{"loss": 2.0}])
-    assert experiments.difference(one, a, "loss")[1] is None
+    assert "better" in decoder_only_run.verdict("a", "b", d, half, "loss", lower=True)
+    c = decoder_only_run.loss_stats([{"loss": x} for x in (2.0, 2.5, 1.5)])
+    d, half = decoder_only_run.difference(c, a, "loss")
+    assert "not distinguishable at 95%" in decoder_only_run.verdict("c", "a", d, half, "loss", True)
+    one = decoder_only_run.loss_stats([{"loss": 2.0}])
+    assert decoder_only_run.difference(one, a, "loss")[1] is None
 
 
 def test_missing_group_is_reported_not_fatal():
     spec = ComparisonConfig(title="t", groups=["causal_decoder/plm/base", "absent/x"])
-    got = experiments.compare_groups(spec, {"causal_decoder/plm/base": [{"loss": 1.0}]})
+    got = decoder_only_run.compare_groups(spec, {"causal_decoder/plm/base": [{"loss": 1.0}]})
     assert got["missing"] == ["absent/x"] and got["verdicts"] == []
 
 

@@ -3,18 +3,17 @@
 Run after a study's training by `scalestudy study` when the spec has an `experiments:` block.
 Runs are grouped by label "arch/objective/variant" (the spec's variants). Sections:
 
-1. inference cost per dialogue turn (`study/inference_cost.py`): cache reuse vs recomputation;
+1. inference cost per dialogue turn (`inference_cost.py`): cache reuse vs recomputation;
 2.-5. each `comparisons` entry: its groups' validation loss (mean over seeds, t-interval) and
    zero-shot probe accuracy (binomial interval widened by the seed spread), every group against
    the first, with the difference's 95% interval;
-6. attention rank over training: the `probes.py` measures on every kept checkpoint of the first
-   seed of each `rank` group, per layer: for decoder-only models on the block of the input
+6. attention rank over training: the `attention_rank.py` measures on every kept checkpoint of
+   the first seed of each `rank` group, per layer: for decoder-only models on the block of the input
    (prefix) positions, bidirectional in the non-causal decoder and causal in the causal one;
    for the encoder-decoder on its encoder and decoder stacks.
 
 Each section ends in a verdict sentence with its interval, or says the difference is not
-distinguishable at 95%. Figures come from a `plot` callable (the scaling room's, passed in by
-the CLI) so that this module stays left of it in the flow of imports.
+distinguishable at 95%. Figures are drawn by `plots.py`, the text by `report.py`.
 """
 
 from __future__ import annotations
@@ -23,18 +22,24 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
+from scipy import stats
 
+from scalestudy.data.pipeline import make_iterator
+from scalestudy.decoder_only import attention_rank, inference_cost, plots
+from scalestudy.decoder_only.report import render
+from scalestudy.models.api import build_model
 from scalestudy.study import report
 from scalestudy.study.registry import load_runs
-from scalestudy.study.spec import ComparisonConfig
+from scalestudy.study.spec import ComparisonConfig, StudySpec
+from scalestudy.study.sweep import REGISTRY_NAME
+from scalestudy.train.checkpoint import checkpoint_dir, restore_params
 
 REPORT_NAME = "decoder_only.md"
-Plot = Callable[[Path, dict], dict[str, list[str]]]
 
 
 def label(arch: str, objective: str, variant: str = "") -> str:
@@ -56,8 +61,6 @@ def group_runs(planned: list, registry_rows: list[dict]) -> dict[str, list[dict]
 
 
 def _t95(df: int) -> float:
-    from scipy import stats
-
     return float(stats.t.ppf(0.975, df))
 
 
@@ -154,8 +157,6 @@ def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dic
 
 
 def _checkpoint_steps(workdir: Path) -> list[int]:
-    from scalestudy.train.checkpoint import checkpoint_dir
-
     directory = checkpoint_dir(Path(workdir))
     if not directory.is_dir():
         return []
@@ -163,8 +164,6 @@ def _checkpoint_steps(workdir: Path) -> list[int]:
 
 
 def _validation_rows(cfg: Any, n: int) -> dict[str, np.ndarray]:
-    from scalestudy.data.pipeline import make_iterator
-
     iterator = make_iterator(cfg, "validation")
     batches, rows = [], 0
     while rows < n:
@@ -175,27 +174,22 @@ def _validation_rows(cfg: Any, n: int) -> dict[str, np.ndarray]:
 
 def rank_over_training(workdir: Path, examples: int) -> list[dict]:
     """Per kept checkpoint, region and layer: mean relative numerical rank, fraction of
-    full-rank matrices and relative effective rank (probes.py's measures and tolerance)."""
-    import jax
-
-    from scalestudy import probes
-    from scalestudy.models.api import build_model
-    from scalestudy.train.checkpoint import restore_params
-
+    full-rank matrices and relative effective rank (attention_rank.py's measures and
+    tolerance)."""
     out = []
     for step in _checkpoint_steps(workdir):
         cfg, params, _ = restore_params(workdir, step)
         batch = _validation_rows(cfg, examples)
-        intermediates = probes.jit_intermediates(build_model(cfg.model))
+        intermediates = attention_rank.jit_intermediates(build_model(cfg.model))
         per_region: dict[str, list[dict]] = defaultdict(list)
-        for start in range(0, examples, probes.ROWS_PER_CALL):
-            chunk = {k: v[start : start + probes.ROWS_PER_CALL] for k, v in batch.items()}
+        for start in range(0, examples, attention_rank.ROWS_PER_CALL):
+            chunk = {k: v[start : start + attention_rank.ROWS_PER_CALL] for k, v in batch.items()}
             inter = jax.device_get(intermediates(params, chunk))
             if "encoder" not in inter:  # decoder-only: the block of the input (prefix) positions
                 inputs = np.asarray(chunk["decoder_loss_weights"]) == 0
                 segment = np.asarray(inter["decoder"]["segment_ids"]) * inputs
                 inter = {"prefix": {**inter["decoder"], "segment_ids": segment}}
-            for region, examples_ in probes.probe_intermediates(inter).items():
+            for region, examples_ in attention_rank.probe_intermediates(inter).items():
                 per_region[region].extend(examples_)
         for region, exs in per_region.items():
             rank_rel = np.mean([e["attn_rank_rel"] for e in exs], axis=0)  # [N, H]
@@ -220,20 +214,14 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
 # ----------------------------------------------------------------------------- entry point
 
 
-def run(
-    spec: Path, out: Path, overrides: list[str] | tuple[str, ...] = (), plot: Plot | None = None
-) -> Path | None:
-    """Run the spec's experiments over the trained study in `out` and write decoder_only.md;
-    None when the spec has no `experiments:` block."""
-    from scalestudy.study import inference_cost
-    from scalestudy.study.sweep import REGISTRY_NAME, expand, load_study
-
-    spec, out = Path(spec), Path(out)
-    study = load_study(spec, overrides)
+def run(study: StudySpec, planned: list, out: Path) -> Path | None:
+    """Run the study's decoder-only experiments over its trained runs in `out` (`planned` is
+    the study's expansion) and write decoder_only.md; None when the spec has no
+    `experiments:` block."""
     if study.experiments is None:
         return None
+    out = Path(out)
     exp = study.experiments
-    planned = expand(study, spec.parent)
     groups = group_runs(planned, load_runs(out / REGISTRY_NAME))
     results: dict[str, Any] = {"seconds": {}}
     if exp.inference is not None:
@@ -256,10 +244,7 @@ def run(
         r.get("wall_time_s") or 0.0 for rows in groups.values() for r in rows
     )
     (out / "decoder_only.json").write_text(json.dumps(results, indent=1, default=float))
-    figures = plot(out, results) if plot is not None else {}
-    from scalestudy.study.experiments_report import render
-
-    text = render(study, results, figures)
-    (out / REPORT_NAME).write_text(text)
+    figures = plots.plot_experiments(out, results)
+    (out / REPORT_NAME).write_text(render(study, results, figures))
     print(f"decoder-only report: {out / REPORT_NAME}")
     return out / REPORT_NAME

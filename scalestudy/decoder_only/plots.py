@@ -1,4 +1,4 @@
-"""Figures of the "why decoder-only" report (results from `study/experiments.py`): inference
+"""Figures of the "why decoder-only" report (results from `run.py`): inference
 cost per turn, each comparison's loss and probe accuracy with 95% intervals, and attention rank
 over depth and training steps. PNG files under `<out>/figures/decoder_only/`."""
 

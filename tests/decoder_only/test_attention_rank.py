@@ -11,9 +11,7 @@ import pytest
 
 from scalestudy.cli import main
 from scalestudy.config import ExperimentConfig, ModelConfig
-from scalestudy.models import masks
-from scalestudy.models.api import build_model
-from scalestudy.probes import (
+from scalestudy.decoder_only.attention_rank import (
     effective_rank,
     jit_intermediates,
     mean_pairwise_cosine,
@@ -22,6 +20,8 @@ from scalestudy.probes import (
     probe_run,
     singular_values,
 )
+from scalestudy.models import masks
+from scalestudy.models.api import build_model
 
 VOCAB, L, S, PREFIX = 64, 16, 12, 6
 

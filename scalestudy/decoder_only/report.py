@@ -1,5 +1,5 @@
 """`decoder_only.md`: one section per claim of the "why decoder-only" experiments, each a
-table, its figure and a verdict sentence (see `study/experiments.py` for what is measured)."""
+table, its figure and a verdict sentence (see `run.py` for what is measured)."""
 
 from __future__ import annotations
 
