@@ -11,6 +11,10 @@ Per example, a probe looks at one packed segment (the longest; real positions on
 
 - numerical rank: singular values above `rtol * s_max`; by default `rtol = n * eps(float32)`
   (NumPy's `matrix_rank` rule for float32 data, the precision the probabilities come in).
+- numerical rank at stated tolerances (`TOLERANCES`): the same count at rtol 1e-5 and 1e-2, so
+  a reader can tell a conditioning cut-off from a rank that is really lower.
+- stable rank: ||A||_F^2 / ||A||_2^2, a continuous lower bound of the rank that does not depend
+  on a tolerance.
 - effective rank (Roy & Vetterli 2007): exp of the entropy of the singular values normalised
   to sum to 1; between 1 and the rank, smooth where the numerical rank jumps.
 - full rank: numerical rank == n. "attn_rank_frac_full" is the fraction of (layer, head,
@@ -46,6 +50,9 @@ from scalestudy.config import ExperimentConfig, ModelConfig
 from scalestudy.errors import ScalestudyError
 
 DEFAULT_EXAMPLES = 16
+# Relative tolerances at which numerical rank is also counted (stated in the report): the
+# default n * eps(float32) is a conditioning cut-off; these are looser ones.
+TOLERANCES = {"1e-5": 1e-5, "1e-2": 1e-2}
 ROWS_PER_CALL = 4  # rows per device call: bounds the [layers, B, H, L, L] probabilities in memory
 F32_EPS = float(np.finfo(np.float32).eps)
 
@@ -105,11 +112,23 @@ def longest_segment(segment_ids_L: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- accumulation
 
 
+def stable_rank(s: np.ndarray) -> np.ndarray:
+    """||A||_F^2 / ||A||_2^2 per matrix, from its singular values `s` [..., r]; 0 for a zero
+    matrix."""
+    s = np.asarray(s, np.float64)
+    top = s[..., 0] ** 2
+    return np.divide((s**2).sum(axis=-1), top, out=np.zeros_like(top), where=top > 0)
+
+
 def _example(attention_NHLL: np.ndarray, hidden_NLD: np.ndarray, rtol: float | None) -> dict:
     """Measures of one example's segment (already cut to its n real positions)."""
     n = attention_NHLL.shape[-1]
     s_NHr = singular_values(attention_NHLL)
     rank_NH = numerical_rank(s_NHr, rtol)
+    at_tolerance = {
+        f"attn_full@{name}": (numerical_rank(s_NHr, tol) == n).astype(np.float64)
+        for name, tol in TOLERANCES.items()
+    }
     later_LL = np.triu(np.ones((n, n), bool), k=1)
     diagonal_NHL = np.diagonal(attention_NHLL, axis1=-2, axis2=-1)
     triangular_NH = ~np.any(attention_NHLL * later_LL != 0, axis=(-1, -2))
@@ -121,11 +140,14 @@ def _example(attention_NHLL: np.ndarray, hidden_NLD: np.ndarray, rtol: float | N
         "attn_eff_rank": effective_rank(s_NHr),
         "attn_eff_rank_rel": effective_rank(s_NHr) / n,
         "attn_full": (rank_NH == n).astype(np.float64),
+        **at_tolerance,
+        "attn_stable_rank_rel": stable_rank(s_NHr) / n,
         "attn_triangular_full": (triangular_NH & np.all(diagonal_NHL > 0, axis=-1)) * 1.0,
         "attn_log10_cond": np.log10(cond_NH),
         "attn_future_mass": (attention_NHLL * later_LL).sum(-1).mean(-1),
         "hidden_cos": mean_pairwise_cosine(hidden_NLD),
         "hidden_eff_rank": effective_rank(s_hidden),
+        "hidden_eff_rank_rel": effective_rank(s_hidden) / min(n, hidden_NLD.shape[-1]),
         "length": np.float64(n),
     }
 
@@ -142,6 +164,8 @@ def _summarise(stack: str, examples: list[dict]) -> dict[str, float]:
         "attn_log10_cond",
         "attn_triangular_full",
         "attn_future_mass",
+        "attn_stable_rank_rel",
+        *(f"attn_full@{name}" for name in TOLERANCES),
     )
     for k in attn:
         out[f"{stack}/{k}"] = float(mean[k].mean())

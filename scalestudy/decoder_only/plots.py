@@ -65,7 +65,8 @@ def plot_comparison(c: dict, out: Path, name: str) -> str | None:
 
 
 def plot_rank(rank: dict[str, list[dict]], out: Path) -> str | None:
-    """Relative effective rank over depth, one panel per (group, region), a line per step."""
+    """Relative effective rank over depth (mean over seeds), one panel per (group, region), a
+    line per step."""
     panels = [
         (g, region) for g, rows in rank.items() for region in sorted({r["region"] for r in rows})
     ]
@@ -75,8 +76,13 @@ def plot_rank(rank: dict[str, list[dict]], out: Path) -> str | None:
     for ax, (group, region) in zip(axes[0], panels):
         rows = [r for r in rank[group] if r["region"] == region]
         for step in sorted({r["step"] for r in rows}):
-            rs = sorted((r for r in rows if r["step"] == step), key=lambda r: r["layer"])
-            ax.plot([r["layer"] for r in rs], [r["eff_rank_rel"] for r in rs], "o-", label=step)
+            by_layer = defaultdict(list)  # the mean over seeds
+            for r in rows:
+                if r["step"] == step:
+                    by_layer[r["layer"]].append(r["eff_rank_rel"])
+            layers = sorted(by_layer)
+            means = [sum(by_layer[k]) / len(by_layer[k]) for k in layers]
+            ax.plot(layers, means, "o-", label=step)
         ax.set_title(f"{group}\n{region}", fontsize=7)
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)

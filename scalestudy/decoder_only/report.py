@@ -3,21 +3,22 @@ table, its figure and a verdict sentence (see `run.py` for what is measured)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from typing import Any
 
-from scalestudy.study.report import Z95
+from scalestudy.decoder_only import attention_rank, stats
 from scalestudy.study.spec import StudySpec
 
 FLOAT32_TOLERANCE = "rtol = n x float32 eps (n the block size; NumPy's matrix_rank rule)"
 
 
-def _pm(stats: dict, spec: str = ".4f") -> str:
-    if stats.get("mean") is None or not math.isfinite(stats["mean"]):
+def _pm(summary: dict, spec: str = ".4f") -> str:
+    if summary.get("mean") is None or not math.isfinite(summary["mean"]):
         return "-"
-    half = stats.get("half")
-    return f"{stats['mean']:{spec}}" + (f" ± {half:{spec}}" if half is not None else " (1 seed)")
+    half = summary.get("half")
+    return f"{summary['mean']:{spec}}" + (f" ± {half:{spec}}" if half is not None else " (1 seed)")
 
 
 def _figures(figures: dict[str, list[str]], key: str) -> list[str]:
@@ -80,7 +81,7 @@ def inference_section(results: dict, figures: dict) -> list[str]:
     return lines
 
 
-def comparison_section(number: int, c: dict, figures: dict) -> list[str]:
+def comparison_section(number: int, c: dict, figures: dict, verdicts: list[str]) -> list[str]:
     lines = [f"## {number}. {c['title']}", "", c["question"].strip(), ""]
     if c["missing"]:
         lines += [f"No finished runs for {', '.join(c['missing'])}.", ""]
@@ -94,74 +95,167 @@ def comparison_section(number: int, c: dict, figures: dict) -> list[str]:
             f"| {g['flops']:.3g} | {_pm(g['loss'])} | {_pm(g['acc'], '.3f')} |"
         )
     lines += ["", *_figures(figures, f"comparison{number}")]
-    if c["verdicts"]:
-        lines += ["**Verdict.** " + " ".join(c["verdicts"]), ""]
+    if verdicts:
+        lines += ["**Verdict.** " + " ".join(verdicts), ""]
     else:
         lines += ["**Verdict.** Fewer than two groups finished: nothing to compare.", ""]
     return lines
 
 
 def _kind(group: str, region: str) -> str:
-    """Whether a probed region's attention is bidirectional or causal."""
+    """Whether a measured region's attention is bidirectional or causal."""
     if region == "encoder" or (region == "prefix" and group.startswith("noncausal_decoder")):
         return "bidirectional"
     return "causal"
 
 
-def rank_section(number: int, results: dict, figures: dict) -> list[str]:
+def _seed_layer_means(rows: list[dict], key: str) -> dict[int, float]:
+    """Per seed, the mean over layers of `key` at that seed's last kept step."""
+    last = {}
+    for r in rows:
+        last[r["seed"]] = max(last.get(r["seed"], r["step"]), r["step"])
+    out: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["step"] == last[r["seed"]]:
+            out[r["seed"]].append(r[key])
+    return {s: sum(v) / len(v) for s, v in out.items()}
+
+
+RANK_TESTS = (("eff_rank_rel", "effective rank / n"), ("stable_rank_rel", "stable rank / n"))
+
+
+def _reference(rank: dict[str, list[dict]], group: str) -> str | None:
+    """The causal decoder group a bidirectional block is compared with: the same variant
+    (e.g. the same head width) when it was measured, else the first causal decoder group."""
+    variant = group.split("/", 2)[2:]  # arch/objective/variant
+    causal = [g for g in rank if g.startswith("causal_decoder")]
+    same = [g for g in causal if g.split("/", 2)[2:] == variant]
+    return (same or causal or [None])[0]
+
+
+def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
+    """Paired tests (by seed) of each bidirectional block against a causal decoder's prefix
+    block of the same variant, per measure; never pooled across architectures."""
+    tests = []
+    for group, rows in rank.items():
+        ref = _reference(rank, group)
+        if ref is None:
+            continue
+        ref_rows = [r for r in rank[ref] if r["region"] == "prefix"]
+        for region in sorted({r["region"] for r in rows}):
+            if _kind(group, region) != "bidirectional":
+                continue
+            mine = [r for r in rows if r["region"] == region]
+            for key, what in RANK_TESTS:
+                a, b = _seed_layer_means(mine, key), _seed_layer_means(ref_rows, key)
+                est = stats.paired_difference(
+                    [{"seed": s, "loss": x} for s, x in a.items()],
+                    [{"seed": s, "loss": x} for s, x in b.items()],
+                    "loss",
+                )
+                name, ref_name = f"{group} ({region})", f"{ref} (prefix)"
+                tests.append(
+                    {"name": name, "ref": ref_name, "what": what, "lower": False, "est": est}
+                )
+    return tests
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def _t_cell(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return f"{mean:.3f}"
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return f"{mean:.3f} ± {stats.t95(len(xs) - 1) * sd / math.sqrt(len(xs)):.3f}"
+
+
+def rank_section(number: int, results: dict, figures: dict, verdicts: list[str]) -> list[str]:
+    rank = results["rank"]
+    seeds = sorted({r["seed"] for rows in rank.values() for r in rows})
+    tolerances = ", ".join(f"full@{k}: rtol {k}" for k in attention_rank.TOLERANCES)
     lines = [
         f"## {number}. Attention rank over training",
         "",
-        "The attention-rank probes (`scalestudy probe`) on every kept checkpoint, per layer, "
-        "averaged over heads and validation examples: for decoder-only models the block of "
-        "the input (prefix) positions, bidirectional in the non-causal decoder and causal in "
-        "the causal one; for the encoder-decoder its encoder and decoder stacks. Numerical "
-        f"rank tolerance: {FLOAT32_TOLERANCE}. Columns: mean relative numerical rank, fraction "
-        "of matrices at full rank, mean relative effective rank (averaged over layers).",
+        "The argument: a causal attention matrix is lower-triangular with a positive diagonal, "
+        "so it is exactly full rank; a bidirectional n x n softmax matrix built from n x d_kv "
+        "queries and keys can lose rank. Measured per architecture, region and layer (never "
+        "pooled across architectures) on every kept checkpoint of every seed, averaged over "
+        "heads and validation examples: for decoder-only models the block of the input "
+        "(prefix) positions, bidirectional in the non-causal decoder and causal in the causal "
+        "one; for the encoder-decoder its encoder and decoder stacks. Columns: `exact` the "
+        "fraction provably full rank (lower-triangular, positive diagonal); `full` numerical "
+        f"rank = n at {FLOAT32_TOLERANCE} (a conditioning cut-off: an exactly invertible but "
+        f"ill-conditioned matrix fails it) and at looser tolerances ({tolerances}); effective "
+        "rank (entropy of the normalised singular values) and stable rank (||A||_F^2 / "
+        "||A||_2^2), both over n, with 95% t-intervals over seeds; log10 condition number; "
+        "`states` the effective rank of the residual stream entering the layer over min(n, D) "
+        "(rank collapse with depth).",
         "",
-        "| group | region | kind | step | rank / n | full rank | eff. rank / n |",
+    ]
+    if len(seeds) < 2:
+        lines += [
+            f"**One seed ({seeds[0] if seeds else '-'}).** Intervals over heads, layers or "
+            "examples are not between-run intervals, so none is given: train at least three "
+            "seeds (`seeds=[0,1,2]`).",
+            "",
+        ]
+    tol_cols = [f"full@{k}" for k in attention_rank.TOLERANCES]
+    lines += [
+        "| group | region | kind | d_kv / n | layer | seeds | exact | full | "
+        + " | ".join(tol_cols)
+        + " | eff. rank / n | stable rank / n | log10 cond | states |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(tol_cols) + "---|---|---|---|",
+    ]
+    for group, rows in rank.items():
+        for region in sorted({r["region"] for r in rows}):
+            mine = [r for r in rows if r["region"] == region]
+            last = {
+                s: max(r["step"] for r in mine if r["seed"] == s) for s in {r["seed"] for r in mine}
+            }
+            final = [r for r in mine if r["step"] == last[r["seed"]]]
+            for layer in sorted({r["layer"] for r in final}):
+                at = [r for r in final if r["layer"] == layer]
+                mean = functools.partial(_mean, at)
+                lines.append(
+                    f"| {group} | {region} | {_kind(group, region)} "
+                    f"| {at[0]['head_dim']} / {mean('length'):.0f} | {layer} | {len(at)} "
+                    f"| {mean('exact_full'):.3f} | {mean('full'):.3f} | "
+                    + " | ".join(f"{mean(c):.3f}" for c in tol_cols)
+                    + f" | {_t_cell([r['eff_rank_rel'] for r in at])} "
+                    f"| {_t_cell([r['stable_rank_rel'] for r in at])} "
+                    f"| {mean('log10_cond'):.1f} | {mean('hidden_eff_rank_rel'):.3f} |"
+                )
+    lines += [
+        "",
+        "Over training (means over layers and seeds):",
+        "",
+        "| group | region | step | exact | full | eff. rank / n | stable rank / n |",
         "|---|---|---|---|---|---|---|",
     ]
-    pooled: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for group, rows in results["rank"].items():
+    for group, rows in rank.items():
         by: dict[tuple, list[dict]] = defaultdict(list)
         for r in rows:
             by[r["region"], r["step"]].append(r)
-        last = max((r["step"] for r in rows), default=None)
-        for (region, step), layer_rows in sorted(by.items()):
-            mean = {
-                k: sum(x[k] for x in layer_rows) / len(layer_rows)
-                for k in ("rank_rel", "full", "eff_rank_rel")
-            }
-            kind = _kind(group, region)
+        for (region, step), at in sorted(by.items()):
+            mean = functools.partial(_mean, at)
             lines.append(
-                f"| {group} | {region} | {kind} | {step} | {mean['rank_rel']:.3f} "
-                f"| {mean['full']:.3f} | {mean['eff_rank_rel']:.3f} |"
+                f"| {group} | {region} | {step} | {mean('exact_full'):.3f} | {mean('full'):.3f} "
+                f"| {mean('eff_rank_rel'):.3f} | {mean('stable_rank_rel'):.3f} |"
             )
-            if step == last:
-                n = sum(x["matrices"] for x in layer_rows)
-                pooled[kind][0] += mean["full"] * n
-                pooled[kind][1] += n
     lines += ["", *_figures(figures, "rank")]
-    if len(pooled) == 2 and all(n for _, n in pooled.values()):
-        (hb, nb), (hc, nc) = pooled["bidirectional"], pooled["causal"]
-        pb, pc = hb / nb, hc / nc
-        half = Z95 * math.sqrt(max(pb * (1 - pb), 1e-12) / nb + max(pc * (1 - pc), 1e-12) / nc)
-        d = pb - pc
-        span = f"difference {d:+.3f}, 95% interval [{d - half:+.3f}, {d + half:+.3f}]"
-        if abs(d) <= half:
-            verdict = f"not distinguishable at 95% ({span})"
-        else:
-            verdict = f"{'more' if d > 0 else 'less'} often full rank than causal ones ({span})"
+    if verdicts:
+        lines += ["**Verdict.** " + " ".join(verdicts), ""]
+    else:
         lines += [
-            f"**Verdict.** At the last checkpoint, bidirectional attention matrices are full "
-            f"rank in {pb:.3f} of {nb:.0f} cases and causal ones in {pc:.3f} of {nc:.0f}: "
-            f"bidirectional attention is {verdict}; heads and layers of one example are not "
-            "independent, so the interval is optimistic.",
+            "**Verdict.** A causal decoder's prefix block and a bidirectional block are both "
+            "needed to compare; one is missing.",
             "",
         ]
-    else:
-        lines += ["**Verdict.** Both kinds of attention are needed to compare; one is missing.", ""]
     return lines
 
 
@@ -174,18 +268,32 @@ def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[st
         "",
         study.description.strip(),
         "",
-        f"Time taken on this host: {taken}. Intervals are 95%: validation losses by a t "
-        "interval over seeds (Welch for differences), probe accuracy by a binomial interval "
-        "widened by the seed spread. `report.md` beside this file pools the variants of each "
-        "cell; read the comparisons here.",
+        f"Time taken on this host: {taken}. Intervals are 95%. Per group: validation loss by "
+        "a t-interval over seeds, probe accuracy by a binomial interval over the examples "
+        "widened by the seed spread. Differences between groups are paired by seed (the same "
+        "seed gives the same data order and initialisation stream) with a t-interval over the "
+        "common seeds; for accuracy the binomial variance over the examples is added "
+        "(`decoder_only/stats.py`). Verdicts are tested at 5% after Holm's correction over "
+        "every test in this report, and each shows its n. `report.md` beside this file pools "
+        "the variants of each cell; read the comparisons here.",
         "",
+    ]
+    sections = [c["tests"] for c in results["comparisons"]]
+    sections.append(rank_tests(results["rank"]) if "rank" in results else [])
+    adjusted = iter(stats.holm([test["est"]["p"] for tests in sections for test in tests]))
+    verdicts = [
+        [
+            stats.verdict(t["name"], t["ref"], t["est"], t["what"], t["lower"], next(adjusted))
+            for t in tests
+        ]
+        for tests in sections
     ]
     number = 1
     if "inference" in results:
         lines += inference_section(results, figures)
-    for c in results["comparisons"]:
+    for c, said in zip(results["comparisons"], verdicts):
         number += 1
-        lines += comparison_section(number, c, figures)
+        lines += comparison_section(number, c, figures, said)
     if "rank" in results:
-        lines += rank_section(number + 1, results, figures)
+        lines += rank_section(number + 1, results, figures, verdicts[-1])
     return "\n".join(lines)

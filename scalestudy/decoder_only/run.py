@@ -4,22 +4,21 @@ Run after a study's training by `scalestudy study` when the spec has an `experim
 Runs are grouped by label "arch/objective/variant" (the spec's variants). Sections:
 
 1. inference cost per dialogue turn (`inference_cost.py`): cache reuse vs recomputation;
-2.-5. each `comparisons` entry: its groups' validation loss (mean over seeds, t-interval) and
-   zero-shot probe accuracy (binomial interval widened by the seed spread), every group against
-   the first, with the difference's 95% interval;
+2.-5. each `comparisons` entry: its groups' validation loss and zero-shot probe accuracy, every
+   group against the first by paired differences over common seeds (`stats.py`);
 6. attention rank over training: the `attention_rank.py` measures on every kept checkpoint of
-   the first seed of each `rank` group, per layer: for decoder-only models on the block of the input
+   every seed of each `rank` group, per layer: for decoder-only models on the block of the input
    (prefix) positions, bidirectional in the non-causal decoder and causal in the causal one;
    for the encoder-decoder on its encoder and decoder stacks.
 
-Each section ends in a verdict sentence with its interval, or says the difference is not
-distinguishable at 95%. Figures are drawn by `plots.py`, the text by `report.py`.
+Each section ends in verdict sentences with their intervals, n and Holm-adjusted p-values over
+all the report's tests, or says a difference is not distinguishable. Figures are drawn by
+`plots.py`, the text by `report.py`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,13 +26,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from scipy import stats
 
 from scalestudy.data.pipeline import make_iterator
-from scalestudy.decoder_only import attention_rank, inference_cost, plots
+from scalestudy.decoder_only import attention_rank, inference_cost, plots, stats
 from scalestudy.decoder_only.report import render
 from scalestudy.models.api import build_model
-from scalestudy.study import report
 from scalestudy.study.registry import load_runs
 from scalestudy.study.spec import ComparisonConfig, StudySpec
 from scalestudy.study.sweep import REGISTRY_NAME
@@ -57,77 +54,15 @@ def group_runs(planned: list, registry_rows: list[dict]) -> dict[str, list[dict]
     return dict(groups)
 
 
-# ----------------------------------------------------------------------------- statistics
-
-
-def _t95(df: int) -> float:
-    return float(stats.t.ppf(0.975, df))
-
-
-def loss_stats(rows: list[dict]) -> dict[str, Any]:
-    """Mean validation loss over seeds, its sample variance and the 95% t half-width."""
-    xs = [r["loss"] for r in rows if r.get("loss") is not None]
-    n = len(xs)
-    mean = sum(xs) / n if n else math.nan
-    var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else None
-    half = _t95(n - 1) * math.sqrt(var / n) if var is not None else None
-    return {"mean": mean, "var": var, "n": n, "half": half}
-
-
-def acc_stats(rows: list[dict]) -> dict[str, Any]:
-    """Mean probe accuracy over seeds and its 95% half-width (binomial, plus seed spread)."""
-    points = []
-    for r in rows:
-        pa = report.probe_accuracy(r)
-        if pa:
-            points.append({"acc": pa[0], "n": pa[1]})
-    if not points:
-        return {"mean": math.nan, "half": None, "n": 0}
-    n = len(points)
-    mean = sum(p["acc"] for p in points) / n
-    var = max(mean * (1 - mean), 1e-12) / max(sum(p["n"] for p in points), 1.0)
-    if n > 1:  # the spread between seeds, as the variance of their mean
-        var += sum((p["acc"] - mean) ** 2 for p in points) / (n - 1) / n
-    return {"mean": mean, "half": report.Z95 * math.sqrt(var), "n": n}
-
-
-def difference(a: dict, b: dict, kind: str) -> tuple[float, float | None]:
-    """a - b and the 95% half-width of the difference (Welch for losses; None without seeds)."""
-    d = a["mean"] - b["mean"]
-    if kind == "acc":
-        if a["half"] is None or b["half"] is None:
-            return d, None
-        return d, math.sqrt(a["half"] ** 2 + b["half"] ** 2)
-    if a["var"] is None or b["var"] is None:
-        return d, None
-    va, vb = a["var"] / a["n"], b["var"] / b["n"]
-    se2 = va + vb
-    if se2 == 0.0:
-        return d, 0.0
-    df = se2**2 / (va**2 / (a["n"] - 1) + vb**2 / (b["n"] - 1))
-    return d, _t95(max(1, math.floor(df))) * math.sqrt(se2)
-
-
-def verdict(name: str, ref: str, d: float, half: float | None, what: str, lower: bool) -> str:
-    """One sentence: which is better on `what`, with the interval, or not distinguishable."""
-    if half is None:
-        return (
-            f"{name} vs {ref}, {what}: difference {d:+.4f} from a single seed, no interval "
-            "(add seeds)."
-        )
-    span = f"difference {d:+.4f}, 95% interval [{d - half:+.4f}, {d + half:+.4f}]"
-    if abs(d) <= half:
-        return f"{name} vs {ref}, {what}: not distinguishable at 95% ({span})."
-    better = (d < 0) == lower
-    return f"{name} is {'better' if better else 'worse'} than {ref} on {what} ({span})."
+# ----------------------------------------------------------------------------- comparisons
 
 
 def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dict[str, Any]:
-    """Per group: seeds, parameters, training FLOPs, loss and accuracy statistics; verdicts of
-    every group against the first."""
+    """Per group: seeds, parameters, training FLOPs, loss and accuracy statistics; and the
+    paired tests of every group against the first (verdicts are worded by the report, after
+    Holm's correction over all of them)."""
     out: dict[str, Any] = {"title": spec.title, "question": spec.question, "groups": []}
-    missing = [g for g in spec.groups if g not in groups]
-    out["missing"] = missing
+    out["missing"] = [g for g in spec.groups if g not in groups]
     present = [g for g in spec.groups if g in groups]
     for g in present:
         rows = groups[g]
@@ -138,18 +73,20 @@ def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dic
                 "params_total": rows[0].get("params_total"),
                 "flops": sum(r.get("flops") or 0.0 for r in rows) / len(rows),
                 "steps": rows[0].get("steps"),
-                "loss": loss_stats(rows),
-                "acc": acc_stats(rows),
+                "loss": stats.loss_stats(rows),
+                "acc": stats.acc_stats(rows),
             }
         )
-    out["verdicts"] = []
-    if len(out["groups"]) >= 2:
-        ref = out["groups"][0]
-        for g in out["groups"][1:]:
-            d, h = difference(g["loss"], ref["loss"], "loss")
-            out["verdicts"].append(verdict(g["label"], ref["label"], d, h, "validation loss", True))
-            d, h = difference(g["acc"], ref["acc"], "acc")
-            out["verdicts"].append(verdict(g["label"], ref["label"], d, h, "probe accuracy", False))
+    out["tests"] = []
+    for g in present[1:]:
+        for kind, what, lower in (
+            ("loss", "validation loss", True),
+            ("acc", "probe accuracy", False),
+        ):
+            est = stats.paired_difference(groups[g], groups[present[0]], kind)
+            out["tests"].append(
+                {"name": g, "ref": present[0], "what": what, "lower": lower, "est": est}
+            )
     return out
 
 
@@ -172,10 +109,23 @@ def _validation_rows(cfg: Any, n: int) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k] for b in batches])[:n] for k in batches[0]}
 
 
+RANK_MEASURES = (
+    "rank_rel",
+    "full",
+    *(f"full@{name}" for name in attention_rank.TOLERANCES),
+    "exact_full",
+    "eff_rank_rel",
+    "stable_rank_rel",
+    "log10_cond",
+    "hidden_eff_rank_rel",
+    "hidden_cos",
+)
+
+
 def rank_over_training(workdir: Path, examples: int) -> list[dict]:
-    """Per kept checkpoint, region and layer: mean relative numerical rank, fraction of
-    full-rank matrices and relative effective rank (attention_rank.py's measures and
-    tolerance)."""
+    """Per kept checkpoint of one run, region and layer: the attention-rank measures of
+    attention_rank.py averaged over heads and `examples` validation rows (RANK_MEASURES;
+    "exact_full" is the fraction provably full rank: lower-triangular, positive diagonal)."""
     out = []
     for step in _checkpoint_steps(workdir):
         cfg, params, _ = restore_params(workdir, step)
@@ -192,20 +142,29 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
             for region, examples_ in attention_rank.probe_intermediates(inter).items():
                 per_region[region].extend(examples_)
         for region, exs in per_region.items():
-            rank_rel = np.mean([e["attn_rank_rel"] for e in exs], axis=0)  # [N, H]
-            full = np.mean([e["attn_full"] for e in exs], axis=0)
-            eff = np.mean([e["attn_eff_rank_rel"] for e in exs], axis=0)
-            for layer in range(rank_rel.shape[0]):
+            mean = {k: np.mean([e[k] for e in exs], axis=0) for k in exs[0]}
+            keys = {
+                "rank_rel": "attn_rank_rel",
+                "full": "attn_full",
+                **{f"full@{n}": f"attn_full@{n}" for n in attention_rank.TOLERANCES},
+                "exact_full": "attn_triangular_full",
+                "eff_rank_rel": "attn_eff_rank_rel",
+                "stable_rank_rel": "attn_stable_rank_rel",
+                "log10_cond": "attn_log10_cond",
+            }
+            for layer in range(mean["attn_rank"].shape[0]):
+                row = {k: float(mean[v][layer].mean()) for k, v in keys.items()}
+                row["hidden_eff_rank_rel"] = float(mean["hidden_eff_rank_rel"][layer])
+                row["hidden_cos"] = float(mean["hidden_cos"][layer])
                 out.append(
                     {
                         "step": step,
                         "region": region,
                         "layer": layer,
-                        "rank_rel": float(rank_rel[layer].mean()),
-                        "full": float(full[layer].mean()),
-                        "eff_rank_rel": float(eff[layer].mean()),
-                        "matrices": len(exs) * rank_rel.shape[1],
-                        "length": float(np.mean([e["length"] for e in exs])),
+                        **row,
+                        "matrices": len(exs) * mean["attn_rank"].shape[1],
+                        "length": float(mean["length"]),
+                        "head_dim": cfg.model.head_dim,
                     }
                 )
     return out
@@ -234,8 +193,12 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     results["comparisons"] = [compare_groups(c, groups) for c in exp.comparisons]
     if exp.rank is not None:
         t0 = time.perf_counter()
-        results["rank"] = {
-            g: rank_over_training(Path(groups[g][0]["workdir"]), exp.rank.examples)
+        results["rank"] = {  # every seed: the seed is the unit of replication
+            g: [
+                {**r, "seed": run["seed"]}
+                for run in groups[g]
+                for r in rank_over_training(Path(run["workdir"]), exp.rank.examples)
+            ]
             for g in exp.rank.groups
             if g in groups
         }

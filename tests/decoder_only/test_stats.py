@@ -1,0 +1,144 @@
+"""The decoder-only report's statistics: paired seeds, accuracy intervals over examples and
+seeds (coverage on simulated data), Holm, and rank tests that never pool architectures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scalestudy.decoder_only import attention_rank, stats
+from scalestudy.decoder_only.report import rank_tests
+
+
+def _runs(losses: dict[int, float]) -> list[dict]:
+    return [{"seed": s, "loss": x} for s, x in losses.items()]
+
+
+def test_paired_seeds_see_a_difference_that_seed_noise_hides():
+    # Each seed shifts both variants alike (same data order and initialisation); the variant
+    # is 0.01 better on every seed. Unpaired, the seed spread (0.1) hides it; paired, it shows.
+    shift = {0: 0.0, 1: 0.2, 2: -0.15, 3: 0.05}
+    a = _runs({s: 2.0 + x - 0.01 + 0.001 * s for s, x in shift.items()})
+    b = _runs({s: 2.0 + x for s, x in shift.items()})
+    est = stats.paired_difference(a, b, "loss")
+    assert est["seeds"] == 4 and est["d"] == pytest.approx(-0.0085)
+    assert est["d"] + est["half"] < 0  # the interval excludes zero
+    unpaired = stats.loss_stats(a)["half"] + stats.loss_stats(b)["half"]
+    assert unpaired > abs(est["d"])  # what an unpaired comparison would have said
+    assert "better" in stats.verdict("a", "b", est, "loss", True, stats.holm([est["p"]])[0])
+
+
+def test_only_common_seeds_are_paired_and_one_seed_gives_no_interval():
+    est = stats.paired_difference(_runs({0: 1.0, 5: 2.0}), _runs({0: 1.5, 7: 9.0}), "loss")
+    assert est["seeds"] == 1 and est["d"] == pytest.approx(-0.5) and est["half"] is None
+    text = stats.verdict("a", "b", est, "loss", True, None)
+    assert "no between-run interval" in text and "n = 1 seed" in text
+
+
+def test_holm_matches_its_definition():
+    got = stats.holm([0.01, 0.04, None, 0.03, 0.5])
+    # sorted 0.01, 0.03, 0.04, 0.5 (m = 4): 4 x 0.01, 3 x 0.03, max(0.09, 2 x 0.04), 0.5
+    assert got[2] is None
+    assert [got[i] for i in (0, 1, 3, 4)] == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+def _accuracy_rows(rng, p_examples, seed_sd, seeds, shift):
+    """Per seed, one run's accuracy on the same examples: correctness ~ Bernoulli of the
+    example's difficulty moved by the seed's effect (and the variant's `shift`)."""
+    rows = []
+    for s in range(seeds):
+        p = np.clip(p_examples + shift + rng.normal(0, seed_sd), 0, 1)
+        acc = float((rng.random(p.size) < p).mean())
+        rows.append({"seed": s, "eval/t/acc": acc, "eval/t/n": float(p.size)})
+    return rows
+
+
+def test_accuracy_interval_covers_the_population_difference():
+    # Examples are drawn from a population; every seed scores the same draw. The interval is
+    # for the difference over the population of examples and seeds, so it must cover the true
+    # difference (0.05) about 95% of the time: seed spread alone would under-cover.
+    rng = np.random.default_rng(0)
+    hits, seed_only_hits, sims = 0, 0, 300
+    for _ in range(sims):
+        p_examples = rng.beta(2, 2, size=200)  # a new sample of examples each simulation
+        a = _accuracy_rows(rng, p_examples, 0.02, 3, 0.05)
+        b = _accuracy_rows(rng, p_examples, 0.02, 3, 0.0)
+        est = stats.paired_difference(a, b, "acc")
+        hits += abs(est["d"] - 0.05) <= est["half"]
+        ds = [x["eval/t/acc"] - y["eval/t/acc"] for x, y in zip(a, b)]
+        half = stats.t95(2) * np.std(ds, ddof=1) / np.sqrt(3)
+        seed_only_hits += abs(np.mean(ds) - 0.05) <= half
+    assert 0.92 <= hits / sims <= 1.0
+    assert seed_only_hits / sims < hits / sims
+
+
+def _rank_rows(group_value: dict[str, dict[int, float]], region_of: dict[str, str]):
+    return {
+        g: [
+            {
+                "seed": s,
+                "step": 10,
+                "layer": layer,
+                "region": region_of[g],
+                "eff_rank_rel": v,
+                "stable_rank_rel": v / 2,
+            }
+            for s, v in by_seed.items()
+            for layer in (0, 1)
+        ]
+        for g, by_seed in group_value.items()
+    }
+
+
+def test_rank_tests_compare_each_bidirectional_block_with_the_causal_prefix_never_pooled():
+    rank = _rank_rows(
+        {
+            "causal_decoder/plm/base": {0: 0.50, 1: 0.55, 2: 0.45},
+            "noncausal_decoder/plm/base": {0: 0.40, 1: 0.46, 2: 0.35},
+            "encoder_decoder/plm/base": {0: 0.9, 1: 0.9, 2: 0.9},
+        },
+        {
+            "causal_decoder/plm/base": "prefix",
+            "noncausal_decoder/plm/base": "prefix",
+            "encoder_decoder/plm/base": "encoder",
+        },
+    )
+    tests = rank_tests(rank)
+    names = {(t["name"], t["what"]) for t in tests}
+    assert names == {
+        (f"{g} ({r})", w)
+        for g, r in (
+            ("noncausal_decoder/plm/base", "prefix"),
+            ("encoder_decoder/plm/base", "encoder"),
+        )
+        for w in ("effective rank / n", "stable rank / n")
+    }
+    eff = next(t for t in tests if t["name"].startswith("noncausal") and "effective" in t["what"])
+    assert eff["est"]["seeds"] == 3 and eff["est"]["d"] == pytest.approx(-0.0966667, abs=1e-6)
+
+
+def _sink(n: int, self_mass: float) -> np.ndarray:
+    """Causal attention that puts `self_mass` on the query itself and the rest on the first
+    key (an attention sink): lower-triangular with a positive diagonal."""
+    a = np.eye(n) * self_mass
+    a[:, 0] += 1 - self_mass
+    a[0, 0] = 1.0
+    return a
+
+
+def test_rank_measures_separate_conditioning_from_rank():
+    n, hidden = 12, np.random.default_rng(0).normal(size=(1, 12, 8))
+    # Exactly invertible (triangular, positive diagonal) but so ill-conditioned that every
+    # numerical cut-off calls it rank-deficient: the conditioning, not the rank, is low.
+    m = attention_rank._example(_sink(n, 1e-9)[None, None], hidden, None)
+    assert m["attn_triangular_full"][0, 0] == 1.0 and m["attn_full"][0, 0] == 0.0
+    assert m["attn_log10_cond"][0, 0] > 8
+    # Moderately conditioned: full rank at n * eps32 and at 1e-5, not at the loose 1e-2.
+    m = attention_rank._example(_sink(n, 1e-3)[None, None], hidden, None)
+    assert m["attn_full"][0, 0] == m["attn_full@1e-5"][0, 0] == 1.0
+    assert m["attn_full@1e-2"][0, 0] == 0.0
+    # A uniform bidirectional matrix has rank 1, which every measure agrees on.
+    m = attention_rank._example(np.full((1, 1, n, n), 1 / n), hidden, None)
+    assert m["attn_rank"][0, 0] == 1 and m["attn_triangular_full"][0, 0] == 0.0
+    assert m["attn_stable_rank_rel"][0, 0] == pytest.approx(1 / n)
+    assert attention_rank.stable_rank(attention_rank.singular_values(np.eye(n))) == pytest.approx(n)
