@@ -12,15 +12,22 @@ tokens. What each architecture must compute at turn k (h = (k - 1)(u + r) histor
 
 Time to first token is the prefill (or encoding plus first decoder step); total time adds the
 r - 1 steps. Compilation is excluded (a warm-up call per shape); each time is the fastest of
-`repeats` calls. Replies read back by the recomputing series are placeholder tokens (the cost
-does not depend on them). FLOPs come from `models/counting.py`'s formula for what each step needs
-(decode_flops), next to the measured times. Weights are freshly initialised: the cost does
-not depend on their values.
+`repeats` calls, reported with the median and the slowest and the host's load average while the
+series ran (timings on a loaded host are noisy; the FLOPs are not). Replies read back by the
+recomputing series are placeholder tokens (the cost does not depend on them). Weights are
+freshly initialised: the cost does not depend on their values.
+
+FLOPs are given twice, from `models/counting.py`: what each step needs (`decode_flops` over
+the keys written so far) and what the program runs. A cache is a fixed buffer, and a step
+attends over every slot of it, masked or not: the reused cache holds the whole dialogue's
+slots from turn 1, and a prefill's cache the prompt plus the reply's room. The verdict is on
+the FLOPs that run.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,16 +53,16 @@ def series_name(arch: str, reuse: bool) -> str:
     return f"{arch} ({'cache reused' if reuse else 'recomputed'})"
 
 
-def _timed(fn: Callable[[], Any], repeats: int) -> tuple[tuple[float, float], Any]:
-    """Fastest wall seconds of `fn()` over `repeats` calls after one warm-up (the minimum: on a
-    shared host other jobs only ever add time), the slowest, and its result."""
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[tuple[float, float, float], Any]:
+    """(fastest, median, slowest) wall seconds of `fn()` over `repeats` calls after one warm-up
+    (the fastest leads: on a shared host other jobs only ever add time), and its result."""
     out = jax.block_until_ready(fn())
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = jax.block_until_ready(fn())
         times.append(time.perf_counter() - t0)
-    return (min(times), max(times)), out
+    return (min(times), float(np.median(times)), max(times)), out
 
 
 def _reply(params: Any, extend: Callable, cache: Any, token_B: jax.Array, r: int):
@@ -64,6 +71,17 @@ def _reply(params: Any, extend: Callable, cache: Any, token_B: jax.Array, r: int
         logits_B1V, cache = extend(params, cache, token_B[:, None])
         token_B = jnp.argmax(logits_B1V[:, -1], axis=-1).astype(jnp.int32)
     return cache, token_B
+
+
+def _prefill_flops_run(mcfg: ModelConfig, length: int, room: int) -> tuple[float, float]:
+    """FLOPs `Model.prefill` then `room - 1` single steps run for a `length`-token prompt: every
+    query attends over the whole cache (the positions read plus the room)."""
+    if mcfg.is_encoder_decoder:  # the decoder's cache holds `0` and the room
+        first = counting.encoding_flops(mcfg, length) + counting.decode_flops(mcfg, 1, room, length)
+        return first, (room - 1) * counting.decode_flops(mcfg, 1, room, length)
+    read = length + 1
+    first = counting.decode_flops(mcfg, read, room)
+    return first, (room - 1) * counting.decode_flops(mcfg, 1, read + room - 1)
 
 
 def measure(model_cfg: ModelConfig, cfg: InferenceCostConfig, seed: int = 0) -> list[dict]:
@@ -110,11 +128,14 @@ def _series(
             first = functools.partial(extend, params, cache, chunk)
             flops_first = counting.decode_flops(mcfg, u + 1, h)
             step_flops = [counting.decode_flops(mcfg, 1, h + u + 1 + j) for j in range(r - 1)]
+            run_first = counting.decode_flops(mcfg, u + 1, buffer - u - 1)  # every slot
+            run_steps = (r - 1) * counting.decode_flops(mcfg, 1, buffer - 1)
         else:  # read the whole dialogue so far from scratch, as this architecture reads a prompt
             prompt = np.concatenate([history, message], axis=1)
             first = functools.partial(prefill, params, prompt, r)
             flops_first = counting.prompt_flops(mcfg, h + u)
             step_flops = [counting.reply_step_flops(mcfg, h + u, j) for j in range(r - 1)]
+            run_first, run_steps = _prefill_flops_run(mcfg, h + u, r)
         ttft, (logits, cache_first) = _timed(first, cfg.repeats)
         token_B = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
         rest = functools.partial(_reply, params, extend, cache_first, token_B, r)
@@ -132,10 +153,14 @@ def _series(
                 "history_tokens": h,
                 "ttft_s": ttft[0],
                 "total_s": ttft[0] + steps[0],
-                "ttft_max_s": ttft[1],
-                "total_max_s": ttft[1] + steps[1],
+                "ttft_median_s": ttft[1],
+                "ttft_max_s": ttft[2],
+                "total_max_s": ttft[2] + steps[2],
                 "flops_first": flops_first,
                 "flops_total": flops_first + flops_rest,
+                "flops_first_run": run_first,
+                "flops_total_run": run_first + run_steps,
+                "load_average": os.getloadavg()[0],
                 "params_total": counting.count_params(mcfg)["total"],
             }
         )
