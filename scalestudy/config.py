@@ -165,7 +165,8 @@ class SyntheticConfig(Frozen):
 class DataConfig(Frozen):
     """Where text comes from and how it becomes token ids."""
 
-    source: Literal["synthetic", "text", "tfds", "seqio"] = "synthetic"
+    # order: the order-sensitive corpus of position-encoding experiments (data/order_task.py)
+    source: Literal["synthetic", "order", "text", "tfds", "seqio"] = "synthetic"
     # text: files or directories; documents are whole files, lines, or delimited chunks.
     paths: Tuple = ()
     validation_paths: Tuple = ()  # if empty, hold out `validation_fraction` of documents

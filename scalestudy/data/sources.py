@@ -1,4 +1,5 @@
-"""Document sources: the built-in synthetic corpus, local text files, TFDS datasets by name.
+"""Document sources: the built-in synthetic corpus, the order-sensitive corpus
+(`data/order_task.py`), local text files, TFDS datasets by name.
 
 Every source answers `documents(data_cfg, split) -> list[str]` for split 'train' or
 'validation'. Local text: each path is a file or a directory (walked recursively for `*.txt`);
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from scalestudy.config import DataConfig
-from scalestudy.data import DataError, synthetic
+from scalestudy.data import DataError, order_task, synthetic
 from scalestudy.data.objectives import uniforms
 
 SPLITS = ("train", "validation")
@@ -34,6 +35,8 @@ def documents(cfg: DataConfig, split: str) -> list[str]:
         raise DataError(f"split {split!r} is not known; accepted: {', '.join(SPLITS)}")
     if cfg.source == "synthetic":
         docs = synthetic.documents(cfg.synthetic, split)
+    elif cfg.source == "order":
+        docs = order_task.documents(cfg.synthetic, split)
     elif cfg.source == "text":
         docs = _text_documents(cfg, split)
     else:

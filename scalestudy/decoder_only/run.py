@@ -31,7 +31,7 @@ from scalestudy.data.pipeline import make_iterator
 from scalestudy.decoder_only import attention_rank, inference_cost, plots, stats
 from scalestudy.decoder_only.report import render
 from scalestudy.models.api import build_model
-from scalestudy.study.registry import load_runs
+from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import ComparisonConfig, StudySpec
 from scalestudy.study.sweep import REGISTRY_NAME
 from scalestudy.train.checkpoint import checkpoint_dir, restore_params
@@ -57,10 +57,66 @@ def group_runs(planned: list, registry_rows: list[dict]) -> dict[str, list[dict]
 # ----------------------------------------------------------------------------- comparisons
 
 
-def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dict[str, Any]:
+def _loss_at(rows: list[dict], curves: dict[str, dict[int, float]], fraction: float) -> list[dict]:
+    """Each run's validation loss at its last evaluation at or before `fraction` of training."""
+    out = []
+    for r in rows:
+        steps = {s: v for s, v in curves.get(r["run_id"], {}).items() if v is not None}
+        early = [s for s in steps if s <= fraction * (r.get("steps") or 0)]
+        out.append({**r, "loss": steps[max(early)] if early else None})
+    return out
+
+
+def _pairwise_tests(spec: ComparisonConfig, groups: dict, present: list[str], curves: dict):
+    tests = []
+    for g in present[1:]:
+        pairs = [("loss", "validation loss", True), ("acc", "probe accuracy", False)]
+        for kind, what, lower in pairs:
+            est = stats.paired_difference(groups[g], groups[present[0]], kind)
+            tests.append({"name": g, "ref": present[0], "what": what, "lower": lower, "est": est})
+        if spec.also_at is not None:
+            a = _loss_at(groups[g], curves, spec.also_at)
+            b = _loss_at(groups[present[0]], curves, spec.also_at)
+            what = f"validation loss at {spec.also_at:.0%} of training"
+            est = stats.paired_difference(a, b, "loss")
+            tests.append({"name": g, "ref": present[0], "what": what, "lower": True, "est": est})
+    return tests
+
+
+def _interaction_tests(spec: ComparisonConfig, groups: dict, curves: dict) -> list[dict]:
+    """(B' - B) - (A' - A) on validation loss, seed by seed: positive when the change hurts
+    B more than A."""
+    a0, a1, b0, b1 = spec.groups
+    moments = [(None, "validation loss")]
+    if spec.also_at is not None:
+        moments.append((spec.also_at, f"validation loss at {spec.also_at:.0%} of training"))
+    tests = []
+    for fraction, what in moments:
+        rows = {
+            g: groups[g] if fraction is None else _loss_at(groups[g], curves, fraction)
+            for g in spec.groups
+        }
+        change = {}
+        for g0, g1 in ((a0, a1), (b0, b1)):
+            before = {r["seed"]: r["loss"] for r in rows[g0] if r.get("loss") is not None}
+            change[g0] = [
+                {"seed": r["seed"], "loss": r["loss"] - before[r["seed"]]}
+                for r in rows[g1]
+                if r.get("loss") is not None and r["seed"] in before
+            ]
+        est = stats.paired_difference(change[b0], change[a0], "loss")
+        name, ref = f"({b1} - {b0})", f"({a1} - {a0})"
+        tests.append({"name": name, "ref": ref, "what": what, "lower": True, "est": est})
+    return tests
+
+
+def compare_groups(
+    spec: ComparisonConfig, groups: dict[str, list[dict]], curves: dict | None = None
+) -> dict[str, Any]:
     """Per group: seeds, parameters, training FLOPs, loss and accuracy statistics; and the
-    paired tests of every group against the first (verdicts are worded by the report, after
-    Holm's correction over all of them)."""
+    paired tests (verdicts are worded by the report, after Holm's correction over all of
+    them). `curves`: validation loss by step per run id, for `also_at`."""
+    curves = curves or {}
     out: dict[str, Any] = {"title": spec.title, "question": spec.question, "groups": []}
     out["missing"] = [g for g in spec.groups if g not in groups]
     present = [g for g in spec.groups if g in groups]
@@ -77,16 +133,10 @@ def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dic
                 "acc": stats.acc_stats(rows),
             }
         )
-    out["tests"] = []
-    for g in present[1:]:
-        for kind, what, lower in (
-            ("loss", "validation loss", True),
-            ("acc", "probe accuracy", False),
-        ):
-            est = stats.paired_difference(groups[g], groups[present[0]], kind)
-            out["tests"].append(
-                {"name": g, "ref": present[0], "what": what, "lower": lower, "est": est}
-            )
+    if spec.kind == "interaction":
+        out["tests"] = _interaction_tests(spec, groups, curves) if not out["missing"] else []
+    else:
+        out["tests"] = _pairwise_tests(spec, groups, present, curves)
     return out
 
 
@@ -190,7 +240,10 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
         results["inference_model"] = model.model_dump(mode="json")
         results["inference"] = inference_cost.measure(model, exp.inference)
         results["seconds"]["inference"] = time.perf_counter() - t0
-    results["comparisons"] = [compare_groups(c, groups) for c in exp.comparisons]
+    curves: dict[str, dict[int, float]] = defaultdict(dict)
+    for point in load_curves(out / REGISTRY_NAME):
+        curves[point["run_id"]][point["step"]] = point["val_loss"]
+    results["comparisons"] = [compare_groups(c, groups, curves) for c in exp.comparisons]
     if exp.rank is not None:
         t0 = time.perf_counter()
         results["rank"] = {  # every seed: the seed is the unit of replication

@@ -189,6 +189,22 @@ class ComparisonConfig(Frozen):
     title: str
     question: str = ""
     groups: Tuple  # the first is the reference the others are compared with
+    # pairwise: every group against the first. interaction: four groups [A, A', B, B'], testing
+    # whether the change A -> A' does the same as B -> B' (the difference of differences,
+    # paired by seed): e.g. does NoPE hurt the non-causal decoder more than the causal one.
+    kind: Literal["pairwise", "interaction"] = "pairwise"
+    # Also compare validation losses at this fraction of training (the last evaluation at or
+    # before it), to tell a difference in optimisation speed from one in final loss.
+    also_at: float | None = Field(None, gt=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ComparisonConfig:
+        if self.kind == "interaction" and len(self.groups) != 4:
+            raise ConfigError(
+                f"comparison {self.title!r}: kind 'interaction' needs four groups [A, A', B, "
+                f"B'], got {len(self.groups)}"
+            )
+        return self
 
 
 class InferenceCostConfig(Frozen):

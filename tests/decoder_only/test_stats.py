@@ -142,3 +142,72 @@ def test_rank_measures_separate_conditioning_from_rank():
     assert m["attn_rank"][0, 0] == 1 and m["attn_triangular_full"][0, 0] == 0.0
     assert m["attn_stable_rank_rel"][0, 0] == pytest.approx(1 / n)
     assert attention_rank.stable_rank(attention_rank.singular_values(np.eye(n))) == pytest.approx(n)
+
+
+def test_the_order_corpus_second_half_is_the_first_reversed():
+    from scalestudy.config import SyntheticConfig
+    from scalestudy.data import order_task
+
+    cfg = SyntheticConfig(n_train_documents=50, n_validation_documents=5)
+    docs = order_task.documents(cfg, "train")
+    assert docs == order_task.documents(cfg, "train") and len(set(docs)) == 50
+    assert not set(docs) & set(order_task.documents(cfg, "validation"))
+    for doc in docs:
+        first, second = doc.split("|")
+        assert second == first[::-1] and len(first) >= 6
+    # Order carries information that the bag of letters does not: some documents share their
+    # letters and differ in their second half.
+    bags = {}
+    for doc in order_task.documents(SyntheticConfig(n_train_documents=20000), "train"):
+        first = doc.split("|")[0]
+        bags.setdefault("".join(sorted(first)), set()).add(first[::-1])
+    assert any(len(v) > 1 for v in bags.values())
+
+
+def _group(losses: dict[int, float], name: str = "g", steps: int = 100) -> list[dict]:
+    return [
+        {"seed": s, "loss": x, "run_id": f"{name}{s}", "steps": steps} for s, x in losses.items()
+    ]
+
+
+def test_interaction_is_the_paired_difference_of_differences():
+    from scalestudy.decoder_only.run import compare_groups
+    from scalestudy.study.spec import ComparisonConfig
+
+    spec = ComparisonConfig(
+        title="nope", kind="interaction", groups=["c/rope", "c/nope", "n/rope", "n/nope"]
+    )
+    seed_shift = {0: 0.0, 1: 0.3, 2: -0.2}
+    groups = {
+        "c/rope": _group({s: 1.0 + x for s, x in seed_shift.items()}),
+        "c/nope": _group({s: 1.05 + x for s, x in seed_shift.items()}),
+        "n/rope": _group({s: 1.0 + x for s, x in seed_shift.items()}),
+        "n/nope": _group({s: 1.40 + x + 0.01 * s for s, x in seed_shift.items()}),
+    }
+    (test,) = compare_groups(spec, groups)["tests"]
+    est = test["est"]
+    assert est["seeds"] == 3 and est["d"] == pytest.approx(0.36)
+    assert est["d"] - est["half"] > 0  # NoPE hurts the non-causal decoder more
+    with pytest.raises(Exception, match="four groups"):
+        ComparisonConfig(title="x", kind="interaction", groups=["a", "b"])
+
+
+def test_also_at_separates_optimisation_speed_from_final_loss():
+    from scalestudy.decoder_only.run import compare_groups
+    from scalestudy.study.spec import ComparisonConfig
+
+    spec = ComparisonConfig(title="t", groups=["fast", "slow"], also_at=0.5)
+    losses = {0: 1.0, 1: 1.1, 2: 0.9}
+    groups = {"fast": _group(losses, "fast"), "slow": _group(losses, "slow")}
+    curves = {}
+    for name, early in (("fast", 2.0), ("slow", 2.5)):
+        for r in groups[name]:
+            curves[r["run_id"]] = {
+                25: early + r["loss"],
+                50: early - 0.5 + r["loss"],
+                100: r["loss"],
+            }
+    tests = {t["what"]: t["est"] for t in compare_groups(spec, groups, curves)["tests"]}
+    assert tests["validation loss"]["d"] == pytest.approx(0.0)
+    early = tests["validation loss at 50% of training"]
+    assert early["d"] == pytest.approx(0.5) and early["seeds"] == 3
