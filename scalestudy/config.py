@@ -39,6 +39,10 @@ INVALID_CELL_REASON = (
 )
 
 
+# pad, EOS and UNK, then the 256 byte values (data/vocab.py); sentinels come on top.
+BYTE_VOCAB_IDS = 3 + 256
+
+
 def check_cell(arch: str, objective: str) -> None:
     """Raise ConfigError unless (arch, objective) is a trainable cell of the grid."""
     if arch not in VALID_CELLS:
@@ -55,7 +59,9 @@ Tuple = Annotated[tuple, Field(strict=False)]  # YAML gives lists; accept them f
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # allow_inf_nan=False: `.inf` or `.nan` for a float (eps, grad_clip_norm, z_loss, ...) is
+    # an error naming the key, not a run whose parameters never change.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     def replace(self, **changes: Any) -> Frozen:
         """A validated copy with `changes` applied (nested models may be given as dicts)."""
@@ -397,6 +403,15 @@ class EvalConfig(Frozen):
     inputs_length: int | None = Field(None, ge=1)
     targets_length: int | None = Field(None, ge=1)
 
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        if not self.tasks and not self.custom_tasks:
+            raise ConfigError(
+                "eval.tasks is empty (and there are no eval.custom_tasks): nothing would be "
+                "evaluated; give task names or task YAML files, e.g. eval.tasks=[synthetic_probes]"
+            )
+        return self
+
 
 class ExperimentConfig(Frozen):
     """Everything one training run needs; `config.yaml` in a run directory is one of these."""
@@ -417,6 +432,20 @@ class ExperimentConfig(Frozen):
             raise ConfigError(
                 "objective.name='mlm' needs sentinel ids: data.extra_ids must be >= 1 "
                 f"(got {self.data.extra_ids}); T5 uses 100"
+            )
+        byte_ids = BYTE_VOCAB_IDS + self.data.extra_ids
+        if self.data.vocab == "byte" and self.model.vocab_size < byte_ids:
+            raise ConfigError(
+                f"model.vocab_size={self.model.vocab_size} is smaller than the byte vocabulary "
+                f"({BYTE_VOCAB_IDS} ids + data.extra_ids={self.data.extra_ids} sentinels = "
+                f"{byte_ids}); set model.vocab_size >= {byte_ids} (384 pads it for the mesh)"
+            )
+        cooldown = self.optim.cooldown_steps
+        if self.optim.schedule == "wsd" and cooldown is not None and cooldown > self.train.steps:
+            raise ConfigError(
+                f"optim.cooldown_steps={cooldown} is longer than the run "
+                f"(train.steps={self.train.steps}); give at most {self.train.steps}, or use "
+                "optim.cooldown_fraction"
             )
         return self
 

@@ -99,6 +99,11 @@ def train_sentencepiece(
     if vocab_size < 8:
         raise DataError(f"vocab train: --vocab-size must be >= 8, got {vocab_size}")
     out = Path(out)
+    if out.is_dir():
+        raise DataError(
+            f"vocab train: --out {out} is a directory; give the model's file name, e.g. "
+            f"{out / 'spm.model'}"
+        )
     if out.suffix != ".model":
         out = out.with_suffix(".model")
     stamp = hashlib.sha256(
