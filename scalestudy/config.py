@@ -39,10 +39,6 @@ INVALID_CELL_REASON = (
 )
 
 
-# pad, EOS and UNK, then the 256 byte values (data/vocab.py); sentinels come on top.
-BYTE_VOCAB_IDS = 3 + 256
-
-
 def check_cell(arch: str, objective: str) -> None:
     """Raise ConfigError unless (arch, objective) is a trainable cell of the grid."""
     if arch not in VALID_CELLS:
@@ -432,13 +428,6 @@ class ExperimentConfig(Frozen):
             raise ConfigError(
                 "objective.name='mlm' needs sentinel ids: data.extra_ids must be >= 1 "
                 f"(got {self.data.extra_ids}); T5 uses 100"
-            )
-        byte_ids = BYTE_VOCAB_IDS + self.data.extra_ids
-        if self.data.vocab == "byte" and self.model.vocab_size < byte_ids:
-            raise ConfigError(
-                f"model.vocab_size={self.model.vocab_size} is smaller than the byte vocabulary "
-                f"({BYTE_VOCAB_IDS} ids + data.extra_ids={self.data.extra_ids} sentinels = "
-                f"{byte_ids}); set model.vocab_size >= {byte_ids} (384 pads it for the mesh)"
             )
         cooldown = self.optim.cooldown_steps
         if self.optim.schedule == "wsd" and cooldown is not None and cooldown > self.train.steps:

@@ -155,9 +155,9 @@ CASES = [
     # Misleading before
     (
         "vocab_smaller_than_bytes",
-        ["describe", "--config", TINY, "model.vocab_size=100"],
+        [*TRAIN, "model.vocab_size=100"],
         {},
-        ["model.vocab_size=100", "359"],
+        ["model.vocab_size=100", "byte vocabulary (359 ids"],
     ),
     ("z_loss_inf", ["describe", "--config", TINY, "train.z_loss=.inf"], {}, ["train.z_loss"]),
     (
