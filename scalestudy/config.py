@@ -308,9 +308,8 @@ class TrainConfig(Frozen):
     keep_last: int = Field(2, ge=1)
     keep_every: int | None = Field(None, ge=1)
     async_checkpoint: bool = True
-    stop_after_steps: int | None = Field(
-        None, ge=1
-    )  # end early (staged training) with a checkpoint
+    # End early (staged training) with a checkpoint.
+    stop_after_steps: int | None = Field(None, ge=1)
     progress: bool = True
     # Start from another run's checkpoint (e.g. a WSD cooldown branch from a stable-phase
     # run): a run directory or its checkpoints/ directory, and the step (default: latest).

@@ -215,9 +215,8 @@ class InferenceCostConfig(Frozen):
     reply_tokens: int = Field(16, ge=1)
     rows: int = Field(1, ge=1)  # dialogues decoded together
     repeats: int = Field(5, ge=1)  # timings per turn; the fastest is reported
-    model: dict = Field(
-        default_factory=dict
-    )  # ModelConfig keys over the study's largest rung (e.g. a wider model)
+    # ModelConfig keys over the study's largest rung (e.g. a wider model).
+    model: dict = Field(default_factory=dict)
 
 
 class RankOverTrainingConfig(Frozen):
@@ -244,9 +243,8 @@ class StudySpec(Frozen):
     base_config: Annotated[tuple, BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)] = (
         Field(default=(), strict=False)
     )
-    base: dict = Field(
-        default_factory=dict
-    )  # inline ExperimentConfig keys, merged over base_config
+    # Inline ExperimentConfig keys, merged over base_config.
+    base: dict = Field(default_factory=dict)
     archs: Tuple = ARCHS
     objectives: Tuple = OBJECTIVES
     cells: Tuple = ()  # [[arch, objective], ...]; empty: every valid cell of archs x objectives
