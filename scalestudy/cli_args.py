@@ -75,8 +75,9 @@ def check_data_kinds(args: argparse.Namespace) -> None:
     given = [f for f, v in (("--n-kind", args.n_kind), ("--d-kind", args.d_kind)) if v]
     if given and source.exists() and find_registry(source) is None:
         raise ScalestudyError(
-            f"{' and '.join(given)} choose a study registry's columns and do not apply to the "
-            f"table {source}; name its columns with --n-col / --d-col instead"
+            f"{' and '.join(given)} only apply to a study registry (they choose which of its "
+            f"columns are N and D), not to the table {source}; name the table's columns with "
+            "--n-col / --d-col"
         )
     args.n_kind = args.n_kind or "non_embedding"
     args.d_kind = args.d_kind or "positions"

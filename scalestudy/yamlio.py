@@ -26,7 +26,8 @@ class _YamlLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         first_line: dict[Any, int] = {}
         for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
+            # `<<: *anchor` merges are not keys: the mapping's own keys may override them.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
                 continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1

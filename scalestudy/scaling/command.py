@@ -214,7 +214,7 @@ def fit_main(args) -> int:
     if sizes and settings.holdout >= min(sizes.values()):
         cell, n = min(sizes.items(), key=lambda kv: kv[1])
         raise ScalingDataError(
-            f"--holdout {settings.holdout}: cell {cell} has only {n} run(s); hold out fewer "
+            f"--holdout {settings.holdout}: cell {cell!r} has only {n} run(s); hold out fewer "
             f"than {n} so that some remain to fit"
         )
     result = fit_cells(table, settings=settings)
