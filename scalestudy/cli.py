@@ -13,8 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+from scalestudy import cli_args
 from scalestudy.config import load_config
 from scalestudy.errors import ScalestudyError
+from scalestudy.scaling import command as scaling_command
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -29,16 +31,6 @@ def _print(obj: dict, as_json: bool) -> None:
         width = max(len(k) for k in obj)
         for k, v in obj.items():
             print(f"{k:<{width}}  {v}")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of at least 1 is accepted; got {text!r}")
-    return value
 
 
 def _join_job() -> None:
@@ -71,7 +63,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from scalestudy.train.loop import Preempted, train
 
-    workdir = Path(args.workdir)
+    workdir = cli_args.run_dir(args.workdir, must_exist=False)
     cfg_path = args.config
     if cfg_path is None:
         resolved = workdir / "config.yaml"
@@ -83,6 +75,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg_path = resolved
     cfg = load_config(cfg_path, args.overrides)
     _join_job()
+    from scalestudy.train import sharding
+
+    # The mesh against the model and batch before any data is read or anything compiles.
+    sharding.make_mesh(cfg.mesh, model=cfg.model, batch=cfg.train)
     eval_fn = None
     if args.eval:  # zero-shot, on this run's mesh, before the job ends
         from scalestudy.evaluate.rank import make_eval_fn
@@ -100,11 +96,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    workdir = cli_args.run_dir(args.workdir, must_exist=True)
+    if args.tasks == []:
+        raise ScalestudyError(
+            "--tasks given without names; give task names or task YAML files (e.g. --tasks "
+            "synthetic_probes), or leave out --tasks for the run's eval.tasks"
+        )
+    cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
 
     results = evaluate_run(
-        Path(args.workdir),
+        workdir,
         tasks=args.tasks,
         data_dir=args.data_dir,
         step=args.step,
@@ -144,16 +147,24 @@ def _cmd_study(args: argparse.Namespace) -> int:
 def _cmd_fit(args: argparse.Namespace) -> int:
     from scalestudy.scaling.command import fit_main
 
+    cli_args.check_data_kinds(args)
     return fit_main(args)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     from scalestudy.scaling.command import plot_main
 
+    cli_args.check_data_kinds(args)
     return plot_main(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.config and args.preset:
+        raise ScalestudyError(
+            f"--config and --preset {args.preset} exclude each other: --config gives the whole "
+            "shape, --preset a built-in one; give one"
+        )
+    args.preset = args.preset or "small"
     if args.what == "train":
         return _bench_train(args)
     if args.what == "peer":
@@ -216,10 +227,12 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    workdir = cli_args.run_dir(args.workdir, must_exist=True)
+    cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.decoder_only.attention_rank import probe_run
 
-    _print(probe_run(Path(args.workdir), step=args.step), args.json)
+    _print(probe_run(workdir, step=args.step), args.json)
     return 0
 
 
@@ -258,8 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", required=True)
     p.add_argument("--tasks", nargs="*", default=None, help="task names or task YAML files")
     p.add_argument("--data-dir", default=None, help="directory holding released task files")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument(
+        "--step",
+        type=cli_args.checkpoint_step,
+        default=None,
+        help="checkpoint step (default: latest)",
+    )
+    p.add_argument("--max-examples", type=cli_args.positive_int, default=None, help="per task")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_eval)
 
@@ -269,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
     p.add_argument(
         "--workers",
-        type=_positive_int,
+        type=cli_args.positive_int,
         default=1,
         help="runs trained at a time on this host, each in its own process (default 1)",
     )
@@ -281,13 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
-    from scalestudy.scaling import command as scaling_command
-
     scaling_command.add_data_args(p)
     scaling_command.add_fit_args(p)
     p.add_argument("--out", default=None, help="write the fit JSON here")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=_cmd_fit)
+    p.set_defaults(fn=_cmd_fit, n_kind=None, d_kind=None)
 
     p = sub.add_parser("plot", help="figures (PNG + SVG) from a study's results and fits")
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
@@ -297,13 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap", type=int, default=0, help="without --fits: resamples for the bands"
     )
     scaling_command.add_data_args(p)
-    p.set_defaults(fn=_cmd_plot)
+    p.set_defaults(fn=_cmd_plot, n_kind=None, d_kind=None)
 
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")
     p.add_argument("what", choices=["data", "train", "eval", "peer"])
     _add_config_args(p, required=False)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--preset", default="small", help="train: size preset without --config")
+    p.add_argument("--steps", type=cli_args.positive_int, default=20)
+    p.add_argument("--preset", default=None, help="train: size preset instead of --config (small)")
     p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
     p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
     p.add_argument("--peer", default="minimal", help="peer: minimal (built in) or nanodo")
@@ -327,7 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("probe", help="attention-rank and representation-collapse probes")
     p.add_argument("--workdir", required=True)
-    p.add_argument("--step", type=int, default=None)
+    p.add_argument(
+        "--step",
+        type=cli_args.checkpoint_step,
+        default=None,
+        help="checkpoint step (default: latest)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_probe)
 
@@ -342,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = cli_args.attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     # Overrides may follow options (`bench data --config F key=value`), which argparse cannot
     # assign to a second positional by itself.
     args, extra = parser.parse_known_args(argv)
@@ -351,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.fn(args)
+        status = args.fn(args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return cli_args.quiet_broken_pipe()
     except ScalestudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

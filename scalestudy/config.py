@@ -55,7 +55,9 @@ Tuple = Annotated[tuple, Field(strict=False)]  # YAML gives lists; accept them f
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # allow_inf_nan=False: `.inf` or `.nan` for a float (eps, grad_clip_norm, z_loss, ...) is
+    # an error naming the key, not a run whose parameters never change.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     def replace(self, **changes: Any) -> Frozen:
         """A validated copy with `changes` applied (nested models may be given as dicts)."""
@@ -307,9 +309,8 @@ class TrainConfig(Frozen):
     keep_last: int = Field(2, ge=1)
     keep_every: int | None = Field(None, ge=1)
     async_checkpoint: bool = True
-    stop_after_steps: int | None = Field(
-        None, ge=1
-    )  # end early (staged training) with a checkpoint
+    # End early (staged training) with a checkpoint.
+    stop_after_steps: int | None = Field(None, ge=1)
     progress: bool = True
     # Start from another run's checkpoint (e.g. a WSD cooldown branch from a stable-phase
     # run): a run directory or its checkpoints/ directory, and the step (default: latest).
@@ -398,6 +399,15 @@ class EvalConfig(Frozen):
     inputs_length: int | None = Field(None, ge=1)
     targets_length: int | None = Field(None, ge=1)
 
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        if not self.tasks and not self.custom_tasks:
+            raise ConfigError(
+                "eval.tasks is empty (and there are no eval.custom_tasks): nothing would be "
+                "evaluated; give task names or task YAML files, e.g. eval.tasks=[synthetic_probes]"
+            )
+        return self
+
 
 class ExperimentConfig(Frozen):
     """Everything one training run needs; `config.yaml` in a run directory is one of these."""
@@ -418,6 +428,13 @@ class ExperimentConfig(Frozen):
             raise ConfigError(
                 "objective.name='mlm' needs sentinel ids: data.extra_ids must be >= 1 "
                 f"(got {self.data.extra_ids}); T5 uses 100"
+            )
+        cooldown = self.optim.cooldown_steps
+        if self.optim.schedule == "wsd" and cooldown is not None and cooldown > self.train.steps:
+            raise ConfigError(
+                f"optim.cooldown_steps={cooldown} is longer than the run "
+                f"(train.steps={self.train.steps}); give at most {self.train.steps}, or use "
+                "optim.cooldown_fraction"
             )
         return self
 

@@ -20,7 +20,28 @@ from scalestudy.errors import ConfigError
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`)."""
+    """SafeLoader that reads `1e-3` as a float (YAML 1.1 wants `1.0e-3`) and refuses a key
+    given twice in one mapping (plain YAML keeps the last, silently dropping the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            # `<<: *anchor` merges are not keys: the mapping's own keys may override them.
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise DuplicateKeyError(
+                    f"key {key!r} is given twice in one mapping (lines {first_line[key]} and "
+                    f"{line}); keep one, merging their contents"
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice."""
 
 
 _YamlLoader.add_implicit_resolver(
@@ -56,6 +77,8 @@ def deep_merge(base: dict, update: dict) -> dict:
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a YAML mapping, resolving `include:` lists relative to the file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     resolved = path.resolve()
@@ -63,14 +86,28 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         chain = " -> ".join(str(p) for p in (*_seen, resolved))
         raise ConfigError(f"include cycle: {chain}")
     try:
-        raw = parse_yaml(path.read_text()) or {}
+        raw = parse_yaml(path.read_text(encoding="utf-8")) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+            "save the file as UTF-8"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
     includes = raw.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i for i in includes):
+        raise ConfigError(
+            f"{path}: include: {includes!r} is not accepted; give a file name or a list of file "
+            "names relative to this file, e.g. include: [../models/tiny.yaml]"
+        )
     merged: dict = {}
     for inc in includes:
         merged = deep_merge(merged, read_yaml(path.parent / inc, (*_seen, resolved)))

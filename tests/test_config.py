@@ -6,7 +6,7 @@ import pytest
 
 from scalestudy.config import VALID_CELLS, ExperimentConfig, load_config, to_yaml
 from scalestudy.errors import ConfigError
-from scalestudy.yamlio import apply_overrides
+from scalestudy.yamlio import apply_overrides, read_yaml
 
 # (overrides, words the error message must contain): each a distinct way to get a config wrong.
 BAD_INPUTS = [
@@ -147,3 +147,15 @@ def test_configs_folder_holds_only_known_kinds():
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_config_file_validates(path: Path):
     assert _validate_any(path) is not None
+
+
+def test_yaml_merge_keys_may_override_but_a_repeated_key_is_an_error(tmp_path):
+    """`<<: *anchor` then a key of the anchor is an override, not a repeat; the same key
+    twice in one mapping is refused (YAML would silently keep the last)."""
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("x: &m {d_model: 64, n_heads: 4}\nmodel:\n  <<: *m\n  d_model: 128\n")
+    assert read_yaml(ok)["model"] == {"d_model": 128, "n_heads": 4}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_model: 64\n  n_layers: 2\n  d_model: 128\n")
+    with pytest.raises(ConfigError, match=r"'d_model' is given twice .*lines 2 and 4"):
+        read_yaml(bad)

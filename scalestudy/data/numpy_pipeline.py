@@ -100,6 +100,7 @@ class NumpyBatchIterator:
         self.split = split
         data_json = cfg.data.model_dump_json()
         self.vocabulary = _vocabulary(data_json)
+        vocab.check_fits(self.vocabulary, cfg.model.vocab_size)
         self._objective = Objective(
             cfg.objective,
             vocab_size=self.vocabulary.vocab_size,

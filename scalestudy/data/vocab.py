@@ -48,6 +48,18 @@ def get_vocabulary(data_cfg: DataConfig) -> seqio.Vocabulary:
     return vocab
 
 
+def check_fits(vocab: seqio.Vocabulary, model_vocab_size: int) -> None:
+    """Raise DataError when the vocabulary's ids (sentinels included) exceed the model's
+    embedding rows: out-of-range ids would silently read garbage and the loss diverge."""
+    if vocab.vocab_size > model_vocab_size:
+        kind = "byte" if type(vocab).__name__ == "ByteVocabulary" else "SentencePiece"
+        raise DataError(
+            f"model.vocab_size={model_vocab_size} is smaller than the {kind} vocabulary "
+            f"({vocab.vocab_size} ids, data.extra_ids sentinels included); set "
+            f"model.vocab_size >= {vocab.vocab_size} (a multiple of 128 suits the mesh)"
+        )
+
+
 def sentinel_id(vocab: seqio.Vocabulary, i: int) -> int:
     """The id of sentinel `i` (<extra_id_i>): the top of the vocabulary, counting down."""
     return vocab.vocab_size - 1 - i
@@ -99,6 +111,11 @@ def train_sentencepiece(
     if vocab_size < 8:
         raise DataError(f"vocab train: --vocab-size must be >= 8, got {vocab_size}")
     out = Path(out)
+    if out.is_dir():
+        raise DataError(
+            f"vocab train: --out {out} is a directory; give the model's file name, e.g. "
+            f"{out / 'spm.model'}"
+        )
     if out.suffix != ".model":
         out = out.with_suffix(".model")
     stamp = hashlib.sha256(

@@ -210,6 +210,13 @@ def fit_main(args) -> int:
     settings, source = settings_from_args(args)
     out = _writable_file(args.out, "--out") if args.out else None
     table = load_table(source, settings.data)
+    sizes = {c: table.cell.count(c) for c in table.cells()}
+    if sizes and settings.holdout >= min(sizes.values()):
+        cell, n = min(sizes.items(), key=lambda kv: kv[1])
+        raise ScalingDataError(
+            f"--holdout {settings.holdout}: cell {cell!r} has only {n} run(s); hold out fewer "
+            f"than {n} so that some remain to fit"
+        )
     result = fit_cells(table, settings=settings)
     if out is not None:
         try:

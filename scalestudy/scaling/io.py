@@ -124,7 +124,10 @@ def to_float(value: object) -> float:
     m = _NUMBER.match(str(value))
     if not m:
         return math.nan
-    return float(m.group(1).replace(",", "")) * UNITS[m.group(2).lower()]
+    try:
+        return float(m.group(1).replace(",", "")) * UNITS[m.group(2).lower()]
+    except ValueError:  # e.g. '1.2.3': matches the pattern's characters, not a number
+        return math.nan
 
 
 # ----------------------------------------------------------------------------- columns

@@ -271,6 +271,10 @@ def launch(
         raise LaunchError(
             f"executor: got {executor!r}; accepted: slurm, tpu (local: `scalestudy study`)"
         )
+    if out.exists() and not out.is_dir():
+        raise LaunchError(
+            f"--out {out} is a file; give a directory for the run configs and scripts"
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_run_configs(runs, out)
     if executor == "slurm":

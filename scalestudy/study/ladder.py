@@ -25,6 +25,7 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig, ModelConfig
 from scalestudy.errors import ConfigError
+from scalestudy.models import counting
 from scalestudy.study.spec import BudgetConfig, LadderConfig, parse_count
 from scalestudy.yamlio import read_yaml
 
@@ -157,8 +158,6 @@ def match_model(
     `tolerance` (the encoder-decoder's two stacks) is halved in depth per stack and its
     feed-forward width solved for the rung's total.
     """
-    from scalestudy.models import counting
-
     if matching not in ("equal_total_params", "equal_stack_shape", "equal_flops"):
         raise ConfigError(
             f"matching: got {matching!r}; accepted: equal_total_params, equal_stack_shape, "
@@ -217,8 +216,6 @@ def steps_for_budget(
     tokens_per_param uses `reference_params` (the rung's decoder-only counts) so every cell of
     a rung sees the same amount of text.
     """
-    from scalestudy.models import counting
-
     batch = cfg.train.batch_size
     if budget.kind == "steps":
         return int(budget.steps)
@@ -236,7 +233,5 @@ def steps_for_budget(
 
 def steps_for_flops(cfg: ExperimentConfig, train_flops: float) -> int:
     """Steps of `cfg` closest to spending `train_flops` (equal_flops matching)."""
-    from scalestudy.models import counting
-
     per_step = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     return max(1, round(train_flops / per_step))

@@ -6,9 +6,10 @@ point, seed).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from scalestudy.config import (
     ARCHS,
@@ -121,12 +122,26 @@ class FitConfig(Frozen):
     seed: int = 0
 
 
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds, or no limit.
+_SLURM_TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE)$", re.I)
+
+
+def _slurm_time(value: Any) -> Any:
+    if isinstance(value, str) and not _SLURM_TIME.match(value.strip()):
+        raise ConfigError(
+            f"slurm.time={value!r} is not a SLURM time limit; accepted: MINUTES, MM:SS, "
+            "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (e.g. 24:00:00 or 2-00:00:00)"
+        )
+    return value
+
+
 class SlurmConfig(Frozen):
-    """SLURM job-array settings (launch/slurm.sbatch.tmpl)."""
+    """SLURM job-array settings (the job array rendered by study/cluster.py)."""
 
     partition: str | None = None
     account: str | None = None
-    time: str = "24:00:00"
+    time: Annotated[str, AfterValidator(_slurm_time)] = "24:00:00"
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(8, ge=0)
     cpus_per_task: int = Field(16, ge=1)
@@ -139,7 +154,7 @@ class SlurmConfig(Frozen):
 
 
 class TpuConfig(Frozen):
-    """TPU VM settings for `gcloud compute tpus` (launch/tpu_*.sh.tmpl)."""
+    """TPU VM settings for `gcloud compute tpus` (the script rendered by study/cluster.py)."""
 
     name: str = "scalestudy"
     project: str | None = None
@@ -216,9 +231,8 @@ class InferenceCostConfig(Frozen):
     reply_tokens: int = Field(16, ge=1)
     rows: int = Field(1, ge=1)  # dialogues decoded together
     repeats: int = Field(5, ge=1)  # timings per turn; the fastest is reported
-    model: dict = Field(
-        default_factory=dict
-    )  # ModelConfig keys over the study's largest rung (e.g. a wider model)
+    # ModelConfig keys over the study's largest rung (e.g. a wider model).
+    model: dict = Field(default_factory=dict)
 
 
 class RankOverTrainingConfig(Frozen):
@@ -245,9 +259,8 @@ class StudySpec(Frozen):
     base_config: Annotated[tuple, BeforeValidator(lambda v: (v,) if isinstance(v, str) else v)] = (
         Field(default=(), strict=False)
     )
-    base: dict = Field(
-        default_factory=dict
-    )  # inline ExperimentConfig keys, merged over base_config
+    # Inline ExperimentConfig keys, merged over base_config.
+    base: dict = Field(default_factory=dict)
     archs: Tuple = ARCHS
     objectives: Tuple = OBJECTIVES
     cells: Tuple = ()  # [[arch, objective], ...]; empty: every valid cell of archs x objectives
@@ -276,9 +289,25 @@ class StudySpec(Frozen):
             if not isinstance(cell, list | tuple) or len(cell) != 2:
                 raise ConfigError(f"cells: each entry is [arch, objective]; got {cell!r}")
             check_cell(*cell)
+        for key, values in (
+            ("cells", [tuple(c) for c in self.cells]),
+            ("archs", list(self.archs)),
+            ("objectives", list(self.objectives)),
+        ):
+            _check_unique(key, values)
         if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
             raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
+        _check_unique("seeds", list(self.seeds))
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ConfigError(f"variants: names must be unique; got {names}")
         return self
+
+
+def _check_unique(key: str, values: list) -> None:
+    """Raise ConfigError naming the entries of a spec list that appear more than once (each
+    would plan the same runs twice, into one run directory)."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        shown = ", ".join(str(list(v)) if isinstance(v, tuple) else repr(v) for v in twice)
+        raise ConfigError(f"{key}: {shown} given more than once; list each once")

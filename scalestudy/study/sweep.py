@@ -17,8 +17,13 @@ from typing import Any
 
 from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
 from scalestudy.errors import ConfigError
-from scalestudy.study import ladder
-from scalestudy.study.spec import StudySpec
+from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
+from scalestudy.evaluate.tasks import TFDS_NAMES
+from scalestudy.models import counting
+from scalestudy.scaling.laws import LAWS
+from scalestudy.study import cluster, executors, ladder, report
+from scalestudy.study.registry import Registry, study_lock
+from scalestudy.study.spec import BudgetConfig, StudySpec
 from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
 
 REGISTRY_NAME = "registry.sqlite"
@@ -89,9 +94,53 @@ class PlannedRun:
 
 
 def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> StudySpec:
-    """Read and validate a study spec YAML (with `include:` and dotted overrides)."""
+    """Read and validate a study spec YAML (with `include:` and dotted overrides).
+
+    Without a `budget:` section every run trains the base experiment's `train.steps`.
+    Fit laws and evaluation task names are checked here, so a typo fails `--dry-run`
+    rather than a finished study's report.
+    """
+    path = Path(path)
     data = apply_overrides(read_yaml(path), overrides)
-    return validate(StudySpec, data, str(path))
+    study = validate(StudySpec, data, str(path))
+    base = base_config(study, path.parent)
+    steps = base.get("train", {}).get("steps") if isinstance(base.get("train"), dict) else None
+    if "budget" not in data and steps is not None:
+        budget = validate(BudgetConfig, {"kind": "steps", "steps": steps}, "base.train.steps")
+        study = study.replace(budget=budget)
+    tasks = base.get("eval", {}).get("tasks", ()) if isinstance(base.get("eval"), dict) else ()
+    try:
+        _check_laws(study.fit.laws)
+        _check_tasks(tasks)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return study
+
+
+def _check_laws(laws: tuple) -> None:
+    unknown = [law for law in laws if law not in (*LAWS, "auto")]
+    if unknown:
+        raise ConfigError(f"fit.laws: unknown {unknown}; accepted: auto, {', '.join(LAWS)}")
+
+
+def _check_tasks(names: Any) -> None:
+    """Raise ConfigError for evaluation task names that evaluate.tasks.load_task cannot read
+    (the spelling only: task files are read when the runs are evaluated)."""
+    if isinstance(names, str) or not isinstance(names, list | tuple):
+        raise ConfigError(f"tasks: a list of task names; got {names!r}")
+    for name in names:
+        head, sep, _ = str(name).partition(":")
+        known = (
+            name == "synthetic_probes"
+            or name in TASK_REGISTRY
+            or (sep and head in ("text", "tfds", *TASK_REGISTRY))
+            or str(name).endswith((".yaml", ".yml"))
+            or ("/" in str(name) and head in TFDS_NAMES)
+        )
+        if not known:
+            accepted = ["synthetic_probes", *TASK_REGISTRY, "NAME:PATH", "text:PATH"]
+            accepted += ["tfds:NAME", "FILE.yaml"]
+            raise ConfigError(f"tasks: unknown task {name!r}; accepted: {', '.join(accepted)}")
 
 
 def base_config(study: StudySpec, spec_dir: Path | None = None) -> dict:
@@ -116,8 +165,6 @@ def cells(study: StudySpec) -> list[tuple[str, str]]:
 
 def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
     """Every run of the study, size-major, with stable ids (the resolved config's hash)."""
-    from scalestudy.models import counting
-
     base = base_config(study, spec_dir)
     base_model = validate(ModelConfig, base.get("model", {}), "base.model")
     rungs = ladder.resolve_ladder(study.ladder, spec_dir, base_model.activation)
@@ -250,8 +297,6 @@ def _steps(
     if ref_steps == 0:
         return 0
     ref = ref.replace(train=ref.train.replace(steps=ref_steps))
-    from scalestudy.models import counting
-
     ref_flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
     return ladder.steps_for_flops(cfg, ref_flops)
 
@@ -295,9 +340,11 @@ def run_study(
     `analyze(study, out, runs, curves) -> (fits, figure paths)` supplies the scaling fits and
     plots for the report (the CLI passes scalestudy.scaling's).
     """
-    from scalestudy.study import executors, report
-    from scalestudy.study.registry import Registry, study_lock
-
+    if dry_run and collect:
+        raise ConfigError(
+            "--dry-run and --collect exclude each other: --dry-run only plans, --collect "
+            "records finished cluster runs; give one"
+        )
     spec = Path(spec)
     study = load_study(spec, overrides)
     runs = expand(study, spec.parent)
@@ -333,8 +380,6 @@ def run_study(
 
 def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
     """Render (and with `submit`, submit) the cluster jobs of a study; returns the script."""
-    from scalestudy.study import cluster
-
     spec = Path(spec)
     study = load_study(spec)
     runs = expand(study, spec.parent)

@@ -152,7 +152,7 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
         devices = tpu_devices(topology)
         where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
     kind = devices[0].device_kind
-    mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model)
+    mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model, batch=cfg.train)
     batch = abstract_batch(cfg)
     program = step.build_program(cfg, batch, mesh, compile=False)
     shaped = {

@@ -25,7 +25,7 @@ from flax.linen import spmd as linen_spmd
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scalestudy.config import MeshConfig, ModelConfig
+from scalestudy.config import MeshConfig, ModelConfig, TrainConfig
 from scalestudy.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,14 @@ def initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     if jax.distributed.is_initialized():
         return True
-    if env.get("SCALESTUDY_COORDINATOR"):
+    coordinator = env.get("SCALESTUDY_COORDINATOR", "")
+    if coordinator:
+        host, sep, port = coordinator.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise MeshError(
+                f"SCALESTUDY_COORDINATOR={coordinator!r} is not host:port; give the address of "
+                "process 0 with a free port, e.g. SCALESTUDY_COORDINATOR=10.0.0.1:1234"
+            )
         try:
             n, i = int(env["SCALESTUDY_NUM_PROCESSES"]), int(env["SCALESTUDY_PROCESS_ID"])
         except (KeyError, ValueError):
@@ -83,6 +90,13 @@ def initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:
         )
         return True
     mode = env.get("SCALESTUDY_DISTRIBUTED", "")
+    partial = [k for k in DISTRIBUTED_ENV[1:] if env.get(k)]
+    if partial and mode != "auto":
+        raise MeshError(
+            f"{' and '.join(partial)} set without SCALESTUDY_COORDINATOR: a multi-process job "
+            "needs all three (SCALESTUDY_COORDINATOR=host:port of process 0), or "
+            "SCALESTUDY_DISTRIBUTED=auto on a cluster JAX recognises; unset them for one process"
+        )
     if mode == "auto":
         jax.distributed.initialize()
         return True
@@ -134,6 +148,20 @@ def check_model_fits(sizes: Mapping[str, int], model: ModelConfig) -> None:
         )
 
 
+def check_batch_fits(sizes: Mapping[str, int], train: TrainConfig) -> None:
+    """Raise MeshError when the global batch's rows cannot be split evenly over the mesh axes
+    that shard the batch (a jitted step's inputs must divide; microbatches inside it need not)."""
+    axes = dict(AXIS_RULES)["batch"]
+    split = math.prod(sizes[a] for a in axes)
+    if train.batch_size % split:
+        named = " x ".join(f"mesh.{a}={sizes[a]}" for a in axes)
+        raise MeshError(
+            f"train.batch_size={train.batch_size} rows cannot be split over the batch's mesh "
+            f"axes ({named} = {split} shards); choose train.batch_size as a multiple of {split}, "
+            f"or a mesh whose {' x '.join(axes)} divides {train.batch_size}"
+        )
+
+
 def device_grid(devices: list, shape: tuple[int, ...], topology: bool | None = None) -> np.ndarray:
     """`devices` arranged as an array of `shape` (data, fsdp, tensor).
 
@@ -169,15 +197,18 @@ def make_mesh(
     devices: list | None = None,
     *,
     model: ModelConfig | None = None,
+    batch: TrainConfig | None = None,
     topology: bool | None = None,
 ) -> Mesh:
     """A ("data", "fsdp", "tensor") mesh over `devices` (default: all), in topology-aware
-    order on TPU/GPU (`device_grid`); checks sizes, and that `model` (when given) can be
-    split as the rules say."""
+    order on TPU/GPU (`device_grid`); checks sizes, and that `model` and the training batch
+    of `batch` (when given) can be split as the rules say."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = mesh_shape(cfg, len(devices))
     if model is not None:
         check_model_fits(sizes, model)
+    if batch is not None:
+        check_batch_fits(sizes, batch)
     shape = tuple(sizes[a] for a in MESH_AXES)
     return Mesh(device_grid(devices, shape, topology), MESH_AXES)
 

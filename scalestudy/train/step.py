@@ -255,7 +255,9 @@ def build_program(
     """
     enable_compilation_cache()
     tune_host_allocator()
-    mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model)
+    mesh = (
+        mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model, batch=cfg.train)
+    )
     processes = jax.process_count()
     shapes = {
         k: ((np.shape(v)[0] * processes, *np.shape(v)[1:]), str(np.asarray(v).dtype))

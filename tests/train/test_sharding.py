@@ -9,7 +9,7 @@ import pytest
 from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec as P
 
-from scalestudy.config import MeshConfig, ModelConfig
+from scalestudy.config import MeshConfig, ModelConfig, TrainConfig
 from scalestudy.models.api import build_model
 from scalestudy.train import sharding
 
@@ -147,3 +147,38 @@ def test_tpu_mesh_takes_the_physical_order(caplog):
         grid = sharding.device_grid(per_core, (4, 2, 1))
     np.testing.assert_array_equal(grid, np.asarray(per_core, dtype=object).reshape(4, 2, 1))
     assert "topology-aware mesh (4, 2, 1) not possible" in caplog.text
+
+
+def test_batch_must_split_over_the_batch_axes():
+    """The global batch divides mesh.data x mesh.fsdp; microbatches inside the step may split
+    unevenly (XLA pads them), so only the batch itself is checked."""
+    sizes = {"data": 4, "fsdp": 2, "tensor": 1}
+    sharding.check_batch_fits(sizes, TrainConfig(batch_size=16))
+    sharding.check_batch_fits(sizes, TrainConfig(batch_size=8, microbatches=2))
+    with pytest.raises(sharding.MeshError) as err:
+        sharding.check_batch_fits(sizes, TrainConfig(batch_size=12))
+    assert "train.batch_size=12" in str(err.value)
+    assert "mesh.data=4 x mesh.fsdp=2 = 8 shards" in str(err.value)
+    assert "multiple of 8" in str(err.value)
+    with pytest.raises(sharding.MeshError, match="batch_size=4"):
+        sharding.make_mesh(MeshConfig(), model=ModelConfig(), batch=TrainConfig(batch_size=4))
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"SCALESTUDY_COORDINATOR": "localhost", "SCALESTUDY_NUM_PROCESSES": "2"}, "host:port"),
+        ({"SCALESTUDY_COORDINATOR": "h:port", "SCALESTUDY_NUM_PROCESSES": "2"}, "host:port"),
+        ({"SCALESTUDY_NUM_PROCESSES": "2", "SCALESTUDY_PROCESS_ID": "0"}, "without"),
+        ({"SCALESTUDY_PROCESS_ID": "1"}, "SCALESTUDY_PROCESS_ID set without"),
+    ],
+)
+def test_incomplete_multiprocess_settings_are_refused(env, words):
+    """Never a silent one-process run, never JAX's own traceback on a malformed address."""
+    with pytest.raises(sharding.MeshError, match=words):
+        sharding.initialize_distributed(env)
+
+
+def test_no_multiprocess_settings_is_one_process():
+    assert sharding.initialize_distributed({}) is False
+    assert sharding.initialize_distributed({"SCALESTUDY_DISTRIBUTED": "off"}) is False

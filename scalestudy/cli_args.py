@@ -1,0 +1,107 @@
+"""Argument types and checks of the `scalestudy` command, run before a handler does any work.
+
+Each turns a mistake in the command line (an empty or wrong kind of path, a step that was never
+checkpointed, a flag that does not apply) into one `ScalestudyError` line naming the flag and
+what is accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+from pathlib import Path
+
+from scalestudy.errors import ScalestudyError
+
+
+def checkpoint_step(text: str) -> int:
+    """argparse type of `--step`: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a checkpoint step (a whole number >= 0); got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts such as `--steps` and `--max-examples`: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1 is accepted; got {text!r}")
+    return value
+
+
+def run_dir(text: str, *, must_exist: bool) -> Path:
+    """--workdir as a Path: not empty, not a file, and (for eval, probe) an existing run."""
+    if not text.strip():
+        raise ScalestudyError("--workdir is empty; give a run directory, e.g. --workdir runs/tiny")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ScalestudyError(f"--workdir {path} is a file; expected a run directory")
+    if must_exist and not path.exists():
+        raise ScalestudyError(f"--workdir {path}: run directory not found")
+    return path
+
+
+def check_step(workdir: Path, step: int | None) -> None:
+    """Raise unless `step` (when given) is a checkpointed step of the run, listing those."""
+    if step is None:
+        return
+    from scalestudy.train import checkpoint
+
+    directory = checkpoint.checkpoint_dir(workdir)
+    steps = checkpoint.Checkpointer(directory, read_only=True).all_steps()
+    if step not in steps:
+        saved = ", ".join(map(str, steps)) if steps else "none"
+        raise ScalestudyError(
+            f"--step {step}: {workdir} has no checkpoint at that step; steps saved: {saved} "
+            "(leave out --step for the latest)"
+        )
+
+
+def check_data_kinds(args: argparse.Namespace) -> None:
+    """--n-kind/--d-kind choose registry columns: refuse them for a table, fill defaults."""
+    from scalestudy.scaling.sources import find_registry
+
+    source = Path(args.source)
+    given = [f for f, v in (("--n-kind", args.n_kind), ("--d-kind", args.d_kind)) if v]
+    if given and source.exists() and find_registry(source) is None:
+        raise ScalestudyError(
+            f"{' and '.join(given)} only apply to a study registry (they choose which of its "
+            f"columns are N and D), not to the table {source}; name the table's columns with "
+            "--n-col / --d-col"
+        )
+    args.n_kind = args.n_kind or "non_embedding"
+    args.d_kind = args.d_kind or "positions"
+
+
+# A value that starts with "-" and is a number (`--compare-at -1e21`): argparse would take it
+# for an option and report the flag's value as missing.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d)")
+
+
+def attach_negative_values(argv: list[str]) -> list[str]:
+    """`--flag -1e21` -> `--flag=-1e21`, so that the value reaches the flag's own check."""
+    out: list[str] = []
+    for item in argv:
+        prev = out[-1] if out else ""
+        if _NEGATIVE_NUMBER.match(item) and prev.startswith("--") and "=" not in prev:
+            out[-1] = f"{prev}={item}"
+        else:
+            out.append(item)
+    return out
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of stdout went away (`scalestudy launch ... | head -1`): stop quietly."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, as a shell reports a pipeline cut short

@@ -1,0 +1,270 @@
+"""Bad input, one row each: the command stops before any work with one clear `error:` line
+that names what is wrong and what is accepted, never a traceback and never silent success.
+
+Rows run `scalestudy.cli.main` in this process on tiny inputs written once per module; the rows
+that need a run directory share one 2-step run.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalestudy.cli import main
+from scalestudy.study.sweep import expand, load_study
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs/models/tiny.yaml")
+XXL = str(REPO / "configs/models/wang2022_xxl_decoder.yaml")
+
+BASE = {
+    "objective": {"inputs_length": 24, "targets_length": 8},
+    "model": {"vocab_size": 384, "dtype": "float32", "n_heads": 2},
+    "train": {"batch_size": 8, "progress": False, "async_checkpoint": False},
+}
+SPEC = {
+    "name": "tiny",
+    "base": BASE,
+    "cells": [["causal_decoder", "flm"], ["encoder_decoder", "mlm"]],
+    "ladder": {"sizes": [{"name": "xs", "d_model": 16, "n_layers": 2, "d_ff": 32}]},
+    "budget": {"kind": "steps", "steps": 4},
+    "tasks": ["synthetic_probes"],
+    "fit": {"laws": ["kaplan_n"]},
+}
+SPECS = {  # file name -> changes to SPEC (None removes the key)
+    "spec.yaml": {},
+    "dup_cells.yaml": {"cells": [["causal_decoder", "flm"], ["causal_decoder", "flm"]]},
+    "dup_seeds.yaml": {"seeds": [0, 1, 0]},
+    "bad_law.yaml": {"fit": {"laws": ["kaplan_q"]}},
+    "bad_task.yaml": {"tasks": ["no_such_task"]},
+    "banana.yaml": {"slurm": {"time": "banana"}},
+    "no_budget.yaml": {"budget": None, "base": {**BASE, "train": {**BASE["train"], "steps": 7}}},
+}
+FILES: dict[str, str | bytes] = {
+    "include_int.yaml": "include: 5\n",
+    "include_dict.yaml": "include: [{a: 1}]\n",
+    "latin1.yaml": b"name: caf\xe9\n",
+    "twice.yaml": "model:\n  d_model: 64\ntrain:\n  steps: 2\nmodel:\n  n_layers: 3\n",
+    "size_cell.csv": "N,loss\n1e6,3.0\n1.2.3,2.9\n4e6,2.7\n8e6,2.5\n",
+    "runs.csv": "N,loss\n1e6,3.0\n2e6,2.9\n4e6,2.7\n8e6,2.5\n1.6e7,2.4\n",
+    "a_file.txt": "not a directory\n",
+    "corpus.txt": "some text to train a vocabulary on.\n" * 50,
+}
+
+MULTI = {"SCALESTUDY_NUM_PROCESSES": "2", "SCALESTUDY_PROCESS_ID": "0"}
+TRAIN = ["train", "--config", TINY, "--workdir", "w", "train.steps=2"]
+
+# (id, argv, environment, words the error must contain). {run}: a trained run directory (its
+# rows are marked slow: they share one training run).
+CASES = [
+    # Tracebacks before
+    ("batch_vs_mesh_train", [*TRAIN, "train.batch_size=4"], {}, ["batch_size=4", "mesh.data=8"]),
+    (
+        "batch_vs_mesh_compile",
+        ["compile", "--config", TINY, "train.batch_size=12"],
+        {},
+        ["batch_size=12", "mesh.data=8", "multiple of 8"],
+    ),
+    ("include_int", ["describe", "--config", "include_int.yaml"], {}, ["include: 5", "list"]),
+    ("include_dict", ["describe", "--config", "include_dict.yaml"], {}, ["include:", "file name"]),
+    ("not_utf8", ["describe", "--config", "latin1.yaml"], {}, ["latin1.yaml", "UTF-8", "0xe9"]),
+    ("eval_step_missing", ["eval", "--workdir", "{run}", "--step", "7"], {}, ["--step 7", "2"]),
+    ("eval_step_negative", ["eval", "--workdir", "{run}", "--step", "-1"], {}, ["--step", "-1"]),
+    ("probe_step_missing", ["probe", "--workdir", "{run}", "--step", "7"], {}, ["steps saved: 2"]),
+    ("probe_step_negative", ["probe", "--workdir", "{run}", "--step", "-3"], {}, ["-3"]),
+    ("eval_max_examples_neg", ["eval", "--workdir", "a_dir", "--max-examples", "-3"], {}, ["-3"]),
+    ("fit_size_cell", ["fit", "size_cell.csv"], {}, ["non-positive N", "--drop-invalid"]),
+    (
+        "launch_out_is_file",
+        ["launch", "--spec", "spec.yaml", "--executor", "slurm", "--out", "a_file.txt"],
+        {},
+        ["a_file.txt", "is a file"],
+    ),
+    (
+        "coordinator_without_port",
+        TRAIN,
+        {**MULTI, "SCALESTUDY_COORDINATOR": "localhost"},
+        ["SCALESTUDY_COORDINATOR='localhost'", "host:port"],
+    ),
+    ("bench_steps_zero", ["bench", "train", "--config", TINY, "--steps", "0"], {}, ["'0'"]),
+    # Accepted silently before
+    ("dup_cells", ["study", "--spec", "dup_cells.yaml", "--out", "s", "--dry-run"], {}, ["cells"]),
+    ("dup_seeds", ["study", "--spec", "dup_seeds.yaml", "--out", "s", "--dry-run"], {}, ["seeds"]),
+    (
+        "unknown_law",
+        ["study", "--spec", "bad_law.yaml", "--out", "s", "--dry-run"],
+        {},
+        ["kaplan_q"],
+    ),
+    (
+        "unknown_task",
+        ["study", "--spec", "bad_task.yaml", "--out", "s", "--dry-run"],
+        {},
+        ["no_such_task", "synthetic_probes"],
+    ),
+    (
+        "dry_run_and_collect",
+        ["study", "--spec", "spec.yaml", "--out", "s", "--dry-run", "--collect"],
+        {},
+        ["--dry-run", "--collect"],
+    ),
+    ("workdir_empty", ["train", "--config", TINY, "--workdir", ""], {}, ["--workdir", "empty"]),
+    ("eps_inf", ["describe", "--config", TINY, "optim.eps=.inf"], {}, ["optim.eps", "finite"]),
+    (
+        "grad_clip_inf",
+        ["describe", "--config", TINY, "optim.grad_clip_norm=.inf"],
+        {},
+        ["optim.grad_clip_norm", "finite"],
+    ),
+    ("processes_without_coordinator", TRAIN, MULTI, ["SCALESTUDY_COORDINATOR"]),
+    (
+        "cooldown_longer_than_run",
+        ["describe", "--config", TINY, "optim.schedule=wsd", "optim.cooldown_steps=500"],
+        {},
+        ["cooldown_steps=500", "train.steps=100", "at most 100"],
+    ),
+    ("eval_tasks_empty", ["describe", "--config", TINY, "eval.tasks=[]"], {}, ["eval.tasks"]),
+    ("eval_tasks_flag_empty", ["eval", "--workdir", "a_dir", "--tasks"], {}, ["--tasks"]),
+    ("key_twice", ["describe", "--config", "twice.yaml"], {}, ["'model'", "lines 1 and 5"]),
+    ("eval_max_examples_zero", ["eval", "--workdir", "a_dir", "--max-examples", "0"], {}, ["'0'"]),
+    ("fit_holdout", ["fit", "runs.csv", "--holdout", "50"], {}, ["--holdout 50", "5 run"]),
+    ("fit_n_kind_table", ["fit", "runs.csv", "--n-kind", "total"], {}, ["--n-kind", "--n-col"]),
+    ("fit_d_kind_table", ["fit", "runs.csv", "--d-kind", "tokens"], {}, ["--d-kind", "--d-col"]),
+    ("bench_steps_negative", ["bench", "data", "--config", TINY, "--steps", "-2"], {}, ["'-2'"]),
+    (
+        "bench_config_and_preset",
+        ["bench", "train", "--config", TINY, "--preset", "tiny"],
+        {},
+        ["--config", "--preset"],
+    ),
+    (
+        "slurm_time",
+        ["launch", "--spec", "banana.yaml", "--executor", "slurm", "--out", "L"],
+        {},
+        ["slurm.time='banana'", "HH:MM:SS"],
+    ),
+    (
+        "vocab_out_is_dir",
+        ["vocab", "train", "corpus.txt", "--out", "a_dir", "--vocab-size", "50"],
+        {},
+        ["a_dir", "is a directory"],
+    ),
+    # Misleading before
+    (
+        "vocab_smaller_than_bytes",
+        [*TRAIN, "model.vocab_size=100"],
+        {},
+        ["model.vocab_size=100", "byte vocabulary (359 ids"],
+    ),
+    ("z_loss_inf", ["describe", "--config", TINY, "train.z_loss=.inf"], {}, ["train.z_loss"]),
+    (
+        "weight_decay_inf",
+        ["describe", "--config", TINY, "optim.weight_decay=.inf"],
+        {},
+        ["optim.weight_decay"],
+    ),
+    ("config_is_dir", ["describe", "--config", "a_dir"], {}, ["a_dir", "is a directory"]),
+    ("workdir_is_file", ["eval", "--workdir", "a_file.txt"], {}, ["a_file.txt", "is a file"]),
+    (
+        "train_workdir_is_file",
+        ["train", "--config", TINY, "--workdir", "a_file.txt"],
+        {},
+        ["a_file.txt", "is a file"],
+    ),
+    ("compare_at_negative", ["fit", "runs.csv", "--compare-at", "-1e21"], {}, ["--compare-at"]),
+]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("bad_input")
+    for name, changes in SPECS.items():
+        spec = {k: v for k, v in {**SPEC, **changes}.items() if v is not None}
+        (d / name).write_text(yaml.safe_dump(spec))
+    for name, content in FILES.items():
+        (d / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    (d / "a_dir").mkdir()
+    return d
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run") / "run"
+    argv = ["train", "--config", TINY, "--workdir", str(run), "train.steps=2"]
+    argv += ["train.checkpoint_every=2", "train.async_checkpoint=false", "train.progress=false"]
+    argv += ["data.synthetic.n_train_documents=200", "data.synthetic.n_validation_documents=20"]
+    argv += ["train.eval_batches=1"]
+    assert main(argv) == 0
+    return run
+
+
+def _status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return int(e.code)
+
+
+def _param(case: tuple) -> pytest.param:
+    marks = [pytest.mark.slow] if "{run}" in case[1] else []
+    return pytest.param(*case[1:], id=case[0], marks=marks)
+
+
+@pytest.mark.parametrize(("argv", "env", "words"), [_param(c) for c in CASES])
+def test_bad_input_gets_one_clear_error(argv, env, words, inputs, request, monkeypatch, capsys):
+    if "{run}" in argv:
+        run = request.getfixturevalue("trained_run")
+        argv = [str(run) if a == "{run}" else a for a in argv]
+    monkeypatch.chdir(inputs)
+    for key in ("SCALESTUDY_COORDINATOR", *MULTI, "SCALESTUDY_DISTRIBUTED"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    status = _status(argv)
+    err = capsys.readouterr().err
+    assert status == 2, f"exit {status}, stderr: {err[-500:]}"
+    assert "Traceback" not in err
+    assert err.startswith("error: ") or "error: " in err.splitlines()[-1], err
+    for word in words:
+        assert word in err, f"{word!r} not in: {err}"
+    assert not (inputs / "w" / "checkpoints").exists()  # nothing trained
+
+
+def test_spec_without_budget_trains_the_base_steps(inputs):
+    study = load_study(inputs / "no_budget.yaml")
+    assert study.budget.kind == "steps" and study.budget.steps == 7
+    assert {r.cfg.train.steps for r in expand(study, inputs)} == {7}
+
+
+def test_spec_budget_wins_over_base_steps(inputs, tmp_path):
+    spec = {**SPEC, "base": {**BASE, "train": {**BASE["train"], "steps": 7}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert {r.cfg.train.steps for r in expand(load_study(tmp_path / "s.yaml"), tmp_path)} == {4}
+
+
+def test_closed_output_pipe_exits_quietly(inputs):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "scalestudy.cli", "launch", "--spec", "spec.yaml"]
+    cmd += ["--executor", "slurm", "--out", "piped"]
+    proc = subprocess.Popen(
+        cmd, cwd=inputs, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    proc.stdout.close()  # the reader goes away before anything is written, as `| head -1` can
+    err = proc.stderr.read()
+    assert proc.wait() == 141 and err == "", err
+    assert (inputs / "piped" / "study.sbatch").is_file()  # the work itself was done
+
+
+def test_batch_that_does_not_divide_a_tpu_topology_is_one_line(capsys):
+    """The XXL decoder's batch on a v4 slice whose data axis it does not divide: refused
+    before anything is lowered (libtpu describes the topology; no TPU needed)."""
+    status = _status(["compile", "--config", XXL, "--topology", "v4:8x8x4"])
+    err = capsys.readouterr().err
+    if "TPU compiler" in err:
+        pytest.skip(f"libtpu cannot describe TPU topologies here: {err.strip()[:200]}")
+    assert status == 2 and "Traceback" not in err
+    assert "train.batch_size=8" in err and "mesh.data=256" in err and "multiple of 256" in err
