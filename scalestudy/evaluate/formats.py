@@ -8,6 +8,7 @@ error can name the file, the line and the field. No prompts here (tasks.py owns 
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,22 @@ def require_file(path: str | Path, what: str = "task file") -> Path:
         near = sorted(p.name for p in parent.iterdir())[:12] if parent.is_dir() else []
         hint = f"; {parent} holds: {', '.join(near)}" if near else f"; {parent} does not exist"
         raise TaskDataError(f"{what} not found: {path}{hint}")
+    return path
+
+
+def resolve_data_dir(data_dir: str | Path | None) -> Path:
+    """The evaluation data directory: `data_dir`, else $SCALESTUDY_EVAL_DIR; an error if neither
+    names an existing directory."""
+    if data_dir is None:
+        data_dir = os.environ.get("SCALESTUDY_EVAL_DIR")
+    if data_dir is None:
+        raise TaskDataError(
+            "no evaluation data directory: pass --data-dir DIR or set eval.data_dir (a "
+            "directory laid out like copa/copa-dev.xml, piqa/valid.jsonl, ...; see README `eval`)"
+        )
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise TaskDataError(f"evaluation data directory not found: {path}")
     return path
 
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jinja2
 
 from scalestudy.config import TaskConfig
 from scalestudy.evaluate import prompts
+from scalestudy.evaluate.examples import Example, Task
 from scalestudy.evaluate.formats import Row, TaskDataError, read_rows
-from scalestudy.evaluate.prompts import Example
-
-if TYPE_CHECKING:
-    from scalestudy.evaluate.tasks import Task
 
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
@@ -69,8 +65,6 @@ def generic_task(
     tc: TaskConfig, data_dir: str | Path | None = None, base_dir: Path | None = None
 ) -> Task:
     """The Task a TaskConfig describes (examples built row by row, errors naming file:line)."""
-    from scalestudy.evaluate.tasks import Task
-
     path = resolve_path(tc.path, data_dir, base_dir)
     rows = read_rows(path)
     context_t = _template(tc.template, tc.name, "template")

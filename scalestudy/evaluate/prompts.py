@@ -10,29 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from scalestudy.evaluate.examples import Example
 from scalestudy.evaluate.formats import Row
-
-
-@dataclass(frozen=True)
-class Example:
-    """One item: the choices are scored as `context + delimiter + choice`.
-
-    `contexts` holds one shared context, or one per choice (partial scoring: Winogrande's
-    option-filled contexts before one shared continuation).
-    """
-
-    contexts: tuple[str, ...]
-    choices: tuple[str, ...]
-    gold: int = 0
-    group: str = ""  # sub-task (probe name, prompt template) for per-group metrics
-
-    def pairs(self) -> list[tuple[str, str]]:
-        """(context, continuation) for each choice."""
-        if len(self.contexts) == 1:
-            return [(self.contexts[0], c) for c in self.choices]
-        return list(zip(self.contexts, self.choices, strict=True))
 
 
 def gold_index(row: Row, field: str, choices: tuple[str, ...], names: tuple = ()) -> int:

@@ -13,8 +13,8 @@ import jinja2
 import yaml
 
 from scalestudy.evaluate import prompts
-from scalestudy.evaluate.formats import Row, TaskDataError
-from scalestudy.evaluate.prompts import Example
+from scalestudy.evaluate.examples import Example, Task
+from scalestudy.evaluate.formats import Row, TaskDataError, resolve_data_dir
 
 _JINJA = jinja2.Environment()
 _JINJA.globals["zip"] = zip  # promptsource templates use it
@@ -65,19 +65,18 @@ def _source_fields(name: str, row: Row, gold: int) -> dict:
 SUPPORTED = ("copa", "piqa", "rte", "cb", "wic", "wsc", "boolq", "arc_easy")
 
 
-def promptsource_task(name: str, spec, rows: list[Row], source: str, data_dir) -> object:
-    """The task's examples under every template (group = template name; median aggregate)."""
-    from scalestudy.evaluate.tasks import Task, _resolve_data_dir
-
-    if name not in SUPPORTED or spec.promptsource is None:
+def promptsource_task(
+    name: str, templates_dir: str | None, rows: list[Row], source: str, data_dir
+) -> Task:
+    """The task's examples under every template of `promptsource_templates/<templates_dir>`
+    (group = template name; median aggregate)."""
+    if name not in SUPPORTED or templates_dir is None:
         raise TaskDataError(
             f"no promptsource templates wired for task {name!r}; accepted with "
             f"eval.prompts=promptsource: {', '.join(SUPPORTED)}"
         )
-    root = _resolve_data_dir(data_dir)
-    templates = load_templates(
-        root / "promptsource_templates" / spec.promptsource / "templates.yaml"
-    )
+    root = resolve_data_dir(data_dir)
+    templates = load_templates(root / "promptsource_templates" / templates_dir / "templates.yaml")
     build = prompts.BUILDERS[name]
     examples = []
     for row in rows:

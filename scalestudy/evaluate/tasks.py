@@ -13,38 +13,25 @@ A task name resolves, in order, to:
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from scalestudy.config import EvalConfig, SyntheticConfig, TaskConfig
+from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.evaluate import generic, prompts
-from scalestudy.evaluate.formats import Row, TaskDataError, read_rows, require_file
-from scalestudy.evaluate.prompts import Example
+from scalestudy.evaluate.examples import Example, Kind, Task
+from scalestudy.evaluate.formats import (
+    Row,
+    TaskDataError,
+    read_rows,
+    require_file,
+    resolve_data_dir,
+)
+from scalestudy.evaluate.promptsource import promptsource_task
 from scalestudy.yamlio import read_yaml, validate
 
-Kind = Literal["choice", "last_word", "text"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """Examples to score and how to report them.
-
-    kind "choice": rank classification (acc, acc_norm); "last_word": greedy exact match of the
-    continuation and perplexity; "text": loss per token and bits per byte over documents.
-    `aggregate` combines per-group accuracies into the task's (promptsource: median).
-    """
-
-    name: str
-    kind: Kind
-    examples: tuple[Example, ...]
-    source: str
-    metric: str = "acc"
-    delimiter: str = " "
-    aggregate: Literal["all", "median"] = "all"
-    info: dict = field(default_factory=dict)
+__all__ = ["REGISTRY", "Spec", "Task", "load_task", "load_tasks"]
 
 
 @dataclass(frozen=True)
@@ -117,20 +104,6 @@ DEFAULT_FILES = {name: spec.files[0] for name, spec in REGISTRY.items()}
 TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds}
 
 
-def _resolve_data_dir(data_dir: str | Path | None) -> Path:
-    if data_dir is None:
-        data_dir = os.environ.get("SCALESTUDY_EVAL_DIR")
-    if data_dir is None:
-        raise TaskDataError(
-            "no evaluation data directory: pass --data-dir DIR or set eval.data_dir (a "
-            "directory laid out like copa/copa-dev.xml, piqa/valid.jsonl, ...; see README `eval`)"
-        )
-    path = Path(data_dir)
-    if not path.is_dir():
-        raise TaskDataError(f"evaluation data directory not found: {path}")
-    return path
-
-
 def build_examples(name: str, rows: list[Row]) -> tuple[Example, ...]:
     """Examples of registered task `name` from release rows (harness prompts)."""
     build = prompts.BUILDERS[name]
@@ -141,7 +114,7 @@ def _registered(name: str, path: Path | None, data_dir, prompt_set: str) -> Task
     spec = REGISTRY[name]
     keep = None
     if path is None:
-        root = _resolve_data_dir(data_dir)
+        root = resolve_data_dir(data_dir)
         found = [root / f for f in spec.files if (root / f).is_file()]
         if not found:
             raise TaskDataError(
@@ -154,9 +127,7 @@ def _registered(name: str, path: Path | None, data_dir, prompt_set: str) -> Task
         key, lo, hi = keep
         rows = [r for r in rows if lo <= int(r.get(key, (int, str))) <= hi]
     if prompt_set == "promptsource":
-        from scalestudy.evaluate.promptsource import promptsource_task
-
-        return promptsource_task(name, spec, rows, str(path), data_dir)
+        return promptsource_task(name, spec.promptsource, rows, str(path), data_dir)
     return Task(name, spec.kind, build_examples(name, rows), str(path), spec.metric)
 
 
@@ -204,8 +175,6 @@ def _tfds(tfds_name: str, tfds_data_dir: str | None) -> Task:
 
 
 def _probes(synthetic: SyntheticConfig | None) -> Task:
-    from scalestudy.data.synthetic import probe_tasks
-
     examples = []
     for group, items in probe_tasks(synthetic or SyntheticConfig()).items():
         for i, item in enumerate(items):
