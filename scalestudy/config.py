@@ -393,9 +393,13 @@ class EvalConfig(Frozen):
     max_examples: int | None = Field(None, ge=1)  # per task
     prompts: Literal["harness", "promptsource"] = "harness"
     every_steps: int = Field(0, ge=0)  # 0: only at the end of training
-    # Scoring lengths; None: the run's objective lengths. Longer contexts are cut from the left.
+    # Context budget in tokens (contexts cut from the left, reported); None: no cut (rule
+    # "same") or the training length (rule "wang2022"). Continuations are never cut: rows grow
+    # to the longest, at least targets_length. Rules: docs/evaluation.md, evaluate/budget.py.
     inputs_length: int | None = Field(None, ge=1)
     targets_length: int | None = Field(None, ge=1)
+    context_rule: Literal["same", "wang2022"] = "same"
+    max_length: int = Field(2048, ge=1)  # longest scoring row; a task needing more is refused
 
 
 class ExperimentConfig(Frozen):

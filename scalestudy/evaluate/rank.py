@@ -16,15 +16,18 @@ import numpy as np
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.evaluate.budget import fit_pairs, text_lengths
 from scalestudy.evaluate.examples import Task
 from scalestudy.evaluate.metrics import Scored, choice_metrics, last_word_metrics, text_metrics
 from scalestudy.evaluate.pairs import limit_examples, text_windows, tokenize_pairs
-from scalestudy.evaluate.results import write_results
+from scalestudy.evaluate.records import example_records, window_records
+from scalestudy.evaluate.results import write_examples, write_results
 from scalestudy.evaluate.scorer import ScoreFn, Scorer, scoring_config
 from scalestudy.evaluate.tasks import load_tasks
 from scalestudy.models.api import build_model
 from scalestudy.train import checkpoint
+from scalestudy.yamlio import apply_overrides, validate
 
 __all__ = [
     "Scorer",
@@ -42,31 +45,42 @@ def evaluate_task(
     task: Task,
     score: ScoreFn,
     vocab,
+    cfg: ExperimentConfig,
     *,
     max_examples: int | None = None,
-    lengths: tuple[int, int] = (48, 16),
+    records: list[dict] | None = None,
 ) -> dict[str, float]:
     """Flat metrics of one task ("<task>/<metric>") scored by `score`.
 
-    `lengths` (context, target) sizes the text task's windows; `vocab` is a seqio Vocabulary.
+    Pairs keep the context that `cfg.eval`'s rule allows (`budget.py`); continuations are
+    never cut. `<task>/truncated` counts the examples whose context was cut. Per-example
+    scores are appended to `records` when given. `vocab` is a seqio Vocabulary.
     """
     prefix = task.name
     if task.kind == "text":
-        inputs, targets = text_windows(vocab.encode, task, lengths[1], lengths[0], max_examples)
+        context, window = text_lengths(cfg)
+        inputs, targets = text_windows(vocab.encode, task, window, context, max_examples)
         owner = np.arange(len(inputs))
     else:
         examples = limit_examples(task, max_examples)
         inputs, targets, owner = tokenize_pairs(vocab.encode, task, examples)
-    lp, n_tok, correct, truncated = score(inputs, targets, owner)
+    fitted = fit_pairs(cfg, inputs, targets, task.name)
+    lp, n_tok, correct = score(fitted)
+    truncated = len(set(owner[fitted.cut].tolist()))
     scored = Scored(np.asarray(lp), np.asarray(n_tok), np.asarray(correct), owner, truncated)
     if task.kind == "text":
-        n_bytes = sum(len(vocab.decode(t).encode("utf-8")) for t in targets)
-        out = text_metrics(scored, n_bytes, prefix)
-    elif task.kind == "last_word":
-        out = last_word_metrics(scored, prefix)
+        n_bytes = [len(vocab.decode(t).encode("utf-8")) for t in targets]
+        out = text_metrics(scored, sum(n_bytes), prefix)
+        if records is not None:
+            records += window_records(scored, fitted, n_bytes)
     else:
-        out = choice_metrics(task, examples, scored, prefix)
-    out[f"{prefix}/truncated"] = int(truncated)
+        if task.kind == "last_word":
+            out = last_word_metrics(scored, prefix)
+        else:
+            out = choice_metrics(task, examples, scored, prefix)
+        if records is not None:
+            records += example_records(task, examples, scored, fitted)
+    out[f"{prefix}/truncated"] = truncated
     return out
 
 
@@ -80,8 +94,10 @@ def evaluate_params(
     max_examples: int | None = None,
     mesh=None,
     scorer: Scorer | None = None,
+    records: dict[str, list[dict]] | None = None,
 ) -> dict[str, float]:
-    """Zero-shot metrics of `params` on `tasks` (default: cfg.eval's), flat "<task>/<metric>"."""
+    """Zero-shot metrics of `params` on `tasks` (default: cfg.eval's), flat "<task>/<metric>";
+    per-example scores into `records[task]` when `records` is given."""
     names = [t for t in (tasks or ()) if not isinstance(t, Task)]
     loaded = [t for t in (tasks or ()) if isinstance(t, Task)]
     if tasks is None or names:
@@ -90,14 +106,31 @@ def evaluate_params(
         )
     scorer = scorer or Scorer(cfg, model, params, mesh=mesh)
     vocab = get_vocabulary(cfg.data)
-    obj = scorer.cfg.objective
     limit = max_examples or cfg.eval.max_examples
+    scoring = scoring_config(cfg)
     results: dict[str, float] = {}
     for task in loaded:
+        kept = None if records is None else records.setdefault(task.name, [])
         results |= evaluate_task(
-            task, scorer, vocab, max_examples=limit, lengths=(obj.inputs_length, obj.targets_length)
+            task, scorer.score, vocab, scoring, max_examples=limit, records=kept
         )
     return results
+
+
+def eval_overrides(cfg: ExperimentConfig, overrides: Sequence[str]) -> ExperimentConfig:
+    """`cfg` with `eval.key=value` overrides applied; anything else is refused (a trained
+    run's model, data and objective are fixed)."""
+    if not overrides:
+        return cfg
+    bad = [o for o in overrides if not o.strip().startswith("eval.")]
+    if bad:
+        raise ConfigError(
+            f"override {bad[0]!r}: evaluating a trained run accepts only eval.* settings "
+            "(e.g. eval.inputs_length=512, eval.context_rule=wang2022); its model, data and "
+            "objective are those it was trained with"
+        )
+    data = apply_overrides(cfg.model_dump(mode="json"), list(overrides))
+    return validate(ExperimentConfig, data, "eval overrides")
 
 
 def evaluate_run(
@@ -106,9 +139,12 @@ def evaluate_run(
     data_dir: str | None = None,
     step: int | None = None,
     max_examples: int | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict:
-    """Evaluate a run directory's checkpoint (default: latest); results go to its
-    summary.json ("eval") and metrics.jsonl, and are returned with the step."""
+    """Evaluate a run directory's checkpoint (default: latest) with its stored evaluation
+    settings changed by `overrides` (`eval.key=value`); no retraining. Aggregates go to its
+    summary.json ("eval", with the settings in "eval_config") and metrics.jsonl, per-example
+    scores to eval_examples/step_<step>/<task>.jsonl; returns the aggregates and the step."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise ScalestudyError(f"run directory not found: {workdir}")
@@ -119,28 +155,59 @@ def evaluate_run(
         )
     # Straight into the run's parameter shardings, scored under the same mesh as training.
     cfg, params, step = checkpoint.restore_params(workdir, step, on_run_mesh=True)
+    cfg = eval_overrides(cfg, overrides)
     model = build_model(cfg.model)
     mesh = jax.tree.leaves(params)[0].sharding.mesh
+    records: dict[str, list[dict]] = {}
     results = evaluate_params(
-        cfg, model, params, tasks=tasks, data_dir=data_dir, max_examples=max_examples, mesh=mesh
+        cfg,
+        model,
+        params,
+        tasks=tasks,
+        data_dir=data_dir,
+        max_examples=max_examples,
+        mesh=mesh,
+        records=records,
     )
-    write_results(workdir, step, results)
+    write_examples(workdir, step, records)
+    write_results(workdir, step, results, cfg.eval.model_dump(mode="json"))
     return {"step": step, **results}
 
 
-def make_eval_fn(cfg: ExperimentConfig) -> Callable[[object, object, int], dict[str, float]]:
+def check_tasks(cfg: ExperimentConfig, tasks: Sequence[Task]) -> None:
+    """Refuse, before any training, a task whose rows would exceed eval.max_length."""
+    vocab = get_vocabulary(cfg.data)
+    scoring = scoring_config(cfg)
+    for task in tasks:
+        if task.kind == "text":
+            continue  # windows are cut to the eval lengths by construction
+        examples = limit_examples(task, cfg.eval.max_examples)
+        inputs, targets, _ = tokenize_pairs(vocab.encode, task, examples)
+        fit_pairs(scoring, inputs, targets, task.name)
+
+
+def make_eval_fn(
+    cfg: ExperimentConfig, workdir: str | Path | None = None
+) -> Callable[[object, object, int], dict[str, float]]:
     """eval_fn(model, params, step) for loop.train: cfg.eval's tasks, loaded (and checked)
-    now so that a bad task fails before training; one compiled scorer reused across calls."""
+    now so that a bad task fails before training; one compiled scorer reused across calls.
+    With `workdir`, each call also writes its per-example scores there."""
     tasks = load_tasks(cfg.eval, cfg.data.synthetic)
+    check_tasks(cfg, tasks)
     state: dict[str, Scorer] = {}
 
     def eval_fn(model, params, step: int) -> dict[str, float]:
-        del step
         if "scorer" not in state:
             state["scorer"] = Scorer(cfg, model, params)
         else:
             state["scorer"].set_params(params)
-        return evaluate_params(cfg, model, params, tasks=tasks, scorer=state["scorer"])
+        records: dict[str, list[dict]] | None = None if workdir is None else {}
+        out = evaluate_params(
+            cfg, model, params, tasks=tasks, scorer=state["scorer"], records=records
+        )
+        if records is not None and jax.process_index() == 0:
+            write_examples(Path(workdir), step, records)
+        return out
 
     return eval_fn
 

@@ -15,15 +15,17 @@ import numpy as np
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.pipeline import scoring_batch
+from scalestudy.errors import ScalestudyError
+from scalestudy.evaluate.budget import Fitted, fit_pairs, scoring_lengths
 from scalestudy.train import sharding
 
-# (inputs, targets, example index per pair) -> per pair: logprob sum, target token count,
-# all greedy-correct; and the number of examples whose context was truncated.
-ScoreFn = Callable[[list[list[int]], list[list[int]], np.ndarray], tuple]
+# Fitted pairs -> per pair: logprob sum, target token count, all greedy-correct.
+ScoreFn = Callable[[Fitted], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def scoring_config(cfg: ExperimentConfig) -> ExperimentConfig:
-    """`cfg` with the objective lengths replaced by eval.inputs_length/targets_length if set."""
+    """`cfg` with the objective lengths replaced by eval.inputs_length/targets_length if set
+    (the lengths eval's wang2022 rule and text windows read)."""
     lengths = {
         k: v
         for k, v in (
@@ -85,24 +87,33 @@ class Scorer:
         out["pair_context"] = pair_context.reshape(-1).astype(np.int32)
         return out
 
+    def score(self, fitted: Fitted) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole."""
+        cfg = scoring_lengths(self.cfg, fitted.lengths)
+        n = len(fitted.inputs)
+        outs: list[list[np.ndarray]] = [[], [], []]
+        for start in range(0, n, self.rows):
+            stop = min(start + self.rows, n)
+            pad = [start] * (self.rows - (stop - start))  # fill the fixed shape: reuse a pair
+            idx = [*range(start, stop), *pad]
+            batch, n_cut = scoring_batch(
+                cfg, [fitted.inputs[i] for i in idx], [fitted.targets[i] for i in idx]
+            )
+            if n_cut:  # fit_pairs sized the rows; a cut here is a bug, never a silent result
+                raise ScalestudyError(f"scoring rows of {fitted.lengths} cut {n_cut} pairs")
+            part = self._run(self._distinct_contexts(batch, np.arange(self.rows)))
+            for acc, value in zip(outs, part, strict=True):
+                acc.append(np.asarray(value)[: stop - start])
+        if not n:
+            return np.zeros(0), np.zeros(0, np.int32), np.zeros(0, bool)
+        lp, n_tok, correct = (np.concatenate(o) for o in outs)
+        return lp, n_tok, correct
+
     def __call__(
         self, inputs: list[list[int]], targets: list[list[int]], owner: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Per pair: (logprob, n_tokens, all_correct); and the number of examples (pairs
-        grouped by `owner`, contiguous) with a context cut to fit."""
-        n = len(inputs)
-        cuts = np.flatnonzero(np.diff(owner)) + 1
-        parts, truncated = [], 0
-        for lo, hi in zip([0, *cuts], [*cuts, n], strict=True):
-            batch, n_cut = scoring_batch(self.cfg, inputs[lo:hi], targets[lo:hi])
-            parts.append(batch)
-            truncated += n_cut > 0
-        batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        outs: list[list[np.ndarray]] = [[], [], []]
-        for start in range(0, n, self.rows):
-            rows = np.arange(start, min(start + self.rows, n))
-            rows = np.concatenate([rows, np.full(self.rows - len(rows), rows[0])])  # pad: reuse
-            part = self._run(self._distinct_contexts(batch, rows))
-            for acc, value in zip(outs, part, strict=True):
-                acc.append(np.asarray(value)[: min(self.rows, n - start)])
-        return (*(np.concatenate(o) for o in outs), int(truncated))
+        """Per pair: (logprob, n_tokens, all_correct) under eval's context rule; and the
+        number of examples (pairs grouped by `owner`) whose context was cut."""
+        fitted = fit_pairs(self.cfg, inputs, targets)
+        lp, n_tok, correct = self.score(fitted)
+        return lp, n_tok, correct, len(set(np.asarray(owner)[fitted.cut].tolist()))
