@@ -45,13 +45,15 @@ def choice_metrics(
         pair += k
     out = {}
     names = sorted(set(groups))
-    per_group = {}
+    per_group, sizes = {}, {}
     for g in names:
         idx = [i for i, x in enumerate(groups) if x == g]
         per_group[g] = (np.mean([hits[i] for i in idx]), np.mean([hits_norm[i] for i in idx]))
+        sizes[g] = len(idx)
         if len(names) > 1:
             out[f"{prefix}/{g}/acc"] = float(per_group[g][0])
             out[f"{prefix}/{g}/acc_norm"] = float(per_group[g][1])
+    out |= tag_metrics(task, {g: (float(a), sizes[g]) for g, (a, _) in per_group.items()}, prefix)
     if task.aggregate == "median":
         out[f"{prefix}/acc"] = float(np.median([a for a, _ in per_group.values()]))
         out[f"{prefix}/acc_norm"] = float(np.median([b for _, b in per_group.values()]))
@@ -61,6 +63,20 @@ def choice_metrics(
     out[f"{prefix}/n"] = len(examples)
     # Expected accuracy of a uniform random guess, so that every table can show chance.
     out[f"{prefix}/chance"] = float(np.mean([1.0 / len(ex.choices) for ex in examples]))
+    return out
+
+
+def tag_metrics(task: Task, group_acc: dict[str, tuple[float, int]], prefix: str) -> dict:
+    """Accuracy per tag value (e.g. linguistics term, field) over the groups carrying it,
+    weighted by each group's examples: "<prefix>/<tag>/<value>/acc"."""
+    out: dict[str, float] = {}
+    for tag, of_group in task.info.get("group_tags", {}).items():
+        values: dict[str, list[tuple[float, int]]] = {}
+        for group, (acc, n) in group_acc.items():
+            values.setdefault(of_group.get(group, "unknown"), []).append((acc, n))
+        for value, accs in sorted(values.items()):
+            n = sum(k for _, k in accs)
+            out[f"{prefix}/{tag}/{value}/acc"] = sum(a * k for a, k in accs) / n
     return out
 
 

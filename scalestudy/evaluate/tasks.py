@@ -2,6 +2,7 @@
 
 A task name resolves, in order, to:
   `synthetic_probes`           the built-in corpus's probe tasks (data/synthetic.py)
+  `blimp` or `blimp:PATH`      BLiMP minimal pairs (a directory of paradigm files, blimp.py)
   `text:PATH`                  held-out loss / bits per byte over a text file
   `NAME:PATH`                  a registered task read from an explicit release file
   `tfds:NAME` or `a/b`         a TFDS dataset prepared on this machine (e.g. `super_glue/copa`)
@@ -20,6 +21,7 @@ from scalestudy.config import EvalConfig, SyntheticConfig, TaskConfig
 from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.evaluate import generic, prompts
+from scalestudy.evaluate.blimp import load_blimp
 from scalestudy.evaluate.examples import Example, Kind, Task
 from scalestudy.evaluate.formats import (
     Row,
@@ -216,6 +218,8 @@ def load_task(
         return _text(tail)
     if sep and head == "tfds":
         return _tfds(tail, tfds_data_dir)
+    if spec == "blimp" or (sep and head == "blimp"):
+        return load_blimp(Path(tail) if sep else resolve_data_dir(data_dir) / "blimp")
     if sep and head in REGISTRY:
         return _registered(head, Path(tail), data_dir, prompts)
     if spec.endswith((".yaml", ".yml")):
@@ -226,7 +230,15 @@ def load_task(
         return _registered(spec, None, data_dir, prompts)
     if "/" in spec and spec.split(":")[0] in TFDS_NAMES:
         return _tfds(spec, tfds_data_dir)
-    accepted = ["synthetic_probes", *REGISTRY, "NAME:PATH", "text:PATH", "tfds:NAME", "FILE.yaml"]
+    accepted = [
+        "synthetic_probes",
+        *REGISTRY,
+        "blimp",
+        "NAME:PATH",
+        "text:PATH",
+        "tfds:NAME",
+        "FILE.yaml",
+    ]
     raise TaskDataError(f"unknown task {spec!r}; accepted: {', '.join(accepted)}")
 
 
