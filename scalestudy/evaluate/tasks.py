@@ -101,6 +101,35 @@ REGISTRY: dict[str, Spec] = {
         tfds=("super_glue/wsc.fixed", "validation"),
         promptsource="super_glue/wsc.fixed",
     ),
+    # Tasks of Wang et al.'s evaluation (T0's held-out set and the harness tasks) not above;
+    # the released files are not bundled: give them under data_dir in these layouts, as
+    # NAME:PATH, or prepare the TFDS dataset. ANLI: the dev set of each round, as T0 reports.
+    "anli_r1": Spec(("anli/R1/dev.jsonl",), tfds=("anli/r1", "validation")),
+    "anli_r2": Spec(("anli/R2/dev.jsonl",), tfds=("anli/r2", "validation")),
+    "anli_r3": Spec(("anli/R3/dev.jsonl",), tfds=("anli/r3", "validation")),
+    # StoryCloze 2016 validation (1,871 stories), the release's CSV.
+    "story_cloze": Spec(
+        (
+            "story_cloze/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
+            "story_cloze/validation.jsonl",
+        ),
+        tfds=("story_cloze/2016", "validation"),
+    ),
+    "arc_challenge": Spec(
+        ("arc_challenge/ARC-Challenge-Test.jsonl", "arc_challenge/arc_challenge_test.jsonl"),
+        metric="acc_norm",
+        tfds=("ai2_arc/ARC-Challenge", "test"),
+    ),
+    "openbookqa": Spec(
+        ("openbookqa/Main/test.jsonl",), metric="acc_norm", tfds=("openbookqa", "test")
+    ),
+    "sciq": Spec(("sciq/test.json",), tfds=("sciq", "test")),
+    # GLUE validation sets (the GLUE download's dev.tsv; test labels are not public).
+    "mrpc": Spec(("glue/MRPC/dev.tsv",), tfds=("glue/mrpc", "validation")),
+    "qnli": Spec(("glue/QNLI/dev.tsv",), tfds=("glue/qnli", "validation")),
+    "sst2": Spec(("glue/SST-2/dev.tsv",), tfds=("glue/sst2", "validation")),
+    "wnli": Spec(("glue/WNLI/dev.tsv",), tfds=("glue/wnli", "validation")),
+    "qqp": Spec(("glue/QQP/dev.tsv",), tfds=("glue/qqp", "validation")),
 }
 DEFAULT_FILES = {name: spec.files[0] for name, spec in REGISTRY.items()}
 TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds}
