@@ -58,11 +58,42 @@ def _source_fields(name: str, row: Row, gold: int) -> dict:
             choices={"text": f["choices"], "label": letters},
             answerKey=letters[gold],
         )
+    if name in ("arc_challenge", "openbookqa") and isinstance(f.get("question"), dict):
+        q = f.pop("question")  # the AI2 release form
+        stem = q.get("stem", "")
+        choices = {
+            "text": [c.get("text") for c in q.get("choices", ())],
+            "label": [str(c.get("label")) for c in q.get("choices", ())],
+        }
+        f.update(question=stem, question_stem=stem, choices=choices)
+    if name.startswith("anli") and "premise" not in f:
+        f["premise"] = f.get("context")
+    if name == "story_cloze" and "InputSentence1" in f:
+        for i in range(1, 5):
+            f[f"input_sentence_{i}"] = f[f"InputSentence{i}"]
+        f["sentence_quiz1"] = f["RandomFifthSentenceQuiz1"]
+        f["sentence_quiz2"] = f["RandomFifthSentenceQuiz2"]
+    f["answer_right_ending"] = gold + 1
     f["label"] = gold
     return f
 
 
-SUPPORTED = ("copa", "piqa", "rte", "cb", "wic", "wsc", "boolq", "arc_easy")
+SUPPORTED = (
+    "copa",
+    "piqa",
+    "rte",
+    "cb",
+    "wic",
+    "wsc",
+    "boolq",
+    "arc_easy",
+    "arc_challenge",
+    "openbookqa",
+    "anli_r1",
+    "anli_r2",
+    "anli_r3",
+    "story_cloze",
+)
 
 
 def promptsource_task(

@@ -104,9 +104,9 @@ REGISTRY: dict[str, Spec] = {
     # Tasks of Wang et al.'s evaluation (T0's held-out set and the harness tasks) not above;
     # the released files are not bundled: give them under data_dir in these layouts, as
     # NAME:PATH, or prepare the TFDS dataset. ANLI: the dev set of each round, as T0 reports.
-    "anli_r1": Spec(("anli/R1/dev.jsonl",), tfds=("anli/r1", "validation")),
-    "anli_r2": Spec(("anli/R2/dev.jsonl",), tfds=("anli/r2", "validation")),
-    "anli_r3": Spec(("anli/R3/dev.jsonl",), tfds=("anli/r3", "validation")),
+    "anli_r1": Spec(("anli/R1/dev.jsonl",), tfds=("anli/r1", "validation"), promptsource="anli"),
+    "anli_r2": Spec(("anli/R2/dev.jsonl",), tfds=("anli/r2", "validation"), promptsource="anli"),
+    "anli_r3": Spec(("anli/R3/dev.jsonl",), tfds=("anli/r3", "validation"), promptsource="anli"),
     # StoryCloze 2016 validation (1,871 stories), the release's CSV.
     "story_cloze": Spec(
         (
@@ -114,14 +114,19 @@ REGISTRY: dict[str, Spec] = {
             "story_cloze/validation.jsonl",
         ),
         tfds=("story_cloze/2016", "validation"),
+        promptsource="story_cloze/2016",
     ),
     "arc_challenge": Spec(
         ("arc_challenge/ARC-Challenge-Test.jsonl", "arc_challenge/arc_challenge_test.jsonl"),
         metric="acc_norm",
         tfds=("ai2_arc/ARC-Challenge", "test"),
+        promptsource="ai2_arc/ARC-Challenge",
     ),
     "openbookqa": Spec(
-        ("openbookqa/Main/test.jsonl",), metric="acc_norm", tfds=("openbookqa", "test")
+        ("openbookqa/Main/test.jsonl",),
+        metric="acc_norm",
+        tfds=("openbookqa", "test"),
+        promptsource="openbookqa/main",
     ),
     "sciq": Spec(("sciq/test.json",), tfds=("sciq", "test")),
     # GLUE validation sets (the GLUE download's dev.tsv; test labels are not public).

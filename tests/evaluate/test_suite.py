@@ -135,3 +135,17 @@ def test_missing_release_names_the_layout(tmp_path: Path) -> None:
     bad.write_text("sentence\tlabel\nfine\t1\textra\n")
     with pytest.raises(TaskDataError, match=r"bad.tsv:2: 3 columns do not match the header's 2"):
         load_task(f"sst2:{bad}")
+
+
+@pytest.mark.parametrize("name", ["anli_r1", "story_cloze", "arc_challenge", "openbookqa"])
+def test_promptsource_templates_read_the_released_form(
+    release: Path, shared_data: Path, name: str
+) -> None:
+    (release / "promptsource_templates").symlink_to(shared_data / "eval/promptsource_templates")
+    harness = load_task(name, release)
+    task = load_task(name, release, prompts="promptsource")
+    groups = {e.group for e in task.examples}
+    assert task.aggregate == "median" and len(groups) > 1
+    for ex in task.examples[: len(groups)]:  # every template of the first row
+        assert ex.gold == harness.examples[0].gold
+        assert len(ex.choices) == len(harness.examples[0].choices)
