@@ -83,7 +83,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.eval:  # zero-shot, on this run's mesh, before the job ends
         from scalestudy.evaluate.rank import make_eval_fn
 
-        eval_fn = make_eval_fn(cfg)
+        eval_fn = make_eval_fn(cfg, workdir)
     try:
         summary = train(cfg, workdir, eval_fn=eval_fn)
     except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
@@ -106,12 +106,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
 
+    # `--tasks a b eval.x=1` hands the override to --tasks: an item with "=" is an override.
+    tasks = [t for t in args.tasks or () if "=" not in t] or None
+    overrides = [*(t for t in args.tasks or () if "=" in t), *args.overrides]
     results = evaluate_run(
         workdir,
-        tasks=args.tasks,
+        tasks=tasks,
         data_dir=args.data_dir,
         step=args.step,
         max_examples=args.max_examples,
+        overrides=overrides,
     )
     _print(results, args.json)
     return 0
@@ -279,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-examples", type=cli_args.positive_int, default=None, help="per task")
     p.add_argument("--json", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="eval.key=value", help="evaluation settings")
     p.set_defaults(fn=_cmd_eval)
 
     p = sub.add_parser("study", help="run (or resume) a whole study from its spec")

@@ -338,12 +338,14 @@ class TaskConfig(Frozen):
     kind "choice": each row has a context and choices, scored as context + delimiter + choice;
     "partial": the choices field holds one context per option, all followed by the shared
     `continuation_field` (Winogrande); "last_word": context + continuation, exact match and
-    perplexity (LAMBADA).
+    perplexity (LAMBADA); "pair": two sentences per row (`choice_fields`, the acceptable one
+    first), each scored whole with no context, the more probable one picked (BLiMP).
     """
 
     name: str = Field(min_length=1)
     path: str  # JSONL; relative paths: to the task YAML's folder, then eval.data_dir, then cwd
-    kind: Literal["choice", "partial", "last_word"] = "choice"
+    kind: Literal["choice", "partial", "last_word", "pair"] = "choice"
+    group_field: str | None = None  # per-group accuracy by this field's value (pair, choice)
     context_field: str = "query"
     choices_field: str | None = "choices"  # a list field ...
     choice_fields: Tuple = ()  # ... or several fields, one per choice ...
@@ -361,6 +363,11 @@ class TaskConfig(Frozen):
     def _check(self) -> TaskConfig:
         if self.kind == "last_word":
             return self
+        if self.kind == "pair" and len(self.choice_fields) != 2:
+            raise ConfigError(
+                f"task {self.name!r}: kind 'pair' needs choice_fields: [acceptable, "
+                f"unacceptable] (two field names); got {list(self.choice_fields)}"
+            )
         sources = [
             f"choices_field={self.choices_field!r}" if self.choices_field else "",
             f"choice_fields={list(self.choice_fields)}" if self.choice_fields else "",
@@ -395,9 +402,13 @@ class EvalConfig(Frozen):
     max_examples: int | None = Field(None, ge=1)  # per task
     prompts: Literal["harness", "promptsource"] = "harness"
     every_steps: int = Field(0, ge=0)  # 0: only at the end of training
-    # Scoring lengths; None: the run's objective lengths. Longer contexts are cut from the left.
+    # Context budget in tokens (contexts cut from the left, reported); None: no cut (rule
+    # "same") or the training length (rule "wang2022"). Continuations are never cut: rows grow
+    # to the longest, at least targets_length. Rules: docs/evaluation.md, evaluate/budget.py.
     inputs_length: int | None = Field(None, ge=1)
     targets_length: int | None = Field(None, ge=1)
+    context_rule: Literal["same", "wang2022"] = "same"
+    max_length: int = Field(2048, ge=1)  # longest scoring row; a task needing more is refused
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

@@ -215,6 +215,12 @@ def piece_spans(
     return starts[keep], lengths[keep]
 
 
+def scoring_inputs_suffix(cfg: ObjectiveConfig) -> tuple[int, ...]:
+    """Tokens that ended every training input of this objective, appended to scored contexts
+    so that evaluation reads inputs in the form training showed (mlm: EOS; flm/plm: none)."""
+    return (EOS_ID,) if cfg.name == "mlm" else ()
+
+
 def feature_lengths(cfg: ObjectiveConfig, encoder_decoder: bool) -> tuple[int, int]:
     """(encoder, decoder) positions of a row for the objective `cfg` (encoder 0: decoder-only).
 

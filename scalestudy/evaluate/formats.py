@@ -7,7 +7,9 @@ error can name the file, the line and the field. No prompts here (tasks.py owns 
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,22 @@ def require_file(path: str | Path, what: str = "task file") -> Path:
         near = sorted(p.name for p in parent.iterdir())[:12] if parent.is_dir() else []
         hint = f"; {parent} holds: {', '.join(near)}" if near else f"; {parent} does not exist"
         raise TaskDataError(f"{what} not found: {path}{hint}")
+    return path
+
+
+def resolve_data_dir(data_dir: str | Path | None) -> Path:
+    """The evaluation data directory: `data_dir`, else $SCALESTUDY_EVAL_DIR; an error if neither
+    names an existing directory."""
+    if data_dir is None:
+        data_dir = os.environ.get("SCALESTUDY_EVAL_DIR")
+    if data_dir is None:
+        raise TaskDataError(
+            "no evaluation data directory: pass --data-dir DIR or set eval.data_dir (a "
+            "directory laid out like copa/copa-dev.xml, piqa/valid.jsonl, ...; see README `eval`)"
+        )
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise TaskDataError(f"evaluation data directory not found: {path}")
     return path
 
 
@@ -178,17 +196,56 @@ def read_wic_txt(path: str | Path) -> list[Row]:
     return rows
 
 
+def read_table(path: str | Path) -> list[Row]:
+    """Rows of a CSV (StoryCloze) or tab-separated (GLUE) file with a header line; every
+    value a string, as released."""
+    path = require_file(path)
+    tab = path.suffix == ".tsv"
+    with path.open(encoding="utf-8", newline="") as f:
+        kw = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tab else {}
+        reader = csv.DictReader(f, **kw)
+        rows = []
+        for n, fields in enumerate(reader, start=2):
+            if None in fields or None in fields.values():
+                raise TaskDataError(
+                    f"{path}:{n}: {len(fields)} columns do not match the header's "
+                    f"{len(reader.fieldnames or ())}"
+                )
+            rows.append(Row(dict(fields), f"{path}:{n}"))
+    if not rows:
+        raise TaskDataError(f"{path}: no rows after the header")
+    return rows
+
+
+def read_json_array(path: str | Path) -> list[Row]:
+    """Rows of a JSON file holding one list of objects (SciQ's release)."""
+    path = require_file(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TaskDataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, list) or not data or not all(isinstance(x, dict) for x in data):
+        raise TaskDataError(f"{path}: expected a non-empty JSON list of objects")
+    return [Row(x, f"{path}: item {i}") for i, x in enumerate(data)]
+
+
 def read_rows(path: str | Path) -> list[Row]:
     """Rows of any supported release file, chosen by its name.
 
-    `.xml`: original COPA; `*.data.txt`: original WiC (with `*.gold.txt`); `.jsonl`: one
-    object per line, with labels from an aligned `<stem>-labels.lst` when there is one (PIQA).
+    `.xml`: original COPA; `*.data.txt`: original WiC (with `*.gold.txt`); `.csv`/`.tsv`:
+    a table with a header (StoryCloze, GLUE); `.json`: a list of objects (SciQ); `.jsonl`:
+    one object per line, with labels from an aligned `<stem>-labels.lst` when there is one
+    (PIQA).
     """
     path = Path(path)
     if path.suffix == ".xml":
         return read_copa_xml(path)
     if path.name.endswith(".data.txt"):
         return read_wic_txt(path)
+    if path.suffix in (".csv", ".tsv"):
+        return read_table(path)
+    if path.suffix == ".json":
+        return read_json_array(path)
     if path.with_name(f"{path.stem}-labels.lst").is_file():
         return read_piqa(path)
     return read_jsonl(path)

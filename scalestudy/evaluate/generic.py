@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import jinja2
 
 from scalestudy.config import TaskConfig
 from scalestudy.evaluate import prompts
+from scalestudy.evaluate.blimp import pair_example
+from scalestudy.evaluate.examples import Example, Task
 from scalestudy.evaluate.formats import Row, TaskDataError, read_rows
-from scalestudy.evaluate.prompts import Example
-
-if TYPE_CHECKING:
-    from scalestudy.evaluate.tasks import Task
 
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
@@ -69,12 +66,12 @@ def generic_task(
     tc: TaskConfig, data_dir: str | Path | None = None, base_dir: Path | None = None
 ) -> Task:
     """The Task a TaskConfig describes (examples built row by row, errors naming file:line)."""
-    from scalestudy.evaluate.tasks import Task
-
     path = resolve_path(tc.path, data_dir, base_dir)
     rows = read_rows(path)
     context_t = _template(tc.template, tc.name, "template")
     choice_t = _template(tc.choice_template, tc.name, "choice_template")
+    if tc.kind == "pair":
+        return _pair_task(tc, rows, str(path))
     examples = []
     for row in rows:
         context = ""  # partial tasks take their contexts from the choices field
@@ -100,6 +97,18 @@ def generic_task(
                 raise row.error(f"field {tc.continuation_field!r} is empty")
             examples.append(Example(choices, (continuation,) * len(choices), gold))
         else:
-            examples.append(Example((context,), choices, gold))
+            group = "" if tc.group_field is None else str(row.get(tc.group_field))
+            examples.append(Example((context,), choices, gold, group))
     kind = "last_word" if tc.kind == "last_word" else "choice"
     return Task(tc.name, kind, tuple(examples), str(path), tc.metric, tc.delimiter)
+
+
+def _pair_task(tc: TaskConfig, rows: list[Row], source: str) -> Task:
+    """Minimal pairs: the first of `choice_fields` is the acceptable sentence; both are scored
+    whole with no context and no delimiter."""
+    examples = []
+    for row in rows:
+        good, bad = prompts.check_choices(row, _choices(tc, row), "choice_fields")
+        group = "" if tc.group_field is None else str(row.get(tc.group_field))
+        examples.append(pair_example(good, bad, group))
+    return Task(tc.name, "choice", tuple(examples), source, "acc", delimiter="")

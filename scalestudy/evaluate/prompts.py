@@ -10,29 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from scalestudy.evaluate.examples import Example
 from scalestudy.evaluate.formats import Row
-
-
-@dataclass(frozen=True)
-class Example:
-    """One item: the choices are scored as `context + delimiter + choice`.
-
-    `contexts` holds one shared context, or one per choice (partial scoring: Winogrande's
-    option-filled contexts before one shared continuation).
-    """
-
-    contexts: tuple[str, ...]
-    choices: tuple[str, ...]
-    gold: int = 0
-    group: str = ""  # sub-task (probe name, prompt template) for per-group metrics
-
-    def pairs(self) -> list[tuple[str, str]]:
-        """(context, continuation) for each choice."""
-        if len(self.contexts) == 1:
-            return [(self.contexts[0], c) for c in self.choices]
-        return list(zip(self.contexts, self.choices, strict=True))
 
 
 def gold_index(row: Row, field: str, choices: tuple[str, ...], names: tuple = ()) -> int:
@@ -134,9 +114,23 @@ def boolq(row: Row) -> Example:
     return Example((context,), choices, gold_index(row, "label", choices))
 
 
+def _question_choices(row: Row) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(stem, choice texts, choice labels) of the AI2 release form (ARC, OpenBookQA):
+    {"question": {"stem", "choices": [{"text", "label"}, ...]}, "answerKey"}."""
+    question = Row(row.get("question", dict), row.where)
+    items = question.get("choices", list)
+    texts = tuple(Row(c, row.where).get("text", str) for c in items)
+    labels = tuple(str(Row(c, row.where).get("label", (str, int))) for c in items)
+    return question.get("stem", str), check_choices(row, texts, "question.choices"), labels
+
+
 def arc(row: Row) -> Example:
     if "query" in row.fields:
         return _harness_form(row, "\nAnswer:")
+    if isinstance(row.fields.get("question"), dict):  # the original release
+        stem, choices, keys = _question_choices(row)
+        context = f"Question: {stem}\nAnswer:"
+        return Example((context,), choices, gold_index(row, "answerKey", choices, keys))
     choice_obj = row.get("choices", dict)
     choices = check_choices(row, tuple(choice_obj.get("text", ())), "choices.text")
     keys = tuple(str(k) for k in choice_obj.get("label", ()))
@@ -230,12 +224,99 @@ def wsc(row: Row) -> Example:
     return Example((context,), choices, gold_index(row, "label", choices))
 
 
+def openbookqa(row: Row) -> Example:
+    if isinstance(row.fields.get("question"), dict):  # the original release
+        stem, choices, keys = _question_choices(row)
+    else:  # TFDS/HF fields
+        stem, choice_obj = row.get("question_stem", str), row.get("choices", dict)
+        choices = check_choices(row, tuple(choice_obj.get("text", ())), "choices.text")
+        keys = tuple(str(k) for k in choice_obj.get("label", ()))
+    return Example((stem,), choices, gold_index(row, "answerKey", choices, keys))
+
+
+def anli(row: Row) -> Example:
+    premise = row.get("context" if "context" in row.fields else "premise", str)
+    context = f"{premise}\nQuestion: {row.get('hypothesis', str)} True, False, or Neither?\nAnswer:"
+    choices = ("True", "Neither", "False")
+    return Example((context,), choices, gold_index(row, "label", choices, ANLI_LABELS))
+
+
+def story_cloze(row: Row) -> Example:
+    if "InputSentence1" in row.fields:  # the released CSV
+        story = [row.get(f"InputSentence{i}", str) for i in range(1, 5)]
+        endings = ("RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2")
+        label = "AnswerRightEnding"
+    else:  # TFDS/HF fields
+        story = [row.get(f"input_sentence_{i}", str) for i in range(1, 5)]
+        endings, label = ("sentence_quiz1", "sentence_quiz2"), "answer_right_ending"
+    choices = check_choices(row, tuple(row.get(f, str) for f in endings), "endings")
+    gold = gold_index(Row({label: int(row.get(label, (int, str))) - 1}, row.where), label, choices)
+    return Example((" ".join(s.strip() for s in story),), choices, gold)
+
+
+def sciq(row: Row) -> Example:
+    context = f"{row.get('support', str)}\nQuestion: {row.get('question', str)}\nAnswer:".strip()
+    fields = ("distractor1", "distractor2", "distractor3", "correct_answer")
+    choices = check_choices(row, tuple(row.get(f, str) for f in fields), "distractor*")
+    return Example((context,), choices, 3)
+
+
+def _pick(row: Row, *names: str) -> str:
+    """The first of `names` the row has (release and TFDS spell some fields differently)."""
+    return row.get(next((n for n in names if n in row.fields), names[0]), str)
+
+
+def mrpc(row: Row) -> Example:
+    s1, s2 = _pick(row, "#1 String", "sentence1"), _pick(row, "#2 String", "sentence2")
+    context = (
+        f"Sentence 1: {s1}\nSentence 2: {s2}\nQuestion: Do both sentences mean the same "
+        "thing?\nAnswer:"
+    )
+    choices = ("no", "yes")
+    field = "Quality" if "Quality" in row.fields else "label"
+    return Example((context,), choices, gold_index(row, field, choices))
+
+
+def qnli(row: Row) -> Example:
+    context = (
+        f"{row.get('question', str)}\n{row.get('sentence', str)}\nQuestion: Does this "
+        "response answer the question?\nAnswer:"
+    )
+    choices = ("yes", "no")
+    return Example((context,), choices, gold_index(row, "label", choices, RTE_LABELS))
+
+
+def sst2(row: Row) -> Example:
+    question = "Question: Is this sentence positive or negative?\nAnswer:"
+    context = f"{row.get('sentence', str).strip()}\n{question}"
+    choices = ("negative", "positive")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def wnli(row: Row) -> Example:
+    hypothesis = row.get("sentence2", str)
+    context = f"{row.get('sentence1', str)}\nQuestion: {hypothesis} True or False?\nAnswer:"
+    choices = ("False", "True")
+    return Example((context,), choices, gold_index(row, "label", choices))
+
+
+def qqp(row: Row) -> Example:
+    context = (
+        f"Question 1: {row.get('question1', str)}\nQuestion 2: {row.get('question2', str)}\n"
+        "Question: Do both questions ask the same thing?\nAnswer:"
+    )
+    choices = ("no", "yes")
+    field = "is_duplicate" if "is_duplicate" in row.fields else "label"
+    return Example((context,), choices, gold_index(row, field, choices))
+
+
 def generic(row: Row) -> Example:
     """`{query, choices, gold}` rows (any task already in harness form)."""
     return _harness_form(row)
 
 
 RTE_LABELS = ("entailment", "not_entailment")
+ANLI_LABELS = ("e", "n", "c")  # the release's letters, in the order of the choices
 CB_LABELS = ("entailment", "contradiction", "neutral")
 BUILDERS: dict[str, Callable[[Row], Example]] = {
     "copa": copa,
@@ -250,5 +331,16 @@ BUILDERS: dict[str, Callable[[Row], Example]] = {
     "cb": cb,
     "wic": wic,
     "wsc": wsc,
+    "anli_r1": anli,
+    "anli_r2": anli,
+    "anli_r3": anli,
+    "story_cloze": story_cloze,
+    "openbookqa": openbookqa,
+    "sciq": sciq,
+    "mrpc": mrpc,
+    "qnli": qnli,
+    "sst2": sst2,
+    "wnli": wnli,
+    "qqp": qqp,
     "mc": generic,
 }

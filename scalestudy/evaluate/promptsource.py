@@ -13,8 +13,8 @@ import jinja2
 import yaml
 
 from scalestudy.evaluate import prompts
-from scalestudy.evaluate.formats import Row, TaskDataError
-from scalestudy.evaluate.prompts import Example
+from scalestudy.evaluate.examples import Example, Task
+from scalestudy.evaluate.formats import Row, TaskDataError, resolve_data_dir
 
 _JINJA = jinja2.Environment()
 _JINJA.globals["zip"] = zip  # promptsource templates use it
@@ -58,26 +58,56 @@ def _source_fields(name: str, row: Row, gold: int) -> dict:
             choices={"text": f["choices"], "label": letters},
             answerKey=letters[gold],
         )
+    if name in ("arc_challenge", "openbookqa") and isinstance(f.get("question"), dict):
+        q = f.pop("question")  # the AI2 release form
+        stem = q.get("stem", "")
+        choices = {
+            "text": [c.get("text") for c in q.get("choices", ())],
+            "label": [str(c.get("label")) for c in q.get("choices", ())],
+        }
+        f.update(question=stem, question_stem=stem, choices=choices)
+    if name.startswith("anli") and "premise" not in f:
+        f["premise"] = f.get("context")
+    if name == "story_cloze" and "InputSentence1" in f:
+        for i in range(1, 5):
+            f[f"input_sentence_{i}"] = f[f"InputSentence{i}"]
+        f["sentence_quiz1"] = f["RandomFifthSentenceQuiz1"]
+        f["sentence_quiz2"] = f["RandomFifthSentenceQuiz2"]
+    f["answer_right_ending"] = gold + 1
     f["label"] = gold
     return f
 
 
-SUPPORTED = ("copa", "piqa", "rte", "cb", "wic", "wsc", "boolq", "arc_easy")
+SUPPORTED = (
+    "copa",
+    "piqa",
+    "rte",
+    "cb",
+    "wic",
+    "wsc",
+    "boolq",
+    "arc_easy",
+    "arc_challenge",
+    "openbookqa",
+    "anli_r1",
+    "anli_r2",
+    "anli_r3",
+    "story_cloze",
+)
 
 
-def promptsource_task(name: str, spec, rows: list[Row], source: str, data_dir) -> object:
-    """The task's examples under every template (group = template name; median aggregate)."""
-    from scalestudy.evaluate.tasks import Task, _resolve_data_dir
-
-    if name not in SUPPORTED or spec.promptsource is None:
+def promptsource_task(
+    name: str, templates_dir: str | None, rows: list[Row], source: str, data_dir
+) -> Task:
+    """The task's examples under every template of `promptsource_templates/<templates_dir>`
+    (group = template name; median aggregate)."""
+    if name not in SUPPORTED or templates_dir is None:
         raise TaskDataError(
             f"no promptsource templates wired for task {name!r}; accepted with "
             f"eval.prompts=promptsource: {', '.join(SUPPORTED)}"
         )
-    root = _resolve_data_dir(data_dir)
-    templates = load_templates(
-        root / "promptsource_templates" / spec.promptsource / "templates.yaml"
-    )
+    root = resolve_data_dir(data_dir)
+    templates = load_templates(root / "promptsource_templates" / templates_dir / "templates.yaml")
     build = prompts.BUILDERS[name]
     examples = []
     for row in rows:

@@ -2,6 +2,7 @@
 
 A task name resolves, in order, to:
   `synthetic_probes`           the built-in corpus's probe tasks (data/synthetic.py)
+  `blimp` or `blimp:PATH`      BLiMP minimal pairs (a directory of paradigm files, blimp.py)
   `text:PATH`                  held-out loss / bits per byte over a text file
   `NAME:PATH`                  a registered task read from an explicit release file
   `tfds:NAME` or `a/b`         a TFDS dataset prepared on this machine (e.g. `super_glue/copa`)
@@ -13,38 +14,26 @@ A task name resolves, in order, to:
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from scalestudy.config import EvalConfig, SyntheticConfig, TaskConfig
+from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.evaluate import generic, prompts
-from scalestudy.evaluate.formats import Row, TaskDataError, read_rows, require_file
-from scalestudy.evaluate.prompts import Example
+from scalestudy.evaluate.blimp import load_blimp
+from scalestudy.evaluate.examples import Example, Kind, Task
+from scalestudy.evaluate.formats import (
+    Row,
+    TaskDataError,
+    read_rows,
+    require_file,
+    resolve_data_dir,
+)
+from scalestudy.evaluate.promptsource import promptsource_task
 from scalestudy.yamlio import read_yaml, validate
 
-Kind = Literal["choice", "last_word", "text"]
-
-
-@dataclass(frozen=True)
-class Task:
-    """Examples to score and how to report them.
-
-    kind "choice": rank classification (acc, acc_norm); "last_word": greedy exact match of the
-    continuation and perplexity; "text": loss per token and bits per byte over documents.
-    `aggregate` combines per-group accuracies into the task's (promptsource: median).
-    """
-
-    name: str
-    kind: Kind
-    examples: tuple[Example, ...]
-    source: str
-    metric: str = "acc"
-    delimiter: str = " "
-    aggregate: Literal["all", "median"] = "all"
-    info: dict = field(default_factory=dict)
+__all__ = ["REGISTRY", "Spec", "Task", "load_task", "load_tasks"]
 
 
 @dataclass(frozen=True)
@@ -112,23 +101,43 @@ REGISTRY: dict[str, Spec] = {
         tfds=("super_glue/wsc.fixed", "validation"),
         promptsource="super_glue/wsc.fixed",
     ),
+    # Tasks of Wang et al.'s evaluation (T0's held-out set and the harness tasks) not above;
+    # the released files are not bundled: give them under data_dir in these layouts, as
+    # NAME:PATH, or prepare the TFDS dataset. ANLI: the dev set of each round, as T0 reports.
+    "anli_r1": Spec(("anli/R1/dev.jsonl",), tfds=("anli/r1", "validation"), promptsource="anli"),
+    "anli_r2": Spec(("anli/R2/dev.jsonl",), tfds=("anli/r2", "validation"), promptsource="anli"),
+    "anli_r3": Spec(("anli/R3/dev.jsonl",), tfds=("anli/r3", "validation"), promptsource="anli"),
+    # StoryCloze 2016 validation (1,871 stories), the release's CSV.
+    "story_cloze": Spec(
+        (
+            "story_cloze/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
+            "story_cloze/validation.jsonl",
+        ),
+        tfds=("story_cloze/2016", "validation"),
+        promptsource="story_cloze/2016",
+    ),
+    "arc_challenge": Spec(
+        ("arc_challenge/ARC-Challenge-Test.jsonl", "arc_challenge/arc_challenge_test.jsonl"),
+        metric="acc_norm",
+        tfds=("ai2_arc/ARC-Challenge", "test"),
+        promptsource="ai2_arc/ARC-Challenge",
+    ),
+    "openbookqa": Spec(
+        ("openbookqa/Main/test.jsonl",),
+        metric="acc_norm",
+        tfds=("openbookqa", "test"),
+        promptsource="openbookqa/main",
+    ),
+    "sciq": Spec(("sciq/test.json",), tfds=("sciq", "test")),
+    # GLUE validation sets (the GLUE download's dev.tsv; test labels are not public).
+    "mrpc": Spec(("glue/MRPC/dev.tsv",), tfds=("glue/mrpc", "validation")),
+    "qnli": Spec(("glue/QNLI/dev.tsv",), tfds=("glue/qnli", "validation")),
+    "sst2": Spec(("glue/SST-2/dev.tsv",), tfds=("glue/sst2", "validation")),
+    "wnli": Spec(("glue/WNLI/dev.tsv",), tfds=("glue/wnli", "validation")),
+    "qqp": Spec(("glue/QQP/dev.tsv",), tfds=("glue/qqp", "validation")),
 }
 DEFAULT_FILES = {name: spec.files[0] for name, spec in REGISTRY.items()}
 TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds}
-
-
-def _resolve_data_dir(data_dir: str | Path | None) -> Path:
-    if data_dir is None:
-        data_dir = os.environ.get("SCALESTUDY_EVAL_DIR")
-    if data_dir is None:
-        raise TaskDataError(
-            "no evaluation data directory: pass --data-dir DIR or set eval.data_dir (a "
-            "directory laid out like copa/copa-dev.xml, piqa/valid.jsonl, ...; see README `eval`)"
-        )
-    path = Path(data_dir)
-    if not path.is_dir():
-        raise TaskDataError(f"evaluation data directory not found: {path}")
-    return path
 
 
 def build_examples(name: str, rows: list[Row]) -> tuple[Example, ...]:
@@ -141,7 +150,7 @@ def _registered(name: str, path: Path | None, data_dir, prompt_set: str) -> Task
     spec = REGISTRY[name]
     keep = None
     if path is None:
-        root = _resolve_data_dir(data_dir)
+        root = resolve_data_dir(data_dir)
         found = [root / f for f in spec.files if (root / f).is_file()]
         if not found:
             raise TaskDataError(
@@ -154,9 +163,7 @@ def _registered(name: str, path: Path | None, data_dir, prompt_set: str) -> Task
         key, lo, hi = keep
         rows = [r for r in rows if lo <= int(r.get(key, (int, str))) <= hi]
     if prompt_set == "promptsource":
-        from scalestudy.evaluate.promptsource import promptsource_task
-
-        return promptsource_task(name, spec, rows, str(path), data_dir)
+        return promptsource_task(name, spec.promptsource, rows, str(path), data_dir)
     return Task(name, spec.kind, build_examples(name, rows), str(path), spec.metric)
 
 
@@ -204,8 +211,6 @@ def _tfds(tfds_name: str, tfds_data_dir: str | None) -> Task:
 
 
 def _probes(synthetic: SyntheticConfig | None) -> Task:
-    from scalestudy.data.synthetic import probe_tasks
-
     examples = []
     for group, items in probe_tasks(synthetic or SyntheticConfig()).items():
         for i, item in enumerate(items):
@@ -247,6 +252,8 @@ def load_task(
         return _text(tail)
     if sep and head == "tfds":
         return _tfds(tail, tfds_data_dir)
+    if spec == "blimp" or (sep and head == "blimp"):
+        return load_blimp(Path(tail) if sep else resolve_data_dir(data_dir) / "blimp")
     if sep and head in REGISTRY:
         return _registered(head, Path(tail), data_dir, prompts)
     if spec.endswith((".yaml", ".yml")):
@@ -257,7 +264,15 @@ def load_task(
         return _registered(spec, None, data_dir, prompts)
     if "/" in spec and spec.split(":")[0] in TFDS_NAMES:
         return _tfds(spec, tfds_data_dir)
-    accepted = ["synthetic_probes", *REGISTRY, "NAME:PATH", "text:PATH", "tfds:NAME", "FILE.yaml"]
+    accepted = [
+        "synthetic_probes",
+        *REGISTRY,
+        "blimp",
+        "NAME:PATH",
+        "text:PATH",
+        "tfds:NAME",
+        "FILE.yaml",
+    ]
     raise TaskDataError(f"unknown task {spec!r}; accepted: {', '.join(accepted)}")
 
 

@@ -13,13 +13,19 @@ import pytest
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.evaluate import rank
 from scalestudy.evaluate.prompts import Example
+from scalestudy.evaluate.results import examples_path
 from scalestudy.evaluate.tasks import Task, load_task
 from scalestudy.models.api import build_model
 
+DEFAULT = ExperimentConfig()
 ARCH_OBJECTIVE = {"causal_decoder": "flm", "noncausal_decoder": "plm", "encoder_decoder": "plm"}
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def tiny(arch: str, **eval_cfg) -> ExperimentConfig:
@@ -121,10 +127,10 @@ def test_encoder_decoder_encodes_each_context_once_with_equal_scores() -> None:
 
 
 def test_left_truncation_keeps_the_end_and_is_counted(built) -> None:
-    cfg, _, _, scorer = built
-    room = 24 if cfg.model.is_encoder_decoder else 32 - 3
-    long_ctx = list(range(10, 10 + room + 7))
-    lp, _, _, truncated = scorer([long_ctx, long_ctx[-room:]], [[5, 6, 7]] * 2, np.arange(2))
+    cfg, model, params, _ = built
+    scorer = rank.Scorer(cfg.replace(eval=cfg.eval.replace(inputs_length=24)), model, params)
+    long_ctx = list(range(10, 10 + 24 + 7))
+    lp, _, _, truncated = scorer([long_ctx, long_ctx[-24:]], [[5, 6, 7]] * 2, np.arange(2))
     assert truncated == 1
     np.testing.assert_allclose(lp[0], lp[1], rtol=1e-5)
     # Pairs of one example count once.
@@ -139,15 +145,15 @@ def test_untrained_model_is_near_chance(shared_data: Path, built) -> None:
     out = rank.evaluate_params(cfg, model, params, tasks=[task], max_examples=96, scorer=scorer)
     assert out["hellaswag/n"] == 96 and out["hellaswag/chance"] == 0.25  # 4 endings each
     assert 0.1 <= out["hellaswag/acc"] <= 0.45  # chance: 0.25; binomial sd 0.044
-    assert out["hellaswag/truncated"] > 0  # contexts exceed 24 + 8 bytes
+    assert out["hellaswag/truncated"] == 0  # rows sized from the task: nothing cut
 
 
 def fake_score(per_token: float):
     """A scorer whose sum is `per_token` times the target length: > 0 prefers long choices."""
 
-    def score(inputs, targets, owner):
-        n = np.array([len(t) for t in targets])
-        return per_token * n.astype(float), n, np.zeros(len(n), bool), 0
+    def score(fitted):
+        n = np.array([len(t) for t in fitted.targets])
+        return per_token * n.astype(float), n, np.zeros(len(n), bool)
 
     return score
 
@@ -162,11 +168,11 @@ def test_acc_and_acc_norm_definitions(shared_data: Path) -> None:
     longest = np.mean([np.argmax(b) for b in nbytes] == gold)  # ties: the first wins
     shortest = np.mean([np.argmax(b / c) for b, c in zip(nbytes, chars)] == gold)
     # Sum = +bytes: acc picks the longest choice; per character (~1 + 1/chars) the shortest.
-    out = rank.evaluate_task(task, fake_score(1.0), vocab, max_examples=300)
+    out = rank.evaluate_task(task, fake_score(1.0), vocab, DEFAULT, max_examples=300)
     assert (out["arc_easy/acc"], out["arc_easy/acc_norm"]) == (longest, shortest)
     assert longest != shortest
     # A model paying 2 nats per byte: acc prefers short choices, acc_norm long ones.
-    out = rank.evaluate_task(task, fake_score(-2.0), vocab, max_examples=300)
+    out = rank.evaluate_task(task, fake_score(-2.0), vocab, DEFAULT, max_examples=300)
     assert out["arc_easy/acc"] == np.mean([np.argmin(b) for b in nbytes] == gold)
     assert out["arc_easy/acc_norm"] == np.mean(
         [np.argmin(b / c) for b, c in zip(nbytes, chars)] == gold
@@ -177,16 +183,17 @@ def test_last_word_and_text_metrics(tmp_path: Path) -> None:
     vocab = get_vocabulary(ExperimentConfig().data)
     task = Task("lw", "last_word", (Example(("a",), ("bc",)), Example(("d",), ("efgh",))), "t")
 
-    def score(inputs, targets, owner):
-        return np.array([-1.0, -3.0]), np.array([3, 5]), np.array([True, False]), 0
+    def score(fitted):
+        return np.array([-1.0, -3.0]), np.array([3, 5]), np.array([True, False])
 
-    out = rank.evaluate_task(task, score, vocab)
+    out = rank.evaluate_task(task, score, vocab, DEFAULT)
     assert out["lw/acc"] == 0.5
     assert out["lw/ppl"] == pytest.approx(math.exp(2.0))  # exp(-mean per-example loglik)
     assert out["lw/ppl_token"] == pytest.approx(math.exp(4.0 / 8))
     text = tmp_path / "t.txt"
     text.write_text("hello world, " * 20)
-    out = rank.evaluate_task(load_task(f"text:{text}"), fake_score(-0.5), vocab, lengths=(8, 16))
+    windows = ExperimentConfig(eval={"inputs_length": 8, "targets_length": 16})
+    out = rank.evaluate_task(load_task(f"text:{text}"), fake_score(-0.5), vocab, windows)
     assert out["text/tokens"] == len("hello world, " * 20) - 1  # first byte is context only
     assert out["text/loss"] == pytest.approx(0.5)
     assert out["text/bpb"] == pytest.approx(0.5 / math.log(2))  # bytes == tokens here
@@ -245,6 +252,24 @@ def test_run_directory(tmp_path: Path) -> None:
     )
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["step"] == 7 and "eval/synthetic_probes/n" in line
+    # Per-example scores beside the aggregates, and they agree with them.
+    records = _read_jsonl(examples_path(tmp_path, 7, "synthetic_probes"))
+    assert len(records) == out["synthetic_probes/n"] and out["synthetic_probes/truncated"] == 0
+    assert np.mean([r["pred"] == r["gold"] for r in records]) == out["synthetic_probes/acc"]
+
+    # The stored settings changed without retraining: a context budget of 4 tokens, from
+    # the CLI (an override given after --tasks is an override, not a task name).
+    argv = ["eval", "--workdir", str(tmp_path), "--tasks", "synthetic_probes"]
+    assert main([*argv, "eval.inputs_length=4", "eval.targets_length=2"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval_config"]["inputs_length"] == 4
+    cut = summary["eval"]["synthetic_probes/truncated"]
+    records = _read_jsonl(examples_path(tmp_path, 7, "synthetic_probes"))
+    assert cut == sum(r["truncated"] for r in records) == len(records)
+    assert all(max(r["context_kept"]) == 4 < min(r["context_tokens"]) for r in records)
+    with pytest.raises(ConfigError, match="accepts only eval"):
+        rank.evaluate_run(tmp_path, overrides=["model.d_model=64"])
+    assert main([*argv, "model.d_model=64"]) == 2
 
 
 @pytest.mark.slow  # trains a tiny run on a (2,2,2) mesh: about 19 s at load 7.6

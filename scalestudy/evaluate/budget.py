@@ -1,0 +1,129 @@
+"""How much context each scored pair keeps, and the row lengths that hold every pair whole.
+
+A continuation (the text being scored) is never cut: rows are sized from the task's own
+pairs, and a task whose rows would exceed `eval.max_length` is refused with a message saying
+what to set. Only contexts are cut, from the left, and every cut is counted per pair.
+
+Two rules (`eval.context_rule`), the same for every architecture at the same settings:
+
+- `same` (default): every context keeps its last C tokens, C = `eval.inputs_length`, or the
+  task's longest context when unset (nothing is cut). Decoder-only rows hold C context
+  positions plus the longest continuation; the encoder-decoder's encoder C, its decoder the
+  longest continuation.
+- `wang2022`: the convention of the harness Wang et al. evaluated with: a decoder-only row of
+  L = I + T positions (I, T: `eval.inputs_length`/`targets_length`, else the training lengths)
+  is shared by context and continuation, so a context keeps L minus its continuation; the
+  encoder-decoder's context keeps I. Rows still grow to hold a longer continuation whole.
+
+The input form follows training: an objective whose inputs ended in EOS in training (span
+corruption) gets EOS after every context (`data.objectives.scoring_inputs_suffix`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scalestudy.config import ExperimentConfig
+from scalestudy.data.objectives import scoring_inputs_suffix
+from scalestudy.evaluate.formats import TaskDataError
+
+# Row lengths are rounded up to a multiple of this, so tasks of similar lengths share a shape.
+ROUND = 8
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """Pairs ready to score: contexts cut to their budget (input form appended) and the row
+    lengths (inputs, targets) that hold every pair whole."""
+
+    inputs: list[list[int]]
+    targets: list[list[int]]
+    context_tokens: np.ndarray  # per pair: context tokens before any cut (input form excluded)
+    context_kept: np.ndarray  # per pair: context tokens kept
+    lengths: tuple[int, int]
+
+    @property
+    def cut(self) -> np.ndarray:
+        """Per pair: whether its context was cut."""
+        return self.context_kept < self.context_tokens
+
+
+def _round(n: int) -> int:
+    return max(ROUND, -(-n // ROUND) * ROUND)
+
+
+def fit_pairs(
+    cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]], task: str = "task"
+) -> Fitted:
+    """Cut each context to the rule's budget and size rows so that no continuation is cut.
+
+    Raises TaskDataError naming the task, the lengths needed and the settings to change when
+    a row would exceed eval.max_length.
+    """
+    if len(inputs) != len(targets):
+        raise ValueError(f"{len(inputs)} contexts but {len(targets)} continuations")
+    ev, obj = cfg.eval, cfg.objective
+    suffix = list(scoring_inputs_suffix(obj))
+    encdec = cfg.model.is_encoder_decoder
+    n_ctx = np.array([len(x) for x in inputs], dtype=np.int64)
+    n_tgt = np.array([len(t) for t in targets], dtype=np.int64)
+    if n_tgt.size and n_tgt.min() == 0:
+        raise TaskDataError(f"task {task!r}: a continuation encodes to no tokens; nothing to score")
+    longest_tgt = int(n_tgt.max(initial=0))
+    if ev.context_rule == "same":
+        limit = n_ctx.max(initial=0) if ev.inputs_length is None else ev.inputs_length
+        budget = np.full_like(n_ctx, limit)
+        room_tgt = max(longest_tgt, ev.targets_length or 0)
+    else:  # wang2022
+        i_len = ev.inputs_length or obj.inputs_length
+        t_len = ev.targets_length or obj.targets_length
+        if encdec:
+            budget = np.full_like(n_ctx, max(i_len - len(suffix), 0))
+            room_tgt = max(longest_tgt, t_len)
+        else:
+            row = max(i_len + t_len, longest_tgt + len(suffix))
+            budget = np.maximum(row - n_tgt - len(suffix), 0)
+            room_tgt = longest_tgt
+    kept = np.minimum(n_ctx, budget)
+    cut_inputs = [
+        [*x[len(x) - k :], *suffix] if k else list(suffix)
+        for x, k in zip(inputs, kept.tolist(), strict=True)
+    ]
+    room_ctx = int(kept.max(initial=0)) + len(suffix)
+    if ev.context_rule == "wang2022" and not encdec:  # one shared row: context + continuation
+        need = int((kept + n_tgt).max(initial=0)) + len(suffix)
+        lengths = (max(need - room_tgt, 1), room_tgt)
+    else:
+        lengths = (max(room_ctx, 1), room_tgt)
+    lengths = (_round(lengths[0]), _round(lengths[1]))
+    row = max(lengths) if encdec else sum(lengths)
+    if row > ev.max_length:
+        if longest_tgt + len(suffix) > ev.max_length:
+            fix = "raise eval.max_length (continuations are never cut)"
+        else:
+            fix = "set eval.inputs_length=N to cut contexts from the left (cuts are reported)"
+        raise TaskDataError(
+            f"task {task!r}: scoring needs rows of {row} tokens (longest context kept "
+            f"{room_ctx}, longest continuation {longest_tgt}) but eval.max_length="
+            f"{ev.max_length}; {fix}, or raise eval.max_length"
+        )
+    return Fitted(cut_inputs, [list(t) for t in targets], n_ctx, kept, lengths)
+
+
+def scoring_lengths(cfg: ExperimentConfig, lengths: tuple[int, int]) -> ExperimentConfig:
+    """`cfg` with the objective lengths set to the fitted row lengths (what scoring_batch
+    lays rows out by)."""
+    inputs_length, targets_length = lengths
+    return cfg.replace(
+        objective=cfg.objective.replace(inputs_length=inputs_length, targets_length=targets_length)
+    )
+
+
+def text_lengths(cfg: ExperimentConfig) -> tuple[int, int]:
+    """(context, window) tokens of held-out text scoring: eval's lengths, else training's."""
+    return (
+        cfg.eval.inputs_length or cfg.objective.inputs_length,
+        cfg.eval.targets_length or cfg.objective.targets_length,
+    )

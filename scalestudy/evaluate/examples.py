@@ -1,0 +1,47 @@
+"""What a zero-shot task is made of: `Example`s to score and the `Task` that holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["choice", "last_word", "text"]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One item: the choices are scored as `context + delimiter + choice`.
+
+    `contexts` holds one shared context, or one per choice (partial scoring: Winogrande's
+    option-filled contexts before one shared continuation).
+    """
+
+    contexts: tuple[str, ...]
+    choices: tuple[str, ...]
+    gold: int = 0
+    group: str = ""  # sub-task (probe name, prompt template) for per-group metrics
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(context, continuation) for each choice."""
+        if len(self.contexts) == 1:
+            return [(self.contexts[0], c) for c in self.choices]
+        return list(zip(self.contexts, self.choices, strict=True))
+
+
+@dataclass(frozen=True)
+class Task:
+    """Examples to score and how to report them.
+
+    kind "choice": rank classification (acc, acc_norm); "last_word": greedy exact match of the
+    continuation and perplexity; "text": loss per token and bits per byte over documents.
+    `aggregate` combines per-group accuracies into the task's (promptsource: median).
+    """
+
+    name: str
+    kind: Kind
+    examples: tuple[Example, ...]
+    source: str
+    metric: str = "acc"
+    delimiter: str = " "
+    aggregate: Literal["all", "median"] = "all"
+    info: dict = field(default_factory=dict)
