@@ -168,7 +168,7 @@ def documents(cfg: SyntheticConfig, split: str) -> list[str]:
 # Easiest first (what the smallest models should reach first), each with its number of choices.
 PROBE_TASKS = {
     "next_number": 4,  # the next number word while counting: the previous word decides
-    "pronoun": 2,  # she/he after the hero's name: the name's gender, learnt from the corpus
+    "pronoun": 2,  # her/his after she/he: agreement with the subject a word before
     "object_color": 4,  # copy the colour of the object named a sentence before
     "friend_name": 4,  # copy the friend's name into the greeting
     "one_fewer": 4,  # one fewer after one is eaten: the number said before, minus one
@@ -204,14 +204,14 @@ def probe_tasks(cfg: SyntheticConfig, n: int = 400) -> dict[str, list[dict]]:
         s = _Story(rng)
         _tell(s, rng, every=True)  # advances rng and leaves the last drawn numbers in `s`
         pick = random.Random(rng.random())
-        he, she = (s.He, "She" if s.He == "He" else "He")
-        his = {"He": "his", "She": "her"}
+        his = {"he": "his", "she": "her"}
+        other = "she" if s.he == "he" else "he"
         tasks["pronoun"].append(
             _probe(
-                f"{s.name} had {_a(s.color)} {s.obj}.",
-                f"{he} loved {his[he]}",
-                [f"{she} loved {his[she]}"],
-                s.name,
+                f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved",
+                f"{s.his} {s.color} {s.obj}.",
+                [f"{his[other]} {s.color} {s.obj}."],
+                s.He,
                 pick,
             )
         )

@@ -74,8 +74,9 @@ def test_probe_answers_follow_from_their_evidence():
     for t in tasks["next_number"]:
         assert t["choices"][t["gold"]] == nums[nums.index(t["evidence"]) + 1]
     for t in tasks["pronoun"]:
-        he = "She" if t["evidence"] in synthetic._GIRLS else "He"
-        assert t["choices"][t["gold"]].startswith(he + " ")
+        his = {"She": "her", "He": "his"}[t["evidence"]]
+        assert t["choices"][t["gold"]].startswith(his + " ")
+        assert t["context"].endswith(f"{t['evidence']} loved")
     for t in tasks["object_color"]:
         assert t["choices"][t["gold"]].startswith(t["evidence"] + " ")
     for t in tasks["friend_name"]:
