@@ -1,15 +1,17 @@
 """The built-in synthetic corpus: short English-like stories from a probabilistic grammar.
 
-Structure at several scales, so that bigger models keep finding something to learn:
+Structure at several ranges, so that bigger models keep finding something to learn, and every
+dependency the zero-shot probes test is short: it spans at most one short episode (under 64
+bytes), so it lies inside a training row of the smoke study.
 - characters and words: a fixed lexicon, spelled consistently;
-- sentences: templates with agreement (pronouns follow the hero's gender);
-- documents: entities introduced at the start (hero, friend, the hero's coloured object, a
-  place, the weather, a count) must be referred to consistently many sentences later, and
-  counting sequences must be continued correctly.
+- counting: number words in order, and one fewer after one is eaten;
+- agreement: the hero's pronouns follow the gender of the hero's name;
+- copying: the hero's coloured object, the friend's name and the animal seen are repeated a few
+  words after they are introduced, and the colour stays the same across the story.
 
 Document `i` of a split is a pure function of (seed, split, i), so corpora of different sizes
 share their first documents and generation needs no state. `probe_tasks` builds zero-shot
-multiple-choice probes from held-out stories: pick the continuation consistent with the story.
+multiple-choice probes from held-out stories: pick the continuation the story's grammar gives.
 """
 
 from __future__ import annotations
@@ -19,40 +21,10 @@ import random
 
 from scalestudy.config import SyntheticConfig
 
-_GIRLS = [
-    "Lily",
-    "Mia",
-    "Sara",
-    "Anna",
-    "Emma",
-    "Lucy",
-    "Zoe",
-    "Ella",
-    "Rosa",
-    "Nina",
-    "Amy",
-    "Kate",
-    "Jane",
-    "Ruby",
-    "Ivy",
-]
-_BOYS = [
-    "Tom",
-    "Max",
-    "Ben",
-    "Sam",
-    "Leo",
-    "Jack",
-    "Tim",
-    "Finn",
-    "Noah",
-    "Eli",
-    "Oscar",
-    "Hugo",
-    "Paul",
-    "Dan",
-    "Owen",
-]
+_GIRLS = ["Lily", "Mia", "Sara", "Anna", "Emma", "Lucy", "Zoe", "Ella", "Rosa", "Nina", "Amy"]
+_GIRLS += ["Kate", "Jane", "Ruby", "Ivy"]
+_BOYS = ["Tom", "Max", "Ben", "Sam", "Leo", "Jack", "Tim", "Finn", "Noah", "Eli", "Oscar"]
+_BOYS += ["Hugo", "Paul", "Dan", "Owen"]
 _KINDS_GIRL = ["girl", "princess", "mouse", "bunny", "duck"]
 _KINDS_BOY = ["boy", "prince", "puppy", "bear", "frog"]
 _ADJS = ["little", "kind", "brave", "happy", "curious", "shy", "clever", "small"]
@@ -60,16 +32,12 @@ _COLORS = ["red", "blue", "green", "yellow", "pink", "purple", "orange", "white"
 _OBJECTS = ["ball", "kite", "hat", "box", "boat", "cup", "drum", "book", "key", "shoe"]
 _PLACES = ["park", "forest", "garden", "beach", "farm", "lake", "hill", "town", "river"]
 _ANIMALS = ["bird", "cat", "dog", "fox", "owl", "cow", "goat", "fish", "bee", "snail"]
-_FRUITS = ["apples", "pears", "plums", "eggs", "stones", "shells", "leaves", "flowers"]
+_THINGS = ["stones", "shells", "leaves", "flowers", "sticks", "feathers"]  # counted
+_FOODS = ["apples", "pears", "plums", "cakes", "nuts", "figs", "buns", "eggs"]  # eaten
 _NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
-_WEATHER = {  # an opening sentence and a later sentence that must agree with it
-    "sunny": ("The sun was bright and warm.", "The warm sun made everyone smile."),
-    "rainy": ("The rain fell all morning.", "The rain made little puddles on the ground."),
-    "windy": ("The wind blew hard.", "The strong wind pushed the clouds away."),
-    "snowy": ("White snow covered the ground.", "The cold snow crunched under their feet."),
-}
+_WEATHER = ["sunny", "rainy", "windy", "snowy", "cold", "warm"]
 _FEELINGS = ["happy", "sad", "scared", "excited", "tired", "surprised"]
-_GREETINGS = ["Hello", "Hi", "Good morning", "Look", "Wait"]
+_GREETINGS = ["Hi", "Hello", "Look"]
 
 
 def _a(noun: str) -> str:
@@ -77,88 +45,111 @@ def _a(noun: str) -> str:
 
 
 class _Story:
-    """One story's entities, drawn once so that every later mention agrees with them."""
+    """One story's entities and numbers, drawn once so that every mention agrees with them."""
 
     def __init__(self, rng: random.Random) -> None:
         girl = rng.random() < 0.5
         self.name = rng.choice(_GIRLS if girl else _BOYS)
         self.kind = rng.choice(_KINDS_GIRL if girl else _KINDS_BOY)
-        self.he, self.his, self.him = ("she", "her", "her") if girl else ("he", "his", "him")
+        self.he, self.his = ("she", "her") if girl else ("he", "his")
         self.He = self.he.capitalize()
-        friend_girl = rng.random() < 0.5
-        pool = [n for n in (_GIRLS if friend_girl else _BOYS) if n != self.name]
+        pool = [n for n in (_GIRLS if rng.random() < 0.5 else _BOYS) if n != self.name]
         self.friend = rng.choice(pool)
         self.adj = rng.choice(_ADJS)
         self.color = rng.choice(_COLORS)
         self.obj = rng.choice(_OBJECTS)
         self.place = rng.choice(_PLACES)
         self.animal = rng.choice(_ANIMALS)
-        self.weather = rng.choice(list(_WEATHER))
-        self.count = rng.randrange(2, 10)
-        self.fruit = rng.choice(_FRUITS)
+        self.count = rng.randrange(2, 8)  # things counted: "one, two, ..." up to seven
+        self.things = rng.choice(_THINGS)
+        self.had = rng.randrange(3, 11)  # food before one is eaten: three to ten
+        self.food = rng.choice(_FOODS)
+        self.greeting = rng.choice(_GREETINGS)
 
 
-def _opening(s: _Story) -> list[str]:
-    return [
-        f"Once upon a time, there was a {s.adj} {s.kind} named {s.name}.",
-        f"{s.name} had a {s.color} {s.obj}.",
-        f"{s.He} loved {s.his} {s.color} {s.obj} very much.",
-    ]
+# Episodes: each a few sentences whose dependencies stay inside the episode (<= 64 bytes).
 
 
-def _middle(s: _Story, rng: random.Random) -> list[str]:
-    """Event sentences in a random order; each refers back to the story's entities."""
-    events = [
-        [
-            f"One {s.weather} day, {s.name} went to the {s.place}.",
-            _WEATHER[s.weather][0],
-        ],
-        [
-            f"At the {s.place}, {s.name} met {s.his} friend {s.friend}.",
-            f'"{rng.choice(_GREETINGS)}, {s.friend}!" said {s.name}.',
-        ],
-        [
-            f"{s.name} saw {_a(s.animal)} near the {s.place}.",
-            f"The {s.animal} was {rng.choice(_FEELINGS)}.",
-            f"{s.name} gave the {s.animal} some food, and the {s.animal} was happy.",
-        ],
-        [
-            f"{s.name} found {_NUMBERS[s.count - 1]} {s.fruit}.",
-            f"{s.He} counted them: {', '.join(_NUMBERS[: s.count])}.",
-            f"There were {_NUMBERS[s.count - 1]} {s.fruit} in all.",
-        ],
-        [
-            f"Then {s.name} lost {s.his} {s.color} {s.obj}.",
-            f"{s.He} was {rng.choice(['sad', 'worried', 'upset'])}.",
-            f"{s.friend} helped {s.him} look for the {s.color} {s.obj}.",
-            f"They found the {s.color} {s.obj} under a tree.",
-        ],
-    ]
-    # The outing comes first (the later events happen at the place); the rest in any order.
-    rest = events[1:]
-    rng.shuffle(rest)
-    keep = [events[0], *rest[: rng.randrange(2, len(rest) + 1)]]
-    out = [sentence for group in keep for sentence in group]
-    out.append(_WEATHER[s.weather][1])
+def _own(s: _Story) -> str:
+    return f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved {s.his} {s.color} {s.obj}."
+
+
+def _meet(s: _Story) -> str:
+    return f'{s.name} met {s.friend} at the {s.place}. "{s.greeting}, {s.friend}!"'
+
+
+def _count(s: _Story) -> str:
+    return f"{s.He} counted: {', '.join(_NUMBERS[: s.count])}."
+
+
+def _found(s: _Story) -> str:
+    return f"{s.name} found {_NUMBERS[s.count - 1]} {s.things}."
+
+
+def _eat(s: _Story) -> str:
+    return (
+        f"{s.name} had {_NUMBERS[s.had - 1]} {s.food}. {s.He} ate one. "
+        f"Now {s.he} had {_NUMBERS[s.had - 2]} {s.food}."
+    )
+
+
+def _animal(s: _Story, rng: random.Random) -> str:
+    return f"{s.name} saw {_a(s.animal)}. The {s.animal} was {rng.choice(_FEELINGS)}."
+
+
+def _lost(s: _Story) -> str:
+    return f"{s.name} lost {s.his} {s.color} {s.obj}. {s.friend} found the {s.color} {s.obj}."
+
+
+def _weather(s: _Story, rng: random.Random) -> str:
+    return f"One {rng.choice(_WEATHER)} day, {s.name} went to the {s.place}."
+
+
+def _episodes(s: _Story, rng: random.Random, every: bool) -> list[str]:
+    """The story's middle: its episodes in a random order, some of them twice (new numbers).
+
+    `every`: each kind of episode at least once (the probe split, so that every probe is a
+    piece of its story)."""
+    kinds = ["meet", "count", "eat", "animal", "lost", "weather"]
+    picked = kinds + rng.sample(kinds, 3) if every else rng.sample(kinds * 2, rng.randrange(6, 11))
+    rng.shuffle(picked)
+    out = []
+    for kind in picked:
+        if kind == "meet":
+            out.append(_meet(s))
+        elif kind == "count":
+            s.count, s.things = rng.randrange(2, 8), rng.choice(_THINGS)
+            out += [_found(s), _count(s)]
+        elif kind == "eat":
+            s.had, s.food = rng.randrange(3, 11), rng.choice(_FOODS)
+            out.append(_eat(s))
+        elif kind == "animal":
+            out.append(_animal(s, rng))
+        elif kind == "lost":
+            out.append(_lost(s))
+        else:
+            out.append(_weather(s, rng))
     return out
-
-
-def _ending(s: _Story) -> list[str]:
-    return [
-        f"In the end, {s.name} and {s.friend} played with the {s.color} {s.obj} at the {s.place}.",
-        f"{s.name} was a very happy {s.kind}.",
-    ]
 
 
 def _split_salt(split: str) -> int:
     return {"train": 1, "validation": 2, "probe": 3}[split]
 
 
+def _rng(seed: int, split: str, index: int) -> random.Random:
+    return random.Random((seed * 7 + _split_salt(split)) * 1_000_003 + index)
+
+
+def _tell(s: _Story, rng: random.Random, every: bool) -> str:
+    opening = f"Once upon a time, there was {_a(s.adj)} {s.kind} named {s.name}."
+    ending = f"{s.name} and {s.friend} played with the {s.color} {s.obj}. The end."
+    return " ".join([opening, _own(s), *_episodes(s, rng, every), ending])
+
+
 def story(seed: int, split: str, index: int) -> str:
     """Story `index` of `split` ('train', 'validation' or 'probe') for `seed`."""
-    rng = random.Random((seed * 7 + _split_salt(split)) * 1_000_003 + index)
-    s = _Story(rng)
-    return " ".join(_opening(s) + _middle(s, rng) + _ending(s))
+    rng = _rng(seed, split, index)
+    return _tell(_Story(rng), rng, every=split == "probe")
 
 
 @functools.lru_cache(maxsize=8)
@@ -174,77 +165,92 @@ def documents(cfg: SyntheticConfig, split: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- probes
 
+# Easiest first (what the smallest models should reach first), each with its number of choices.
+PROBE_TASKS = {
+    "next_number": 4,  # the next number word while counting: the previous word decides
+    "pronoun": 2,  # her/his after she/he: agreement with the subject a word before
+    "object_color": 4,  # copy the colour of the object named a sentence before
+    "friend_name": 4,  # copy the friend's name into the greeting
+    "one_fewer": 4,  # one fewer after one is eaten: the number said before, minus one
+}
 
-def _probe(context: str, right: str, wrong: list[str], rng: random.Random) -> dict:
+
+def _probe(context: str, right: str, wrong: list[str], evidence: str, rng: random.Random) -> dict:
     choices = [right, *wrong]
     rng.shuffle(choices)
-    return {"context": context, "choices": choices, "gold": choices.index(right)}
-
-
-def _distinct(rng: random.Random, pool: list[str], avoid: str, k: int) -> list[str]:
-    return rng.sample([p for p in pool if p != avoid], k)
-
-
-def probe_tasks(cfg: SyntheticConfig, n: int = 200) -> dict[str, list[dict]]:
-    """Zero-shot probes on held-out stories: {task: [{"context", "choices", "gold"}]}.
-
-    Each context is a story prefix; the choices are continuations (score them as
-    `context + " " + choice`) of which exactly one, `choices[gold]`, agrees with the story.
-    - `pronoun`: the pronoun that agrees with the hero (2 choices);
-    - `object_color`: the colour of the hero's object, introduced sentences earlier (4);
-    - `friend_name`: the friend met earlier, in the closing sentence (4);
-    - `counting`: the next number of a counting sequence (4).
-    """
-    tasks: dict[str, list[dict]] = {
-        "pronoun": [],
-        "object_color": [],
-        "friend_name": [],
-        "counting": [],
+    return {
+        "context": context,
+        "choices": choices,
+        "gold": choices.index(right),
+        "evidence": evidence,
     }
+
+
+def _others(rng: random.Random, pool: list[str], avoid: list[str], k: int) -> list[str]:
+    return rng.sample([p for p in pool if p not in avoid], k)
+
+
+def probe_tasks(cfg: SyntheticConfig, n: int = 400) -> dict[str, list[dict]]:
+    """Zero-shot probes on held-out stories: {task: [{"context", "choices", "gold", "evidence"}]}.
+
+    Each context is the start of an episode of probe story `i` (`story(seed, "probe", i)`), and
+    `context + " " + choices[gold]` is a piece of that story; the other choices break the
+    story's grammar. `evidence` is the part of the context that decides the answer; the whole
+    example is at most 64 bytes. Tasks, easiest first: see `PROBE_TASKS`.
+    """
+    tasks: dict[str, list[dict]] = {name: [] for name in PROBE_TASKS}
     for i in range(n):
-        rng = random.Random((cfg.seed * 7 + _split_salt("probe")) * 1_000_003 + i)
+        rng = _rng(cfg.seed, "probe", i)
         s = _Story(rng)
-        head = " ".join(_opening(s)[:2])
-        she, he = ("she", "he") if s.he == "she" else ("he", "she")
+        _tell(s, rng, every=True)  # advances rng and leaves the last drawn numbers in `s`
+        pick = random.Random(rng.random())
+        his = {"he": "his", "she": "her"}
+        other = "she" if s.he == "he" else "he"
         tasks["pronoun"].append(
             _probe(
-                f"Once upon a time, there was a {s.adj} {s.kind} named {s.name}. {s.name} "
-                f"had a {s.color} {s.obj}. One day,",
-                f"{she} went to the {s.place}.",
-                [f"{he} went to the {s.place}."],
-                rng,
+                f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved",
+                f"{s.his} {s.color} {s.obj}.",
+                [f"{his[other]} {s.color} {s.obj}."],
+                s.He,
+                pick,
             )
         )
-        middle = " ".join(_middle(s, rng)[:4])
         tasks["object_color"].append(
             _probe(
-                f"{head} {middle} In the end, {s.name} and {s.friend} played with the",
+                f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved {s.his}",
                 f"{s.color} {s.obj}.",
-                [f"{c} {s.obj}." for c in _distinct(rng, _COLORS, s.color, 3)],
-                rng,
+                [f"{c} {s.obj}." for c in _others(pick, _COLORS, [s.color], 3)],
+                s.color,
+                pick,
             )
         )
-        pool = _GIRLS + _BOYS
         tasks["friend_name"].append(
             _probe(
-                f"{head} At the {s.place}, {s.name} met {s.his} friend {s.friend}. "
-                f"{_WEATHER[s.weather][0]} In the end, {s.name} and",
-                f"{s.friend} played at the {s.place}.",
-                [
-                    f"{f} played at the {s.place}."
-                    for f in _distinct(rng, [p for p in pool if p != s.name], s.friend, 3)
-                ],
-                rng,
+                f'{s.name} met {s.friend} at the {s.place}. "{s.greeting},',
+                f'{s.friend}!"',
+                [f'{f}!"' for f in _others(pick, _GIRLS + _BOYS, [s.name, s.friend], 3)],
+                s.friend,
+                pick,
             )
         )
-        k = rng.randrange(2, 9)  # counted so far; the answer is the (k+1)-th number
-        tasks["counting"].append(
+        k = pick.randrange(1, s.count)  # numbers said so far; the answer is number k + 1
+        tasks["next_number"].append(
             _probe(
-                f"{head} {s.name} found {_NUMBERS[k]} {s.fruit}. {s.He} counted them: "
-                f"{', '.join(_NUMBERS[:k])},",
-                f"{_NUMBERS[k]}.",
-                [f"{w}." for w in _distinct(rng, _NUMBERS, _NUMBERS[k], 3)],
-                rng,
+                f"{s.He} counted: {', '.join(_NUMBERS[:k])},",
+                _NUMBERS[k],
+                _others(pick, _NUMBERS[:8], [_NUMBERS[k]], 3),
+                _NUMBERS[k - 1],
+                pick,
+            )
+        )
+        before = _NUMBERS[s.had - 1]
+        tasks["one_fewer"].append(
+            _probe(
+                f"{s.name} had {before} {s.food}. {s.He} ate one. Now {s.he} had",
+                f"{_NUMBERS[s.had - 2]} {s.food}.",
+                [f"{w} {s.food}." for w in _others(pick, _NUMBERS[1:], [_NUMBERS[s.had - 2]], 3)],
+                before,
+                pick,
             )
         )
     return tasks

@@ -53,6 +53,10 @@ def choice_metrics(
         if len(names) > 1:
             out[f"{prefix}/{g}/acc"] = float(per_group[g][0])
             out[f"{prefix}/{g}/acc_norm"] = float(per_group[g][1])
+            out[f"{prefix}/{g}/n"] = len(idx)
+            out[f"{prefix}/{g}/chance"] = float(
+                np.mean([1 / len(examples[i].choices) for i in idx])
+            )
     out |= tag_metrics(task, {g: (float(a), sizes[g]) for g, (a, _) in per_group.items()}, prefix)
     if task.aggregate == "median":
         out[f"{prefix}/acc"] = float(np.median([a for a, _ in per_group.values()]))

@@ -399,6 +399,9 @@ def finalize(study: StudySpec, out: Path, analyze: Analyze | None = None) -> Pat
             notes.append(f"Scaling fits were not possible: {e}")
     per_example = loss_token_report.per_cell(out / "registry.sqlite")
     text = render_markdown(study, runs, fits, figures, notes, per_example)
+    from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
+
+    text += report_section(done, out)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(render_html(text))
     print(f"report: {out / 'report.md'}")

@@ -1,59 +1,12 @@
 """Sources and vocabularies: synthetic corpus, local text, real corpora, SentencePiece."""
 
-import time
-
 import numpy as np
 import pytest
 
-from scalestudy.config import DataConfig, ExperimentConfig, SyntheticConfig
+from scalestudy.config import DataConfig, ExperimentConfig
 from scalestudy.data import DataError, sources, synthetic
 from scalestudy.data.pipeline import make_iterator
 from scalestudy.data.vocab import encode_documents, get_vocabulary, sentinel_id, train_sentencepiece
-
-# ----------------------------------------------------------------------------- synthetic
-
-
-def test_synthetic_is_deterministic_fast_and_prefix_stable():
-    cfg = SyntheticConfig(n_train_documents=3000, seed=5)
-    t0 = time.perf_counter()
-    docs = [synthetic.story(5, "train", i) for i in range(3000)]
-    assert time.perf_counter() - t0 < 1.5  # generous for a loaded 2-core machine
-    assert docs == synthetic.documents(cfg, "train")
-    assert docs[:10] == synthetic.documents(cfg.replace(n_train_documents=10), "train")
-    val = synthetic.documents(cfg, "validation")
-    assert not set(val) & set(docs[:500])
-    assert synthetic.story(6, "train", 0) != docs[0]
-
-
-def test_synthetic_stories_keep_their_entities_consistent():
-    for i in range(200):
-        doc = synthetic.story(0, "train", i)
-        name = doc.split(" named ")[1].split(".")[0]
-        color, obj = doc.split(f"{name} had a ")[1].split(".")[0].split()
-        # every mention of the hero's object carries the colour introduced at the start
-        words = doc.replace(".", " ").replace(",", " ").split()
-        for j, w in enumerate(words):
-            if w == obj and words[j - 1] in synthetic._COLORS:
-                assert words[j - 1] == color, doc
-        she = "She" in doc.split()
-        he = "He" in doc.split()
-        assert not (she and he), doc  # the hero's pronoun never changes
-
-
-def test_probe_tasks_have_one_consistent_answer():
-    tasks = synthetic.probe_tasks(SyntheticConfig(), n=50)
-    assert set(tasks) == {"pronoun", "object_color", "friend_name", "counting"}
-    for name, items in tasks.items():
-        assert len(items) == 50
-        golds = [t["gold"] for t in items]
-        assert len(set(golds)) > 1, name  # the answer's position varies
-        for t in items:
-            assert len(set(t["choices"])) == len(t["choices"]) >= 2
-    for t in tasks["object_color"]:
-        color = t["context"].split(" had a ")[1].split()[0]
-        assert t["choices"][t["gold"]].startswith(color + " ")
-    assert synthetic.probe_tasks(SyntheticConfig(), n=50) == tasks
-
 
 # ----------------------------------------------------------------------------- local text
 

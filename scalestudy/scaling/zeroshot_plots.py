@@ -1,0 +1,251 @@
+"""Zero-shot accuracy task by task across a study's runs: a figure and a trend test.
+
+Reads flat run records (a study registry's rows: `arch`, `objective`, `size`, `flops`,
+`params_*` and `eval/<task>/<metric>` or, for a task with parts such as the synthetic probes,
+`eval/<task>/<part>/<metric>`); every part with a recorded `n` is a task of its own here.
+
+- `fig_task_accuracy`: a panel per task, accuracy against training compute per cell, Wilson
+  95% intervals from the task's example count, and the task's chance line (1 / choices).
+- `accuracy_trend`: per cell, a logistic regression of per-example correctness on log10
+  compute with one intercept per task and one slope shared by the tasks (maximum likelihood
+  on the k-of-n counts, which equals the per-example fit because compute varies only between
+  runs); the slope's Wald 95% interval and its two-sided p-value. A positive slope whose
+  interval excludes zero says accuracy rises with compute in that cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalestudy.scaling import figstyle as fs
+
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One run's result on one task: k of n examples right, a uniform guess's accuracy."""
+
+    task: str
+    cell: str
+    size: str
+    flops: float
+    params: float
+    acc: float
+    n: int
+    chance: float | None
+
+    @property
+    def correct(self) -> int:
+        return round(self.acc * self.n)
+
+
+def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
+    """Per run and task, its accuracy and example count (parts of a task count as tasks;
+    a task with parts is not counted again as a whole)."""
+    out = []
+    for run in runs:
+        if not run.get("flops"):
+            continue
+        keys = [k for k in run if k.startswith("eval/") and k.endswith("/acc")]
+        parted = {k.split("/")[1] for k in keys if k.count("/") == 3}
+        for key in keys:
+            parts = key.split("/")
+            if run[key] is None or (len(parts) == 3 and parts[1] in parted):
+                continue
+            n = run.get(key.removesuffix("acc") + "n")
+            if not n:
+                continue
+            chance = run.get(key.removesuffix("acc") + "chance")
+            out.append(
+                TaskScore(
+                    task=parts[-2],
+                    cell=f"{run['arch']}/{run['objective']}",
+                    size=str(run.get("size", "")),
+                    flops=float(run["flops"]),
+                    params=float(run.get("params_non_embedding") or run.get("params_total") or 0),
+                    acc=float(run[key]),
+                    n=int(n),
+                    chance=None if chance is None else float(chance),
+                )
+            )
+    return out
+
+
+def wilson(k: float, n: float, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k / n (stays inside [0, 1])."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def logistic_slope(
+    groups: list[int], x: np.ndarray, k: np.ndarray, n: np.ndarray
+) -> dict[str, float] | None:
+    """Maximum-likelihood fit of logit P(correct) = a[group] + b * x to k-of-n counts.
+
+    Returns the slope `b`, its standard error, Wald 95% interval and two-sided p-value; None
+    when x does not vary or the fit does not converge (e.g. every answer right)."""
+    x, k, n = (np.asarray(v, np.float64) for v in (x, k, n))
+    if x.size < 2 or np.ptp(x) == 0:
+        return None
+    labels = sorted(set(groups))
+    X = np.zeros((x.size, len(labels) + 1))
+    X[np.arange(x.size), [labels.index(g) for g in groups]] = 1.0
+    X[:, -1] = x - x.mean()  # centred: better conditioned, same slope
+    beta = np.zeros(X.shape[1])
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(X @ beta)))
+        grad = X.T @ (k - n * p)
+        hess = (X * (n * p * (1 - p))[:, None]).T @ X
+        try:
+            step = np.linalg.solve(hess, grad)
+        except np.linalg.LinAlgError:
+            return None
+        beta += step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    else:
+        return None
+    p = 1.0 / (1.0 + np.exp(-(X @ beta)))
+    cov = np.linalg.pinv((X * (n * p * (1 - p))[:, None]).T @ X)
+    b, se = float(beta[-1]), float(math.sqrt(max(cov[-1, -1], 0.0)))
+    if not math.isfinite(se) or se == 0.0:
+        return None
+    return {
+        "slope": b,
+        "se": se,
+        "lo": b - Z95 * se,
+        "hi": b + Z95 * se,
+        "p": math.erfc(abs(b / se) / math.sqrt(2.0)),
+    }
+
+
+def accuracy_trend(scores: list[TaskScore]) -> dict[str, dict[str, Any]]:
+    """Per cell: the logistic regression of correctness on log10 training FLOPs with one
+    intercept per task (`logistic_slope`), and the number of runs and examples behind it."""
+    per: dict[str, list[TaskScore]] = defaultdict(list)
+    for s in scores:
+        per[s.cell].append(s)
+    out = {}
+    for cell, rows in sorted(per.items()):
+        fit = logistic_slope(
+            [r.task for r in rows],
+            np.log10([r.flops for r in rows]),
+            np.array([r.correct for r in rows]),
+            np.array([r.n for r in rows]),
+        )
+        runs = len({(r.flops, r.size) for r in rows})
+        out[cell] = {"runs": runs, "examples": sum(r.n for r in rows), "fit": fit}
+    return out
+
+
+def fig_task_accuracy(scores: list[TaskScore], x_key: str = "flops"):
+    """A panel per task: accuracy vs training compute (`x_key` "flops") or non-embedding
+    parameters ("params") per cell, Wilson 95% intervals, chance dotted. None without scores."""
+    if not scores:
+        return None
+    tasks = list(dict.fromkeys(s.task for s in scores))
+    cells = sorted({s.cell for s in scores})
+    styles = fs.cell_styles(cells)
+    fig, axs = fs.grid(len(tasks), width=4.6, height=3.8)
+    for ax, task in zip(axs, tasks, strict=True):
+        for cell in cells:
+            rows = sorted((s for s in scores if s.task == task and s.cell == cell), key=_x(x_key))
+            if not rows:
+                continue
+            xs = np.array([_x(x_key)(r) for r in rows])
+            acc = np.array([r.acc for r in rows])
+            lo, hi = np.array([wilson(r.correct, r.n) for r in rows]).T
+            st = styles[cell]
+            ax.errorbar(
+                xs,
+                acc,
+                yerr=[acc - lo, hi - acc],
+                color=st["color"],
+                marker=st["marker"],
+                ms=4,
+                lw=1.0,
+                elinewidth=0.7,
+                capsize=2,
+                alpha=0.85,
+                label=cell,
+                gid=f"interval:{task}:{cell}",
+            )
+        chances = [s.chance for s in scores if s.task == task and s.chance is not None]
+        if chances:
+            chance = float(np.mean(chances))
+            ax.axhline(chance, color="0.3", ls=":", lw=1.2, label=f"chance ({chance:.2f})")
+        n = max(s.n for s in scores if s.task == task)
+        what = "training compute C (FLOPs)" if x_key == "flops" else "non-embedding parameters"
+        fs.axes(ax, what, "accuracy", False)
+        ax.set_ylim(0.0, 1.0)
+        ax.set_title(f"{task} ({n} examples)")
+    axs[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle("Zero-shot accuracy per task (bars: Wilson 95% intervals)")
+    return fig
+
+
+def _x(x_key: str):
+    if x_key not in ("flops", "params"):
+        raise ValueError(f"x_key={x_key!r}; accepted: flops, params")
+    return lambda s: getattr(s, x_key)
+
+
+def report_section(runs: list[dict[str, Any]], out: Path) -> str:
+    """The report's per-task zero-shot section for `runs` (finished runs): a table of accuracy
+    by cell and size, the trend test per cell, and the figure (written to `out/figures/`).
+    Empty when no run has per-task accuracies."""
+    scores = task_scores(runs)
+    if not scores:
+        return ""
+    figures = Path(out) / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    fs.save(fig_task_accuracy(scores), figures, "zero_shot_tasks")
+    tasks = list(dict.fromkeys(s.task for s in scores))
+    chance = {t: next((s.chance for s in scores if s.task == t and s.chance), None) for t in tasks}
+    by_run: dict[tuple, dict[str, TaskScore]] = defaultdict(dict)
+    for s in scores:
+        by_run[(s.cell, s.flops, s.size)][s.task] = s
+    lines = [
+        "",
+        "## Zero-shot accuracy per task",
+        "",
+        "Accuracy of each run on each task (Wilson 95% interval in brackets); chance: "
+        + ", ".join(f"{t} {c:.2f}" for t, c in chance.items() if c is not None)
+        + ".",
+        "",
+        "| cell | size | " + " | ".join(tasks) + " |",
+        "|---|---|" + "---|" * len(tasks),
+    ]
+    for (cell, _, size), row in sorted(by_run.items()):
+        cols = []
+        for t in tasks:
+            s = row.get(t)
+            lo, hi = wilson(s.correct, s.n) if s else (0, 0)
+            cols.append(f"{s.acc:.3f} [{lo:.2f}, {hi:.2f}]" if s else "-")
+        lines.append(f"| {cell} | {size} | " + " | ".join(cols) + " |")
+    lines += [
+        "",
+        "Trend test: per cell, a logistic regression of each example's correctness on log10 "
+        "training FLOPs, one intercept per task and one shared slope (log-odds per decade of "
+        "compute), with its Wald 95% interval and two-sided p-value.",
+        "",
+        "| cell | runs | examples | slope per decade [95%] | p |",
+        "|---|---|---|---|---|",
+    ]
+    for cell, t in accuracy_trend(scores).items():
+        f = t["fit"]
+        fit = f"{f['slope']:+.2f} [{f['lo']:+.2f}, {f['hi']:+.2f}] | {f['p']:.2g}" if f else "- | -"
+        lines.append(f"| {cell} | {t['runs']} | {t['examples']} | {fit} |")
+    lines += ["", "![zero_shot_tasks](figures/zero_shot_tasks.png)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""Per-task zero-shot figure and the trend test of accuracy against compute."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from scalestudy.scaling import zeroshot_plots as zp
+
+
+def _runs(slope: float, seed: int = 0, n: int = 400) -> list[dict]:
+    """Runs of two cells at four computes; task `a` (2 choices) and `b` (4 choices) whose
+    log-odds of a right answer rise by `slope` per decade of compute in cell x/flm only."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for cell_slope, arch in ((slope, "x"), (0.0, "y")):
+        for i, c in enumerate([1e9, 1e10, 1e11, 1e12]):
+            run = {"arch": arch, "objective": "flm", "size": f"{i}K", "flops": c}
+            run["params_non_embedding"] = 1000 * (i + 1)
+            for task, base, chance in (("a", 0.0, 0.5), ("b", -1.0, 0.25)):
+                p = 1 / (1 + np.exp(-(base + cell_slope * (np.log10(c) - 10.5))))
+                run[f"eval/probes/{task}/acc"] = rng.binomial(n, p) / n
+                run[f"eval/probes/{task}/n"] = n
+                run[f"eval/probes/{task}/chance"] = chance
+            run["eval/probes/acc"] = 0.5  # the whole task: not a task of its own here
+            run["eval/probes/n"] = 2 * n
+            runs.append(run)
+    return runs
+
+
+def test_task_scores_take_parts_and_skip_the_whole():
+    scores = zp.task_scores(_runs(1.0))
+    assert {s.task for s in scores} == {"a", "b"}
+    assert len(scores) == 16 and all(s.n == 400 for s in scores)
+    assert {s.chance for s in scores if s.task == "b"} == {0.25}
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 20), (7, 20), (200, 400), (400, 400)])
+def test_wilson_matches_scipy(k, n):
+    ref = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+    assert zp.wilson(k, n) == pytest.approx((ref.low, ref.high), abs=1e-6)
+
+
+def test_logistic_slope_equals_a_per_example_maximum_likelihood_fit():
+    scores = zp.task_scores(_runs(0.8))
+    rows = [s for s in scores if s.cell == "x/flm"]
+    x = np.log10([s.flops for s in rows])
+    got = zp.logistic_slope([s.task for s in rows], x, [s.correct for s in rows], [400] * 8)
+    # independent: expand to one 0/1 outcome per example and minimise the negative log-lik.
+    y = np.concatenate([[1] * s.correct + [0] * (s.n - s.correct) for s in rows])
+    xe = np.repeat(x, 400)
+    te = np.repeat([s.task == "b" for s in rows], 400).astype(float)
+
+    def nll(beta):
+        z = beta[0] + beta[1] * te + beta[2] * xe
+        return np.sum(np.logaddexp(0, z) - y * z)
+
+    ref = optimize.minimize(nll, np.zeros(3), method="BFGS").x
+    assert got["slope"] == pytest.approx(ref[2], abs=1e-3)
+    assert got["lo"] < 0.8 < got["hi"] and got["p"] < 1e-6
+
+
+def test_trend_separates_a_rising_cell_from_a_flat_one():
+    trend = zp.accuracy_trend(zp.task_scores(_runs(0.8, seed=3)))
+    rising, flat = trend["x/flm"]["fit"], trend["y/flm"]["fit"]
+    assert rising["lo"] > 0 and rising["p"] < 1e-6
+    assert flat["lo"] < 0 < flat["hi"] and flat["p"] > 0.05
+    assert trend["x/flm"]["runs"] == 4 and trend["x/flm"]["examples"] == 3200
+    # no variation in compute: no slope to estimate
+    assert zp.logistic_slope(["a", "a"], np.array([1.0, 1.0]), [3, 4], [10, 10]) is None
+
+
+def test_report_section_writes_a_panel_per_task_and_the_tables(tmp_path):
+    runs = _runs(0.8)
+    fig = zp.fig_task_accuracy(zp.task_scores(runs))
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title().split()[0] for ax in panels] == ["a", "b"]
+    for ax, chance in zip(panels, (0.5, 0.25), strict=True):
+        assert chance in [line.get_ydata()[0] for line in ax.get_lines()]
+    text = zp.report_section(runs, tmp_path)
+    assert (tmp_path / "figures" / "zero_shot_tasks.png").is_file()
+    table = [line for line in text.splitlines() if line.startswith("| x/flm | ")]
+    assert len(table) == 4 + 1  # a row per run, and the cell's trend row
+    assert zp.report_section([{"arch": "x", "objective": "flm", "flops": 1.0}], tmp_path) == ""
