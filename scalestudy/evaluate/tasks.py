@@ -113,7 +113,6 @@ REGISTRY: dict[str, Spec] = {
             "story_cloze/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
             "story_cloze/validation.jsonl",
         ),
-        tfds=("story_cloze/2016", "validation"),
         promptsource="story_cloze/2016",
     ),
     "arc_challenge": Spec(
@@ -125,7 +124,6 @@ REGISTRY: dict[str, Spec] = {
     "openbookqa": Spec(
         ("openbookqa/Main/test.jsonl",),
         metric="acc_norm",
-        tfds=("openbookqa", "test"),
         promptsource="openbookqa/main",
     ),
     "sciq": Spec(("sciq/test.json",), tfds=("sciq", "test")),

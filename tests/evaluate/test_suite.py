@@ -149,3 +149,32 @@ def test_promptsource_templates_read_the_released_form(
     for ex in task.examples[: len(groups)]:  # every template of the first row
         assert ex.gold == harness.examples[0].gold
         assert len(ex.choices) == len(harness.examples[0].choices)
+
+
+def test_tfds_and_hf_field_names_give_the_same_examples(release: Path) -> None:
+    """The same items under the field names of the TFDS/HF versions of each dataset."""
+    hf = {
+        "anli_r1": {"premise": "A dog ran.", "hypothesis": "An animal moved", "label": 2},
+        "story_cloze": {
+            **{f"input_sentence_{i}": s for i, s in enumerate(["Ann woke.", "She ate."], 1)},
+            **{"input_sentence_3": '"Hi," she said.', "input_sentence_4": "She left."},
+            **{"sentence_quiz1": "Bye.", "sentence_quiz2": "No.", "answer_right_ending": 2},
+        },
+        "arc_challenge": {
+            "question": "Which one grows?",
+            "choices": {"text": ["a rock", "a plant", "a cloud", "a river"], "label": list("ABCD")},
+            "answerKey": "B",
+        },
+        "openbookqa": {
+            "question_stem": "Which one grows?",
+            "choices": {"text": ["a rock", "a plant", "a cloud", "a river"], "label": list("ABCD")},
+            "answerKey": "D",
+        },
+        "mrpc": {"sentence1": "He won.", "sentence2": "He was the winner.", "label": 1},
+        "qnli": {"question": "Who won?", "sentence": "Ann won.", "label": 0},
+        "qqp": {"question1": "How?", "question2": "How so?", "label": 1},
+    }
+    for name, fields in hf.items():
+        path = release / f"hf_{name}.jsonl"
+        _jsonl(path, [fields])
+        assert load_task(f"{name}:{path}").examples[0] == load_task(name, release).examples[0]
