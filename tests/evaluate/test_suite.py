@@ -82,7 +82,34 @@ def release(tmp_path: Path) -> Path:
     )
     head = ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"]
     _table(glue / "QQP/dev.tsv", head, [["0", "1", "2", "How?", "How so?", "1"]], "\t")
+    pubmed = {"QUESTION": "Does it work?", "CONTEXTS": ["We tried.", "It did."]}
+    (tmp_path / "pubmedqa").mkdir()
+    (tmp_path / "pubmedqa/ori_pqal.json").write_text(
+        json.dumps({"123": {**pubmed, "final_decision": "maybe", "LONG_ANSWER": "Maybe."}})
+    )
+    math = {"Problem": "what is 2 + 2 ?", "Rationale": "", "correct": "c"}
+    math["options"] = "a ) 3 , b ) 5.5 , c ) 4 , d ) 1 , e ) none of these"
+    (tmp_path / "mathqa").mkdir()
+    (tmp_path / "mathqa/test.json").write_text(json.dumps([math]))
+    (tmp_path / "logiqa").mkdir()
+    record = "\nb\nAll cats purr.\nWhich is true?\nA.Dogs purr.\nB.Cats purr.\nC.No one.\nD.Fish.\n"
+    (tmp_path / "logiqa/Test.txt").write_text(record * 2)
     return tmp_path
+
+
+def test_pubmedqa_mathqa_logiqa(release: Path) -> None:
+    pubmed = load_task("pubmedqa", release).examples[0]
+    assert pubmed.contexts == ("Abstract: We tried.\nIt did.\nQuestion: Does it work?\nAnswer:",)
+    assert pubmed.choices == ("yes", "no", "maybe") and pubmed.gold == 2
+    math = load_task("mathqa", release).examples[0]
+    assert math.choices == ("3", "5.5", "4", "1", "none of these") and math.gold == 2
+    logiqa = load_task("logiqa", release).examples
+    assert len(logiqa) == 2 and logiqa[0].gold == 1 and logiqa[0].choices[1] == "Cats purr."
+    assert (
+        logiqa[0]
+        .contexts[0]
+        .endswith("Choices:\nA. Dogs purr.\nB. Cats purr.\nC. No one.\nD. Fish.\nAnswer:")
+    )
 
 
 def test_every_registered_task_has_a_prompt() -> None:
