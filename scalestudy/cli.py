@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -106,9 +107,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
 
-    # `--tasks a b eval.x=1` hands the override to --tasks: an item with "=" is an override.
-    tasks = [t for t in args.tasks or () if "=" not in t] or None
-    overrides = [*(t for t in args.tasks or () if "=" in t), *args.overrides]
+    # `--tasks a b eval.x=1` hands the override to --tasks: `dotted.key=value` is an override.
+    is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
+    tasks = [t for t in args.tasks or () if not is_override(t)] or None
+    overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
     results = evaluate_run(
         workdir,
         tasks=tasks,

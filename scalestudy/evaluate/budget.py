@@ -100,14 +100,19 @@ def fit_pairs(
     lengths = (_round(lengths[0]), _round(lengths[1]))
     row = max(lengths) if encdec else sum(lengths)
     if row > ev.max_length:
-        if longest_tgt + len(suffix) > ev.max_length:
-            fix = "raise eval.max_length (continuations are never cut)"
+        # The largest context budget that fits beside the longest continuation.
+        fits = ev.max_length - len(suffix) - (0 if encdec else _round(longest_tgt))
+        if fits < 1:
+            fix = "continuations are never cut: raise eval.max_length"
         else:
-            fix = "set eval.inputs_length=N to cut contexts from the left (cuts are reported)"
+            fix = (
+                f"set eval.inputs_length={fits} (or less) to cut contexts from the left (cuts "
+                "are reported), or raise eval.max_length"
+            )
         raise TaskDataError(
             f"task {task!r}: scoring needs rows of {row} tokens (longest context kept "
             f"{room_ctx}, longest continuation {longest_tgt}) but eval.max_length="
-            f"{ev.max_length}; {fix}, or raise eval.max_length"
+            f"{ev.max_length}; {fix}"
         )
     return Fitted(cut_inputs, [list(t) for t in targets], n_ctx, kept, lengths)
 

@@ -218,22 +218,48 @@ def read_table(path: str | Path) -> list[Row]:
 
 
 def read_json_array(path: str | Path) -> list[Row]:
-    """Rows of a JSON file holding one list of objects (SciQ's release)."""
+    """Rows of a JSON file holding a list of objects (SciQ, MathQA) or an object of objects
+    keyed by id (PubMedQA; the key becomes field `id`)."""
     path = require_file(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise TaskDataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if isinstance(data, dict):
+        data = [{"id": k, **v} if isinstance(v, dict) else v for k, v in data.items()]
     if not isinstance(data, list) or not data or not all(isinstance(x, dict) for x in data):
-        raise TaskDataError(f"{path}: expected a non-empty JSON list of objects")
-    return [Row(x, f"{path}: item {i}") for i, x in enumerate(data)]
+        raise TaskDataError(f"{path}: expected a non-empty JSON list (or object) of objects")
+    return [Row(x, f"{path}: item {x.get('id', i)}") for i, x in enumerate(data)]
+
+
+def read_logiqa_txt(path: str | Path) -> list[Row]:
+    """LogiQA's release: records separated by a blank line, each the answer letter, the
+    passage, the question and four options ("A.text")."""
+    path = require_file(path)
+    blocks = [b for b in path.read_text(encoding="utf-8").strip().split("\n\n") if b.strip()]
+    rows = []
+    for i, block in enumerate(blocks, start=1):
+        lines = [line.strip() for line in block.strip().splitlines()]
+        where = f"{path}: record {i}"
+        if len(lines) != 7 or lines[0].lower() not in ("a", "b", "c", "d"):
+            raise TaskDataError(
+                f"{where}: expected 7 lines (answer letter a-d, passage, question, 4 options), "
+                f"got {len(lines)} starting {lines[0][:20]!r}"
+            )
+        options = [o[2:].strip() if o[1:2] == "." else o for o in lines[3:]]
+        fields = {"label": lines[0].lower(), "context": lines[1], "question": lines[2]}
+        rows.append(Row({**fields, "options": options}, where))
+    if not rows:
+        raise TaskDataError(f"{path}: no records")
+    return rows
 
 
 def read_rows(path: str | Path) -> list[Row]:
     """Rows of any supported release file, chosen by its name.
 
-    `.xml`: original COPA; `*.data.txt`: original WiC (with `*.gold.txt`); `.csv`/`.tsv`:
-    a table with a header (StoryCloze, GLUE); `.json`: a list of objects (SciQ); `.jsonl`:
+    `.xml`: original COPA; `*.data.txt`: original WiC (with `*.gold.txt`); other `.txt`:
+    LogiQA's records; `.csv`/`.tsv`: a table with a header (StoryCloze, GLUE); `.json`: a list
+    or an id-keyed object of objects (SciQ, MathQA, PubMedQA); `.jsonl`:
     one object per line, with labels from an aligned `<stem>-labels.lst` when there is one
     (PIQA).
     """
@@ -246,6 +272,8 @@ def read_rows(path: str | Path) -> list[Row]:
         return read_table(path)
     if path.suffix == ".json":
         return read_json_array(path)
+    if path.suffix == ".txt":
+        return read_logiqa_txt(path)
     if path.with_name(f"{path.stem}-labels.lst").is_file():
         return read_piqa(path)
     return read_jsonl(path)

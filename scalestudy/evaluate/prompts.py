@@ -310,6 +310,35 @@ def qqp(row: Row) -> Example:
     return Example((context,), choices, gold_index(row, field, choices))
 
 
+def pubmedqa(row: Row) -> Example:
+    if "QUESTION" in row.fields:  # the release's ori_pqal.json
+        contexts, question = row.get("CONTEXTS", list), row.get("QUESTION", str)
+    else:  # TFDS/HF fields
+        contexts = Row(row.get("context", dict), row.where).get("contexts", list)
+        question = row.get("question", str)
+    context = "Abstract: " + "\n".join(contexts) + f"\nQuestion: {question}\nAnswer:"
+    choices = ("yes", "no", "maybe")
+    return Example((context,), choices, gold_index(row, "final_decision", choices))
+
+
+def mathqa(row: Row) -> Example:
+    options = re.findall(r"[abcd] \) .*?, |e \) .*?$", row.get("options", str))
+    choices = check_choices(row, tuple(o[4:].rstrip(" ,") for o in options), "options")
+    letters = tuple("abcde"[: len(choices)])
+    context = f"Question: {row.get('Problem', str)}\nAnswer:"
+    return Example((context,), choices, gold_index(row, "correct", choices, letters))
+
+
+def logiqa(row: Row) -> Example:
+    options = check_choices(row, tuple(row.get("options", list)), "options")
+    listed = "".join(f"{'ABCD'[i]}. {o}\n" for i, o in enumerate(options))
+    context = (
+        f"Passage: {row.get('context', str)}\nQuestion: {row.get('question', str)}\n"
+        f"Choices:\n{listed}Answer:"
+    )
+    return Example((context,), options, gold_index(row, "label", options, ("a", "b", "c", "d")))
+
+
 def generic(row: Row) -> Example:
     """`{query, choices, gold}` rows (any task already in harness form)."""
     return _harness_form(row)
@@ -342,5 +371,8 @@ BUILDERS: dict[str, Callable[[Row], Example]] = {
     "sst2": sst2,
     "wnli": wnli,
     "qqp": qqp,
+    "pubmedqa": pubmedqa,
+    "mathqa": mathqa,
+    "logiqa": logiqa,
     "mc": generic,
 }

@@ -1,8 +1,9 @@
 """Rank classification with Model.score: one code path for all three architectures.
 
-Every task becomes (context, continuation) token pairs (`pairs.py`), scored in fixed-shape
-batches (`scorer.py`) and summarised per task (`metrics.py`); a run directory's results are
-written by `results.py`.
+Every task becomes (context, continuation) token pairs (`pairs.py`), cut to the context
+budget with rows sized to hold every continuation whole (`budget.py`), scored in fixed-shape
+batches (`scorer.py`), summarised per task (`metrics.py`) and per example (`records.py`); a
+run directory's results are written by `results.py`.
 """
 
 from __future__ import annotations

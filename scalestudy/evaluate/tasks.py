@@ -113,7 +113,6 @@ REGISTRY: dict[str, Spec] = {
             "story_cloze/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
             "story_cloze/validation.jsonl",
         ),
-        tfds=("story_cloze/2016", "validation"),
         promptsource="story_cloze/2016",
     ),
     "arc_challenge": Spec(
@@ -125,7 +124,6 @@ REGISTRY: dict[str, Spec] = {
     "openbookqa": Spec(
         ("openbookqa/Main/test.jsonl",),
         metric="acc_norm",
-        tfds=("openbookqa", "test"),
         promptsource="openbookqa/main",
     ),
     "sciq": Spec(("sciq/test.json",), tfds=("sciq", "test")),
@@ -135,6 +133,10 @@ REGISTRY: dict[str, Spec] = {
     "sst2": Spec(("glue/SST-2/dev.tsv",), tfds=("glue/sst2", "validation")),
     "wnli": Spec(("glue/WNLI/dev.tsv",), tfds=("glue/wnli", "validation")),
     "qqp": Spec(("glue/QQP/dev.tsv",), tfds=("glue/qqp", "validation")),
+    # PubMedQA's 1,000 expert-labelled questions, as the harness scores them.
+    "pubmedqa": Spec(("pubmedqa/ori_pqal.json",)),
+    "mathqa": Spec(("mathqa/test.json",), metric="acc_norm"),
+    "logiqa": Spec(("logiqa/Test.txt",), metric="acc_norm"),
 }
 DEFAULT_FILES = {name: spec.files[0] for name, spec in REGISTRY.items()}
 TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds}

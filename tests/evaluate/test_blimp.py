@@ -111,7 +111,7 @@ def test_pair_task_by_configuration_equals_the_blimp_loader(tmp_path) -> None:
         TaskConfig(name="p", path="x.jsonl", kind="pair", choice_fields=("a",))
 
 
-def test_full_release_and_the_papers_numbers(shared_data: Path) -> None:
+def test_full_release_and_the_papers_numbers(shared_data: Path, tmp_path: Path) -> None:
     root = shared_data / "eval" / "blimp"
     task = load_task("blimp", shared_data / "eval")
     assert len(task.examples) == 67_000 and len({ex.group for ex in task.examples}) == 67
@@ -127,3 +127,5 @@ def test_full_release_and_the_papers_numbers(shared_data: Path) -> None:
         for model, acc in ref["term"][row["name"]].items():
             assert row[model] == pytest.approx(acc, abs=1e-6), (row["name"], model)
     assert "| overall | overall |" in blimp.format_table(rows)
+    table = blimp.write_reference_table(results, root, tmp_path / "blimp.md")
+    assert json.loads(table.with_suffix(".json").read_text()) == rows

@@ -106,8 +106,12 @@ def test_span_corruption_models_read_contexts_ending_in_eos() -> None:
 
 def test_rows_too_long_are_refused_with_what_to_set() -> None:
     cfg = cfg_for("causal_decoder", "flm", max_length=64)
-    with pytest.raises(TaskDataError, match=r"task 'arc'.*eval.inputs_length=N"):
+    with pytest.raises(TaskDataError, match=r"task 'arc'.*set eval.inputs_length=56 \(or less"):
         fit_pairs(cfg, [list(range(3, 100))], [[5, 6]], "arc")
+    fitted = fit_pairs(
+        cfg.replace(eval=cfg.eval.replace(inputs_length=56)), [list(range(99))], [[5]]
+    )
+    assert sum(fitted.lengths) <= 64  # the suggested budget fits
     with pytest.raises(TaskDataError, match="continuations are never cut"):
         fit_pairs(cfg, [[5]], [list(range(3, 100))], "arc")
     cut = fit_pairs(cfg.replace(eval=cfg.eval.replace(inputs_length=32)), [list(range(99))], [[5]])

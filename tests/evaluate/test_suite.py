@@ -82,7 +82,34 @@ def release(tmp_path: Path) -> Path:
     )
     head = ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"]
     _table(glue / "QQP/dev.tsv", head, [["0", "1", "2", "How?", "How so?", "1"]], "\t")
+    pubmed = {"QUESTION": "Does it work?", "CONTEXTS": ["We tried.", "It did."]}
+    (tmp_path / "pubmedqa").mkdir()
+    (tmp_path / "pubmedqa/ori_pqal.json").write_text(
+        json.dumps({"123": {**pubmed, "final_decision": "maybe", "LONG_ANSWER": "Maybe."}})
+    )
+    math = {"Problem": "what is 2 + 2 ?", "Rationale": "", "correct": "c"}
+    math["options"] = "a ) 3 , b ) 5.5 , c ) 4 , d ) 1 , e ) none of these"
+    (tmp_path / "mathqa").mkdir()
+    (tmp_path / "mathqa/test.json").write_text(json.dumps([math]))
+    (tmp_path / "logiqa").mkdir()
+    record = "\nb\nAll cats purr.\nWhich is true?\nA.Dogs purr.\nB.Cats purr.\nC.No one.\nD.Fish.\n"
+    (tmp_path / "logiqa/Test.txt").write_text(record * 2)
     return tmp_path
+
+
+def test_pubmedqa_mathqa_logiqa(release: Path) -> None:
+    pubmed = load_task("pubmedqa", release).examples[0]
+    assert pubmed.contexts == ("Abstract: We tried.\nIt did.\nQuestion: Does it work?\nAnswer:",)
+    assert pubmed.choices == ("yes", "no", "maybe") and pubmed.gold == 2
+    math = load_task("mathqa", release).examples[0]
+    assert math.choices == ("3", "5.5", "4", "1", "none of these") and math.gold == 2
+    logiqa = load_task("logiqa", release).examples
+    assert len(logiqa) == 2 and logiqa[0].gold == 1 and logiqa[0].choices[1] == "Cats purr."
+    assert (
+        logiqa[0]
+        .contexts[0]
+        .endswith("Choices:\nA. Dogs purr.\nB. Cats purr.\nC. No one.\nD. Fish.\nAnswer:")
+    )
 
 
 def test_every_registered_task_has_a_prompt() -> None:
@@ -149,3 +176,32 @@ def test_promptsource_templates_read_the_released_form(
     for ex in task.examples[: len(groups)]:  # every template of the first row
         assert ex.gold == harness.examples[0].gold
         assert len(ex.choices) == len(harness.examples[0].choices)
+
+
+def test_tfds_and_hf_field_names_give_the_same_examples(release: Path) -> None:
+    """The same items under the field names of the TFDS/HF versions of each dataset."""
+    hf = {
+        "anli_r1": {"premise": "A dog ran.", "hypothesis": "An animal moved", "label": 2},
+        "story_cloze": {
+            **{f"input_sentence_{i}": s for i, s in enumerate(["Ann woke.", "She ate."], 1)},
+            **{"input_sentence_3": '"Hi," she said.', "input_sentence_4": "She left."},
+            **{"sentence_quiz1": "Bye.", "sentence_quiz2": "No.", "answer_right_ending": 2},
+        },
+        "arc_challenge": {
+            "question": "Which one grows?",
+            "choices": {"text": ["a rock", "a plant", "a cloud", "a river"], "label": list("ABCD")},
+            "answerKey": "B",
+        },
+        "openbookqa": {
+            "question_stem": "Which one grows?",
+            "choices": {"text": ["a rock", "a plant", "a cloud", "a river"], "label": list("ABCD")},
+            "answerKey": "D",
+        },
+        "mrpc": {"sentence1": "He won.", "sentence2": "He was the winner.", "label": 1},
+        "qnli": {"question": "Who won?", "sentence": "Ann won.", "label": 0},
+        "qqp": {"question1": "How?", "question2": "How so?", "label": 1},
+    }
+    for name, fields in hf.items():
+        path = release / f"hf_{name}.jsonl"
+        _jsonl(path, [fields])
+        assert load_task(f"{name}:{path}").examples[0] == load_task(name, release).examples[0]
