@@ -15,7 +15,7 @@ import numpy as np
 
 from scalestudy.scaling.bootstrap import summarise
 from scalestudy.scaling.flags import param_flags, points_flag
-from scalestudy.scaling.io import RunTable, ScalingDataError
+from scalestudy.scaling.table import RunTable, ScalingDataError
 
 
 def loglinear(logc_RB: np.ndarray, logy_RB: np.ndarray, w_RB: np.ndarray):

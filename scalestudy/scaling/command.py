@@ -1,5 +1,9 @@
 """`scalestudy fit` and `scalestudy plot`: their flags, checked settings and handlers.
 
+The command line checks the flags first (`fit_settings`, `plot_settings`), then reads the runs
+at its input side (`scalestudy.study.fits.load_table`: a registry or a table) and hands the
+table to `fit_main` / `plot_main`.
+
 Every bad value (a non-positive tolerance, NaN, an unreadable path, malformed `--fits` JSON,
 fits made from other data) is one `ScalingDataError` line; a closed output pipe
 (`scalestudy fit ... | head -1`) ends the command quietly.
@@ -13,7 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-from scalestudy.scaling.io import DataSettings, ScalingDataError, fingerprint, load_table
+from scalestudy.scaling.laws import FitSettings, fit_cells
+from scalestudy.scaling.plots import make_all_plots
+from scalestudy.scaling.report import format_table, write_json
+from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -139,10 +146,8 @@ def _budgets(text: str | None, flag: str) -> tuple[float, ...]:
         ) from None
 
 
-def settings_from_args(args):
-    """(FitSettings, source) from parsed `scalestudy fit` arguments."""
-    from scalestudy.scaling.laws import FitSettings
-
+def fit_settings(args) -> FitSettings:
+    """FitSettings from parsed `scalestudy fit` arguments, every flag and --out checked."""
     kfold_text = str(args.kfold).strip().lower()
     try:
         kfold = -1 if kfold_text in ("loo", "-1") else int(kfold_text)
@@ -165,7 +170,9 @@ def settings_from_args(args):
         kfold=kfold,
         min_points_per_param=args.min_points_per_param,
     )
-    return settings, args.source
+    if args.out:
+        _writable_file(args.out, "--out")
+    return settings
 
 
 def _writable_file(path: str, flag: str) -> Path:
@@ -202,14 +209,9 @@ def _quiet_broken_pipe() -> int:
     return 141  # 128 + SIGPIPE, as a shell reports a pipeline cut short
 
 
-def fit_main(args) -> int:
+def fit_main(args, settings: FitSettings, table: RunTable) -> int:
     """`scalestudy fit`: fit, print a table (or JSON), optionally write the JSON."""
-    from scalestudy.scaling.laws import fit_cells
-    from scalestudy.scaling.report import format_table, write_json
-
-    settings, source = settings_from_args(args)
-    out = _writable_file(args.out, "--out") if args.out else None
-    table = load_table(source, settings.data)
+    out = Path(args.out) if args.out else None
     result = fit_cells(table, settings=settings)
     if out is not None:
         try:
@@ -253,17 +255,17 @@ def read_fits(path: str, table) -> dict:
     return fits
 
 
-def plot_main(args) -> int:
-    """`scalestudy plot`: figures from a registry or table, with fits from --fits or fitted here."""
-    from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import make_all_plots
+def plot_settings(args) -> FitSettings:
+    """FitSettings (without --fits) from parsed `scalestudy plot` arguments; --out checked."""
+    settings = FitSettings(bootstrap=args.bootstrap, data=data_settings_from_args(args))
+    _writable_dir(args.out, "--out")
+    return settings
 
-    data = data_settings_from_args(args)
-    settings = FitSettings(bootstrap=getattr(args, "bootstrap", 0), data=data)
-    out = _writable_dir(args.out, "--out")
-    table = load_table(args.source, data)
+
+def plot_main(args, settings: FitSettings, table: RunTable) -> int:
+    """`scalestudy plot`: figures of a table of runs, with fits from --fits or fitted here."""
     fits = read_fits(args.fits, table) if args.fits else fit_cells(table, settings=settings)
-    paths = make_all_plots(table, None, fits, out)
+    paths = make_all_plots(table, fits, Path(args.out))
     try:
         for p in paths:
             print(p)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from scalestudy.scaling.forms import Form
-from scalestudy.scaling.io import RunTable
 from scalestudy.scaling.optimize import fit_weighted, point_fit
+from scalestudy.scaling.table import RunTable
 
 
 def holdout(form: Form, table: RunTable, x, y, run, grid, s) -> dict:

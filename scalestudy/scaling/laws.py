@@ -15,10 +15,7 @@ every fit a list of flags saying why the data may not support it (scaling/flags.
 from __future__ import annotations
 
 import time
-import warnings
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -26,15 +23,10 @@ from scalestudy.scaling import allocation, crossval
 from scalestudy.scaling.bootstrap import run_counts, summarise
 from scalestudy.scaling.flags import outlier_flags, outlier_points, param_flags, points_flag
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
-from scalestudy.scaling.io import (
-    DataSettings,
-    RunTable,
-    ScalingDataError,
-    fingerprint,
-    table_from_rows,
-)
 from scalestudy.scaling.optimize import fit_weighted, point_fit
 from scalestudy.scaling.optimum import ALLOCATION_LAWS, at_compute
+from scalestudy.scaling.report import compare_cells, strip_private
+from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
 
 LAWS = (*FORM_LAWS, "chinchilla1", "chinchilla2")
 AUTO_LAWS = ("kaplan_n", "kaplan_d", "kaplan_c", "kaplan_nd", "chinchilla1", "chinchilla2")
@@ -292,17 +284,13 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
     return {"summary": summary(table), "flops_per_nd": {"k": k, "source": k_src}, "fits": fits}
 
 
-def fit_cells(runs, curves=None, settings: FitSettings | None = None) -> dict:
-    """Fit every (architecture, objective) cell and compare them.
+def fit_cells(table: RunTable, settings: FitSettings | None = None) -> dict:
+    """Fit every cell of `table` (one per architecture/objective, or per group) and compare them.
 
-    `runs` is a RunTable, or rows from study.registry.load_runs (then `curves` are rows from
-    load_curves). Returns a JSON-able dict: settings, data choices, per-cell fits with
-    intervals, and the cross-cell comparison.
+    Returns a JSON-able dict: settings, data choices, per-cell fits with intervals, and the
+    cross-cell comparison.
     """
-    from scalestudy.scaling.report import compare_cells, strip_private
-
     s = settings or FitSettings()
-    table = runs if isinstance(runs, RunTable) else table_from_rows(runs, curves, s.data)
     t0 = time.perf_counter()
     cells = {c: fit_cell(table.subset(c), s) for c in table.cells()}
     result = {
@@ -314,29 +302,3 @@ def fit_cells(runs, curves=None, settings: FitSettings | None = None) -> dict:
     result["comparison"] = compare_cells(result, s)
     result["time_s"] = round(time.perf_counter() - t0, 3)
     return strip_private(result)
-
-
-def analyze_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:
-    """The fits and figures of a finished study (`run_study(analyze=...)`).
-
-    `study` is the study spec (its `fit` section chooses laws, N, C and the bootstrap);
-    writes `out/fits.json` and `out/figures/`. When the spec asks for a law the data cannot
-    support (e.g. too few sizes), fits every law the data do support instead, with a warning.
-    """
-    from scalestudy.scaling.plots import make_all_plots
-    from scalestudy.scaling.report import write_json
-
-    f = study.fit
-    settings = FitSettings(
-        laws=tuple(f.laws),
-        data=DataSettings(n_kind=f.n_kind, c_kind=f.c_kind),
-        bootstrap=f.bootstrap,
-        seed=f.seed,
-    )
-    try:
-        fits = fit_cells(runs, curves, settings)
-    except ScalingDataError as e:
-        warnings.warn(f"fit: {e}; fitting the laws the data support instead", stacklevel=2)
-        fits = fit_cells(runs, curves, replace(settings, laws=("auto",)))
-    write_json(fits, Path(out) / "fits.json")
-    return fits, make_all_plots(runs, curves, fits, Path(out) / "figures")

@@ -16,9 +16,9 @@ import numpy as np
 
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling.figstyle import cell_style, cell_styles  # noqa: F401 (public names)
-from scalestudy.scaling.io import RunTable, table_from_rows
 from scalestudy.scaling.plot_allocation import fig_allocation, fig_isoflops
 from scalestudy.scaling.report import loss_at_compute
+from scalestudy.scaling.table import RunTable
 
 
 def fig_loss_vs_compute(t: RunTable, fits: dict):
@@ -228,17 +228,9 @@ FIGURES = {
 }
 
 
-def make_all_plots(runs, curves, fits: dict | None, out_dir: str | Path) -> list[Path]:
-    """Every figure for a study's runs and fits (PNG + SVG each); returns the files written.
-
-    `runs` is a RunTable or rows from study.registry.load_runs (`curves` from load_curves);
-    `fits` is the result of `fit_cells` (fitted here without intervals when None).
-    """
-    table = runs if isinstance(runs, RunTable) else table_from_rows(runs, curves)
-    if fits is None:
-        from scalestudy.scaling.laws import FitSettings, fit_cells
-
-        fits = fit_cells(table, settings=FitSettings(bootstrap=0))
+def make_all_plots(table: RunTable, fits: dict, out_dir: str | Path) -> list[Path]:
+    """Every figure for a table of runs and its fits (`laws.fit_cells`), PNG + SVG each;
+    returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     has_c = bool(np.isfinite(table.C).any())

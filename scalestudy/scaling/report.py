@@ -10,7 +10,7 @@ import numpy as np
 from scalestudy.scaling.bootstrap import interval
 from scalestudy.scaling.flags import extrapolation
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import ScalingDataError
+from scalestudy.scaling.table import ScalingDataError
 
 
 def loss_at_compute(law: str, theta_KQ: np.ndarray, C: np.ndarray, k: float) -> np.ndarray:

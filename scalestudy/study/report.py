@@ -1,4 +1,4 @@
-"""The end of a study: scaling fits and figures (scalestudy.scaling), then report.md/.html.
+"""The end of a study: its scaling fits and figures (`study/fits.py`), then report.md/.html.
 
 What the report compares, and why (losses of different objectives are not comparable: an
 MLM model predicts 15% of corrupted spans, an FLM model every next token):
@@ -17,18 +17,14 @@ import html
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.study import loss_tokens as loss_token_report
+from scalestudy.study.fits import fit_study
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import StudySpec
-
-# analyze(study, out, done_runs, curves) -> (fits JSON, figure paths): the scaling room's fits
-# and plots, passed in by the caller (study sits left of scaling in the flow of imports).
-Analyze = Callable[[StudySpec, Path, list, list], tuple[dict, list]]
 
 Z95 = 1.959964
 
@@ -382,18 +378,18 @@ def render_html(markdown: str) -> str:
     )
 
 
-def finalize(study: StudySpec, out: Path, analyze: Analyze | None = None) -> Path:
-    """Write `out/report.md` and `out/report.html` from the registry, with the fits and
-    figures of `analyze(study, out, runs, curves)` when given; returns the Markdown path."""
+def finalize(study: StudySpec, out: Path) -> Path:
+    """Write `out/report.md` and `out/report.html` from the registry, with the study's fits
+    and figures (`out/fits.json`, `out/figures/`); returns the Markdown path."""
     out = Path(out)
     runs = load_runs(out / "registry.sqlite")
     fits: dict[str, Any] = {}
     figures: list[str] = []
     notes: list[str] = []
     done = [r for r in runs if r["status"] == "done"]
-    if analyze is not None and done:
+    if done:
         try:
-            fits, paths = analyze(study, out, done, load_curves(out / "registry.sqlite"))
+            fits, paths = fit_study(study, out, done, load_curves(out / "registry.sqlite"))
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")

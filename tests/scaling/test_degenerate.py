@@ -6,8 +6,8 @@ import pytest
 from scalestudy.scaling import allocation
 from scalestudy.scaling.bootstrap import run_counts
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import RunTable, ScalingDataError
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
+from scalestudy.scaling.table import RunTable, ScalingDataError
 
 
 def _table(N, D, loss):

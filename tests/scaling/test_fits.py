@@ -7,9 +7,9 @@ from scipy.optimize import minimize as scipy_minimize
 from scalestudy.scaling import allocation
 from scalestudy.scaling.bootstrap import run_counts
 from scalestudy.scaling.forms import Chinchilla, get_form
-from scalestudy.scaling.io import RunTable, ScalingDataError
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
 from scalestudy.scaling.optimize import minimize, objective
+from scalestudy.scaling.table import RunTable, ScalingDataError
 
 
 def _values(fit):

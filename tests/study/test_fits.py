@@ -1,0 +1,91 @@
+"""The input side of `scalestudy fit`: a study registry (file or directory) read as a table."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from scalestudy.scaling.laws import FitSettings, fit_cells
+from scalestudy.scaling.table import DataSettings, ScalingDataError
+from scalestudy.study.fits import load_table
+
+
+def _registry(path, runs):
+    from scalestudy.study.registry import Registry
+
+    with Registry(path) as reg:
+        reg.add_runs([{k: v for k, v in r.items() if k != "summary"} for r in runs])
+        for r in runs:
+            if "summary" in r:
+                s = r["summary"]
+                curve = [
+                    {
+                        "step": st,
+                        "train/loss": s["final_val_loss"] + 1.0 / st,
+                        "flops": s["flops"] * st / 4,
+                        "tokens": s["tokens"] * st / 4,
+                    }
+                    for st in (1, 2, 3, 4)
+                ]
+                reg.finish(r["run_id"], s, curves=curve)
+
+
+def _isoflop(budgets=(1e18, 1e19, 1e20), sizes=5):
+    """Runs on IsoFLOP budgets (C = 6ND) whose loss follows a Chinchilla law exactly."""
+    N = np.concatenate([np.geomspace(c**0.5 / 40, c**0.5 / 2, sizes) for c in budgets])
+    C = np.repeat(budgets, sizes)
+    D = C / (6 * N)
+    return SimpleNamespace(N=N, D=D, C=C, loss=1.69 + 406.4 / N**0.34 + 410.7 / D**0.28)
+
+
+def test_study_registry_runs_and_curves(tmp_path):
+    iso = _isoflop()
+    runs = []
+    for i in range(len(iso.N)):
+        n, d = float(iso.N[i]), float(iso.D[i])
+        runs.append(
+            {
+                "run_id": f"r{i}",
+                "arch": "causal_decoder",
+                "objective": "flm",
+                "params_total": int(n * 1.1),
+                "params_non_embedding": int(n),
+                "budget": f"C{iso.C[i]:.0e}",
+                "summary": {
+                    "tokens": d / 2,
+                    "positions": d,
+                    "flops": 6.3 * n * d,
+                    "flops_6nd": 6 * n * d,
+                    "final_val_loss": float(iso.loss[i]),
+                    "eval": {"copa/acc": 0.5 + 0.01 * i},
+                },
+            }
+        )
+    runs.append({"run_id": "unfinished", "arch": "causal_decoder", "objective": "flm"})
+    _registry(tmp_path / "registry.sqlite", runs)
+    t = load_table(tmp_path)  # a study directory
+    assert len(t.run_id) == len(iso.N) and t.choices["unfinished_runs_left_out"] == 1
+    np.testing.assert_allclose(t.N, np.floor(iso.N))  # non-embedding by default
+    np.testing.assert_allclose(t.D, iso.D)  # positions by default
+    assert t.cells() == ["causal_decoder/flm"]
+    assert "eval/copa/acc" in t.extra and len(t.curves) == len(iso.N)
+    # A curve point at a quarter of training has a quarter of the run's C and D.
+    c = t.curves["r0"]
+    np.testing.assert_allclose(c["C"], t.C[0] * np.array([0.25, 0.5, 0.75, 1.0]))
+    t6 = load_table(tmp_path / "registry.sqlite", DataSettings(c_kind="6nd", n_kind="total"))
+    np.testing.assert_allclose(t6.C, 6 * t6.N * t6.D)
+    res = fit_cells(t, settings=FitSettings(laws=("chinchilla2",), bootstrap=20))
+    fit = res["cells"]["causal_decoder/flm"]["fits"]["chinchilla2"]
+    assert fit["n_budgets"] == 3  # grouped by the registry's budget labels
+
+
+def test_registry_directories_that_cannot_be_read_are_refused(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ScalingDataError, match="no study registry"):
+        load_table(tmp_path / "empty")
+    for name in ("a.sqlite", "b.db"):
+        _registry(tmp_path / name, [])
+    with pytest.raises(ScalingDataError, match="several registries"):
+        load_table(tmp_path)
+    with pytest.raises(ScalingDataError, match="no runs to fit"):
+        load_table(tmp_path / "a.sqlite", DataSettings())
