@@ -4,7 +4,12 @@ Approach 1 takes, at each of many FLOP budgets, the run whose training curve rea
 lowest loss at that compute, and fits N_opt(C) = G C^a and D_opt(C) = H C^b to those runs.
 Approach 2 groups runs into IsoFLOP budgets, fits a parabola of loss in log N (and log D) per
 budget, and fits the same power laws to the parabolas' minima. Both bootstrap over runs with
-the multiplicities from `bootstrap.run_counts`.
+the multiplicities from `resample.run_counts`.
+
+Compute-optimal answers at given budgets (`at_compute`): N_opt, D_opt and D/N with bootstrap
+intervals, from approach 3 (N_opt = G (C/k)^a, D_opt = C / (k N_opt)) or approaches 1 and 2
+(N_opt = G C^a, D_opt = H C^b, each line fitted on its own). Every answer outside the runs'
+compute range carries an `extrapolation` flag saying how far out it is.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import re
 
 import numpy as np
 
-from scalestudy.scaling.bootstrap import summarise
-from scalestudy.scaling.flags import param_flags, points_flag
+from scalestudy.scaling.flags import extrapolation, param_flags, points_flag
+from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.resample import interval, summarise
 from scalestudy.scaling.table import RunTable, ScalingDataError
 
 
@@ -317,3 +323,49 @@ def frontier_points(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray
             best = table.loss[j]
     idx = np.array(keep)
     return table.C[idx], table.loss[idx], idx
+
+
+# ----------------------------------------------------------------------------- at budgets
+
+ALLOCATION_LAWS = ("chinchilla1", "chinchilla2", "chinchilla3", "chinchilla3_noE")
+
+
+def allocation_curves(law: str, fit: dict, k: float, C: np.ndarray):
+    """(N_opt [K, B], D_opt [K, B]) for the point (row 0) and each bootstrap sample."""
+    C = np.asarray(C, dtype=np.float64)[None]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if law.startswith("chinchilla3"):
+            samples = fit.get("_theta_samples")
+            if samples is None:
+                samples = fit.get("theta_samples", [])
+            theta = np.array([fit["theta"], *samples], dtype=np.float64)
+            p = get_form(law).named(theta)
+            al, be = p["alpha"][:, None], p["beta"][:, None]
+            G = (al * p["A"][:, None] / (be * p["B"][:, None])) ** (1.0 / (al + be))
+            n = G * (C / k) ** (be / (al + be))
+            return n, (C / k) / n
+        values = {name: v["value"] for name, v in fit["params"].items()}
+        samples = fit.get("samples", {})
+        cols = {
+            name: np.array([values[name], *samples.get(name, [])], dtype=np.float64)[:, None]
+            for name in ("a", "b", "G", "H")
+        }
+        return cols["G"] * C ** cols["a"], cols["H"] * C ** cols["b"]
+
+
+def at_compute(law: str, fit: dict, k: float, budgets, c_range, ci: float) -> list[dict]:
+    """N_opt, D_opt and D/N at each budget, with percentile intervals over the resamples."""
+    n_KB, d_KB = allocation_curves(law, fit, k, budgets)
+    out = []
+    for i, c in enumerate(budgets):
+        entry = {"C": float(c)}
+        for name, arr in (("N_opt", n_KB[:, i]), ("D_opt", d_KB[:, i]), ("D_per_N", None)):
+            col = d_KB[:, i] / n_KB[:, i] if arr is None else arr
+            v = float(col[0])
+            entry[name] = {
+                "value": v if np.isfinite(v) else None,
+                "ci": interval(col[1:], ci)[0] if len(col) > 2 else None,
+            }
+        entry["extrapolation"] = extrapolation(float(c), c_range)
+        out.append(entry)
+    return out

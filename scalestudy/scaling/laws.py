@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from scalestudy.scaling import allocation, crossval
-from scalestudy.scaling.bootstrap import run_counts, summarise
+from scalestudy.scaling import allocation, resample
+from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
 from scalestudy.scaling.flags import outlier_flags, outlier_points, param_flags, points_flag
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_weighted, point_fit
-from scalestudy.scaling.optimum import ALLOCATION_LAWS, at_compute
 from scalestudy.scaling.report import compare_cells, strip_private
+from scalestudy.scaling.resample import run_counts, summarise
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
 
 LAWS = (*FORM_LAWS, "chinchilla1", "chinchilla2")
@@ -218,9 +218,9 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     if len(form.inputs) == 1:
         out["points_used"] = f"lowest loss per distinct {form.inputs[0]}"
     if s.holdout > 0:
-        out["holdout"] = crossval.holdout(form, table, x, y, run, grid, s)
+        out["holdout"] = resample.holdout(form, table, x, y, run, grid, s)
     if s.kfold:
-        out["crossval"] = crossval.kfold(form, x, y, theta, grid, s)
+        out["crossval"] = resample.kfold(form, x, y, theta, grid, s)
     return out
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from scalestudy.scaling.bootstrap import interval
 from scalestudy.scaling.flags import extrapolation
 from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.resample import interval
 from scalestudy.scaling.table import ScalingDataError
 
 

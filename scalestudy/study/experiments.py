@@ -71,23 +71,6 @@ def loss_stats(rows: list[dict]) -> dict[str, Any]:
     return {"mean": mean, "var": var, "n": n, "half": half}
 
 
-def acc_stats(rows: list[dict]) -> dict[str, Any]:
-    """Mean probe accuracy over seeds and its 95% half-width (binomial, plus seed spread)."""
-    points = []
-    for r in rows:
-        pa = report.probe_accuracy(r)
-        if pa:
-            points.append({"acc": pa[0], "n": pa[1]})
-    if not points:
-        return {"mean": math.nan, "half": None, "n": 0}
-    n = len(points)
-    mean = sum(p["acc"] for p in points) / n
-    var = max(mean * (1 - mean), 1e-12) / max(sum(p["n"] for p in points), 1.0)
-    if n > 1:  # the spread between seeds, as the variance of their mean
-        var += sum((p["acc"] - mean) ** 2 for p in points) / (n - 1) / n
-    return {"mean": mean, "half": report.Z95 * math.sqrt(var), "n": n}
-
-
 def difference(a: dict, b: dict, kind: str) -> tuple[float, float | None]:
     """a - b and the 95% half-width of the difference (Welch for losses; None without seeds)."""
     d = a["mean"] - b["mean"]
@@ -136,7 +119,7 @@ def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dic
                 "flops": sum(r.get("flops") or 0.0 for r in rows) / len(rows),
                 "steps": rows[0].get("steps"),
                 "loss": loss_stats(rows),
-                "acc": acc_stats(rows),
+                "acc": report.acc_stats(rows),
             }
         )
     out["verdicts"] = []

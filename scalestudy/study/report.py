@@ -69,24 +69,21 @@ def truncated_share(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
     return max(shares) if shares else None
 
 
-def _interval(acc: float, n: float) -> float:
-    """Half-width of the binomial normal-approximation 95% interval."""
-    return Z95 * math.sqrt(max(acc * (1 - acc), 1e-12) / max(n, 1.0))
-
-
 def _cell(run: dict[str, Any]) -> str:
     return f"{run['arch']}/{run['objective']}"
 
 
-def _seed_mean(points: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """Mean accuracy, its 95% half-width (binomial and seed spread combined) and n seeds."""
-    accs = [p["acc"] for p in points]
-    mean = sum(accs) / len(accs)
-    n = sum(p["n"] for p in points)
-    var = max(mean * (1 - mean), 1e-12) / max(n, 1.0)
-    if len(accs) > 1:
-        var += sum((a - mean) ** 2 for a in accs) / (len(accs) - 1) / len(accs)
-    return mean, Z95 * math.sqrt(var), len(accs)
+def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean probe accuracy over seeds and its 95% half-width (binomial, plus seed spread)."""
+    points = [pa for r in rows if (pa := probe_accuracy(r))]
+    if not points:
+        return {"mean": math.nan, "half": None, "n": 0}
+    n = len(points)
+    mean = sum(acc for acc, _ in points) / n
+    var = max(mean * (1 - mean), 1e-12) / max(sum(examples for _, examples in points), 1.0)
+    if n > 1:  # the spread between seeds, as the variance of their mean
+        var += sum((acc - mean) ** 2 for acc, _ in points) / (n - 1) / n
+    return {"mean": mean, "half": Z95 * math.sqrt(var), "n": n}
 
 
 def _winner(scores: dict[str, tuple[float, float]], higher: bool = True) -> str:
@@ -138,7 +135,8 @@ def _at_common(
         pts = []
         for x, group in by_x.items():
             if half_key == "acc":
-                mean, half, _ = _seed_mean(group)
+                stats = acc_stats(group)
+                mean, half = stats["mean"], stats["half"]
             else:
                 ys = [g[y_key] for g in group]
                 mean = sum(ys) / len(ys)

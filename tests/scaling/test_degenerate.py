@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from scalestudy.scaling import allocation
-from scalestudy.scaling.bootstrap import run_counts
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
+from scalestudy.scaling.resample import run_counts
 from scalestudy.scaling.table import RunTable, ScalingDataError
 
 

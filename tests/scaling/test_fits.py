@@ -5,10 +5,10 @@ import pytest
 from scipy.optimize import minimize as scipy_minimize
 
 from scalestudy.scaling import allocation
-from scalestudy.scaling.bootstrap import run_counts
 from scalestudy.scaling.forms import Chinchilla, get_form
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
 from scalestudy.scaling.optimize import minimize, objective
+from scalestudy.scaling.resample import run_counts
 from scalestudy.scaling.table import RunTable, ScalingDataError
 
 

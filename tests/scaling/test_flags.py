@@ -2,10 +2,10 @@
 
 import numpy as np
 
-from scalestudy.scaling.bootstrap import run_counts
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
 from scalestudy.scaling.report import format_table
+from scalestudy.scaling.resample import run_counts
 from scalestudy.scaling.table import RunTable
 
 

@@ -1,6 +1,7 @@
-"""Out-of-sample error of a fitted law: held-out largest-compute runs, and k-fold or
-leave-one-out cross-validation (each fold is a weight vector, so all folds are fitted at once
-by the same batched optimiser as the bootstrap)."""
+"""How far a fit can be trusted, by resampling runs: bootstrap multiplicities and percentile
+intervals, and out-of-sample errors (held-out largest-compute runs, k-fold or leave-one-out
+cross-validation; each fold is a weight vector, so all folds are fitted at once by the same
+batched optimiser as the bootstrap)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,44 @@ import numpy as np
 from scalestudy.scaling.forms import Form
 from scalestudy.scaling.optimize import fit_weighted, point_fit
 from scalestudy.scaling.table import RunTable
+
+
+def run_counts(n_runs: int, resamples: int, seed: int) -> np.ndarray:
+    """Multiplicities [R, J] of J runs in R bootstrap resamples (runs drawn with replacement)."""
+    rng = np.random.default_rng(seed)
+    if resamples <= 0:
+        return np.zeros((0, n_runs))
+    return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(float)
+
+
+def interval(samples: np.ndarray, ci: float) -> tuple[list[float] | None, int]:
+    """Percentile interval of the finite samples and how many samples were not finite."""
+    s = np.asarray(samples, dtype=np.float64)
+    ok = np.isfinite(s)
+    if ok.sum() < 2:
+        return None, int((~ok).sum())
+    lo, hi = np.percentile(s[ok], [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)])
+    return [float(lo), float(hi)], int((~ok).sum())
+
+
+def summarise(point: dict[str, float], samples: dict[str, np.ndarray], ci: float) -> dict:
+    """{name: {"value", "ci"}} for every named quantity; 'ci' is null without resamples."""
+    out = {}
+    for name, value in point.items():
+        entry = {"value": _clean(value)}
+        if name in samples and len(samples[name]):
+            entry["ci"], bad = interval(samples[name], ci)
+            if bad:
+                entry["ci_failed_resamples"] = bad
+        else:
+            entry["ci"] = None
+        out[name] = entry
+    return out
+
+
+def _clean(v) -> float | None:
+    v = float(v)
+    return v if np.isfinite(v) else None
 
 
 def holdout(form: Form, table: RunTable, x, y, run, grid, s) -> dict:
