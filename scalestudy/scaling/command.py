@@ -19,8 +19,9 @@ from pathlib import Path
 
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.plots import make_all_plots
-from scalestudy.scaling.report import format_table, write_json
+from scalestudy.scaling.report import format_table, format_task_laws, write_json
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
+from scalestudy.scaling.task_law import TASK_FORMS, fit_task_laws
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -128,6 +129,26 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
         help="cross-validate each law: K folds, or 'loo' for leave-one-out (0: off)",
     )
     p.add_argument(
+        "--task-law",
+        action="store_true",
+        help="fit task laws instead of loss laws: task loss in N and D (or C), then a sigmoid "
+        "to accuracy, per task with eval/<task>/task_loss and eval/<task>/acc columns",
+    )
+    p.add_argument(
+        "--holdout-largest",
+        action="store_true",
+        help="with --task-law: backtest by fitting all sizes but the largest and predicting "
+        "its accuracy",
+    )
+    p.add_argument(
+        "--task-form",
+        default="auto",
+        help=f"with --task-law: the law of task loss ({', '.join(TASK_FORMS)}; auto: "
+        "chinchilla3 when N and D each take 3+ values, else kaplan_n)",
+    )
+    p.add_argument("--task-loss-metric", default="task_loss", help="eval/<task>/<this> column")
+    p.add_argument("--task-acc-metric", default="acc", help="eval/<task>/<this> column")
+    p.add_argument(
         "--min-points-per-param",
         type=float,
         default=3.0,
@@ -170,6 +191,10 @@ def fit_settings(args) -> FitSettings:
         kfold=kfold,
         min_points_per_param=args.min_points_per_param,
     )
+    if args.task_form not in TASK_FORMS:
+        raise ScalingDataError(f"--task-form {args.task_form!r}; accepted: {', '.join(TASK_FORMS)}")
+    if args.holdout_largest and not args.task_law:
+        raise ScalingDataError("--holdout-largest backtests task laws: add --task-law")
     if args.out:
         _writable_file(args.out, "--out")
     return settings
@@ -212,13 +237,32 @@ def _quiet_broken_pipe() -> int:
 def fit_main(args, settings: FitSettings, table: RunTable) -> int:
     """`scalestudy fit`: fit, print a table (or JSON), optionally write the JSON."""
     out = Path(args.out) if args.out else None
-    result = fit_cells(table, settings=settings)
+    if args.task_law:
+        result = {
+            "settings": {"bootstrap": settings.bootstrap, "seed": settings.seed, "ci": settings.ci},
+            "data": table.choices,
+            "data_fingerprint": fingerprint(table),
+            "cells": {},
+            "task_laws": fit_task_laws(
+                table,
+                settings,
+                args.task_form,
+                args.holdout_largest,
+                args.task_loss_metric,
+                args.task_acc_metric,
+            ),
+        }
+    else:
+        result = fit_cells(table, settings=settings)
     if out is not None:
         try:
             write_json(result, out)
         except OSError as e:
             raise ScalingDataError(f"--out {out}: cannot write ({e.strerror})") from None
-    text = json.dumps(result, indent=2, default=str) if args.json else format_table(result)
+    if args.json:
+        text = json.dumps(result, indent=2, default=str)
+    else:
+        text = format_task_laws(result["task_laws"]) if args.task_law else format_table(result)
     try:
         print(text)
         sys.stdout.flush()

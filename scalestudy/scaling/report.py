@@ -223,3 +223,45 @@ def format_table(result: dict) -> str:
         if cmp_.get("note"):
             lines.append(f"  note: {cmp_['note']}")
     return "\n".join(lines)
+
+
+def _params_line(params: dict) -> str:
+    return ", ".join(f"{k} {_g(p['value'])}{_ci(p.get('ci'))}" for k, p in params.items())
+
+
+def format_task_laws(task_laws: dict) -> str:
+    """A readable summary of task laws: per cell and task, both steps and the backtest."""
+    m = task_laws["metrics"]
+    lines = [
+        f"task laws ({task_laws['method']}); task loss: eval/<task>/{m['task_loss']}, "
+        f"accuracy: eval/<task>/{m['accuracy']}"
+    ]
+    for cell, tasks in task_laws["cells"].items():
+        for task, fit in tasks.items():
+            lines.append(f"\n== {cell} / {task}")
+            if "skipped" in fit:
+                lines.append(f"  skipped: {fit['skipped']}")
+                continue
+            tl, acc = fit["task_loss"], fit["accuracy"]
+            lines.append(f"  {tl['formula']}   rmse(log) {tl['rmse_log']:.3g}")
+            lines.append(f"      {_params_line(tl['params'])}")
+            lines += [f"      ! {f}" for f in tl["flags"]]
+            fixed = (
+                ""
+                if acc["chance_fixed"] is None
+                else f" (b fixed at chance {acc['chance_fixed']:.3g})"
+            )
+            lines.append(f"  {acc['formula']}{fixed}   rmse {acc['rmse']:.3g}")
+            lines.append(f"      {_params_line(acc['params'])}")
+            lines += [f"      ! {f}" for f in acc["flags"]]
+            bt = fit.get("backtest")
+            if bt and "skipped" in bt:
+                lines.append(f"  backtest skipped: {bt['skipped']}")
+            elif bt:
+                lines.append(
+                    f"  backtest at N = {bt['N']:.3g} (held out {len(bt['held_out'])} run(s)): "
+                    f"predicted {bt['predicted']:.3f}{_ci(bt['predicted_ci'])}, observed "
+                    f"{bt['observed']:.3f}{_ci(bt.get('observed_ci'))}, error "
+                    f"{bt['error']:+.3f}{_ci(bt['error_ci'])}"
+                )
+    return "\n".join(lines)

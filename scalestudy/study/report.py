@@ -22,17 +22,12 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.study import loss_tokens as loss_token_report
-from scalestudy.study.fits import fit_study
+from scalestudy.study.fits import fit_study, fits_lines
+from scalestudy.study.fits import fmt as _fmt
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import StudySpec
 
 Z95 = 1.959964
-
-
-def _fmt(x: Any, spec: str = ".3g") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return format(x, spec)
 
 
 def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
@@ -307,44 +302,13 @@ def render_markdown(
         if cmp[name + "_loss"]:
             lines.append("")
     if fits or notes:
-        lines += ["## Scaling-law fits", "", *notes, *_fits_lines(fits), ""]
+        lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
     if loss_tokens is not None:
         lines += loss_token_report.lines(runs, loss_tokens)
     lines += ["## Runs", "", *_runs_table(runs), ""]
     return "\n".join(lines)
-
-
-def _fits_lines(fits: dict[str, Any]) -> list[str]:
-    """Per cell and law: the fitted formula and each parameter with its bootstrap interval."""
-    if not fits.get("cells"):
-        return []
-    data = fits.get("data", {})
-    ci = fits.get("settings", {}).get("ci", 0.95)
-    lines = [
-        f"Each cell's own validation loss, fitted separately (N = {data.get('N')}, "
-        f"C = {data.get('C')}); {ci:.0%} intervals from "
-        f"{fits.get('settings', {}).get('bootstrap')} bootstrap resamples of runs.",
-        "",
-        "| cell | law | formula | parameters |",
-        "|---|---|---|---|",
-    ]
-    for cell, v in fits["cells"].items():
-        for law, fit in v.get("fits", {}).items():
-            if "skipped" in fit:
-                lines.append(f"| {cell} | {law} | skipped: {fit['skipped']} | |")
-                continue
-            params = []
-            for name, p in fit.get("params", {}).items():
-                iv = p.get("ci")
-                span = f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else ""
-                params.append(f"{name} = {_fmt(p.get('value'))}{span}")
-            formula = str(fit.get("formula", "")).replace("|", "/")
-            flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
-            warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
-            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
-    return lines
 
 
 def render_html(markdown: str) -> str:

@@ -118,12 +118,12 @@ def test_flags_reach_the_text_output(iso_table):
 
 
 def test_flags_reach_the_study_report(iso_table):
-    from scalestudy.study.report import _fits_lines
+    from scalestudy.study.fits import fits_lines
 
     keep = [0, 3, 6, 14, 17, 20]
     t = _table(iso_table.N[keep], iso_table.D[keep], iso_table.loss[keep])
     res = fit_cells(t, settings=FitSettings(laws=("chinchilla3",), bootstrap=10))
-    row = next(line for line in _fits_lines(res) if "| chinchilla3 |" in line)
+    row = next(line for line in fits_lines(res) if "| chinchilla3 |" in line)
     assert "**flagged**: points: 6 points for 5 parameters" in row
 
 

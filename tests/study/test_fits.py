@@ -89,3 +89,40 @@ def test_registry_directories_that_cannot_be_read_are_refused(tmp_path):
         load_table(tmp_path)
     with pytest.raises(ScalingDataError, match="no runs to fit"):
         load_table(tmp_path / "a.sqlite", DataSettings())
+
+
+def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_report(tmp_path):
+    from scalestudy.study.fits import fit_study, fits_lines
+
+    rows = []
+    for i, n in enumerate(np.geomspace(1e5, 1e7, 6)):
+        task_loss = 0.5 + 30.0 / n**0.3
+        acc = 0.25 + 0.7 / (1.0 + np.exp(6.0 * (task_loss - 1.2)))
+        rows.append(
+            {
+                "run_id": f"r{i}",
+                "arch": "causal_decoder",
+                "objective": "flm",
+                "params_total": n * 1.1,
+                "params_non_embedding": n,
+                "positions": 1e7,
+                "tokens": 1e7,
+                "flops": 6 * n * 1e7,
+                "loss": 2.0 + 10.0 / n**0.2,
+                "eval/mc/task_loss": task_loss,
+                "eval/mc/acc": acc,
+                "eval/mc/chance": 0.25,
+                "eval/mc/n": 500,
+            }
+        )
+    fit = SimpleNamespace(laws=("kaplan_n",), n_kind="non_embedding", c_kind="counted")
+    study = SimpleNamespace(fit=SimpleNamespace(**vars(fit), bootstrap=10, seed=0))
+    fits, figures = fit_study(study, tmp_path, rows, [])
+    law = fits["task_laws"]["cells"]["causal_decoder/flm"]["mc"]
+    assert law["task_loss"]["form"] == "kaplan_n"  # one D for every size: a law in N
+    bt = law["backtest"]
+    assert bt["N"] == pytest.approx(1e7) and abs(bt["error"]) < 0.05
+    assert any(p.name == "task_law.png" for p in figures)
+    text = "\n".join(fits_lines(fits))
+    assert "**Task laws**" in text and f"error {bt['error']:+.3f}" in text
+    assert (tmp_path / "fits.json").exists()
