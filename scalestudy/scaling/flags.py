@@ -220,7 +220,9 @@ def misfit_flag(resid_P: np.ndarray, x_P: np.ndarray, what: str = "log X") -> li
     ]
 
 
-def fit_flags(resid_P, x_P, N_J, D_J, what: str = "log X") -> list[str]:
-    """The flags on how the runs were trained and how the law fits them: training, seed,
-    misfit (residuals `resid_P` at inputs `x_P`; N and D per run)."""
-    return training_flag(N_J, D_J) + seed_flag(N_J, D_J) + misfit_flag(resid_P, x_P, what)
+def fit_flags(resid_P, x_P, N_J, D_J, what: str = "log X", in_n_and_d: bool = False):
+    """The flags on how the runs were trained and how the law fits them: training (not for
+    laws in both N and D, whose data vary D/N on purpose), seed, and misfit (residuals
+    `resid_P` at inputs `x_P`); N and D per run."""
+    flags = [] if in_n_and_d else training_flag(N_J, D_J)
+    return flags + seed_flag(N_J, D_J) + misfit_flag(resid_P, x_P, what)

@@ -21,9 +21,15 @@ import numpy as np
 
 from scalestudy.scaling import allocation, resample
 from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
-from scalestudy.scaling.flags import outlier_flags, outlier_points, param_flags, points_flag
+from scalestudy.scaling.flags import (
+    fit_flags,
+    outlier_flags,
+    outlier_points,
+    param_flags,
+    points_flag,
+)
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
-from scalestudy.scaling.optimize import fit_weighted, point_fit
+from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.report import compare_cells, strip_private
 from scalestudy.scaling.resample import run_counts, summarise
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
@@ -153,12 +159,21 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     _check_points(form, x)
     grid = form.grid(x)
     ones = np.ones_like(y)
-    theta = point_fit(form, x, y, ones, s.huber_delta, grid)
+    theta = point_fit(form, x, y, ones, fit_delta(form, s.huber_delta), grid)
     point = {n: v[0] for n, v in form.named(theta[None]).items()}
     samples: dict[str, np.ndarray] = {}
     theta_R = np.zeros((0, len(theta)))
     if len(counts_RJ):
-        theta_R = fit_weighted(form, grid, theta, x, y, counts_RJ[:, run], s.huber_delta, s.top_k)
+        theta_R = fit_weighted(
+            form,
+            grid,
+            theta,
+            x,
+            y,
+            counts_RJ[:, run],
+            fit_delta(form, s.huber_delta),
+            s.top_k,
+        )
         samples = form.named(theta_R)
     if isinstance(form, Chinchilla):
         point.update(
@@ -180,6 +195,10 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             "are not determined (loss does not change with scale in these runs)"
         )
     flags += param_flags(params, samples, s.ci, float(np.exp(y.min())))
+    # Training and seeds are properties of the cell's runs, not only of the points kept.
+    flags += fit_flags(
+        resid, x[0], table.N, table.D, f"log {form.inputs[0]}", len(form.inputs) == 2
+    )
     flags += [
         f"bound: {name}: {bad:.0%} of bootstrap fits failed"
         for name, v in samples.items()

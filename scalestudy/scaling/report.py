@@ -192,7 +192,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"data: N: {d.get('N')}; D: {d.get('D')}; C: {d.get('C')}",
         f"bootstrap: {s['bootstrap']} resamples of runs, seed {s['seed']}, "
-        f"{s['ci']:.0%} percentile intervals; Huber delta {s['huber_delta']}",
+        f"{s['ci']:.0%} percentile intervals; Kaplan forms by least squares in log space, "
+        f"Chinchilla approach 3 by Huber (delta {s['huber_delta']}) in log space",
     ]
     if d.get("filters"):
         lines.append(f"filters: {'; '.join(d['filters'])}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from scalestudy.scaling.forms import Form
-from scalestudy.scaling.optimize import fit_weighted, point_fit
+from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.table import RunTable
 
 
@@ -58,7 +58,7 @@ def holdout(form: Form, table: RunTable, x, y, run, grid, s) -> dict:
         return {"error": f"none of the {s.holdout} largest-compute runs is a point of this law"}
     if (~held).sum() < len(form.params) + 1:
         return {"error": f"too few points left after holding out {s.holdout} runs"}
-    theta = point_fit(form, x, y, (~held).astype(float), s.huber_delta, grid)
+    theta = point_fit(form, x, y, (~held).astype(float), fit_delta(form, s.huber_delta), grid)
     pred, _ = form.predict(theta[None], x[:, held])
     err = y[held] - pred[0]
     return {
@@ -84,7 +84,16 @@ def kfold(form: Form, x_VP, y_P, theta_Q, grid, s) -> dict:
         }
     fold_P = np.random.default_rng(s.seed).permutation(P) % k
     w_KP = (fold_P[None] != np.arange(k)[:, None]).astype(float)
-    theta_KQ = fit_weighted(form, grid, theta_Q, x_VP, y_P, w_KP, s.huber_delta, s.top_k)
+    theta_KQ = fit_weighted(
+        form,
+        grid,
+        theta_Q,
+        x_VP,
+        y_P,
+        w_KP,
+        fit_delta(form, s.huber_delta),
+        s.top_k,
+    )
     pred_KP, _ = form.predict(theta_KQ, x_VP)
     err_P = y_P - pred_KP[fold_P, np.arange(P)]
     full, _ = form.predict(theta_Q[None], x_VP)

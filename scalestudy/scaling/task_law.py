@@ -21,7 +21,7 @@ from scipy.optimize import least_squares
 
 from scalestudy.scaling.flags import fit_flags, param_flags, points_flag
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.optimize import fit_weighted, point_fit
+from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.resample import interval, run_counts, summarise
 from scalestudy.scaling.table import RunTable, ScalingDataError
 
@@ -105,12 +105,21 @@ def _two_steps(form, x, L, acc, counts_RP, chance, s):
     """Point fit and bootstrap of both steps: (theta, sig, theta_R, sig_R, grid)."""
     y = np.log(L)
     grid = form.grid(x)
-    theta = point_fit(form, x, y, np.ones_like(y), s.huber_delta, grid)
+    theta = point_fit(form, x, y, np.ones_like(y), fit_delta(form, s.huber_delta), grid)
     sig = fit_sigmoid(L, acc, np.ones_like(L), chance)
     theta_R = np.zeros((0, len(theta)))
     sig_R = np.zeros((0, 4))
     if len(counts_RP):
-        theta_R = fit_weighted(form, grid, theta, x, y, counts_RP, s.huber_delta, s.top_k)
+        theta_R = fit_weighted(
+            form,
+            grid,
+            theta,
+            x,
+            y,
+            counts_RP,
+            fit_delta(form, s.huber_delta),
+            s.top_k,
+        )
         sig_R = np.array([fit_sigmoid(L, acc, w, chance) for w in counts_RP])
     return theta, sig, theta_R, sig_R
 
@@ -161,7 +170,9 @@ def fit_task(
     ids = [table.run_id[i] for i in idx]
     flags = points_flag(len(idx), n_params, s.min_points_per_param, "runs")
     flags += param_flags(params, samples, s.ci, float(L.min()))
-    flags += fit_flags(resid, x[0], table.N[idx], table.D[idx], f"log {form.inputs[0]}")
+    flags += fit_flags(
+        resid, x[0], table.N[idx], table.D[idx], f"log {form.inputs[0]}", len(form.inputs) == 2
+    )
     sig_names = ("L0", "k", "a", "b")
     sig_params = summarise(
         dict(zip(sig_names, sig)),

@@ -91,7 +91,14 @@ def test_a_small_residual_on_a_near_perfect_fit_is_no_outlier():
 
 
 def test_sound_fits_carry_no_flags(make_isoflop):
-    t = make_isoflop(budgets=(1e18, 3e18, 1e19, 3e19, 1e20, 3e20), seed=0)
+    # Two seeds of every (N, D): a sound design.
+    a, b = (make_isoflop(budgets=(1e18, 3e18, 1e19, 3e19, 1e20, 3e20), seed=i) for i in (0, 1))
+    t = RunTable(
+        a.run_id + [f"{r}-s1" for r in b.run_id],
+        a.cell + b.cell,
+        *(np.concatenate([getattr(a, k), getattr(b, k)]) for k in ("N", "D", "C", "loss")),
+    )
+    t.choices = a.choices
     res = fit_cells(t, settings=FitSettings(laws=("chinchilla3", "chinchilla2"), bootstrap=40))
     for law, fit in res["cells"]["all"]["fits"].items():
         assert fit["flags"] == [], (law, fit["flags"])
@@ -142,3 +149,34 @@ def test_frontier_fit_counts_the_runs_behind_its_points():
     fit = _fit("kaplan_c", t)
     assert fit["n_points"] > 10
     assert any(f.startswith("points: 4 runs (behind") for f in fit["flags"])
+
+
+def test_unequal_training_across_the_ladder_is_flagged_for_laws_in_one_variable():
+    # Fixed steps: tokens per parameter fall from 60 to 2 up the ladder (as in a smoke study).
+    N = np.geomspace(1e4, 3e5, 6)
+    D = np.full(6, 6e5)
+    loss = (6e4 / N) ** 0.3 + 0.05 * (6e5 / D)
+    fit = _fit("kaplan_n_noE", _table(N, D, loss))
+    (flag,) = [f for f in fit["flags"] if f.startswith("training:")]
+    assert "from 2 (N = 3e+05) to 60 (N = 1e+04), 30x apart" in flag
+    even = _fit("kaplan_n_noE", _table(N, 20 * N, loss))
+    assert "training" not in _kinds(even)
+
+
+def test_a_single_seed_is_flagged_and_repeated_sizes_are_not():
+    N = np.geomspace(1e4, 3e5, 6)
+    loss = (6e4 / N) ** 0.3
+    assert "seed" in _kinds(_fit("kaplan_n_noE", _table(N, 20 * N, loss)))
+    NN = np.repeat(N, 2)
+    noisy = np.repeat(loss, 2) * np.exp(np.tile([0.01, -0.01], 6))
+    assert "seed" not in _kinds(_fit("kaplan_n_noE", _table(NN, 20 * NN, noisy)))
+
+
+def test_residuals_that_curve_flag_a_misspecified_form():
+    # A power law with an irreducible term, fitted without one: residuals bow; with E: none.
+    N = np.geomspace(1e4, 1e7, 10)
+    rng = np.random.default_rng(0)
+    loss = (1.5 + (6e4 / N) ** 0.3) * np.exp(rng.normal(0, 0.002, 10))
+    flags = _fit("kaplan_n_noE", _table(N, 20 * N, loss))["flags"]
+    assert any(f.startswith("misfit: the residuals trend or curve along log N") for f in flags)
+    assert "misfit" not in _kinds(_fit("kaplan_n", _table(N, 20 * N, loss)))
