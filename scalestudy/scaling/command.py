@@ -32,6 +32,13 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-col", default=None, help="column of final loss")
     p.add_argument("--run-col", default=None, help="run id column (repeated ids: curve points)")
     p.add_argument(
+        "--curve-points",
+        choices=["mid_schedule", "finished"],
+        default="mid_schedule",
+        help="with repeated run ids: rows logged mid-way through one schedule (not used for "
+        "L(C) or approach 1), or each the end of a finished schedule (cooldown branches)",
+    )
+    p.add_argument(
         "--budget-col",
         default=None,
         help="IsoFLOP budget column (default 'budget' when present); a numeric label is the "
@@ -91,6 +98,7 @@ def data_settings_from_args(args) -> DataSettings:
         c_col=args.c_col,
         loss_col=args.loss_col,
         run_col=args.run_col,
+        curve_points=args.curve_points,
         budget_col=args.budget_col,
         group_cols=groups,
         n_kind=args.n_kind,

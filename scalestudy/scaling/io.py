@@ -73,7 +73,14 @@ def build_table(
     columns = list(dict.fromkeys(k for r in rows for k in r))
     s = settings
     n_unfinished = 0
+    if s.curve_points not in ("mid_schedule", "finished"):
+        raise ScalingDataError(f"curve_points {s.curve_points!r}; accepted: mid_schedule, finished")
     if kind == "registry":
+        if s.curve_points == "finished":
+            raise ScalingDataError(
+                "a registry's curves are training loss logged mid-schedule, not ends of "
+                "finished schedules; record cooldown branches as runs of their own instead"
+            )
         if s.n_kind not in ("total", "non_embedding"):
             raise ScalingDataError(f"n_kind {s.n_kind!r}; accepted: total, non_embedding")
         if s.d_kind not in ("positions", "tokens"):
@@ -170,6 +177,7 @@ def build_table(
         "units": {"n": s.n_unit or "1", "d": s.d_unit or "1", "c": s.c_unit or "1"},
         "groups": list(groups),
         "unfinished_runs_left_out": n_unfinished,
+        "curve_points": s.curve_points,
         "filters": filters,
     }
     return _validate(table, s.drop_invalid)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from scalestudy.scaling import allocation, resample
+from scalestudy.scaling import allocation, frontier, resample
 from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
 from scalestudy.scaling.flags import (
     fit_flags,
@@ -32,7 +32,13 @@ from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.report import compare_cells, strip_private
 from scalestudy.scaling.resample import run_counts, summarise
-from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
+from scalestudy.scaling.table import (
+    DataSettings,
+    RunTable,
+    ScalingDataError,
+    fingerprint,
+    finished_curves,
+)
 
 LAWS = (*FORM_LAWS, "chinchilla1", "chinchilla2")
 AUTO_LAWS = ("kaplan_n", "kaplan_d", "kaplan_c", "kaplan_nd", "chinchilla1", "chinchilla2")
@@ -111,7 +117,7 @@ def _inputs(table: RunTable, form: Form):
     if form.inputs == ("C",):
         if np.isnan(table.C).all():
             raise ScalingDataError(f"{form.name} needs compute C (or N and D for C = 6ND)")
-        c, loss, run = allocation.frontier_points(table)
+        c, loss, run = frontier.frontier_points(table)
         return np.log(c)[None], np.log(loss), run
     cols = {"N": table.N, "D": table.D}
     for v in form.inputs:
@@ -234,7 +240,10 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         },
         "flags": flags + outliers,
     }
-    if len(form.inputs) == 1:
+    if form.inputs == ("C",):
+        finished = finished_curves(table) and len(table.curves) >= 2
+        out["points_used"] = frontier.FINISHED_CURVES if finished else frontier.FINAL_POINTS
+    elif len(form.inputs) == 1:
         out["points_used"] = f"lowest loss per distinct {form.inputs[0]}"
     if s.holdout > 0:
         out["holdout"] = resample.holdout(form, table, x, y, run, grid, s)
@@ -286,7 +295,7 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
         t0 = time.perf_counter()
         try:
             if law == "chinchilla1":
-                fits[law] = allocation.approach1(table, counts, s)
+                fits[law] = frontier.approach1(table, counts, s)
             elif law == "chinchilla2":
                 fits[law] = allocation.approach2(table, counts, s)
             else:

@@ -36,6 +36,9 @@ class DataSettings:
     c_col: str | None = None
     loss_col: str | None = None
     run_col: str | None = None  # repeated ids: rows are points of training curves
+    # What a run's curve points are: "mid_schedule" (losses logged during one schedule) or
+    # "finished" (each point the end of a decayed schedule: cooldown branches at budgets).
+    curve_points: str = "mid_schedule"
     budget_col: str | None = None  # IsoFLOP budget labels; None: 'budget' when present
     group_cols: tuple[str, ...] | None = None  # None: arch,objective when present
     n_kind: str = "non_embedding"  # registry: "total" | "non_embedding"
@@ -124,3 +127,8 @@ def fingerprint(t: RunTable) -> str:
         for r, c, n, d, cc, x in zip(t.run_id, t.cell, t.N, t.D, t.C, t.loss)
     )
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
+def finished_curves(t: RunTable) -> bool:
+    """Whether the table's curve points are ends of finished schedules (usable for L(C))."""
+    return t.choices.get("curve_points") == "finished"

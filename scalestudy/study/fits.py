@@ -127,6 +127,8 @@ def fits_lines(fits: dict[str, Any]) -> list[str]:
                 span = f" [{fmt(iv[0])}, {fmt(iv[1])}]" if iv else ""
                 params.append(f"{name} = {fmt(p.get('value'))}{span}")
             formula = str(fit.get("formula", "")).replace("|", "/")
+            if fit.get("points_used"):
+                formula += f" (points: {fit['points_used']})"
             flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
             warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
             lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")

@@ -52,7 +52,7 @@ def test_auto_reports_skipped_laws_with_reasons():
     res = fit_cells(t, settings=FitSettings(bootstrap=0))
     fits = res["cells"]["all"]["fits"]
     assert "same N" in fits["kaplan_n"]["skipped"]
-    assert "training curves" in fits["chinchilla1"]["skipped"]
+    assert "finished-schedule points" in fits["chinchilla1"]["skipped"]
     assert "3 model sizes" in fits["chinchilla2"]["skipped"]
     assert "theta" in fits["kaplan_d"]  # L(D) is fine: D varies
     # Explicitly asked for, a law that cannot be fitted is an error naming the cell.

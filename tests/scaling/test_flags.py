@@ -145,7 +145,7 @@ def test_frontier_fit_counts_the_runs_behind_its_points():
         ids.append(rid)
         N.append(n), D.append(d[-1]), C.append(6 * n * d[-1]), L.append(loss[-1])
     t = RunTable(ids, ["all"] * 4, *(np.array(v) for v in (N, D, C, L)), curves=curves)
-    t.choices = {"c_kind": "counted", "groups": []}
+    t.choices = {"c_kind": "counted", "groups": [], "curve_points": "finished"}
     fit = _fit("kaplan_c", t)
     assert fit["n_points"] > 10
     assert any(f.startswith("points: 4 runs (behind") for f in fit["flags"])

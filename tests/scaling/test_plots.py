@@ -337,7 +337,7 @@ def test_residuals_ring_only_the_outlying_points_not_their_whole_run():
         N.append(n), D.append(d[-1]), C.append(6 * n * d[-1]), L.append(loss[-1])
     curves[ids[-1]]["loss"][15] *= 0.6
     t = RunTable(ids, ["all"] * 4, *(np.array(v) for v in (N, D, C, L)), curves=curves)
-    t.choices = {"c_kind": "counted", "groups": []}
+    t.choices = {"c_kind": "counted", "groups": [], "curve_points": "finished"}
     fits = fit_cells(t, settings=FitSettings(laws=("kaplan_c_noE",), bootstrap=0))
     pts = fits["cells"]["all"]["fits"]["kaplan_c_noE"]["residuals"]["points"]
     flagged = [p for p in pts if p["outlier"]]

@@ -7,7 +7,7 @@ import pytest
 
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, ScalingDataError
-from scalestudy.study.fits import load_table
+from scalestudy.study.fits import load_table, registry_table
 
 
 def _registry(path, runs):
@@ -89,6 +89,9 @@ def test_registry_directories_that_cannot_be_read_are_refused(tmp_path):
         load_table(tmp_path)
     with pytest.raises(ScalingDataError, match="no runs to fit"):
         load_table(tmp_path / "a.sqlite", DataSettings())
+    # A registry's curves are training losses logged mid-schedule: never ends of schedules.
+    with pytest.raises(ScalingDataError, match="mid-schedule"):
+        registry_table([{"run_id": "r", "loss": 1.0}], [], DataSettings(curve_points="finished"))
 
 
 def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_report(tmp_path):
