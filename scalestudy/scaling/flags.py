@@ -4,10 +4,13 @@ A flag is a string `"<kind>: <reason>"`; kinds:
 - `points`: fewer points than `min_points_per_param` per fitted parameter;
 - `bound`: a parameter on the edge of its domain (E = 0, an exponent <= 0), or an interval
   reaching that edge;
-- `span`: an interval of E spanning more than `MAX_SPAN_DEX` orders of magnitude, of a
-  coefficient (A, B, G, H, N_c, ...) more than `MAX_COEF_SPAN_DEX` (a coefficient is the law's
-  value far outside the data, so it moves with its exponent and its interval is wide even in
-  a sound fit), or of an exponent wider than the value itself;
+- `span`: a rule on what the law says, not on how it is written: the interval of an exponent
+  wider than the exponent itself, of E (a loss) wider than `MAX_SPAN_DEX` orders of
+  magnitude, or of the law's predicted loss anywhere within the data wider than
+  `MAX_PRED_SPAN` of the prediction. Coefficients (A, B, N_c, ...) are not judged by their
+  own intervals: a coefficient is the law's value far outside the data (N_c = exp(a/alpha)
+  explodes when alpha is small even when alpha is tight), so its interval says nothing
+  about the fit;
 - `sign`: bootstrap resamples that disagree on the sign of an exponent;
 - `outliers`: points whose residual is far outside the others' (robust z-score, with a floor
   on the spread so that a near-perfect fit of a few points does not flag a 5% residual);
@@ -29,7 +32,7 @@ import numpy as np
 from scipy import stats
 
 MAX_SPAN_DEX = 2.0  # an interval of E wider than this many decades
-MAX_COEF_SPAN_DEX = 6.0  # an interval of a coefficient wider than this many decades
+MAX_PRED_SPAN = 0.2  # a predicted loss's interval wider than this share of the prediction
 BOUND_REL = 1e-3  # E below this share of the lowest observed loss sits on its bound 0
 OUTLIER_Z = 5.0  # robust z-score (median absolute deviation) of an outlying residual
 # The smallest residual spread the z-score divides by (log loss): a few runs on a near-perfect
@@ -39,7 +42,6 @@ MIN_RESID_SD = 0.02
 MAX_TOKENS_PER_PARAM_RATIO = 4.0  # widest ratio of D/N between sizes before `training`
 MISFIT_P = 0.05  # significance of the residual trend test
 EXPONENTS = ("alpha", "beta", "a", "b")
-POSITIVE = ("A", "B", "E", "G", "H", "N_c", "D_c", "C_c")
 
 
 def _is_exponent(name: str) -> bool:
@@ -92,17 +94,11 @@ def param_flags(params: dict, samples: dict, ci: float, lowest_loss: float | Non
             at_bound = name == "E" and lowest_loss and lo < BOUND_REL * lowest_loss
             if at_bound:
                 pass  # already flagged as reaching its bound
-            elif (
-                name in POSITIVE
-                and lo > 0
-                and np.log10(hi / lo) > (MAX_SPAN_DEX if name == "E" else MAX_COEF_SPAN_DEX)
-            ):
+            elif name == "E" and lo > 0 and np.log10(hi / lo) > MAX_SPAN_DEX:
                 flags.append(
                     f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] spans "
                     f"{np.log10(hi / lo):.0f} orders of magnitude"
                 )
-            elif name in POSITIVE and lo <= 0 < hi and name != "E":
-                flags.append(f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] reaches 0")
             elif _is_exponent(name) and hi - lo > abs(v):
                 flags.append(
                     f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] is wider than "
@@ -226,3 +222,24 @@ def fit_flags(resid_P, x_P, N_J, D_J, what: str = "log X", in_n_and_d: bool = Fa
     `resid_P` at inputs `x_P`); N and D per run."""
     flags = [] if in_n_and_d else training_flag(N_J, D_J)
     return flags + seed_flag(N_J, D_J) + misfit_flag(resid_P, x_P, what)
+
+
+def prediction_span_flag(pred_P: np.ndarray, samples_RP: np.ndarray, ci: float, x_P, what: str):
+    """'span' flag when the law's predicted loss at some data point has an interval (over the
+    bootstrap fits `samples_RP`) wider than MAX_PRED_SPAN of the prediction `pred_P`."""
+    s = np.asarray(samples_RP, dtype=float)
+    if s.ndim != 2 or len(s) < 2:
+        return []
+    with np.errstate(invalid="ignore"):
+        lo, hi = np.nanpercentile(
+            np.where(np.isfinite(s), s, np.nan), [50 * (1 - ci), 50 * (1 + ci)], axis=0
+        )
+    rel = (hi - lo) / np.abs(pred_P)
+    if not np.isfinite(rel).any() or np.nanmax(rel) <= MAX_PRED_SPAN:
+        return []
+    i = int(np.nanargmax(rel))
+    return [
+        f"span: the law's predicted loss at {what} = {_g(float(x_P[i]))} has a {ci:.0%} interval "
+        f"[{_g(lo[i])}, {_g(hi[i])}] around {_g(float(pred_P[i]))}, {rel[i]:.0%} of it (more "
+        f"than {MAX_PRED_SPAN:.0%}): the runs do not determine the law even within their range"
+    ]

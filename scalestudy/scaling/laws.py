@@ -27,6 +27,7 @@ from scalestudy.scaling.flags import (
     outlier_points,
     param_flags,
     points_flag,
+    prediction_span_flag,
 )
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
@@ -201,6 +202,10 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             "are not determined (loss does not change with scale in these runs)"
         )
     flags += param_flags(params, samples, s.ci, float(np.exp(y.min())))
+    if len(theta_R):
+        pred_R, _ = form.predict(theta_R, x)
+        v = form.inputs[0]
+        flags += prediction_span_flag(np.exp(pred[0]), np.exp(pred_R), s.ci, np.exp(x[0]), v)
     # Training and seeds are properties of the cell's runs, not only of the points kept.
     flags += fit_flags(
         resid, x[0], table.N, table.D, f"log {form.inputs[0]}", len(form.inputs) == 2
