@@ -19,7 +19,14 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import least_squares
 
-from scalestudy.scaling.flags import fit_flags, param_flags, points_flag
+from scalestudy.scaling.flags import (
+    fit_flags,
+    outlier_flags,
+    outlier_points,
+    param_flags,
+    points_flag,
+    prediction_span_flag,
+)
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.resample import interval, run_counts, summarise
@@ -173,6 +180,10 @@ def fit_task(
     flags += fit_flags(
         resid, x[0], table.N[idx], table.D[idx], f"log {form.inputs[0]}", len(form.inputs) == 2
     )
+    if len(theta_R):
+        pred_R, _ = _predict(form, theta_R, sig_R, x)
+        flags += prediction_span_flag(pred_L[0], pred_R, s.ci, np.exp(x[0]), form.inputs[0])
+    flags += outlier_flags(resid, ids, outlier_points(resid))[0]
     sig_names = ("L0", "k", "a", "b")
     sig_params = summarise(
         dict(zip(sig_names, sig)),

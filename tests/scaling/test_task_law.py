@@ -98,6 +98,11 @@ def test_flags_and_refusals():
     flat.extra["eval/mc/acc"] = np.full(len(flat.N), 0.25)
     fit = fit_task_laws(flat, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
     assert any(f.startswith("flat:") for f in fit["accuracy"]["flags"])
+    # One run's task loss 40% off the law: named as an outlier, as in the loss laws.
+    odd = _task_table(noise=0.002)
+    odd.extra["eval/mc/task_loss"][5] *= 1.4
+    fit = fit_task_laws(odd, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert any(f.startswith("outliers:") and "r5 (" in f for f in fit["task_loss"]["flags"])
     few = _task_table(sizes=2)
     fit = fit_task_laws(few, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
     assert "3 or more distinct values of N" in fit["skipped"]
