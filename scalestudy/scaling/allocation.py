@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from scalestudy.scaling.flags import extrapolation, param_flags, points_flag
+from scalestudy.scaling.flags import extrapolation, param_flags, points_flag, seed_flag
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.resample import interval, summarise
 from scalestudy.scaling.table import RunTable, ScalingDataError
@@ -185,6 +185,7 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
     extra = {"n_budgets": int(w[0].sum()), "budget_C": c_source, "isoflop": profiles}
     if s.kfold:
         extra["crossval"] = _leave_one_budget_out(logc[0], ln[0], ld[0], w[0])
+    flags += seed_flag(table.N, table.D)
     return allocation_result(
         {k: v[:1] for k, v in laws.items()},
         {k: v[1:] for k, v in laws.items()},

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from scalestudy.scaling.allocation import allocation_result, isoflop_groups, power_laws
+from scalestudy.scaling.flags import seed_flag
 from scalestudy.scaling.table import RunTable, ScalingDataError, finished_curves
 
 
@@ -129,7 +130,7 @@ def _approach1_finals(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
                 "N": np.exp(logn[0]).tolist(),
                 "D": np.exp(logd[0]).tolist(),
             },
-            "flags": gflags,
+            "flags": gflags + seed_flag(table.N, table.D),
         },
         int(np.unique(logn[0]).size),
         "distinct model sizes at the budgets' minima",
