@@ -1,14 +1,11 @@
 """Building a `RunTable`: from rows (of a CSV/TSV or JSONL file, or any reader's) to the
 per-run N, D, C and loss a fit uses, with units, conventions, filters and validation.
-
-A study registry is read by `scalestudy.study.fits`, which hands its rows to `build_table`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 from pathlib import Path
 
@@ -64,42 +61,15 @@ def _values(rows: list[dict], col: str | None, scale: float) -> np.ndarray:
     return np.array([to_float(r.get(col)) for r in rows]) * scale
 
 
-def build_table(
-    rows: list[dict], curves: list[dict] | None, settings: DataSettings, kind: str
-) -> RunTable:
-    """Rows of a registry or table -> RunTable, applying the N/D/C choices in `settings`."""
+def build_table(rows: list[dict], settings: DataSettings, kind: str) -> RunTable:
+    """Rows of a table (one per run, or per curve point with repeated run ids) -> RunTable,
+    applying the N/D/C choices in `settings`; `kind` names the source in the choices."""
     if not rows:
         raise ScalingDataError("no runs to fit")
     columns = list(dict.fromkeys(k for r in rows for k in r))
     s = settings
-    n_unfinished = 0
     if s.curve_points not in ("mid_schedule", "finished"):
         raise ScalingDataError(f"curve_points {s.curve_points!r}; accepted: mid_schedule, finished")
-    if kind == "registry":
-        if s.curve_points == "finished":
-            raise ScalingDataError(
-                "a registry's curves are training loss logged mid-schedule, not ends of "
-                "finished schedules; record cooldown branches as runs of their own instead"
-            )
-        if s.n_kind not in ("total", "non_embedding"):
-            raise ScalingDataError(f"n_kind {s.n_kind!r}; accepted: total, non_embedding")
-        if s.d_kind not in ("positions", "tokens"):
-            raise ScalingDataError(f"d_kind {s.d_kind!r}; accepted: positions, tokens")
-        # Unfinished runs have no final loss yet: they are left out, and counted.
-        finished = [r for r in rows if math.isfinite(to_float(r.get(s.loss_col or "loss")))]
-        if not finished:
-            raise ScalingDataError("the registry has no finished runs (with a final loss) yet")
-        n_unfinished, rows = len(rows) - len(finished), finished
-        s = DataSettings(
-            **{
-                **s.__dict__,
-                "n_col": s.n_col or f"params_{s.n_kind}",
-                "d_col": s.d_col or s.d_kind,
-                "c_col": s.c_col or "flops",
-                "loss_col": s.loss_col or "loss",
-                "run_col": "run_id",
-            }
-        )
     n_col = _column(columns, s.n_col, "n", required=False)
     d_col = _column(columns, s.d_col, "d", required=False)
     c_col = _column(columns, s.c_col, "c", required=False)
@@ -147,8 +117,6 @@ def build_table(
         ids, cell = [ids[i] for i in keep], [cell[i] for i in keep]
         budget = [budget[i] for i in keep]
         N, D, C, loss, rows = N[keep], D[keep], C[keep], loss[keep], [rows[i] for i in keep]
-    elif curves:
-        table_curves = _curves_from_registry(curves, ids, C, D)
 
     filters: list[str] = []
     if s.where or s.exclude:
@@ -169,14 +137,13 @@ def build_table(
     table = RunTable(ids, cell, N, D, C, loss, extra, table_curves, budget=budget)
     table.choices = {
         "source_kind": kind,
-        "N": n_desc + (f" ({s.n_kind} parameters)" if kind == "registry" else ""),
-        "D": d_desc + (f" ({s.d_kind})" if kind == "registry" else ""),
+        "N": n_desc,
+        "D": d_desc,
         "C": c_desc,
         "c_kind": c_kind,
         "loss": f"column {loss_col!r}",
         "units": {"n": s.n_unit or "1", "d": s.d_unit or "1", "c": s.c_unit or "1"},
         "groups": list(groups),
-        "unfinished_runs_left_out": n_unfinished,
         "curve_points": s.curve_points,
         "filters": filters,
     }
@@ -193,27 +160,6 @@ def _curves_from_rows(ids, C, D, loss):
         curves[r] = {"C": C[idx], "D": D[idx], "loss": loss[idx]}
         keep.append(idx[-1])
     return curves, keep
-
-
-def _curves_from_registry(curves, ids, C, D):
-    # A curve point at fraction s of a run's training (by counted FLOPs, else tokens) has
-    # s*C and s*D of the run's final C and D, whatever C and D convention was chosen.
-    final = {r: i for i, r in enumerate(ids)}
-    pts: dict[str, list[tuple[float, float]]] = {}
-    for row in curves:
-        r = str(row.get("run_id"))
-        if r in final:
-            pts.setdefault(r, []).append((to_float(row.get("flops")), to_float(row.get("loss"))))
-    out = {}
-    for r, p in pts.items():
-        f, loss = np.array(sorted(p)).T
-        ok = np.isfinite(f) & np.isfinite(loss) & (f > 0) & (loss > 0)
-        if ok.sum() < 2:
-            continue
-        frac = f[ok] / f[ok].max()
-        i = final[r]
-        out[r] = {"C": frac * C[i], "D": frac * D[i], "loss": loss[ok]}
-    return out
 
 
 def _validate(t: RunTable, drop_invalid: bool) -> RunTable:
@@ -263,7 +209,7 @@ def load_table(path: str | Path, settings: DataSettings | None = None) -> RunTab
             f"{path}: unknown kind of runs source; accepted: a registry (.sqlite, .db or a study "
             "directory), .csv/.tsv, .jsonl"
         )
-    table = build_table(rows, None, settings or DataSettings(), kind)
+    table = build_table(rows, settings or DataSettings(), kind)
     table.choices["source"] = str(path)
     return table
 

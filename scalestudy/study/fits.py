@@ -11,12 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scalestudy.scaling.io import build_table
 from scalestudy.scaling.io import load_table as load_table_file
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.plots import make_all_plots
 from scalestudy.scaling.report import write_json
-from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError
+from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
 from scalestudy.scaling.task_law import fit_task_laws, task_names
 from scalestudy.study.registry import load_curves, load_runs
 
@@ -43,8 +45,65 @@ def find_registry(path: Path) -> Path | None:
 def registry_table(
     runs: list[dict], curves: list[dict] | None = None, settings: DataSettings | None = None
 ) -> RunTable:
-    """A RunTable from registry rows (`registry.load_runs`, `registry.load_curves`)."""
-    return build_table(runs, curves, settings or DataSettings(), "registry")
+    """A RunTable from registry rows (`registry.load_runs`, `registry.load_curves`).
+
+    N is `params_total` or `params_non_embedding` (`settings.n_kind`), D the processed
+    positions or loss-bearing tokens (`d_kind`), C the counted `flops`, the loss the final
+    validation loss; runs without one yet are left out and counted. The curves are training
+    losses logged mid-schedule (never ends of finished schedules)."""
+    s = settings or DataSettings()
+    if not runs:
+        raise ScalingDataError("no runs to fit")
+    if s.curve_points == "finished":
+        raise ScalingDataError(
+            "a registry's curves are training loss logged mid-schedule, not ends of finished "
+            "schedules; record cooldown branches as runs of their own instead"
+        )
+    if s.n_kind not in ("total", "non_embedding"):
+        raise ScalingDataError(f"n_kind {s.n_kind!r}; accepted: total, non_embedding")
+    if s.d_kind not in ("positions", "tokens"):
+        raise ScalingDataError(f"d_kind {s.d_kind!r}; accepted: positions, tokens")
+    loss_col = s.loss_col or "loss"
+    finished = [r for r in runs if math.isfinite(to_float(r.get(loss_col)))]
+    if not finished:
+        raise ScalingDataError("the registry has no finished runs (with a final loss) yet")
+    columns = replace(
+        s,
+        n_col=s.n_col or f"params_{s.n_kind}",
+        d_col=s.d_col or s.d_kind,
+        c_col=s.c_col or "flops",
+        loss_col=loss_col,
+        run_col="run_id",
+    )
+    table = build_table(finished, columns, "registry")
+    table.choices["N"] += f" ({s.n_kind} parameters)"
+    table.choices["D"] += f" ({s.d_kind})"
+    table.choices["unfinished_runs_left_out"] = len(runs) - len(finished)
+    if curves:
+        table.curves = _curves(curves, table)
+    return table
+
+
+def _curves(rows: list[dict], table: RunTable) -> dict[str, dict]:
+    """Each run's logged curve as C, D and training loss."""
+    # A point at fraction s of a run's training (by counted FLOPs) has s*C and s*D of the
+    # run's final C and D, whatever C and D convention was chosen.
+    final = {r: i for i, r in enumerate(table.run_id)}
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        r = str(row.get("run_id"))
+        if r in final:
+            pts.setdefault(r, []).append((to_float(row.get("flops")), to_float(row.get("loss"))))
+    out = {}
+    for r, p in pts.items():
+        f, loss = np.array(sorted(p)).T
+        ok = np.isfinite(f) & np.isfinite(loss) & (f > 0) & (loss > 0)
+        if ok.sum() < 2:
+            continue
+        frac = f[ok] / f[ok].max()
+        i = final[r]
+        out[r] = {"C": frac * table.C[i], "D": frac * table.D[i], "loss": loss[ok]}
+    return out
 
 
 def load_table(source: str | Path, settings: DataSettings | None = None) -> RunTable:

@@ -87,7 +87,8 @@ def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
             "loss": None,
         }
     )
-    table = build_table(rows, [], DataSettings(), "registry")
+    done = [r for r in rows if r["status"] == "done"]
+    table = build_table(done, DataSettings(n_col="params_non_embedding", d_col="positions"), "rows")
     fits = fit_cells(table, FitSettings(bootstrap=5))
     cell = fits["cells"]["causal_decoder/flm"]
     assert "skipped" in cell["fits"]["chinchilla3"]
@@ -103,7 +104,7 @@ def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
         }
         for r in rows[:-1]
     ]
-    t = build_table(only_n, None, DataSettings(), "jsonl")
+    t = build_table(only_n, DataSettings(), "jsonl")
     fits = fit_cells(t, FitSettings(bootstrap=0))
     names = {p.stem for p in make_all_plots(t, fits, tmp_path / "n_only")}
     assert "loss_vs_n_d" in names and "loss_vs_compute" not in names
