@@ -2,11 +2,14 @@
 
 Laws (names accepted by `--law` and `FitSettings.laws`):
 - kaplan_n, kaplan_d, kaplan_c: L(X) = (X_c/X)^alpha_X + E (suffix _noE: without E);
-  kaplan_c is fitted to the compute-efficient frontier.
+  kaplan_c is fitted to the compute-efficient frontier of points that end finished schedules
+  (scaling/frontier.py). Kaplan forms are fitted by least squares in log space, as Kaplan et
+  al. (2020) did.
 - kaplan_nd: L(N, D) = [(N_c/N)^(alpha_N/alpha_D) + D_c/D]^alpha_D (kaplan_nd_E: + E).
-- chinchilla1, chinchilla2: approaches 1 and 2 (scaling/allocation.py).
-- chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022), with
-  the implied compute-optimal N_opt(C) = G (C/k)^a, D_opt(C) = (1/G) (C/k)^b for C = k N D.
+- chinchilla1, chinchilla2: approaches 1 (scaling/frontier.py) and 2 (scaling/allocation.py).
+- chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022) (Huber
+  loss of log residuals), with the implied compute-optimal N_opt(C) = G (C/k)^a,
+  D_opt(C) = (1/G) (C/k)^b for C = k N D.
 - auto: every law the data support (the others are reported as skipped, with the reason).
 Every parameter and derived exponent carries a percentile bootstrap interval over runs, and
 every fit a list of flags saying why the data may not support it (scaling/flags.py).
