@@ -125,7 +125,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_study(args: argparse.Namespace) -> int:
     _join_job()
-    from scalestudy.scaling.laws import analyze_study
     from scalestudy.study.sweep import run_study
 
     try:
@@ -134,7 +133,6 @@ def _cmd_study(args: argparse.Namespace) -> int:
             Path(args.out),
             overrides=args.overrides,
             dry_run=args.dry_run,
-            analyze=analyze_study,
             collect=args.collect,
             workers=args.workers,
         )
@@ -151,17 +149,21 @@ def _cmd_study(args: argparse.Namespace) -> int:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from scalestudy.scaling.command import fit_main
+    from scalestudy.scaling.command import fit_main, fit_settings
+    from scalestudy.study.fits import load_table
 
     cli_args.check_data_kinds(args)
-    return fit_main(args)
+    settings = fit_settings(args)
+    return fit_main(args, settings, load_table(args.source, settings.data))
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from scalestudy.scaling.command import plot_main
+    from scalestudy.scaling.command import plot_main, plot_settings
+    from scalestudy.study.fits import load_table
 
     cli_args.check_data_kinds(args)
-    return plot_main(args)
+    settings = plot_settings(args)
+    return plot_main(args, settings, load_table(args.source, settings.data))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -69,7 +69,7 @@ def check_step(workdir: Path, step: int | None) -> None:
 
 def check_data_kinds(args: argparse.Namespace) -> None:
     """--n-kind/--d-kind choose registry columns: refuse them for a table, fill defaults."""
-    from scalestudy.scaling.sources import find_registry
+    from scalestudy.study.fits import find_registry
 
     source = Path(args.source)
     given = [f for f, v in (("--n-kind", args.n_kind), ("--d-kind", args.d_kind)) if v]

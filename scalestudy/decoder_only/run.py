@@ -31,6 +31,7 @@ from scalestudy.data.pipeline import make_iterator
 from scalestudy.decoder_only import attention_rank, inference_cost, plots, stats
 from scalestudy.decoder_only.report import render
 from scalestudy.models.api import build_model
+from scalestudy.study import report
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import ComparisonConfig, StudySpec
 from scalestudy.study.sweep import REGISTRY_NAME
@@ -130,7 +131,7 @@ def compare_groups(
                 "flops": sum(r.get("flops") or 0.0 for r in rows) / len(rows),
                 "steps": rows[0].get("steps"),
                 "loss": stats.loss_stats(rows),
-                "acc": stats.acc_stats(rows),
+                "acc": report.acc_stats(rows),
             }
         )
     if spec.kind == "interaction":

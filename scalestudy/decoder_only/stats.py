@@ -34,21 +34,6 @@ def loss_stats(rows: list[dict]) -> dict[str, Any]:
     return {"mean": mean, "var": var, "n": n, "half": half}
 
 
-def acc_stats(rows: list[dict]) -> dict[str, Any]:
-    """Mean probe accuracy over seeds and its 95% half-width (binomial over the examples plus
-    the seed spread); `examples` is the number of examples each seed scored."""
-    points = [pa for pa in (report.probe_accuracy(r) for r in rows) if pa]
-    if not points:
-        return {"mean": math.nan, "half": None, "n": 0, "examples": 0}
-    n = len(points)
-    mean = sum(acc for acc, _ in points) / n
-    examples = min(count for _, count in points)
-    var = max(mean * (1 - mean), 1e-12) / max(examples, 1)
-    if n > 1:  # the spread between seeds, as the variance of their mean
-        var += sum((acc - mean) ** 2 for acc, _ in points) / (n - 1) / n
-    return {"mean": mean, "half": report.Z95 * math.sqrt(var), "n": n, "examples": examples}
-
-
 def _by_seed(rows: list[dict], value) -> dict[int, float]:
     out = {}
     for r in rows:

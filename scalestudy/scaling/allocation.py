@@ -1,10 +1,14 @@
-"""Compute-optimal allocation from runs: Chinchilla approaches 1 and 2, and the loss frontier.
+"""Compute-optimal allocation from runs: Chinchilla approach 2, and answers at budgets.
 
-Approach 1 takes, at each of many FLOP budgets, the run whose training curve reaches the
-lowest loss at that compute, and fits N_opt(C) = G C^a and D_opt(C) = H C^b to those runs.
 Approach 2 groups runs into IsoFLOP budgets, fits a parabola of loss in log N (and log D) per
 budget, and fits the same power laws to the parabolas' minima. Both bootstrap over runs with
-the multiplicities from `bootstrap.run_counts`.
+the multiplicities from `resample.run_counts` (approach 1 and the compute frontier are
+`scaling/frontier.py`).
+
+Compute-optimal answers at given budgets (`at_compute`): N_opt, D_opt and D/N with bootstrap
+intervals, from approach 3 (N_opt = G (C/k)^a, D_opt = C / (k N_opt)) or approaches 1 and 2
+(N_opt = G C^a, D_opt = H C^b, each line fitted on its own). Every answer outside the runs'
+compute range carries an `extrapolation` flag saying how far out it is.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import re
 
 import numpy as np
 
-from scalestudy.scaling.bootstrap import summarise
-from scalestudy.scaling.flags import param_flags, points_flag
-from scalestudy.scaling.io import RunTable, ScalingDataError
+from scalestudy.scaling.flags import extrapolation, param_flags, points_flag, seed_flag
+from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.resample import interval, summarise
+from scalestudy.scaling.table import RunTable, ScalingDataError
 
 
 def loglinear(logc_RB: np.ndarray, logy_RB: np.ndarray, w_RB: np.ndarray):
@@ -31,7 +36,7 @@ def loglinear(logc_RB: np.ndarray, logy_RB: np.ndarray, w_RB: np.ndarray):
     return slope, np.where(ok, my - slope * mx, np.nan)
 
 
-def _power_laws(logc_RB, logn_RB, logd_RB, w_RB) -> dict[str, np.ndarray]:
+def power_laws(logc_RB, logn_RB, logd_RB, w_RB) -> dict[str, np.ndarray]:
     a, log_g = loglinear(logc_RB, logn_RB, w_RB)
     b, log_h = loglinear(logc_RB, logd_RB, w_RB)
     return {"a": a, "b": b, "G": np.exp(log_g), "H": np.exp(log_h)}
@@ -40,7 +45,7 @@ def _power_laws(logc_RB, logn_RB, logd_RB, w_RB) -> dict[str, np.ndarray]:
 SAMPLES_KEPT = 200  # bootstrap values of a, G, b, H written to the JSON (for bands)
 
 
-def _result(point, samples, s, extra, n_points: int, what: str) -> dict:
+def allocation_result(point, samples, s, extra, n_points: int, what: str) -> dict:
     params = summarise({k: v[0] for k, v in point.items()}, samples, s.ci)
     # Each of N_opt(C) and D_opt(C) is a line with 2 parameters through the same points.
     flags = points_flag(n_points, 2, s.min_points_per_param, what)
@@ -52,71 +57,6 @@ def _result(point, samples, s, extra, n_points: int, what: str) -> dict:
         **extra,
         "flags": flags + extra.get("flags", []),
     }
-
-
-# ----------------------------------------------------------------------------- approach 1
-
-
-def envelope(table: RunTable, n_budgets: int = 80):
-    """Loss of every run's curve at log-spaced budgets: (budgets_B, loss_JB, D_JB); inf outside."""
-    ids = [r for r in table.run_id if r in table.curves]
-    if len(ids) < 2:
-        raise ScalingDataError(
-            "approach 1 (and the compute frontier) need training curves for at least 2 runs; "
-            f"found {len(ids)}; give a registry with curves or a table with --run-col"
-        )
-    lo = min(table.curves[r]["C"].min() for r in ids)
-    hi = max(table.curves[r]["C"].max() for r in ids)
-    budgets = np.geomspace(lo, hi, n_budgets)
-    lb = np.log(budgets)
-    loss = np.full((len(table.run_id), n_budgets), np.inf)
-    dd = np.full_like(loss, np.nan)
-    for j, r in enumerate(table.run_id):
-        if r not in table.curves:
-            continue
-        c = table.curves[r]
-        lc = np.log(c["C"])
-        inside = (lb >= lc[0]) & (lb <= lc[-1])
-        loss[j, inside] = np.exp(np.interp(lb[inside], lc, np.log(c["loss"])))
-        dd[j, inside] = np.exp(np.interp(lb[inside], lc, np.log(c["D"])))
-    return budgets, loss, dd
-
-
-def approach1(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
-    """Chinchilla approach 1: minimum loss over runs per FLOP budget -> N_opt(C), D_opt(C)."""
-    budgets, loss_JB, d_JB = envelope(table)
-    logc = np.log(budgets)
-    present = np.concatenate([np.ones((1, len(table.run_id))), counts_RJ]) > 0  # row 0: all
-    masked = np.where(present[:, :, None], loss_JB[None], np.inf)  # [R+1, J, B]
-    best = masked.argmin(axis=1)
-    valid = np.isfinite(np.take_along_axis(masked, best[:, None], 1)[:, 0])
-    # A budget reached by only one run says nothing about the optimum there.
-    valid &= np.isfinite(masked).sum(axis=1) >= 2
-    logn = np.log(table.N)[best]
-    logd = np.log(np.where(np.isnan(d_JB), 1.0, d_JB))[best, np.arange(len(budgets))]
-    w = valid.astype(float)
-    R1 = len(w)
-    laws = _power_laws(np.broadcast_to(logc, (R1, len(logc))), logn, logd, w)
-    point = {k: v[:1] for k, v in laws.items()}
-    sizes = np.unique(table.N[best[0][valid[0]]])
-    if valid[0].sum() < 2:
-        raise ScalingDataError("approach 1: fewer than 2 FLOP budgets are covered by 2+ runs")
-    return _result(
-        point,
-        {k: v[1:] for k, v in laws.items()},
-        s,
-        {
-            "n_budgets": int(valid[0].sum()),
-            "frontier": {
-                "C": budgets[valid[0]].tolist(),
-                "loss": np.take_along_axis(loss_JB, best[0][None], 0)[0][valid[0]].tolist(),
-                "N": np.exp(logn[0][valid[0]]).tolist(),
-                "D": np.exp(logd[0][valid[0]]).tolist(),
-            },
-        },
-        int(sizes.size),
-        "distinct model sizes on the loss envelope",
-    )
 
 
 # ----------------------------------------------------------------------------- approach 2
@@ -241,11 +181,12 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
             f"approach 2: only {int(w[0].sum())} IsoFLOP budget(s) have a usable minimum; "
             "need at least 2"
         )
-    laws = _power_laws(logc, np.nan_to_num(ln), np.nan_to_num(ld), w)
+    laws = power_laws(logc, np.nan_to_num(ln), np.nan_to_num(ld), w)
     extra = {"n_budgets": int(w[0].sum()), "budget_C": c_source, "isoflop": profiles}
     if s.kfold:
         extra["crossval"] = _leave_one_budget_out(logc[0], ln[0], ld[0], w[0])
-    return _result(
+    flags += seed_flag(table.N, table.D)
+    return allocation_result(
         {k: v[:1] for k, v in laws.items()},
         {k: v[1:] for k, v in laws.items()},
         s,
@@ -263,7 +204,7 @@ def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:
     w_KB = np.repeat(w_B[None], use.size, 0)
     w_KB[np.arange(use.size), use] = 0.0  # row k leaves budget use[k] out
     C_KB = np.broadcast_to(logc_B, w_KB.shape)
-    laws = _power_laws(
+    laws = power_laws(
         C_KB,
         np.broadcast_to(np.nan_to_num(logn_B), w_KB.shape),
         np.broadcast_to(np.nan_to_num(logd_B), w_KB.shape),
@@ -272,7 +213,7 @@ def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:
     pred_n = np.log(laws["G"]) + laws["a"] * logc_B[use]
     pred_d = np.log(laws["H"]) + laws["b"] * logc_B[use]
     err_n, err_d = logn_B[use] - pred_n, logd_B[use] - pred_d
-    full = _power_laws(
+    full = power_laws(
         logc_B[None], np.nan_to_num(logn_B)[None], np.nan_to_num(logd_B)[None], w_B[None]
     )
     fit_n = logn_B[use] - (np.log(full["G"][0]) + full["a"][0] * logc_B[use])
@@ -289,31 +230,47 @@ def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:
 # ----------------------------------------------------------------------------- frontier
 
 
-def frontier_points(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(C, loss, run index) of the compute-efficient frontier: the curves' envelope when
-    curves exist, else the runs no cheaper run beats.
+# ----------------------------------------------------------------------------- at budgets
 
-    The envelope is taken only at compute where at least two curves compete, plus the end of
-    the longest run: beyond the second-longest run's end a single curve is left, mid-way
-    through its learning-rate schedule, and its loss there says nothing about what that
-    compute buys (a run trained to exactly that compute ends lower)."""
-    if sum(r in table.curves for r in table.run_id) >= 2:
-        budgets, loss_JB, _ = envelope(table, n_budgets=40)
-        best = loss_JB.argmin(axis=0)
-        lb = loss_JB[best, np.arange(len(budgets))]
-        ok = np.isfinite(loss_JB).sum(axis=0) >= 2
-        last = max(
-            (j for j, r in enumerate(table.run_id) if r in table.curves),
-            key=lambda j: table.curves[table.run_id[j]]["C"][-1],
-        )
-        end = table.curves[table.run_id[last]]
-        c = np.append(budgets[ok], end["C"][-1])
-        return c, np.append(lb[ok], end["loss"][-1]), np.append(best[ok], last)
-    order = np.argsort(table.C)
-    keep, best = [], np.inf
-    for j in order:
-        if table.loss[j] < best:
-            keep.append(j)
-            best = table.loss[j]
-    idx = np.array(keep)
-    return table.C[idx], table.loss[idx], idx
+ALLOCATION_LAWS = ("chinchilla1", "chinchilla2", "chinchilla3", "chinchilla3_noE")
+
+
+def allocation_curves(law: str, fit: dict, k: float, C: np.ndarray):
+    """(N_opt [K, B], D_opt [K, B]) for the point (row 0) and each bootstrap sample."""
+    C = np.asarray(C, dtype=np.float64)[None]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if law.startswith("chinchilla3"):
+            samples = fit.get("_theta_samples")
+            if samples is None:
+                samples = fit.get("theta_samples", [])
+            theta = np.array([fit["theta"], *samples], dtype=np.float64)
+            p = get_form(law).named(theta)
+            al, be = p["alpha"][:, None], p["beta"][:, None]
+            G = (al * p["A"][:, None] / (be * p["B"][:, None])) ** (1.0 / (al + be))
+            n = G * (C / k) ** (be / (al + be))
+            return n, (C / k) / n
+        values = {name: v["value"] for name, v in fit["params"].items()}
+        samples = fit.get("samples", {})
+        cols = {
+            name: np.array([values[name], *samples.get(name, [])], dtype=np.float64)[:, None]
+            for name in ("a", "b", "G", "H")
+        }
+        return cols["G"] * C ** cols["a"], cols["H"] * C ** cols["b"]
+
+
+def at_compute(law: str, fit: dict, k: float, budgets, c_range, ci: float) -> list[dict]:
+    """N_opt, D_opt and D/N at each budget, with percentile intervals over the resamples."""
+    n_KB, d_KB = allocation_curves(law, fit, k, budgets)
+    out = []
+    for i, c in enumerate(budgets):
+        entry = {"C": float(c)}
+        for name, arr in (("N_opt", n_KB[:, i]), ("D_opt", d_KB[:, i]), ("D_per_N", None)):
+            col = d_KB[:, i] / n_KB[:, i] if arr is None else arr
+            v = float(col[0])
+            entry[name] = {
+                "value": v if np.isfinite(v) else None,
+                "ci": interval(col[1:], ci)[0] if len(col) > 2 else None,
+            }
+        entry["extrapolation"] = extrapolation(float(c), c_range)
+        out.append(entry)
+    return out

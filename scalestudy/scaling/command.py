@@ -1,5 +1,9 @@
 """`scalestudy fit` and `scalestudy plot`: their flags, checked settings and handlers.
 
+The command line checks the flags first (`fit_settings`, `plot_settings`), then reads the runs
+at its input side (`scalestudy.study.fits.load_table`: a registry or a table) and hands the
+table to `fit_main` / `plot_main`.
+
 Every bad value (a non-positive tolerance, NaN, an unreadable path, malformed `--fits` JSON,
 fits made from other data) is one `ScalingDataError` line; a closed output pipe
 (`scalestudy fit ... | head -1`) ends the command quietly.
@@ -13,7 +17,11 @@ import os
 import sys
 from pathlib import Path
 
-from scalestudy.scaling.io import DataSettings, ScalingDataError, fingerprint, load_table
+from scalestudy.scaling.laws import FitSettings, fit_cells
+from scalestudy.scaling.plots import make_all_plots
+from scalestudy.scaling.report import format_table, format_task_laws, write_json
+from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, fingerprint
+from scalestudy.scaling.task_law import TASK_FORMS, fit_task_laws
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +31,13 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--c-col", default=None, help="column of training FLOPs C")
     p.add_argument("--loss-col", default=None, help="column of final loss")
     p.add_argument("--run-col", default=None, help="run id column (repeated ids: curve points)")
+    p.add_argument(
+        "--curve-points",
+        choices=["mid_schedule", "finished"],
+        default="mid_schedule",
+        help="with repeated run ids: rows logged mid-way through one schedule (not used for "
+        "L(C) or approach 1), or each the end of a finished schedule (cooldown branches)",
+    )
     p.add_argument(
         "--budget-col",
         default=None,
@@ -83,6 +98,7 @@ def data_settings_from_args(args) -> DataSettings:
         c_col=args.c_col,
         loss_col=args.loss_col,
         run_col=args.run_col,
+        curve_points=args.curve_points,
         budget_col=args.budget_col,
         group_cols=groups,
         n_kind=args.n_kind,
@@ -121,6 +137,26 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
         help="cross-validate each law: K folds, or 'loo' for leave-one-out (0: off)",
     )
     p.add_argument(
+        "--task-law",
+        action="store_true",
+        help="fit task laws instead of loss laws: task loss in N and D (or C), then a sigmoid "
+        "to accuracy, per task with eval/<task>/task_loss and eval/<task>/acc columns",
+    )
+    p.add_argument(
+        "--holdout-largest",
+        action="store_true",
+        help="with --task-law: backtest by fitting all sizes but the largest and predicting "
+        "its accuracy",
+    )
+    p.add_argument(
+        "--task-form",
+        default="auto",
+        help=f"with --task-law: the law of task loss ({', '.join(TASK_FORMS)}; auto: "
+        "chinchilla3 when N and D each take 3+ values, else kaplan_n)",
+    )
+    p.add_argument("--task-loss-metric", default="task_loss", help="eval/<task>/<this> column")
+    p.add_argument("--task-acc-metric", default="acc", help="eval/<task>/<this> column")
+    p.add_argument(
         "--min-points-per-param",
         type=float,
         default=3.0,
@@ -139,10 +175,8 @@ def _budgets(text: str | None, flag: str) -> tuple[float, ...]:
         ) from None
 
 
-def settings_from_args(args):
-    """(FitSettings, source) from parsed `scalestudy fit` arguments."""
-    from scalestudy.scaling.laws import FitSettings
-
+def fit_settings(args) -> FitSettings:
+    """FitSettings from parsed `scalestudy fit` arguments, every flag and --out checked."""
     kfold_text = str(args.kfold).strip().lower()
     try:
         kfold = -1 if kfold_text in ("loo", "-1") else int(kfold_text)
@@ -165,7 +199,13 @@ def settings_from_args(args):
         kfold=kfold,
         min_points_per_param=args.min_points_per_param,
     )
-    return settings, args.source
+    if args.task_form not in TASK_FORMS:
+        raise ScalingDataError(f"--task-form {args.task_form!r}; accepted: {', '.join(TASK_FORMS)}")
+    if args.holdout_largest and not args.task_law:
+        raise ScalingDataError("--holdout-largest backtests task laws: add --task-law")
+    if args.out:
+        _writable_file(args.out, "--out")
+    return settings
 
 
 def _writable_file(path: str, flag: str) -> Path:
@@ -202,14 +242,8 @@ def _quiet_broken_pipe() -> int:
     return 141  # 128 + SIGPIPE, as a shell reports a pipeline cut short
 
 
-def fit_main(args) -> int:
+def fit_main(args, settings: FitSettings, table: RunTable) -> int:
     """`scalestudy fit`: fit, print a table (or JSON), optionally write the JSON."""
-    from scalestudy.scaling.laws import fit_cells
-    from scalestudy.scaling.report import format_table, write_json
-
-    settings, source = settings_from_args(args)
-    out = _writable_file(args.out, "--out") if args.out else None
-    table = load_table(source, settings.data)
     sizes = {c: table.cell.count(c) for c in table.cells()}
     if sizes and settings.holdout >= min(sizes.values()):
         cell, n = min(sizes.items(), key=lambda kv: kv[1])
@@ -217,13 +251,33 @@ def fit_main(args) -> int:
             f"--holdout {settings.holdout}: cell {cell!r} has only {n} run(s); hold out fewer "
             f"than {n} so that some remain to fit"
         )
-    result = fit_cells(table, settings=settings)
+    out = Path(args.out) if args.out else None
+    if args.task_law:
+        result = {
+            "settings": {"bootstrap": settings.bootstrap, "seed": settings.seed, "ci": settings.ci},
+            "data": table.choices,
+            "data_fingerprint": fingerprint(table),
+            "cells": {},
+            "task_laws": fit_task_laws(
+                table,
+                settings,
+                args.task_form,
+                args.holdout_largest,
+                args.task_loss_metric,
+                args.task_acc_metric,
+            ),
+        }
+    else:
+        result = fit_cells(table, settings=settings)
     if out is not None:
         try:
             write_json(result, out)
         except OSError as e:
             raise ScalingDataError(f"--out {out}: cannot write ({e.strerror})") from None
-    text = json.dumps(result, indent=2, default=str) if args.json else format_table(result)
+    if args.json:
+        text = json.dumps(result, indent=2, default=str)
+    else:
+        text = format_task_laws(result["task_laws"]) if args.task_law else format_table(result)
     try:
         print(text)
         sys.stdout.flush()
@@ -260,17 +314,17 @@ def read_fits(path: str, table) -> dict:
     return fits
 
 
-def plot_main(args) -> int:
-    """`scalestudy plot`: figures from a registry or table, with fits from --fits or fitted here."""
-    from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import make_all_plots
+def plot_settings(args) -> FitSettings:
+    """FitSettings (without --fits) from parsed `scalestudy plot` arguments; --out checked."""
+    settings = FitSettings(bootstrap=args.bootstrap, data=data_settings_from_args(args))
+    _writable_dir(args.out, "--out")
+    return settings
 
-    data = data_settings_from_args(args)
-    settings = FitSettings(bootstrap=getattr(args, "bootstrap", 0), data=data)
-    out = _writable_dir(args.out, "--out")
-    table = load_table(args.source, data)
+
+def plot_main(args, settings: FitSettings, table: RunTable) -> int:
+    """`scalestudy plot`: figures of a table of runs, with fits from --fits or fitted here."""
     fits = read_fits(args.fits, table) if args.fits else fit_cells(table, settings=settings)
-    paths = make_all_plots(table, None, fits, out)
+    paths = make_all_plots(table, fits, Path(args.out))
     try:
         for p in paths:
             print(p)

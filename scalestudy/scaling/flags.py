@@ -4,14 +4,24 @@ A flag is a string `"<kind>: <reason>"`; kinds:
 - `points`: fewer points than `min_points_per_param` per fitted parameter;
 - `bound`: a parameter on the edge of its domain (E = 0, an exponent <= 0), or an interval
   reaching that edge;
-- `span`: an interval of E spanning more than `MAX_SPAN_DEX` orders of magnitude, of a
-  coefficient (A, B, G, H, N_c, ...) more than `MAX_COEF_SPAN_DEX` (a coefficient is the law's
-  value far outside the data, so it moves with its exponent and its interval is wide even in
-  a sound fit), or of an exponent wider than the value itself;
+- `span`: a rule on what the law says, not on how it is written: the interval of an exponent
+  wider than the exponent itself, of E (a loss) wider than `MAX_SPAN_DEX` orders of
+  magnitude, or of the law's predicted loss anywhere within the data wider than
+  `MAX_PRED_SPAN` of the prediction. Coefficients (A, B, N_c, ...) are not judged by their
+  own intervals: a coefficient is the law's value far outside the data (N_c = exp(a/alpha)
+  explodes when alpha is small even when alpha is tight), so its interval says nothing
+  about the fit;
 - `sign`: bootstrap resamples that disagree on the sign of an exponent;
 - `outliers`: points whose residual is far outside the others' (robust z-score, with a floor
   on the spread so that a near-perfect fit of a few points does not flag a 5% residual);
 - `flat`: a fitted loss that barely changes over the data;
+- `training`: unequal training across the ladder: tokens per parameter (D/N) differing by
+  more than `MAX_TOKENS_PER_PARAM_RATIO` between sizes, so a law in N mixes the effect of size
+  with that of under-training;
+- `seed`: one run per size (no repeated N and D), so intervals resample sizes, never seeds:
+  seed-to-seed variation is not measured;
+- `misfit`: residuals that curve or trend along the law's input (a least-squares test of a
+  quadratic in the input against a constant, p < `MISFIT_P`): the form is misspecified;
 - `extrapolation`: a prediction asked for outside the range of the data (on answers at a
   given compute, not on the fit itself).
 """
@@ -19,17 +29,19 @@ A flag is a string `"<kind>: <reason>"`; kinds:
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 MAX_SPAN_DEX = 2.0  # an interval of E wider than this many decades
-MAX_COEF_SPAN_DEX = 6.0  # an interval of a coefficient wider than this many decades
+MAX_PRED_SPAN = 0.2  # a predicted loss's interval wider than this share of the prediction
 BOUND_REL = 1e-3  # E below this share of the lowest observed loss sits on its bound 0
 OUTLIER_Z = 5.0  # robust z-score (median absolute deviation) of an outlying residual
 # The smallest residual spread the z-score divides by (log loss): a few runs on a near-perfect
 # fit have a median absolute deviation near 0, which would make a 5% residual "5 robust
 # standard deviations" out; seed-to-seed differences in a final loss are of this order.
 MIN_RESID_SD = 0.02
+MAX_TOKENS_PER_PARAM_RATIO = 4.0  # widest ratio of D/N between sizes before `training`
+MISFIT_P = 0.05  # significance of the residual trend test
 EXPONENTS = ("alpha", "beta", "a", "b")
-POSITIVE = ("A", "B", "E", "G", "H", "N_c", "D_c", "C_c")
 
 
 def _is_exponent(name: str) -> bool:
@@ -82,17 +94,11 @@ def param_flags(params: dict, samples: dict, ci: float, lowest_loss: float | Non
             at_bound = name == "E" and lowest_loss and lo < BOUND_REL * lowest_loss
             if at_bound:
                 pass  # already flagged as reaching its bound
-            elif (
-                name in POSITIVE
-                and lo > 0
-                and np.log10(hi / lo) > (MAX_SPAN_DEX if name == "E" else MAX_COEF_SPAN_DEX)
-            ):
+            elif name == "E" and lo > 0 and np.log10(hi / lo) > MAX_SPAN_DEX:
                 flags.append(
                     f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] spans "
                     f"{np.log10(hi / lo):.0f} orders of magnitude"
                 )
-            elif name in POSITIVE and lo <= 0 < hi and name != "E":
-                flags.append(f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] reaches 0")
             elif _is_exponent(name) and hi - lo > abs(v):
                 flags.append(
                     f"span: {name}'s {level} interval [{_g(lo)}, {_g(hi)}] is wider than "
@@ -148,3 +154,92 @@ def extrapolation(c: float, c_range: list[float] | None) -> str | None:
     if c < lo * (1 - 1e-9):
         return f"extrapolation: C = {_g(c)} is below the smallest run's compute {_g(lo)}"
     return None
+
+
+def training_flag(N_J: np.ndarray, D_J: np.ndarray) -> list[str]:
+    """'training' flag when tokens per parameter differ by more than the stated factor
+    between sizes (median D/N per distinct N)."""
+    N_J, D_J = np.asarray(N_J, dtype=float), np.asarray(D_J, dtype=float)
+    ok = np.isfinite(N_J) & np.isfinite(D_J) & (N_J > 0) & (D_J > 0)
+    sizes = np.unique(N_J[ok])
+    if sizes.size < 2:
+        return []
+    tpp = np.array([np.median(D_J[ok][N_J[ok] == n] / n) for n in sizes])
+    hi, lo = int(np.argmax(tpp)), int(np.argmin(tpp))
+    ratio = tpp[hi] / tpp[lo]
+    if ratio <= MAX_TOKENS_PER_PARAM_RATIO:
+        return []
+    return [
+        f"training: tokens per parameter range from {_g(tpp[lo])} (N = {_g(sizes[lo])}) to "
+        f"{_g(tpp[hi])} (N = {_g(sizes[hi])}), {ratio:.3g}x apart (more than "
+        f"{MAX_TOKENS_PER_PARAM_RATIO:g}x): sizes are unequally trained, so the fit mixes "
+        "the effect of size with that of training length"
+    ]
+
+
+def seed_flag(N_J: np.ndarray, D_J: np.ndarray) -> list[str]:
+    """'seed' flag when no (N, D) was trained more than once."""
+    key = np.round(np.log(np.stack([N_J, D_J]).astype(float)), 6)
+    key = key[:, np.isfinite(key).all(axis=0)]
+    if key.shape[1] < 2 or np.unique(key, axis=1).shape[1] < key.shape[1]:
+        return []
+    return [
+        "seed: one run per size (a single seed): the intervals resample sizes, not seeds, "
+        "so run-to-run variation is not measured; add seeds before comparing close fits"
+    ]
+
+
+def misfit_flag(resid_P: np.ndarray, x_P: np.ndarray, what: str = "log X") -> list[str]:
+    """'misfit' flag when residuals trend or curve along the input (F-test of a quadratic in
+    the input against a constant; needs 5 points and 2 distinct inputs)."""
+    r, x = np.asarray(resid_P, dtype=float), np.asarray(x_P, dtype=float)
+    P = r.size
+    if P < 5 or np.unique(np.round(x, 9)).size < 3:
+        return []
+    z = (x - x.mean()) / (x.std() or 1.0)
+    X = np.stack([np.ones(P), z, z * z], axis=1)
+    coef, *_ = np.linalg.lstsq(X, r, rcond=None)
+    rss1 = float(np.sum((r - X @ coef) ** 2))
+    rss0 = float(np.sum((r - r.mean()) ** 2))
+    # Residuals at rounding level (an exact law) carry no trend worth a flag.
+    if rss0 <= 1e-20 * P or np.sqrt(rss0 / P) < 1e-6:
+        return []
+    df = P - 3
+    F = ((rss0 - rss1) / 2.0) / max(rss1 / df, 1e-300)
+    p = float(stats.f.sf(F, 2, df))
+    if p >= MISFIT_P:
+        return []
+    return [
+        f"misfit: the residuals trend or curve along {what} (quadratic against constant, "
+        f"F = {F:.3g}, p = {p:.2g}): the form does not describe these runs; read its "
+        "exponents as local slopes at best"
+    ]
+
+
+def fit_flags(resid_P, x_P, N_J, D_J, what: str = "log X", in_n_and_d: bool = False):
+    """The flags on how the runs were trained and how the law fits them: training (not for
+    laws in both N and D, whose data vary D/N on purpose), seed, and misfit (residuals
+    `resid_P` at inputs `x_P`); N and D per run."""
+    flags = [] if in_n_and_d else training_flag(N_J, D_J)
+    return flags + seed_flag(N_J, D_J) + misfit_flag(resid_P, x_P, what)
+
+
+def prediction_span_flag(pred_P: np.ndarray, samples_RP: np.ndarray, ci: float, x_P, what: str):
+    """'span' flag when the law's predicted loss at some data point has an interval (over the
+    bootstrap fits `samples_RP`) wider than MAX_PRED_SPAN of the prediction `pred_P`."""
+    s = np.asarray(samples_RP, dtype=float)
+    if s.ndim != 2 or len(s) < 2:
+        return []
+    with np.errstate(invalid="ignore"):
+        lo, hi = np.nanpercentile(
+            np.where(np.isfinite(s), s, np.nan), [50 * (1 - ci), 50 * (1 + ci)], axis=0
+        )
+    rel = (hi - lo) / np.abs(pred_P)
+    if not np.isfinite(rel).any() or np.nanmax(rel) <= MAX_PRED_SPAN:
+        return []
+    i = int(np.nanargmax(rel))
+    return [
+        f"span: the law's predicted loss at {what} = {_g(float(x_P[i]))} has a {ci:.0%} interval "
+        f"[{_g(lo[i])}, {_g(hi[i])}] around {_g(float(pred_P[i]))}, {rel[i]:.0%} of it (more "
+        f"than {MAX_PRED_SPAN:.0%}): the runs do not determine the law even within their range"
+    ]

@@ -32,8 +32,14 @@ def _grid(*axes: list[float]) -> np.ndarray:
 
 
 class Form:
-    """A scaling law: its inputs, internal parameters, prediction and reported values."""
+    """A scaling law: its inputs, internal parameters, prediction and reported values.
 
+    `robust`: fitted with the Huber loss of log residuals (Hoffmann et al. 2022, for the
+    Chinchilla form); otherwise by least squares in log space, as Kaplan et al. (2020) fitted
+    their forms.
+    """
+
+    robust: bool = False
     name: str
     inputs: tuple[str, ...]
     params: tuple[str, ...]
@@ -102,6 +108,7 @@ class Chinchilla(Form):
     """L(N, D) = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022, approach 3)."""
 
     inputs = ("N", "D")
+    robust = True
 
     def __init__(self, with_E: bool = True):
         self.with_E = with_E

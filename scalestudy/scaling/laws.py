@@ -2,11 +2,14 @@
 
 Laws (names accepted by `--law` and `FitSettings.laws`):
 - kaplan_n, kaplan_d, kaplan_c: L(X) = (X_c/X)^alpha_X + E (suffix _noE: without E);
-  kaplan_c is fitted to the compute-efficient frontier.
+  kaplan_c is fitted to the compute-efficient frontier of points that end finished schedules
+  (scaling/frontier.py). Kaplan forms are fitted by least squares in log space, as Kaplan et
+  al. (2020) did.
 - kaplan_nd: L(N, D) = [(N_c/N)^(alpha_N/alpha_D) + D_c/D]^alpha_D (kaplan_nd_E: + E).
-- chinchilla1, chinchilla2: approaches 1 and 2 (scaling/allocation.py).
-- chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022), with
-  the implied compute-optimal N_opt(C) = G (C/k)^a, D_opt(C) = (1/G) (C/k)^b for C = k N D.
+- chinchilla1, chinchilla2: approaches 1 (scaling/frontier.py) and 2 (scaling/allocation.py).
+- chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022) (Huber
+  loss of log residuals), with the implied compute-optimal N_opt(C) = G (C/k)^a,
+  D_opt(C) = (1/G) (C/k)^b for C = k N D.
 - auto: every law the data support (the others are reported as skipped, with the reason).
 Every parameter and derived exponent carries a percentile bootstrap interval over runs, and
 every fit a list of flags saying why the data may not support it (scaling/flags.py).
@@ -15,26 +18,31 @@ every fit a list of flags saying why the data may not support it (scaling/flags.
 from __future__ import annotations
 
 import time
-import warnings
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from scalestudy.scaling import allocation, crossval
-from scalestudy.scaling.bootstrap import run_counts, summarise
-from scalestudy.scaling.flags import outlier_flags, outlier_points, param_flags, points_flag
+from scalestudy.scaling import allocation, frontier, resample
+from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
+from scalestudy.scaling.flags import (
+    fit_flags,
+    outlier_flags,
+    outlier_points,
+    param_flags,
+    points_flag,
+    prediction_span_flag,
+)
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
-from scalestudy.scaling.io import (
+from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
+from scalestudy.scaling.report import compare_cells, strip_private
+from scalestudy.scaling.resample import run_counts, summarise
+from scalestudy.scaling.table import (
     DataSettings,
     RunTable,
     ScalingDataError,
     fingerprint,
-    table_from_rows,
+    finished_curves,
 )
-from scalestudy.scaling.optimize import fit_weighted, point_fit
-from scalestudy.scaling.optimum import ALLOCATION_LAWS, at_compute
 
 LAWS = (*FORM_LAWS, "chinchilla1", "chinchilla2")
 AUTO_LAWS = ("kaplan_n", "kaplan_d", "kaplan_c", "kaplan_nd", "chinchilla1", "chinchilla2")
@@ -113,7 +121,7 @@ def _inputs(table: RunTable, form: Form):
     if form.inputs == ("C",):
         if np.isnan(table.C).all():
             raise ScalingDataError(f"{form.name} needs compute C (or N and D for C = 6ND)")
-        c, loss, run = allocation.frontier_points(table)
+        c, loss, run = frontier.frontier_points(table)
         return np.log(c)[None], np.log(loss), run
     cols = {"N": table.N, "D": table.D}
     for v in form.inputs:
@@ -161,12 +169,21 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     _check_points(form, x)
     grid = form.grid(x)
     ones = np.ones_like(y)
-    theta = point_fit(form, x, y, ones, s.huber_delta, grid)
+    theta = point_fit(form, x, y, ones, fit_delta(form, s.huber_delta), grid)
     point = {n: v[0] for n, v in form.named(theta[None]).items()}
     samples: dict[str, np.ndarray] = {}
     theta_R = np.zeros((0, len(theta)))
     if len(counts_RJ):
-        theta_R = fit_weighted(form, grid, theta, x, y, counts_RJ[:, run], s.huber_delta, s.top_k)
+        theta_R = fit_weighted(
+            form,
+            grid,
+            theta,
+            x,
+            y,
+            counts_RJ[:, run],
+            fit_delta(form, s.huber_delta),
+            s.top_k,
+        )
         samples = form.named(theta_R)
     if isinstance(form, Chinchilla):
         point.update(
@@ -188,6 +205,14 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             "are not determined (loss does not change with scale in these runs)"
         )
     flags += param_flags(params, samples, s.ci, float(np.exp(y.min())))
+    if len(theta_R):
+        pred_R, _ = form.predict(theta_R, x)
+        v = form.inputs[0]
+        flags += prediction_span_flag(np.exp(pred[0]), np.exp(pred_R), s.ci, np.exp(x[0]), v)
+    # Training and seeds are properties of the cell's runs, not only of the points kept.
+    flags += fit_flags(
+        resid, x[0], table.N, table.D, f"log {form.inputs[0]}", len(form.inputs) == 2
+    )
     flags += [
         f"bound: {name}: {bad:.0%} of bootstrap fits failed"
         for name, v in samples.items()
@@ -223,12 +248,15 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         },
         "flags": flags + outliers,
     }
-    if len(form.inputs) == 1:
+    if form.inputs == ("C",):
+        finished = finished_curves(table) and len(table.curves) >= 2
+        out["points_used"] = frontier.FINISHED_CURVES if finished else frontier.FINAL_POINTS
+    elif len(form.inputs) == 1:
         out["points_used"] = f"lowest loss per distinct {form.inputs[0]}"
     if s.holdout > 0:
-        out["holdout"] = crossval.holdout(form, table, x, y, run, grid, s)
+        out["holdout"] = resample.holdout(form, table, x, y, run, grid, s)
     if s.kfold:
-        out["crossval"] = crossval.kfold(form, x, y, theta, grid, s)
+        out["crossval"] = resample.kfold(form, x, y, theta, grid, s)
     return out
 
 
@@ -275,7 +303,7 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
         t0 = time.perf_counter()
         try:
             if law == "chinchilla1":
-                fits[law] = allocation.approach1(table, counts, s)
+                fits[law] = frontier.approach1(table, counts, s)
             elif law == "chinchilla2":
                 fits[law] = allocation.approach2(table, counts, s)
             else:
@@ -292,17 +320,13 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
     return {"summary": summary(table), "flops_per_nd": {"k": k, "source": k_src}, "fits": fits}
 
 
-def fit_cells(runs, curves=None, settings: FitSettings | None = None) -> dict:
-    """Fit every (architecture, objective) cell and compare them.
+def fit_cells(table: RunTable, settings: FitSettings | None = None) -> dict:
+    """Fit every cell of `table` (one per architecture/objective, or per group) and compare them.
 
-    `runs` is a RunTable, or rows from study.registry.load_runs (then `curves` are rows from
-    load_curves). Returns a JSON-able dict: settings, data choices, per-cell fits with
-    intervals, and the cross-cell comparison.
+    Returns a JSON-able dict: settings, data choices, per-cell fits with intervals, and the
+    cross-cell comparison.
     """
-    from scalestudy.scaling.report import compare_cells, strip_private
-
     s = settings or FitSettings()
-    table = runs if isinstance(runs, RunTable) else table_from_rows(runs, curves, s.data)
     t0 = time.perf_counter()
     cells = {c: fit_cell(table.subset(c), s) for c in table.cells()}
     result = {
@@ -314,29 +338,3 @@ def fit_cells(runs, curves=None, settings: FitSettings | None = None) -> dict:
     result["comparison"] = compare_cells(result, s)
     result["time_s"] = round(time.perf_counter() - t0, 3)
     return strip_private(result)
-
-
-def analyze_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:
-    """The fits and figures of a finished study (`run_study(analyze=...)`).
-
-    `study` is the study spec (its `fit` section chooses laws, N, C and the bootstrap);
-    writes `out/fits.json` and `out/figures/`. When the spec asks for a law the data cannot
-    support (e.g. too few sizes), fits every law the data do support instead, with a warning.
-    """
-    from scalestudy.scaling.plots import make_all_plots
-    from scalestudy.scaling.report import write_json
-
-    f = study.fit
-    settings = FitSettings(
-        laws=tuple(f.laws),
-        data=DataSettings(n_kind=f.n_kind, c_kind=f.c_kind),
-        bootstrap=f.bootstrap,
-        seed=f.seed,
-    )
-    try:
-        fits = fit_cells(runs, curves, settings)
-    except ScalingDataError as e:
-        warnings.warn(f"fit: {e}; fitting the laws the data support instead", stacklevel=2)
-        fits = fit_cells(runs, curves, replace(settings, laws=("auto",)))
-    write_json(fits, Path(out) / "fits.json")
-    return fits, make_all_plots(runs, curves, fits, Path(out) / "figures")

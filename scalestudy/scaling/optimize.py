@@ -1,7 +1,9 @@
-"""Batched robust fitting: many starts and many bootstrap resamples in one numpy computation.
+"""Batched fitting: many starts and many bootstrap resamples in one numpy computation.
 
-The objective is that of Hoffmann et al. (2022): the Huber loss (delta = 1e-3 by default) of
-log-space residuals, summed over data points, here with a weight per point (a bootstrap
+The objective is the Huber loss of log-space residuals, summed over data points: with
+delta = 1e-3 (the default) for robust forms, as Hoffmann et al. (2022) fitted approach 3, and
+with an infinite delta (least squares in log space, as Kaplan et al. 2020) for the others
+(`fit_delta`); here with a weight per point (a bootstrap
 resample is a vector of multiplicities, so every resample has the same shape and all of them
 are optimised together). Minimisation is Levenberg-Marquardt on the iteratively reweighted
 (Huber) Gauss-Newton model, vectorised over K parameter vectors with batched QxQ solves; it
@@ -17,8 +19,15 @@ import numpy as np
 from scalestudy.scaling.forms import Form
 
 
+def fit_delta(form: Form, huber_delta: float) -> float:
+    """The Huber delta a form is fitted with: `huber_delta` if robust, else inf (least squares)."""
+    return huber_delta if form.robust else np.inf
+
+
 def huber(r: np.ndarray, delta: float) -> np.ndarray:
-    """Huber loss: r^2/2 inside [-delta, delta], linear outside."""
+    """Huber loss: r^2/2 inside [-delta, delta], linear outside (squares when delta is inf)."""
+    if not np.isfinite(delta):
+        return 0.5 * r * r
     a = np.abs(r)
     return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
 

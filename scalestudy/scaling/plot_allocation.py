@@ -7,8 +7,8 @@ import numpy as np
 from matplotlib.colors import LogNorm
 
 from scalestudy.scaling import figstyle as fs
-from scalestudy.scaling.io import RunTable
-from scalestudy.scaling.optimum import allocation_curves
+from scalestudy.scaling.allocation import allocation_curves
+from scalestudy.scaling.table import RunTable
 
 PF_DAY = 8.64e19
 BUDGET_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]

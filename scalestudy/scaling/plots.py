@@ -1,7 +1,7 @@
-"""Figures from runs and fits (PNG and SVG); no fitting here beyond `fit_cells` when no fits
-are given. Every cell has one distinct colour and marker in all figures (architecture and
-objective when known: scaling/figstyle.py); fitted curves carry their bootstrap band, the
-region beyond the data is shaded, and flagged fits say so in the legend.
+"""Figures from a table of runs and its fits (PNG and SVG); no fitting here. Every cell has
+one distinct colour and marker in all figures (architecture and objective when known:
+scaling/figstyle.py); fitted curves carry their bootstrap band, the region beyond the data is
+shaded, and flagged fits say so in the legend.
 
 Each `fig_*` function draws one figure and returns it (None when there is nothing to draw);
 `make_all_plots` saves them.
@@ -16,9 +16,11 @@ import numpy as np
 
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling.figstyle import cell_style, cell_styles  # noqa: F401 (public names)
-from scalestudy.scaling.io import RunTable, table_from_rows
+from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.plot_allocation import fig_allocation, fig_isoflops
 from scalestudy.scaling.report import loss_at_compute
+from scalestudy.scaling.table import RunTable
+from scalestudy.scaling.task_law import sigmoid
 
 
 def fig_loss_vs_compute(t: RunTable, fits: dict):
@@ -218,6 +220,67 @@ def fig_residuals(t: RunTable, fits: dict):
     return fig
 
 
+def fig_task_law(t: RunTable, fits: dict, rows: int = 4):
+    """Task laws, one row per fitted (cell, task): task loss observed against the law's
+    prediction by N, and accuracy against task loss with the sigmoid and the backtest."""
+    laws = fits.get("task_laws", {})
+    m = laws.get("metrics", {})
+    fitted = [
+        (cell, task, fit)
+        for cell, tasks in laws.get("cells", {}).items()
+        for task, fit in tasks.items()
+        if "skipped" not in fit
+    ][:rows]
+    if not fitted:
+        return None
+    fig, axs = plt.subplots(len(fitted), 2, figsize=(10, 4 * len(fitted)), squeeze=False)
+    for (ax_l, ax_a), (cell, task, fit) in zip(axs, fitted):
+        sub = t.subset(cell)
+        idx = [sub.run_id.index(r) for r in fit["runs"]]
+        L = sub.extra[f"eval/{task}/{m['task_loss']}"][idx]
+        acc = sub.extra[f"eval/{task}/{m['accuracy']}"][idx]
+        form = get_form(fit["task_loss"]["form"])
+        cols = {"N": sub.N[idx], "D": sub.D[idx], "C": sub.C[idx]}
+        x = np.log(np.stack([cols[v] for v in form.inputs]))
+        pred = np.exp(form.predict(np.array([fit["task_loss"]["theta"]]), x)[0][0])
+        style = fs.cell_style(cell)
+        ax_l.scatter(cols["N"], L, label="observed", edgecolor="k", lw=0.3, **style)
+        ax_l.scatter(cols["N"], pred, marker="x", color="k", label=fit["task_loss"]["formula"])
+        fs.axes(ax_l, "parameters N", f"task loss ({m['task_loss']})")
+        ax_l.set_title(f"{cell} / {task}: task loss", fontsize=9)
+        fs.legend(ax_l, 6)
+        p = [fit["accuracy"]["params"][k]["value"] for k in ("L0", "k", "a", "b")]
+        grid = np.linspace(L.min() * 0.9, L.max() * 1.1, 200)
+        ax_a.scatter(L, acc, edgecolor="k", lw=0.3, label="runs", **style)
+        ax_a.plot(grid, sigmoid(grid, np.array(p)), color="k", lw=1.0, label="sigmoid fit")
+        bt = fit.get("backtest")
+        if bt and "skipped" not in bt:
+            ci = bt["predicted_ci"]
+            yerr = None if ci is None else [[bt["predicted"] - ci[0]], [ci[1] - bt["predicted"]]]
+            ax_a.errorbar(
+                [bt["task_loss_predicted"]],
+                [bt["predicted"]],
+                yerr=yerr,
+                fmt="D",
+                color="r",
+                capsize=3,
+                label=f"backtest: predicted at N = {bt['N']:.3g} (error {bt['error']:+.3f})",
+            )
+            ax_a.scatter(
+                [bt["task_loss_observed"]],
+                [bt["observed"]],
+                marker="*",
+                s=120,
+                color="r",
+                label="held-out largest size, observed",
+            )
+        fs.axes(ax_a, f"task loss ({m['task_loss']})", f"accuracy ({m['accuracy']})", logy=False)
+        ax_a.set_xscale("linear")
+        ax_a.set_title(f"{cell} / {task}: accuracy from task loss", fontsize=9)
+        fs.legend(ax_a, 6)
+    return fig
+
+
 FIGURES = {
     "loss_vs_compute": (fig_loss_vs_compute, True),  # (draw, needs compute)
     "isoflops": (fig_isoflops, False),
@@ -225,20 +288,13 @@ FIGURES = {
     "optimal_allocation": (fig_allocation, True),
     "zero_shot_vs_compute": (fig_zero_shot, True),
     "residuals": (fig_residuals, False),
+    "task_law": (fig_task_law, False),
 }
 
 
-def make_all_plots(runs, curves, fits: dict | None, out_dir: str | Path) -> list[Path]:
-    """Every figure for a study's runs and fits (PNG + SVG each); returns the files written.
-
-    `runs` is a RunTable or rows from study.registry.load_runs (`curves` from load_curves);
-    `fits` is the result of `fit_cells` (fitted here without intervals when None).
-    """
-    table = runs if isinstance(runs, RunTable) else table_from_rows(runs, curves)
-    if fits is None:
-        from scalestudy.scaling.laws import FitSettings, fit_cells
-
-        fits = fit_cells(table, settings=FitSettings(bootstrap=0))
+def make_all_plots(table: RunTable, fits: dict, out_dir: str | Path) -> list[Path]:
+    """Every figure for a table of runs and its fits (`laws.fit_cells`), PNG + SVG each;
+    returns the files written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     has_c = bool(np.isfinite(table.C).any())

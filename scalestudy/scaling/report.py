@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from scalestudy.scaling.bootstrap import interval
 from scalestudy.scaling.flags import extrapolation
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import ScalingDataError
+from scalestudy.scaling.resample import interval
+from scalestudy.scaling.table import ScalingDataError
 
 
 def loss_at_compute(law: str, theta_KQ: np.ndarray, C: np.ndarray, k: float) -> np.ndarray:
@@ -192,7 +192,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"data: N: {d.get('N')}; D: {d.get('D')}; C: {d.get('C')}",
         f"bootstrap: {s['bootstrap']} resamples of runs, seed {s['seed']}, "
-        f"{s['ci']:.0%} percentile intervals; Huber delta {s['huber_delta']}",
+        f"{s['ci']:.0%} percentile intervals; Kaplan forms by least squares in log space, "
+        f"Chinchilla approach 3 by Huber (delta {s['huber_delta']}) in log space",
     ]
     if d.get("filters"):
         lines.append(f"filters: {'; '.join(d['filters'])}")
@@ -222,4 +223,46 @@ def format_table(result: dict) -> str:
                 lines.append(f"  {x['meaning']}")
         if cmp_.get("note"):
             lines.append(f"  note: {cmp_['note']}")
+    return "\n".join(lines)
+
+
+def _params_line(params: dict) -> str:
+    return ", ".join(f"{k} {_g(p['value'])}{_ci(p.get('ci'))}" for k, p in params.items())
+
+
+def format_task_laws(task_laws: dict) -> str:
+    """A readable summary of task laws: per cell and task, both steps and the backtest."""
+    m = task_laws["metrics"]
+    lines = [
+        f"task laws ({task_laws['method']}); task loss: eval/<task>/{m['task_loss']}, "
+        f"accuracy: eval/<task>/{m['accuracy']}"
+    ]
+    for cell, tasks in task_laws["cells"].items():
+        for task, fit in tasks.items():
+            lines.append(f"\n== {cell} / {task}")
+            if "skipped" in fit:
+                lines.append(f"  skipped: {fit['skipped']}")
+                continue
+            tl, acc = fit["task_loss"], fit["accuracy"]
+            lines.append(f"  {tl['formula']}   rmse(log) {tl['rmse_log']:.3g}")
+            lines.append(f"      {_params_line(tl['params'])}")
+            lines += [f"      ! {f}" for f in tl["flags"]]
+            fixed = (
+                ""
+                if acc["chance_fixed"] is None
+                else f" (b fixed at chance {acc['chance_fixed']:.3g})"
+            )
+            lines.append(f"  {acc['formula']}{fixed}   rmse {acc['rmse']:.3g}")
+            lines.append(f"      {_params_line(acc['params'])}")
+            lines += [f"      ! {f}" for f in acc["flags"]]
+            bt = fit.get("backtest")
+            if bt and "skipped" in bt:
+                lines.append(f"  backtest skipped: {bt['skipped']}")
+            elif bt:
+                lines.append(
+                    f"  backtest at N = {bt['N']:.3g} (held out {len(bt['held_out'])} run(s)): "
+                    f"predicted {bt['predicted']:.3f}{_ci(bt['predicted_ci'])}, observed "
+                    f"{bt['observed']:.3f}{_ci(bt.get('observed_ci'))}, error "
+                    f"{bt['error']:+.3f}{_ci(bt['error_ci'])}"
+                )
     return "\n".join(lines)

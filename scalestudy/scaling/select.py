@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from scalestudy.scaling.io import ScalingDataError, to_float
+from scalestudy.scaling.table import ScalingDataError, to_float
 
 _OPS = {
     "<=": operator.le,

@@ -1,4 +1,4 @@
-"""The end of a study: scaling fits and figures (scalestudy.scaling), then report.md/.html.
+"""The end of a study: its scaling fits and figures (`study/fits.py`), then report.md/.html.
 
 What the report compares, and why (losses of different objectives are not comparable: an
 MLM model predicts 15% of corrupted spans, an FLM model every next token):
@@ -17,26 +17,17 @@ import html
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.study import loss_tokens as loss_token_report
+from scalestudy.study.fits import fit_study, fits_lines
+from scalestudy.study.fits import fmt as _fmt
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import StudySpec
 
-# analyze(study, out, done_runs, curves) -> (fits JSON, figure paths): the scaling room's fits
-# and plots, passed in by the caller (study sits left of scaling in the flow of imports).
-Analyze = Callable[[StudySpec, Path, list, list], tuple[dict, list]]
-
 Z95 = 1.959964
-
-
-def _fmt(x: Any, spec: str = ".3g") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return format(x, spec)
 
 
 def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
@@ -73,24 +64,21 @@ def truncated_share(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
     return max(shares) if shares else None
 
 
-def _interval(acc: float, n: float) -> float:
-    """Half-width of the binomial normal-approximation 95% interval."""
-    return Z95 * math.sqrt(max(acc * (1 - acc), 1e-12) / max(n, 1.0))
-
-
 def _cell(run: dict[str, Any]) -> str:
     return f"{run['arch']}/{run['objective']}"
 
 
-def _seed_mean(points: list[dict[str, Any]]) -> tuple[float, float, int]:
-    """Mean accuracy, its 95% half-width (binomial and seed spread combined) and n seeds."""
-    accs = [p["acc"] for p in points]
-    mean = sum(accs) / len(accs)
-    n = sum(p["n"] for p in points)
-    var = max(mean * (1 - mean), 1e-12) / max(n, 1.0)
-    if len(accs) > 1:
-        var += sum((a - mean) ** 2 for a in accs) / (len(accs) - 1) / len(accs)
-    return mean, Z95 * math.sqrt(var), len(accs)
+def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean probe accuracy over seeds and its 95% half-width (binomial, plus seed spread)."""
+    points = [pa for r in rows if (pa := probe_accuracy(r))]
+    if not points:
+        return {"mean": math.nan, "half": None, "n": 0}
+    n = len(points)
+    mean = sum(acc for acc, _ in points) / n
+    var = max(mean * (1 - mean), 1e-12) / max(sum(examples for _, examples in points), 1.0)
+    if n > 1:  # the spread between seeds, as the variance of their mean
+        var += sum((acc - mean) ** 2 for acc, _ in points) / (n - 1) / n
+    return {"mean": mean, "half": Z95 * math.sqrt(var), "n": n}
 
 
 def _winner(scores: dict[str, tuple[float, float]], higher: bool = True) -> str:
@@ -142,7 +130,8 @@ def _at_common(
         pts = []
         for x, group in by_x.items():
             if half_key == "acc":
-                mean, half, _ = _seed_mean(group)
+                stats = acc_stats(group)
+                mean, half = stats["mean"], stats["half"]
             else:
                 ys = [g[y_key] for g in group]
                 mean = sum(ys) / len(ys)
@@ -313,44 +302,13 @@ def render_markdown(
         if cmp[name + "_loss"]:
             lines.append("")
     if fits or notes:
-        lines += ["## Scaling-law fits", "", *notes, *_fits_lines(fits), ""]
+        lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
     if loss_tokens is not None:
         lines += loss_token_report.lines(runs, loss_tokens)
     lines += ["## Runs", "", *_runs_table(runs), ""]
     return "\n".join(lines)
-
-
-def _fits_lines(fits: dict[str, Any]) -> list[str]:
-    """Per cell and law: the fitted formula and each parameter with its bootstrap interval."""
-    if not fits.get("cells"):
-        return []
-    data = fits.get("data", {})
-    ci = fits.get("settings", {}).get("ci", 0.95)
-    lines = [
-        f"Each cell's own validation loss, fitted separately (N = {data.get('N')}, "
-        f"C = {data.get('C')}); {ci:.0%} intervals from "
-        f"{fits.get('settings', {}).get('bootstrap')} bootstrap resamples of runs.",
-        "",
-        "| cell | law | formula | parameters |",
-        "|---|---|---|---|",
-    ]
-    for cell, v in fits["cells"].items():
-        for law, fit in v.get("fits", {}).items():
-            if "skipped" in fit:
-                lines.append(f"| {cell} | {law} | skipped: {fit['skipped']} | |")
-                continue
-            params = []
-            for name, p in fit.get("params", {}).items():
-                iv = p.get("ci")
-                span = f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else ""
-                params.append(f"{name} = {_fmt(p.get('value'))}{span}")
-            formula = str(fit.get("formula", "")).replace("|", "/")
-            flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
-            warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
-            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
-    return lines
 
 
 def render_html(markdown: str) -> str:
@@ -382,18 +340,18 @@ def render_html(markdown: str) -> str:
     )
 
 
-def finalize(study: StudySpec, out: Path, analyze: Analyze | None = None) -> Path:
-    """Write `out/report.md` and `out/report.html` from the registry, with the fits and
-    figures of `analyze(study, out, runs, curves)` when given; returns the Markdown path."""
+def finalize(study: StudySpec, out: Path) -> Path:
+    """Write `out/report.md` and `out/report.html` from the registry, with the study's fits
+    and figures (`out/fits.json`, `out/figures/`); returns the Markdown path."""
     out = Path(out)
     runs = load_runs(out / "registry.sqlite")
     fits: dict[str, Any] = {}
     figures: list[str] = []
     notes: list[str] = []
     done = [r for r in runs if r["status"] == "done"]
-    if analyze is not None and done:
+    if done:
         try:
-            fits, paths = analyze(study, out, done, load_curves(out / "registry.sqlite"))
+            fits, paths = fit_study(study, out, done, load_curves(out / "registry.sqlite"))
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")

@@ -326,7 +326,6 @@ def run_study(
     dry_run: bool = False,
     *,
     train_fn: Any = None,
-    analyze: Any = None,
     collect: bool = False,
     workers: int = 1,
 ) -> None:
@@ -336,9 +335,7 @@ def run_study(
     recorded, the report is written, and missing or unfinished runs raise StudyRunError.
     `workers` > 1 trains that many runs at a time, each in its own process.
     `train_fn(cfg, workdir) -> summary` replaces the built-in trainer (tests use it; with
-    workers it must be importable by name);
-    `analyze(study, out, runs, curves) -> (fits, figure paths)` supplies the scaling fits and
-    plots for the report (the CLI passes scalestudy.scaling's).
+    workers it must be importable by name).
     """
     if dry_run and collect:
         raise ConfigError(
@@ -362,7 +359,7 @@ def run_study(
             else:
                 executor = executors.LocalExecutor(reg, out, train_fn=train_fn, workers=workers)
                 failed = executor.run(runs)
-        report.finalize(study, out, analyze)
+        report.finalize(study, out)
     if collect and missing:
         raise executors.StudyRunError(
             f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scalestudy.scaling.io import RunTable
+from scalestudy.scaling.table import RunTable
 
 TRUE = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from scalestudy.scaling import allocation
-from scalestudy.scaling.bootstrap import run_counts
 from scalestudy.scaling.forms import get_form
-from scalestudy.scaling.io import RunTable, ScalingDataError
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
+from scalestudy.scaling.resample import run_counts
+from scalestudy.scaling.table import RunTable, ScalingDataError
 
 
 def _table(N, D, loss):
@@ -52,7 +52,7 @@ def test_auto_reports_skipped_laws_with_reasons():
     res = fit_cells(t, settings=FitSettings(bootstrap=0))
     fits = res["cells"]["all"]["fits"]
     assert "same N" in fits["kaplan_n"]["skipped"]
-    assert "training curves" in fits["chinchilla1"]["skipped"]
+    assert "finished-schedule points" in fits["chinchilla1"]["skipped"]
     assert "3 model sizes" in fits["chinchilla2"]["skipped"]
     assert "theta" in fits["kaplan_d"]  # L(D) is fine: D varies
     # Explicitly asked for, a law that cannot be fitted is an error naming the cell.

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from scalestudy.cli import main
-from scalestudy.scaling.io import DataSettings, ScalingDataError, load_table, to_float
-from scalestudy.scaling.laws import FitSettings, fit_cells
+from scalestudy.scaling.io import load_table
+from scalestudy.scaling.table import DataSettings, ScalingDataError, to_float
 
 
 def test_numbers_with_suffixes_and_separators():
@@ -73,67 +73,6 @@ def test_nan_and_non_positive_rows_fail_or_are_dropped(tmp_path):
         load_table(path)
     t = load_table(path, DataSettings(drop_invalid=True))
     assert len(t.run_id) == 1 and t.choices["dropped_invalid"] == 2
-
-
-def _registry(path, runs):
-    from scalestudy.study.registry import Registry
-
-    with Registry(path) as reg:
-        reg.add_runs([{k: v for k, v in r.items() if k != "summary"} for r in runs])
-        for r in runs:
-            if "summary" in r:
-                s = r["summary"]
-                curve = [
-                    {
-                        "step": st,
-                        "train/loss": s["final_val_loss"] + 1.0 / st,
-                        "flops": s["flops"] * st / 4,
-                        "tokens": s["tokens"] * st / 4,
-                    }
-                    for st in (1, 2, 3, 4)
-                ]
-                reg.finish(r["run_id"], s, curves=curve)
-
-
-def test_study_registry_runs_and_curves(tmp_path, make_isoflop):
-    iso = make_isoflop(noise=0.002, budgets=(1e18, 1e19, 1e20), sizes=5)
-    runs = []
-    for i in range(len(iso.N)):
-        n, d = float(iso.N[i]), float(iso.D[i])
-        runs.append(
-            {
-                "run_id": f"r{i}",
-                "arch": "causal_decoder",
-                "objective": "flm",
-                "params_total": int(n * 1.1),
-                "params_non_embedding": int(n),
-                "budget": f"C{iso.C[i]:.0e}",
-                "summary": {
-                    "tokens": d / 2,
-                    "positions": d,
-                    "flops": 6.3 * n * d,
-                    "flops_6nd": 6 * n * d,
-                    "final_val_loss": float(iso.loss[i]),
-                    "eval": {"copa/acc": 0.5 + 0.01 * i},
-                },
-            }
-        )
-    runs.append({"run_id": "unfinished", "arch": "causal_decoder", "objective": "flm"})
-    _registry(tmp_path / "registry.sqlite", runs)
-    t = load_table(tmp_path)  # a study directory
-    assert len(t.run_id) == len(iso.N) and t.choices["unfinished_runs_left_out"] == 1
-    np.testing.assert_allclose(t.N, np.floor(iso.N))  # non-embedding by default
-    np.testing.assert_allclose(t.D, iso.D)  # positions by default
-    assert t.cells() == ["causal_decoder/flm"]
-    assert "eval/copa/acc" in t.extra and len(t.curves) == len(iso.N)
-    # A curve point at a quarter of training has a quarter of the run's C and D.
-    c = t.curves["r0"]
-    np.testing.assert_allclose(c["C"], t.C[0] * np.array([0.25, 0.5, 0.75, 1.0]))
-    t6 = load_table(tmp_path / "registry.sqlite", DataSettings(c_kind="6nd", n_kind="total"))
-    np.testing.assert_allclose(t6.C, 6 * t6.N * t6.D)
-    res = fit_cells(t, settings=FitSettings(laws=("chinchilla2",), bootstrap=20))
-    fit = res["cells"]["causal_decoder/flm"]["fits"]["chinchilla2"]
-    assert fit["n_budgets"] == 3  # grouped by the registry's budget labels
 
 
 def test_cli_fit_writes_json_and_reports_errors(tmp_path, make_isoflop, capsys):

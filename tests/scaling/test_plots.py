@@ -54,8 +54,10 @@ def test_every_cell_has_its_own_colour_and_marker_pair():
 
 
 def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
+    from scalestudy.scaling.io import build_table
     from scalestudy.scaling.laws import FitSettings, fit_cells
     from scalestudy.scaling.plots import make_all_plots
+    from scalestudy.scaling.table import DataSettings
 
     # Registry rows of a smoke study: three sizes per cell, one budget, nothing to fit L(N, D).
     rows = []
@@ -85,10 +87,12 @@ def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
             "loss": None,
         }
     )
-    fits = fit_cells(rows, [], FitSettings(bootstrap=5))
+    done = [r for r in rows if r["status"] == "done"]
+    table = build_table(done, DataSettings(n_col="params_non_embedding", d_col="positions"), "rows")
+    fits = fit_cells(table, FitSettings(bootstrap=5))
     cell = fits["cells"]["causal_decoder/flm"]
     assert "skipped" in cell["fits"]["chinchilla3"]
-    paths = make_all_plots(rows, [], fits, tmp_path / "figs")
+    paths = make_all_plots(table, fits, tmp_path / "figs")
     assert paths and all(p.stat().st_size > 0 for p in paths)
     # Only N and loss: no compute figures, the others still drawn.
     only_n = [
@@ -100,10 +104,9 @@ def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
         }
         for r in rows[:-1]
     ]
-    from scalestudy.scaling.io import DataSettings, build_table
-
-    t = build_table(only_n, None, DataSettings(), "jsonl")
-    names = {p.stem for p in make_all_plots(t, None, None, tmp_path / "n_only")}
+    t = build_table(only_n, DataSettings(), "jsonl")
+    fits = fit_cells(t, FitSettings(bootstrap=0))
+    names = {p.stem for p in make_all_plots(t, fits, tmp_path / "n_only")}
     assert "loss_vs_n_d" in names and "loss_vs_compute" not in names
 
 
@@ -124,8 +127,8 @@ def test_zero_shot_accuracy_averages_tasks_not_their_breakdowns():
 def test_zero_shot_figure_has_binomial_intervals_and_chance():
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.io import RunTable
     from scalestudy.scaling.plots import fig_zero_shot, task_chance, task_interval
+    from scalestudy.scaling.table import RunTable
 
     extra = {
         "eval/copa/acc": np.array([0.5, 0.6]),
@@ -154,8 +157,9 @@ def test_zero_shot_figure_has_binomial_intervals_and_chance():
 
 
 def _fits_and_table(tmp_path, make_isoflop, laws, bootstrap=30):
-    from scalestudy.scaling.io import DataSettings, load_table
+    from scalestudy.scaling.io import load_table
     from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.table import DataSettings
 
     runs = tmp_path / "runs.csv"
     _write_runs(runs, make_isoflop)
@@ -164,7 +168,7 @@ def _fits_and_table(tmp_path, make_isoflop, laws, bootstrap=30):
 
 
 def _budget_table(make_isoflop, budgets, cells=("all",)):
-    from scalestudy.scaling.io import RunTable
+    from scalestudy.scaling.table import RunTable
 
     parts = [make_isoflop(budgets=budgets, sizes=5, cell=c, seed=i) for i, c in enumerate(cells)]
     t = RunTable(
@@ -298,9 +302,9 @@ def test_laws_without_E_are_drawn_with_their_bands(tmp_path, make_isoflop):
 def test_flagged_fits_say_so_in_the_legend(make_isoflop):
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.io import RunTable
     from scalestudy.scaling.laws import FitSettings, fit_cells
     from scalestudy.scaling.plots import fig_loss_vs_size
+    from scalestudy.scaling.table import RunTable
 
     N = np.array([2.5e4, 5.5e4, 1.1e5, 1.9e5])  # four sizes, as in the smoke study
     t = RunTable(
@@ -317,9 +321,9 @@ def test_flagged_fits_say_so_in_the_legend(make_isoflop):
 def test_residuals_ring_only_the_outlying_points_not_their_whole_run():
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.io import RunTable
     from scalestudy.scaling.laws import FitSettings, fit_cells
     from scalestudy.scaling.plots import fig_residuals
+    from scalestudy.scaling.table import RunTable
 
     # Four runs' training curves on one power law in C; one point of the largest run, where
     # the curves overlap, is 40% low. The L(C) frontier holds many points of that run: only
@@ -334,7 +338,7 @@ def test_residuals_ring_only_the_outlying_points_not_their_whole_run():
         N.append(n), D.append(d[-1]), C.append(6 * n * d[-1]), L.append(loss[-1])
     curves[ids[-1]]["loss"][15] *= 0.6
     t = RunTable(ids, ["all"] * 4, *(np.array(v) for v in (N, D, C, L)), curves=curves)
-    t.choices = {"c_kind": "counted", "groups": []}
+    t.choices = {"c_kind": "counted", "groups": [], "curve_points": "finished"}
     fits = fit_cells(t, settings=FitSettings(laws=("kaplan_c_noE",), bootstrap=0))
     pts = fits["cells"]["all"]["fits"]["kaplan_c_noE"]["residuals"]["points"]
     flagged = [p for p in pts if p["outlier"]]

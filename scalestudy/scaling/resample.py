@@ -1,0 +1,106 @@
+"""How far a fit can be trusted, by resampling runs: bootstrap multiplicities and percentile
+intervals, and out-of-sample errors (held-out largest-compute runs, k-fold or leave-one-out
+cross-validation; each fold is a weight vector, so all folds are fitted at once by the same
+batched optimiser as the bootstrap)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scalestudy.scaling.forms import Form
+from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
+from scalestudy.scaling.table import RunTable
+
+
+def run_counts(n_runs: int, resamples: int, seed: int) -> np.ndarray:
+    """Multiplicities [R, J] of J runs in R bootstrap resamples (runs drawn with replacement)."""
+    rng = np.random.default_rng(seed)
+    if resamples <= 0:
+        return np.zeros((0, n_runs))
+    return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(float)
+
+
+def interval(samples: np.ndarray, ci: float) -> tuple[list[float] | None, int]:
+    """Percentile interval of the finite samples and how many samples were not finite."""
+    s = np.asarray(samples, dtype=np.float64)
+    ok = np.isfinite(s)
+    if ok.sum() < 2:
+        return None, int((~ok).sum())
+    lo, hi = np.percentile(s[ok], [50.0 * (1.0 - ci), 50.0 * (1.0 + ci)])
+    return [float(lo), float(hi)], int((~ok).sum())
+
+
+def summarise(point: dict[str, float], samples: dict[str, np.ndarray], ci: float) -> dict:
+    """{name: {"value", "ci"}} for every named quantity; 'ci' is null without resamples."""
+    out = {}
+    for name, value in point.items():
+        entry = {"value": _clean(value)}
+        if name in samples and len(samples[name]):
+            entry["ci"], bad = interval(samples[name], ci)
+            if bad:
+                entry["ci_failed_resamples"] = bad
+        else:
+            entry["ci"] = None
+        out[name] = entry
+    return out
+
+
+def _clean(v) -> float | None:
+    v = float(v)
+    return v if np.isfinite(v) else None
+
+
+def holdout(form: Form, table: RunTable, x, y, run, grid, s) -> dict:
+    """Refit without the points of the `holdout` largest-compute runs; their errors."""
+    held_runs = np.argsort(table.C)[::-1][: s.holdout]
+    held = np.isin(run, held_runs)
+    if not held.any():
+        return {"error": f"none of the {s.holdout} largest-compute runs is a point of this law"}
+    if (~held).sum() < len(form.params) + 1:
+        return {"error": f"too few points left after holding out {s.holdout} runs"}
+    theta = point_fit(form, x, y, (~held).astype(float), fit_delta(form, s.huber_delta), grid)
+    pred, _ = form.predict(theta[None], x[:, held])
+    err = y[held] - pred[0]
+    return {
+        "runs": [table.run_id[j] for j in run[held]],
+        "rmse_log": float(np.sqrt(np.mean(err**2))),
+        "rel_err": (np.exp(-err) - 1.0).tolist(),  # predicted / observed - 1
+    }
+
+
+def kfold(form: Form, x_VP, y_P, theta_Q, grid, s) -> dict:
+    """k-fold (s.kfold >= 2) or leave-one-out (s.kfold == -1) error of the law's predictions.
+
+    Points are assigned to folds in a fixed random order (`s.seed`); each point is predicted
+    by the fit without its fold. Reports the out-of-sample RMSE of log loss beside the
+    in-sample one, so a law that only fits its own points shows a large gap.
+    """
+    P = len(y_P)
+    k = P if s.kfold == -1 else min(s.kfold, P)
+    if P - int(np.ceil(P / k)) < len(form.params) + 1:
+        return {
+            "error": f"too few points ({P}) for {k}-fold validation of {len(form.params)} "
+            "parameters"
+        }
+    fold_P = np.random.default_rng(s.seed).permutation(P) % k
+    w_KP = (fold_P[None] != np.arange(k)[:, None]).astype(float)
+    theta_KQ = fit_weighted(
+        form,
+        grid,
+        theta_Q,
+        x_VP,
+        y_P,
+        w_KP,
+        fit_delta(form, s.huber_delta),
+        s.top_k,
+    )
+    pred_KP, _ = form.predict(theta_KQ, x_VP)
+    err_P = y_P - pred_KP[fold_P, np.arange(P)]
+    full, _ = form.predict(theta_Q[None], x_VP)
+    return {
+        "folds": int(k),
+        "kind": "leave-one-out" if k == P else f"{k}-fold",
+        "rmse_log": float(np.sqrt(np.mean(err_P**2))),
+        "in_sample_rmse_log": float(np.sqrt(np.mean((y_P - full[0]) ** 2))),
+        "max_abs_log": float(np.abs(err_P).max()),
+    }

@@ -1,0 +1,308 @@
+"""Task scaling laws: zero-shot accuracy predicted from scale in two steps.
+
+The method of the model-ladder work (Bhagia et al. 2024, "Establishing Task Scaling Laws via
+Compute-Efficient Model Ladders") and of Llama 3's downstream prediction:
+1. task loss L_t, the normalised negative log-likelihood of the correct answer (per task,
+   `eval/<task>/task_loss` by default), as a scaling law in N and D (`chinchilla3`, as Bhagia
+   et al.) or in N, D or C alone (`kaplan_*`); `auto` takes chinchilla3 where N and D each
+   take 3 or more values and L_t(N) = (N_c/N)^alpha_N + E otherwise (a ladder at fixed
+   tokens); fitted like the loss laws (the same objective and starting grids);
+2. accuracy as a sigmoid of task loss: acc = b + a / (1 + exp(k (L_t - L0))), with b fixed at
+   the task's chance accuracy when the table records it (`eval/<task>/chance`), else fitted.
+Intervals come from one bootstrap over runs that refits both steps, so a prediction carries
+the uncertainty of both. The backtest fits on every size but the largest and predicts the
+largest size's accuracy: its error (predicted - observed) with an interval.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from scalestudy.scaling.flags import (
+    fit_flags,
+    outlier_flags,
+    outlier_points,
+    param_flags,
+    points_flag,
+    prediction_span_flag,
+)
+from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
+from scalestudy.scaling.resample import interval, run_counts, summarise
+from scalestudy.scaling.table import RunTable, ScalingDataError
+
+TASK_FORMS = ("auto", "chinchilla3", "chinchilla3_noE", "kaplan_n", "kaplan_d", "kaplan_c")
+SIGMOID = "acc = b + a / (1 + exp(k (L_t - L0)))"
+FLAT_ACC = 0.02  # accuracies spanning less than this cannot place a sigmoid
+
+
+def task_names(table: RunTable, loss_metric: str = "task_loss", acc_metric: str = "acc"):
+    """Tasks with both a task-loss and an accuracy column (`eval/<task>/<metric>`)."""
+    names = []
+    for col in table.extra:
+        parts = col.split("/")
+        is_loss = len(parts) == 3 and parts[0] == "eval" and parts[2] == loss_metric
+        if is_loss and f"eval/{parts[1]}/{acc_metric}" in table.extra:
+            names.append(parts[1])
+    return sorted(names)
+
+
+def sigmoid(L: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """acc at task loss L for parameters p = (L0, k, a, b) along p's last axis; broadcasts
+    (p [K, 1, 4] with L [K, P] gives [K, P])."""
+    p = np.asarray(p, dtype=np.float64)
+    L0, k, a, b = (p[..., i] for i in range(4))
+    with np.errstate(over="ignore"):
+        return b + a / (1.0 + np.exp(k * (np.asarray(L) - L0)))
+
+
+def fit_sigmoid(L_P, acc_P, w_P, chance: float | None) -> np.ndarray:
+    """(L0, k, a, b) by weighted least squares; b = chance when given; k >= 0, a, b in [0, 1]."""
+    L_P, acc_P, w_P = (np.asarray(v, dtype=np.float64) for v in (L_P, acc_P, w_P))
+    keep = w_P > 0
+    L, acc, sw = L_P[keep], acc_P[keep], np.sqrt(w_P[keep])
+    spread = max(float(np.ptp(L)), 1e-3)
+    b0 = chance if chance is not None else float(acc.min())
+    best = None
+    for L0 in np.percentile(L, [25.0, 50.0, 75.0]):
+        for k in (1.0 / spread, 4.0 / spread, 16.0 / spread):
+            if chance is None:
+                x0 = [L0, k, max(float(acc.max()) - b0, 1e-3), b0]
+                lo, hi = [-np.inf, 0.0, 0.0, 0.0], [np.inf, np.inf, 1.0, 1.0]
+
+                def resid(q):
+                    return sw * (sigmoid(L, q) - acc)
+            else:
+                x0 = [L0, k, max(float(acc.max()) - b0, 1e-3)]
+                lo, hi = [-np.inf, 0.0, 0.0], [np.inf, np.inf, 1.0]
+
+                def resid(q):
+                    return sw * (sigmoid(L, [*q, chance]) - acc)
+
+            x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+            r = least_squares(resid, x0, bounds=(lo, hi))
+            if best is None or r.cost < best.cost:
+                best = r
+    p = best.x if chance is None else np.append(best.x, chance)
+    return np.asarray(p, dtype=np.float64)
+
+
+def _points(table: RunTable, task: str, form, loss_metric: str, acc_metric: str):
+    """Runs usable for one task: finite task loss, accuracy and every input of the form."""
+    L = table.extra[f"eval/{task}/{loss_metric}"]
+    acc = table.extra[f"eval/{task}/{acc_metric}"]
+    cols = {"N": table.N, "D": table.D, "C": table.C}
+    ok = np.isfinite(L) & (L > 0) & np.isfinite(acc)
+    for v in form.inputs:
+        ok &= np.isfinite(cols[v]) & (cols[v] > 0)
+    idx = np.flatnonzero(ok)
+    x = np.log(np.stack([cols[v][idx] for v in form.inputs]))
+    return idx, x, L[idx], acc[idx]
+
+
+def _chance(table: RunTable, task: str, idx) -> float | None:
+    col = table.extra.get(f"eval/{task}/chance")
+    if col is None or not np.isfinite(col[idx]).any():
+        return None
+    return float(np.nanmean(col[idx]))
+
+
+def _two_steps(form, x, L, acc, counts_RP, chance, s):
+    """Point fit and bootstrap of both steps: (theta, sig, theta_R, sig_R, grid)."""
+    y = np.log(L)
+    grid = form.grid(x)
+    theta = point_fit(form, x, y, np.ones_like(y), fit_delta(form, s.huber_delta), grid)
+    sig = fit_sigmoid(L, acc, np.ones_like(L), chance)
+    theta_R = np.zeros((0, len(theta)))
+    sig_R = np.zeros((0, 4))
+    if len(counts_RP):
+        theta_R = fit_weighted(
+            form,
+            grid,
+            theta,
+            x,
+            y,
+            counts_RP,
+            fit_delta(form, s.huber_delta),
+            s.top_k,
+        )
+        sig_R = np.array([fit_sigmoid(L, acc, w, chance) for w in counts_RP])
+    return theta, sig, theta_R, sig_R
+
+
+def _predict(form, theta_KQ, sig_K4, x_VP):
+    """(task loss [K, P], accuracy [K, P]) of each parameter row at inputs x."""
+    logL, _ = form.predict(np.atleast_2d(theta_KQ), x_VP)
+    L = np.exp(logL)
+    return L, sigmoid(L, np.atleast_2d(sig_K4)[:, None, :])
+
+
+def fit_task(
+    table: RunTable,
+    task: str,
+    s,
+    form_name: str = "auto",
+    holdout_largest: bool = False,
+    loss_metric: str = "task_loss",
+    acc_metric: str = "acc",
+) -> dict:
+    """Both steps of one task's law for one cell's runs, with intervals, flags and backtest.
+
+    `s` is a `laws.FitSettings` (bootstrap, seed, ci, huber_delta, top_k, min_points_per_param).
+    """
+    if form_name not in TASK_FORMS:
+        raise ScalingDataError(f"task-law form {form_name!r}; accepted: {', '.join(TASK_FORMS)}")
+    if form_name == "auto":
+        distinct = [np.unique(v[np.isfinite(v)]).size for v in (table.N, table.D)]
+        form_name = "chinchilla3" if min(distinct) >= 3 else "kaplan_n"
+    form = get_form(form_name)
+    idx, x, L, acc = _points(table, task, form, loss_metric, acc_metric)
+    n_params = len(form.params)
+    distinct = min(np.unique(np.round(v, 9)).size for v in x)
+    if len(idx) < n_params + 1 or distinct < 3:
+        raise ScalingDataError(
+            f"task {task!r}: {len(idx)} run(s) with task loss and accuracy; the {form_name} "
+            f"law of task loss needs at least {n_params + 1} runs and 3 or more distinct values of "
+            f"{' and '.join(form.inputs)}"
+        )
+    chance = _chance(table, task, idx)
+    counts = run_counts(len(idx), s.bootstrap, s.seed)
+    theta, sig, theta_R, sig_R = _two_steps(form, x, L, acc, counts, chance, s)
+    point = {n: v[0] for n, v in form.named(theta[None]).items()}
+    samples = form.named(theta_R) if len(theta_R) else {}
+    params = summarise(point, samples, s.ci)
+    pred_L, pred_acc = _predict(form, theta, sig, x)
+    resid = np.log(L) - np.log(pred_L[0])
+    ids = [table.run_id[i] for i in idx]
+    flags = points_flag(len(idx), n_params, s.min_points_per_param, "runs")
+    flags += param_flags(params, samples, s.ci, float(L.min()))
+    flags += fit_flags(
+        resid, x[0], table.N[idx], table.D[idx], f"log {form.inputs[0]}", len(form.inputs) == 2
+    )
+    if len(theta_R):
+        pred_R, _ = _predict(form, theta_R, sig_R, x)
+        flags += prediction_span_flag(pred_L[0], pred_R, s.ci, np.exp(x[0]), form.inputs[0])
+    flags += outlier_flags(resid, ids, outlier_points(resid))[0]
+    sig_names = ("L0", "k", "a", "b")
+    sig_params = summarise(
+        dict(zip(sig_names, sig)),
+        {n: sig_R[:, i] for i, n in enumerate(sig_names)} if len(sig_R) else {},
+        s.ci,
+    )
+    sig_flags = points_flag(len(idx), 3 if chance is not None else 4, s.min_points_per_param)
+    if np.ptp(acc) < FLAT_ACC:
+        sig_flags.append(
+            f"flat: accuracy spans {np.ptp(acc):.3g} over the runs (under {FLAT_ACC}): the "
+            "sigmoid's position and slope are not determined (accuracy does not yet move "
+            "with scale)"
+        )
+    out = {
+        "runs": ids,
+        "task_loss": {
+            "form": form_name,
+            "formula": "L_t = " + form.formula().split(" = ")[-1],
+            "params": params,
+            "theta": theta.tolist(),
+            "rmse_log": float(np.sqrt(np.mean(resid**2))),
+            "flags": flags,
+        },
+        "accuracy": {
+            "formula": SIGMOID,
+            "params": sig_params,
+            "chance_fixed": chance,
+            "rmse": float(np.sqrt(np.mean((pred_acc[0] - acc) ** 2))),
+            "flags": sig_flags,
+        },
+    }
+    if holdout_largest:
+        out["backtest"] = backtest(table, task, form, s, loss_metric, acc_metric)
+    return out
+
+
+def backtest(table: RunTable, task: str, form, s, loss_metric: str, acc_metric: str) -> dict:
+    """Fit both steps on every size but the largest N; predict the largest size's accuracy."""
+    idx, x, L, acc = _points(table, task, form, loss_metric, acc_metric)
+    N = table.N[idx]
+    held = np.isclose(N, N.max())
+    if np.unique(N[~held]).size < 3 or (~held).sum() < len(form.params) + 1:
+        return {"skipped": "too few sizes left to fit after holding out the largest (3 needed)"}
+    chance = _chance(table, task, idx)
+    counts = run_counts(int((~held).sum()), s.bootstrap, s.seed)
+    theta, sig, theta_R, sig_R = _two_steps(
+        form, x[:, ~held], L[~held], acc[~held], counts, chance, s
+    )
+    xh = x[:, held]
+    pL, pacc = _predict(form, theta, sig, xh)
+    observed = float(acc[held].mean())
+    predicted = float(pacc[0].mean())
+    out = {
+        "held_out": [table.run_id[i] for i in idx[held]],
+        "N": float(N.max()),
+        "observed": observed,
+        "predicted": predicted,
+        "error": predicted - observed,
+        "task_loss_observed": float(L[held].mean()),
+        "task_loss_predicted": float(pL[0].mean()),
+        "predicted_ci": None,
+        "error_ci": None,
+    }
+    n_col = table.extra.get(f"eval/{task}/n")
+    if n_col is not None and np.isfinite(n_col[idx[held]]).all():
+        n = float(n_col[idx[held]].sum())
+        half = 1.959964 * np.sqrt(max(observed * (1 - observed), 1e-12) / max(n, 1.0))
+        out["observed_ci"] = [observed - half, observed + half]
+    if len(theta_R):
+        _, pacc_R = _predict(form, theta_R, sig_R, xh)
+        samples = pacc_R.mean(axis=1)
+        out["predicted_ci"] = interval(samples, s.ci)[0]
+        out["error_ci"] = interval(samples - observed, s.ci)[0]
+    return out
+
+
+def fit_task_laws(
+    table: RunTable,
+    s,
+    form_name: str = "auto",
+    holdout_largest: bool = False,
+    loss_metric: str = "task_loss",
+    acc_metric: str = "acc",
+) -> dict:
+    """Task laws of every task with task loss and accuracy, per cell; a task or cell without
+    enough runs is reported skipped with the reason."""
+    tasks = task_names(table, loss_metric, acc_metric)
+    if not tasks:
+        raise ScalingDataError(
+            f"no task has both eval/<task>/{loss_metric} and eval/<task>/{acc_metric} columns; "
+            "task laws need the task loss (normalised NLL of the correct answer) per run"
+        )
+    cells = {}
+    for cell in table.cells():
+        sub = table.subset(cell)
+        cells[cell] = {}
+        for task in tasks:
+            try:
+                cells[cell][task] = fit_task(
+                    sub, task, s, form_name, holdout_largest, loss_metric, acc_metric
+                )
+            except ScalingDataError as e:
+                cells[cell][task] = {"skipped": str(e)}
+    return {
+        "method": "two-step: task loss law, then a sigmoid from task loss to accuracy",
+        "form": form_name,
+        "metrics": {"task_loss": loss_metric, "accuracy": acc_metric},
+        "cells": cells,
+    }
+
+
+def task_loss_from_examples(logprob_gold, n_units_gold) -> float:
+    """A task's task loss from per-example scores: the mean over examples of the correct
+    answer's negative log-likelihood per unit (tokens, or bytes for a tokenizer-free one)."""
+    lp = np.asarray(logprob_gold, dtype=np.float64)
+    n = np.asarray(n_units_gold, dtype=np.float64)
+    if lp.shape != n.shape or not lp.size or (n <= 0).any():
+        raise ScalingDataError(
+            "per-example scores: one correct-answer log-likelihood and a positive length per "
+            "example are needed"
+        )
+    return float(np.mean(-lp / n))

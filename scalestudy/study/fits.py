@@ -1,0 +1,239 @@
+"""A study's runs as tables for the scaling library: the input side of `scalestudy fit` and
+`scalestudy plot` (a registry, a study directory, or a CSV/TSV/JSONL table), and the fits and
+figures a study's report shows.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalestudy.scaling.io import build_table
+from scalestudy.scaling.io import load_table as load_table_file
+from scalestudy.scaling.laws import FitSettings, fit_cells
+from scalestudy.scaling.plots import make_all_plots
+from scalestudy.scaling.report import write_json
+from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
+from scalestudy.scaling.task_law import fit_task_laws, task_names
+from scalestudy.study.registry import load_curves, load_runs
+
+REGISTRY_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+
+def find_registry(path: Path) -> Path | None:
+    """The registry file for `path` (itself, or the single one inside a study directory)."""
+    if path.is_file() and path.suffix in REGISTRY_SUFFIXES:
+        return path
+    if path.is_dir():
+        found = sorted(p for s in REGISTRY_SUFFIXES for p in path.glob(f"*{s}"))
+        if len(found) > 1:
+            raise ScalingDataError(
+                f"{path} holds several registries ({', '.join(p.name for p in found)}); "
+                "pass one file"
+            )
+        if found:
+            return found[0]
+        raise ScalingDataError(f"no study registry (*.sqlite, *.db) in directory {path}")
+    return None
+
+
+def registry_table(
+    runs: list[dict], curves: list[dict] | None = None, settings: DataSettings | None = None
+) -> RunTable:
+    """A RunTable from registry rows (`registry.load_runs`, `registry.load_curves`).
+
+    N is `params_total` or `params_non_embedding` (`settings.n_kind`), D the processed
+    positions or loss-bearing tokens (`d_kind`), C the counted `flops`, the loss the final
+    validation loss; runs without one yet are left out and counted. The curves are training
+    losses logged mid-schedule (never ends of finished schedules)."""
+    s = settings or DataSettings()
+    if not runs:
+        raise ScalingDataError("no runs to fit")
+    if s.curve_points == "finished":
+        raise ScalingDataError(
+            "a registry's curves are training loss logged mid-schedule, not ends of finished "
+            "schedules; record cooldown branches as runs of their own instead"
+        )
+    if s.n_kind not in ("total", "non_embedding"):
+        raise ScalingDataError(f"n_kind {s.n_kind!r}; accepted: total, non_embedding")
+    if s.d_kind not in ("positions", "tokens"):
+        raise ScalingDataError(f"d_kind {s.d_kind!r}; accepted: positions, tokens")
+    loss_col = s.loss_col or "loss"
+    finished = [r for r in runs if math.isfinite(to_float(r.get(loss_col)))]
+    if not finished:
+        raise ScalingDataError("the registry has no finished runs (with a final loss) yet")
+    columns = replace(
+        s,
+        n_col=s.n_col or f"params_{s.n_kind}",
+        d_col=s.d_col or s.d_kind,
+        c_col=s.c_col or "flops",
+        loss_col=loss_col,
+        run_col="run_id",
+    )
+    table = build_table(finished, columns, "registry")
+    table.choices["N"] += f" ({s.n_kind} parameters)"
+    table.choices["D"] += f" ({s.d_kind})"
+    table.choices["unfinished_runs_left_out"] = len(runs) - len(finished)
+    if curves:
+        table.curves = _curves(curves, table)
+    return table
+
+
+def _curves(rows: list[dict], table: RunTable) -> dict[str, dict]:
+    """Each run's logged curve as C, D and training loss."""
+    # A point at fraction s of a run's training (by counted FLOPs) has s*C and s*D of the
+    # run's final C and D, whatever C and D convention was chosen.
+    final = {r: i for i, r in enumerate(table.run_id)}
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        r = str(row.get("run_id"))
+        if r in final:
+            pts.setdefault(r, []).append((to_float(row.get("flops")), to_float(row.get("loss"))))
+    out = {}
+    for r, p in pts.items():
+        f, loss = np.array(sorted(p)).T
+        ok = np.isfinite(f) & np.isfinite(loss) & (f > 0) & (loss > 0)
+        if ok.sum() < 2:
+            continue
+        frac = f[ok] / f[ok].max()
+        i = final[r]
+        out[r] = {"C": frac * table.C[i], "D": frac * table.D[i], "loss": loss[ok]}
+    return out
+
+
+def load_table(source: str | Path, settings: DataSettings | None = None) -> RunTable:
+    """The runs of a registry (a file or a study directory) or a CSV/TSV/JSONL table."""
+    path = Path(source)
+    if not path.exists():
+        raise ScalingDataError(f"runs source not found: {path}")
+    registry = find_registry(path)
+    if registry is None:
+        return load_table_file(path, settings)
+    table = registry_table(load_runs(registry), load_curves(registry), settings)
+    table.choices["source"] = str(source)
+    return table
+
+
+def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:
+    """The fits and figures of a finished study's runs (registry rows); writes `out/fits.json`
+    and `out/figures/`.
+
+    The spec's `fit` section chooses laws, N, C and the bootstrap. When it asks for a law the
+    data cannot support (e.g. too few sizes), every law the data do support is fitted instead,
+    with a warning. Tasks with a task loss get task laws with the largest-size backtest.
+    """
+    f = study.fit
+    settings = FitSettings(
+        laws=tuple(f.laws),
+        data=DataSettings(n_kind=f.n_kind, c_kind=f.c_kind),
+        bootstrap=f.bootstrap,
+        seed=f.seed,
+    )
+    table = registry_table(runs, curves, settings.data)
+    try:
+        fits = fit_cells(table, settings)
+    except ScalingDataError as e:
+        warnings.warn(f"fit: {e}; fitting the laws the data support instead", stacklevel=2)
+        fits = fit_cells(table, replace(settings, laws=("auto",)))
+    if task_names(table):
+        try:
+            fits["task_laws"] = fit_task_laws(table, settings, holdout_largest=True)
+        except ScalingDataError as e:
+            fits["task_laws"] = {"skipped": str(e)}
+    write_json(fits, Path(out) / "fits.json")
+    return fits, make_all_plots(table, fits, Path(out) / "figures")
+
+
+def fmt(x: Any, spec: str = ".3g") -> str:
+    """A number for a report ('-' when missing or not finite)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, spec)
+
+
+def _iv(ci) -> str:
+    return f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
+
+
+def fits_lines(fits: dict[str, Any]) -> list[str]:
+    """The report's fits: per cell and law the fitted formula and each parameter with its
+    bootstrap interval; then the task laws and their backtests, when fitted."""
+    if not fits.get("cells"):
+        return []
+    data = fits.get("data", {})
+    ci = fits.get("settings", {}).get("ci", 0.95)
+    lines = [
+        f"Each cell's own validation loss, fitted separately (N = {data.get('N')}, "
+        f"C = {data.get('C')}); {ci:.0%} intervals from "
+        f"{fits.get('settings', {}).get('bootstrap')} bootstrap resamples of runs.",
+        "",
+        "| cell | law | formula | parameters |",
+        "|---|---|---|---|",
+    ]
+    for cell, v in fits["cells"].items():
+        for law, fit in v.get("fits", {}).items():
+            if "skipped" in fit:
+                lines.append(f"| {cell} | {law} | skipped: {fit['skipped']} | |")
+                continue
+            params = []
+            for name, p in fit.get("params", {}).items():
+                iv = p.get("ci")
+                span = f" [{fmt(iv[0])}, {fmt(iv[1])}]" if iv else ""
+                params.append(f"{name} = {fmt(p.get('value'))}{span}")
+            formula = str(fit.get("formula", "")).replace("|", "/")
+            if fit.get("points_used"):
+                formula += f" (points: {fit['points_used']})"
+            flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
+            warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
+            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
+    return lines + _task_law_lines(fits.get("task_laws"))
+
+
+def _task_law_lines(laws: dict[str, Any] | None) -> list[str]:
+    """Task laws: per cell and task, both steps and the backtest of the largest size."""
+    if not laws:
+        return []
+    if "skipped" in laws:
+        return ["", f"Task laws were not fitted: {laws['skipped']}"]
+    m = laws["metrics"]
+    lines = [
+        "",
+        f"**Task laws** ({laws['method']}; task loss `{m['task_loss']}`, accuracy "
+        f"`{m['accuracy']}`). Backtest: fitted on every size but the largest, then the "
+        "largest size's accuracy predicted; error = predicted - observed.",
+        "",
+        "| cell | task | task-loss law | accuracy from task loss | backtest (largest N) |",
+        "|---|---|---|---|---|",
+    ]
+    for cell, tasks in laws["cells"].items():
+        for task, fit in tasks.items():
+            if "skipped" in fit:
+                lines.append(f"| {cell} | {task} | skipped: {fit['skipped']} | | |")
+                continue
+            cols = []
+            for step in ("task_loss", "accuracy"):
+                part = fit[step]
+                params = "; ".join(
+                    f"{k} = {fmt(p['value'])}{_iv(p.get('ci'))}" for k, p in part["params"].items()
+                )
+                flags = " / ".join(part["flags"])
+                cols.append(
+                    f"{part['formula']}: {params}" + (f" **flagged**: {flags}" if flags else "")
+                )
+            bt = fit.get("backtest") or {}
+            if "skipped" in bt or not bt:
+                cols.append(bt.get("skipped", "-"))
+            else:
+                cols.append(
+                    f"N = {fmt(bt['N'])}: predicted {bt['predicted']:.3f}"
+                    f"{_iv(bt['predicted_ci'])}, observed {bt['observed']:.3f}"
+                    f"{_iv(bt.get('observed_ci'))}, error {bt['error']:+.3f}{_iv(bt['error_ci'])}"
+                )
+            cells = " | ".join(c.replace("|", "/") for c in cols)
+            lines.append(f"| {cell} | {task} | {cells} |")
+    return lines

@@ -1,0 +1,146 @@
+"""Task scaling laws: both steps recover known parameters; the backtest predicts the largest."""
+
+import numpy as np
+import pytest
+
+from scalestudy.scaling.laws import FitSettings
+from scalestudy.scaling.table import RunTable, ScalingDataError
+from scalestudy.scaling.task_law import (
+    fit_sigmoid,
+    fit_task_laws,
+    sigmoid,
+    task_loss_from_examples,
+)
+
+TASK = {"E": 0.6, "A": 40.0, "alpha": 0.3, "B": 60.0, "beta": 0.3}
+SIG = np.array([1.2, 6.0, 0.7, 0.25])  # L0, k, a, b (b: chance of a 4-way task)
+
+
+def _task_table(noise=0.0, seed=0, sizes=6, with_chance=True):
+    """Runs on an N x D grid whose task loss follows a Chinchilla law and whose accuracy is a
+    sigmoid of it (both optionally with noise)."""
+    rng = np.random.default_rng(seed)
+    N, D = np.meshgrid(np.geomspace(1e6, 1e8, sizes), np.geomspace(2e7, 2e9, 4))
+    N, D = N.ravel(), D.ravel()
+    L = TASK["E"] + TASK["A"] / N ** TASK["alpha"] + TASK["B"] / D ** TASK["beta"]
+    L = L * np.exp(rng.normal(0, noise, L.size))
+    acc = sigmoid(L, SIG) + rng.normal(0, noise, L.size)
+    extra = {"eval/mc/task_loss": L, "eval/mc/acc": acc, "eval/mc/n": np.full(L.size, 1000.0)}
+    if with_chance:
+        extra["eval/mc/chance"] = np.full(L.size, SIG[3])
+    ids = [f"r{i}" for i in range(L.size)]
+    return RunTable(ids, ["all"] * L.size, N, D, 6 * N * D, L * 0 + 3.0, extra)
+
+
+def test_sigmoid_recovers_known_parameters_with_and_without_chance():
+    L = np.linspace(0.6, 2.0, 30)
+    acc = sigmoid(L, SIG)
+    np.testing.assert_allclose(fit_sigmoid(L, acc, np.ones_like(L), None), SIG, rtol=1e-3)
+    np.testing.assert_allclose(fit_sigmoid(L, acc, np.ones_like(L), 0.25), SIG, rtol=1e-4)
+    # Zero weight leaves a point out: a wild point with weight 0 changes nothing.
+    bad = acc.copy()
+    bad[3] = 0.99
+    w = np.ones_like(L)
+    w[3] = 0.0
+    np.testing.assert_allclose(fit_sigmoid(L, bad, w, 0.25), SIG, rtol=1e-4)
+
+
+def test_two_step_law_recovers_known_parameters():
+    res = fit_task_laws(_task_table(), FitSettings(bootstrap=0))
+    fit = res["cells"]["all"]["mc"]
+    got = {k: v["value"] for k, v in fit["task_loss"]["params"].items()}
+    for k, v in TASK.items():
+        assert got[k] == pytest.approx(v, rel=1e-3), k
+    sig = {k: v["value"] for k, v in fit["accuracy"]["params"].items()}
+    np.testing.assert_allclose([sig[k] for k in ("L0", "k", "a", "b")], SIG, rtol=1e-3)
+    assert fit["accuracy"]["chance_fixed"] == pytest.approx(0.25)
+
+
+def test_backtest_predicts_the_largest_size_within_its_interval():
+    s = FitSettings(bootstrap=40, seed=1)
+    res = fit_task_laws(_task_table(noise=0.004), s, holdout_largest=True)
+    bt = res["cells"]["all"]["mc"]["backtest"]
+    assert bt["N"] == pytest.approx(1e8) and len(bt["held_out"]) == 4
+    # The noiseless law's accuracy at the held-out runs, computed independently.
+    t = _task_table()
+    held = np.isclose(t.N, t.N.max())
+    truth = float(sigmoid(t.extra["eval/mc/task_loss"][held], SIG).mean())
+    assert abs(bt["predicted"] - truth) < 0.02
+    assert bt["error"] == pytest.approx(bt["predicted"] - bt["observed"])
+    lo, hi = bt["error_ci"]
+    assert lo < hi and lo <= bt["error"] <= hi
+    assert bt["observed_ci"][0] < bt["observed"] < bt["observed_ci"][1]
+
+
+def test_backtest_error_is_large_when_the_largest_size_breaks_the_trend():
+    t = _task_table()
+    held = np.isclose(t.N, t.N.max())
+    t.extra["eval/mc/acc"] = np.where(held, 0.95, t.extra["eval/mc/acc"])
+    bt = fit_task_laws(t, FitSettings(bootstrap=0), holdout_largest=True)["cells"]["all"]["mc"]
+    assert bt["backtest"]["error"] < -0.1  # predicted well below the observed 0.95
+
+
+def test_flags_and_refusals():
+    # One run per (N, D): a single seed, flagged; the same runs twice (two seeds) are not.
+    t = _task_table(noise=0.01, with_chance=False)
+    fit = fit_task_laws(t, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert any(f.startswith("seed:") for f in fit["task_loss"]["flags"])
+    two = _task_table(noise=0.01, seed=1, with_chance=False)
+    both = RunTable(
+        t.run_id + [f"s{r}" for r in two.run_id],
+        t.cell + two.cell,
+        *(np.concatenate([getattr(t, a), getattr(two, a)]) for a in ("N", "D", "C", "loss")),
+        {k: np.concatenate([v, two.extra[k]]) for k, v in t.extra.items()},
+    )
+    fit = fit_task_laws(both, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert not any(f.startswith("seed:") for f in fit["task_loss"]["flags"])
+    flat = _task_table()
+    flat.extra["eval/mc/acc"] = np.full(len(flat.N), 0.25)
+    fit = fit_task_laws(flat, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert any(f.startswith("flat:") for f in fit["accuracy"]["flags"])
+    # One run's task loss 40% off the law: named as an outlier, as in the loss laws.
+    odd = _task_table(noise=0.002)
+    odd.extra["eval/mc/task_loss"][5] *= 1.4
+    fit = fit_task_laws(odd, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert any(f.startswith("outliers:") and "r5 (" in f for f in fit["task_loss"]["flags"])
+    few = _task_table(sizes=2)
+    fit = fit_task_laws(few, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert "3 or more distinct values of N" in fit["skipped"]
+    none = _task_table()
+    none.extra.pop("eval/mc/task_loss")
+    with pytest.raises(ScalingDataError, match="task loss"):
+        fit_task_laws(none, FitSettings(bootstrap=0))
+
+
+def test_task_loss_from_examples_is_the_mean_normalised_nll():
+    assert task_loss_from_examples([-2.0, -6.0], [2, 3]) == pytest.approx((1.0 + 2.0) / 2)
+    with pytest.raises(ScalingDataError):
+        task_loss_from_examples([-1.0], [0])
+
+
+def test_cli_task_law_backtest_table_json_and_figure(tmp_path, capsys):
+    import json
+
+    from scalestudy.cli import main
+    from scalestudy.scaling.io import load_table
+    from scalestudy.scaling.plots import fig_task_law
+
+    t = _task_table(noise=0.003)
+    path = tmp_path / "runs.csv"
+    cols = ["N", "D", "loss", "eval/mc/task_loss", "eval/mc/acc", "eval/mc/chance"]
+    rows = zip(t.N, t.D, t.loss, *(t.extra[c] for c in cols[3:]))
+    path.write_text("\n".join([",".join(cols)] + [",".join(map(str, r)) for r in rows]))
+    out = tmp_path / "task.json"
+    argv = ["fit", str(path), "--task-law", "--holdout-largest", "--bootstrap", "10"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "backtest at N = 1e+08" in text and "b fixed at chance 0.25" in text
+    res = json.loads(out.read_text())
+    bt = res["task_laws"]["cells"]["all"]["mc"]["backtest"]
+    assert bt["error"] == pytest.approx(bt["predicted"] - bt["observed"])
+    fig = fig_task_law(load_table(path), res)
+    labels = [x.get_text() for x in fig.axes[1].get_legend().get_texts()]
+    assert any(label.startswith("backtest: predicted at N = 1e+08") for label in labels)
+    assert main(["fit", str(path), "--holdout-largest"]) == 2
+    assert "add --task-law" in capsys.readouterr().err
+    assert main(["fit", str(path), "--task-law", "--task-form", "quadratic"]) == 2
