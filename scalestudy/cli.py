@@ -117,6 +117,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_study(args: argparse.Namespace) -> int:
     _join_job()
     from scalestudy.scaling.laws import analyze_study
+    from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
 
     try:
@@ -134,6 +135,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
             from scalestudy.study import experiments
 
             experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+    except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
     except OSError as e:  # a study file cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
     return 0

@@ -28,7 +28,8 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 
-STATUSES = ("pending", "running", "done", "failed")
+# `interrupted`: stopped by a signal after saving a checkpoint (resumed by the next run).
+STATUSES = ("pending", "running", "done", "failed", "interrupted")
 
 # Columns of `runs` besides the id, in order; numbers are REAL/INTEGER, the rest TEXT.
 RUN_COLUMNS: dict[str, str] = {
@@ -166,6 +167,16 @@ class Registry:
 
     def mark_running(self, run_id: str) -> None:
         self.update(run_id, status="running", started_at=time.time(), error=None)
+
+    def reclaim_running(self, why: str) -> list[str]:
+        """Mark `interrupted` (with `why`) every run still `running`, and return their names:
+        called by the process that holds the study lock, so no live study is training them."""
+        with self._tx() as c:
+            names = [n for (n,) in c.execute("SELECT name FROM runs WHERE status = 'running'")]
+            c.execute(
+                "UPDATE runs SET status = 'interrupted', error = ? WHERE status = 'running'", (why,)
+            )
+        return names
 
     def mark_failed(self, run_id: str, error: str) -> None:
         self.update(run_id, status="failed", error=error[-4000:], finished_at=time.time())
