@@ -18,6 +18,7 @@ from typing import Any
 from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
 from scalestudy.errors import ConfigError
 from scalestudy.study import ladder
+from scalestudy.study import matching as matched
 from scalestudy.study.spec import StudySpec
 from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
 
@@ -38,6 +39,7 @@ class PlannedRun:
     params: dict[str, int]
     flops: dict[str, Any]
     variant: str = ""  # the spec's variant name; "" without variants
+    context: int = 0  # the context length its inference cost is stated at
 
     @property
     def arch(self) -> str:
@@ -85,6 +87,7 @@ class PlannedRun:
             "batch_size": self.cfg.train.batch_size,
             "steps": self.cfg.train.steps,
             "planned_flops": self.planned_flops,
+            **matched.planned_counts(self.cfg, self.context or self.cfg.objective.decoder_length),
         }
 
 
@@ -128,6 +131,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             f"objectives={list(study.objectives)}"
         )
     sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
+    context = matched.context_for(study, base)
     runs: list[PlannedRun] = []
     for (i, rung), (tag, compute), seed in itertools.product(
         enumerate(rungs), ladder.budget_points(study.budget), study.seeds
@@ -144,7 +148,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             if rung.name not in sizes_of.get((arch, objective), (rung.name,)):
                 continue
             matching = (variant.matching if variant else None) or study.matching
-            model = ladder.match_model(shape, arch, matching, study.match_tolerance)
+            model = matched.match_model(shape, arch, matching, study.match_tolerance, context)
             vname = variant.name if variant else ""
             if variant and variant.model:
                 model = validate(
@@ -178,6 +182,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     params=counting.count_params(cfg.model),
                     flops=counting.flops(cfg),
                     variant=vname,
+                    context=context,
                 )
             )
     if not runs:
@@ -242,18 +247,8 @@ def _steps(
     reference_params: dict[str, int],
     matching: str | None = None,
 ) -> int:
-    if (matching or study.matching) != "equal_flops":
-        return ladder.steps_for_budget(cfg, study.budget, compute, reference_params)
-    # Every cell spends the training FLOPs of the causal decoder at this rung and budget.
-    ref = cfg.replace(model=shape)
-    ref_steps = ladder.steps_for_budget(ref, study.budget, compute, reference_params)
-    if ref_steps == 0:
-        return 0
-    ref = ref.replace(train=ref.train.replace(steps=ref_steps))
-    from scalestudy.models import counting
-
-    ref_flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
-    return ladder.steps_for_flops(cfg, ref_flops)
+    mode = matching or study.matching
+    return matched.match_steps(cfg, shape, study.budget, compute, reference_params, mode)
 
 
 def plan_table(runs: list[PlannedRun]) -> str:
