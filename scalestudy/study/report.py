@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
+from scalestudy.study import comparisons
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import StudySpec
@@ -312,6 +313,7 @@ def render_markdown(
             ]
         if cmp[name + "_loss"]:
             lines.append("")
+    lines += comparisons.lines(runs, study.match_tolerance)
     if fits or notes:
         lines += ["## Scaling-law fits", "", *notes, *_fits_lines(fits), ""]
     if figures:

@@ -87,6 +87,7 @@ class PlannedRun:
             "batch_size": self.cfg.train.batch_size,
             "steps": self.cfg.train.steps,
             "planned_flops": self.planned_flops,
+            "data_seed": self.cfg.data.seed,
             **matched.planned_counts(self.cfg, self.context or self.cfg.objective.decoder_length),
         }
 
@@ -162,6 +163,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     "model": model.model_dump(),
                     "objective": {"name": objective},
                     "train": {"seed": seed},
+                    # A seed replicates the whole run: data order too (seed 0: the base's).
+                    "data": {"seed": base.get("data", {}).get("seed", 0) + seed},
                     "optim": {"learning_rate": _learning_rate(study, base, shape)},
                 },
             )

@@ -63,6 +63,13 @@ def test_equal_loss_tokens_matches_the_full_lm_decoder(tmp_path):
         assert abs(r.cfg.train.steps * per_row[k] - reference) <= per_row[k] / 2 + 1e-9
 
 
+def test_seeds_vary_data_order_and_seed_zero_keeps_the_base(tmp_path):
+    runs = _expand(tmp_path, seeds=[0, 1, 2], base={"data": {"seed": 10}})
+    seeds = {(r.seed, r.cfg.data.seed) for r in runs}
+    assert seeds == {(0, 10), (1, 11), (2, 12)}
+    assert {r.row("t", tmp_path)["data_seed"] for r in runs} == {10, 11, 12}
+
+
 def test_registry_records_consumed_tokens_and_upgrades_an_old_file(tmp_path):
     path = tmp_path / "registry.sqlite"
     with sqlite3.connect(path) as c:  # a registry from before the consumed-token columns

@@ -1,0 +1,75 @@
+"""The report's matched comparisons: what is held equal is named, seeds are paired, Holm."""
+
+from scalestudy.study import comparisons
+
+
+def _run(arch, objective, seed, acc, loss=2.0, **counts):
+    base = {
+        "params_total": 1000,
+        "flops": 1e9,
+        "document_tokens": 4096.0,
+        "positions": 4096.0,
+        "loss_tokens": 4096.0,
+        "inference_flops_per_token": 2e4,
+    }
+    return {
+        "name": f"t.{arch}.{objective}.xs.s{seed}",
+        "arch": arch,
+        "objective": objective,
+        "size": "xs",
+        "size_index": 0,
+        "budget": "",
+        "seed": seed,
+        "status": "done",
+        "loss": loss,
+        "eval/probe/acc": acc,
+        "eval/probe/n": 200,
+        **{**base, **counts},
+    }
+
+
+def test_unequal_data_behind_a_comparison_is_named():
+    runs = [
+        _run("causal_decoder", "plm", 0, 0.60),
+        _run("encoder_decoder", "plm", 0, 0.65, params_total=1400, document_tokens=8192.0),
+    ]
+    text = "\n".join(comparisons.lines(runs))
+    assert "document tokens (2.00x)" in text and "total parameters (1.40x)" in text
+    assert "Held equal: training FLOPs, positions, loss-bearing tokens, inference" in text
+    # The same data: document tokens are now named as held equal.
+    runs[1]["document_tokens"] = 4096.0
+    text = "\n".join(comparisons.lines(runs))
+    assert "document tokens (" not in text and "document tokens" in text.split("Held equal")[1]
+
+
+def test_seeds_are_paired_and_unpaired_seeds_are_left_out():
+    # Run effects (seed 0 easy, seed 1 hard, ...) much larger than a constant +0.05 gain.
+    base = {0: 0.80, 1: 0.40, 2: 0.60, 3: 0.55, 4: 0.70}
+    ref = [_run("causal_decoder", "flm", s, base[s], loss=3 - base[s]) for s in (0, 1, 2, 3)]
+    new = [
+        _run("noncausal_decoder", "flm", s, base[s] + 0.05 + 0.002 * s, loss=2.9 - base[s])
+        for s in (0, 1, 2, 4)
+    ]
+    found = comparisons.compare(ref + new)
+    acc = next(c for c in found if c["metric"] == "acc")
+    assert acc["unpaired"] == [3, 4] and acc["interval"].seeds == 3
+    assert acc["interval"].low > 0  # unpaired, the run effects would swamp the gain
+    text = "\n".join(comparisons.lines(ref + new))
+    assert "noncausal_decoder/flm better" in text and "(n = 3 seeds x 200 examples)" in text
+    assert "Seeds [3, 4] have no partner" in text
+    # Holm over the family: two verdicts (accuracy and loss), adjusted p >= raw p.
+    assert all(c["p_holm"] >= c["interval"].p_value for c in found)
+    assert "The 2 verdicts below are one family: their p-values are Holm-adjusted" in text
+
+
+def test_one_seed_says_its_interval_is_not_between_runs():
+    runs = [_run("causal_decoder", "flm", 0, 0.6), _run("noncausal_decoder", "flm", 0, 0.7)]
+    text = "\n".join(comparisons.lines(runs))
+    assert "over examples only, not a between-run interval" in text
+    assert "one seed per side: no between-run interval" in text  # the loss
+    assert "better" not in text and "worse" not in text
+
+
+def test_losses_of_different_objectives_are_not_compared():
+    runs = [_run("causal_decoder", "flm", 0, 0.6), _run("encoder_decoder", "mlm", 0, 0.7)]
+    assert [c["metric"] for c in comparisons.compare(runs)] == ["acc"]
