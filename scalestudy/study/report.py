@@ -87,7 +87,7 @@ def _seed_mean(points: list[dict[str, Any]]) -> tuple[float, float, int]:
     """Mean accuracy, its 95% half-width (binomial and seed spread combined) and n seeds."""
     accs = [p["acc"] for p in points]
     mean = sum(accs) / len(accs)
-    n = sum(p["n"] for p in points)
+    n = max(p["n"] for p in points)  # every seed scores the same examples: count them once
     var = max(mean * (1 - mean), 1e-12) / max(n, 1.0)
     if len(accs) > 1:
         var += sum((a - mean) ** 2 for a in accs) / (len(accs) - 1) / len(accs)

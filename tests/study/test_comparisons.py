@@ -1,5 +1,9 @@
 """The report's matched comparisons: what is held equal is named, seeds are paired, Holm."""
 
+import math
+
+import pytest
+
 from scalestudy.study import comparisons
 
 
@@ -73,3 +77,12 @@ def test_one_seed_says_its_interval_is_not_between_runs():
 def test_losses_of_different_objectives_are_not_compared():
     runs = [_run("causal_decoder", "flm", 0, 0.6), _run("encoder_decoder", "mlm", 0, 0.7)]
     assert [c["metric"] for c in comparisons.compare(runs)] == ["acc"]
+
+
+def test_the_report_counts_shared_examples_once_across_seeds():
+    from scalestudy.study import report
+
+    # Three seeds scoring the same 100 examples: the example term is p(1-p)/100, not /300.
+    points = [{"acc": 0.6, "n": 100}] * 3
+    _, half, seeds = report._seed_mean(points)
+    assert seeds == 3 and half == pytest.approx(report.Z95 * math.sqrt(0.24 / 100))
