@@ -174,10 +174,12 @@ class LocalExecutor:
                         self._interrupt(run, "stopped at once by a second Ctrl-C")
                         raise
                     except Exception as e:  # one bad run must not lose the rest of the study
-                        if signal_of(e) is not None:
-                            self._interrupt(run, str(e))
+                        if signal_of(e) is not None or stop.poll() is not None:
+                            # Stopped by the signal, or failed on its way out (it resumes
+                            # from its last checkpoint all the same).
+                            self._interrupt(run, _describe(e))
                             stopped.append(run.cfg.name)
-                            stop.note(signal_of(e))
+                            stop.note(signal_of(e) or stop.signum)
                         else:
                             self._fail(run, e, progress.bar.write)
                             failed.append(run.cfg.name)
@@ -234,7 +236,7 @@ class LocalExecutor:
                                 self._record(run, workdir, result)
                         except Exception as e:  # one bad run must not lose the others
                             if signal_of(e) is not None or stop.signum is not None:
-                                self._interrupt(run, str(e))
+                                self._interrupt(run, _describe(e))
                                 stopped.append(run.cfg.name)
                             else:
                                 self._fail(run, e, progress.bar.write)
@@ -278,16 +280,21 @@ class LocalExecutor:
 
     def _fail(self, run: Any, error: Exception, write: Any) -> None:
         """Record a failed run (called while handling `error`, for its traceback)."""
-        detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+        detail = _describe(error)
         self.reg.mark_failed(run.run_id, detail + "\n" + traceback.format_exc())
         write(f"run {run.cfg.name} failed: {detail}")
+
+
+def _describe(error: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
 
 
 def _interrupted(signum: int, stopped: list[str], registry: Path) -> StudyInterrupted:
     import signal
 
     what = (
-        f"{len(stopped)} run(s) saved a checkpoint and are marked interrupted in {registry}"
+        f"{len(stopped)} run(s) stopped and are marked interrupted in {registry} (each "
+        "resumes from its last checkpoint)"
         if stopped
         else "no run was training"
     )

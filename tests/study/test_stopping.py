@@ -40,6 +40,8 @@ def fake_train(cfg, workdir):
                 time.sleep(float(os.environ.get("FAKE_SAVE_S", "0")))
                 ckpt.write_text(str(step - 1))
                 note("checkpoint")
+                if os.environ.get("FAKE_FAIL_ON_SAVE"):
+                    raise RuntimeError("step already saved")
                 raise loop.Preempted("saved", signum)
             time.sleep(float(os.environ["FAKE_STEP_S"]))
             with open(workdir / "metrics.jsonl", "a") as f:
@@ -66,7 +68,9 @@ if __name__ == "__main__":
 """
 
 
-def _start(tmp_path: Path, spec: Path, workers: int, step_s: float, save_s: float = 0.0):
+def _start(
+    tmp_path: Path, spec: Path, workers: int, step_s: float, save_s: float = 0.0, **env: str
+):
     script = tmp_path / "fakestudy.py"
     script.write_text(FAKE)
     log = tmp_path / "trained.log"
@@ -76,6 +80,7 @@ def _start(tmp_path: Path, spec: Path, workers: int, step_s: float, save_s: floa
         "FAKE_LOG": str(log),
         "FAKE_STEP_S": str(step_s),
         "FAKE_SAVE_S": str(save_s),
+        **env,
     }
     out = tmp_path / "study"
     cmd = [sys.executable, str(script), str(spec), str(out), str(workers)]
@@ -136,6 +141,17 @@ def test_one_signal_stops_the_study_after_a_checkpoint_and_a_rerun_resumes(
     assert saved >= 1 and _logged_steps(out) == sum(r["steps"] for r in load_runs(out))
 
 
+@pytest.mark.slow
+def test_a_run_that_fails_while_stopping_is_interrupted_not_failed(tmp_path, tiny_spec):
+    proc, out, _ = _start(tmp_path, tiny_spec, workers=1, step_s=2.0, FAKE_FAIL_ON_SAVE="1")
+    _wait_for(lambda: _logged_steps(out) >= 1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    [run] = [r for r in load_runs(out) if r["status"] != "pending"]
+    assert run["status"] == "interrupted" and "RuntimeError: step already saved" in run["error"]
+
+
 def test_a_second_ctrl_c_stops_at_once(tmp_path, tiny_spec):
     proc, out, log = _start(tmp_path, tiny_spec, workers=1, step_s=1.0, save_s=300.0)
     _wait_for(lambda: _logged_steps(out) >= 1)
@@ -188,3 +204,22 @@ def test_the_cli_exits_128_plus_the_signal_with_one_line(tmp_path, tiny_spec, ca
     monkeypatch.setattr(sweep, "run_study", stopped)
     assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(tmp_path / "o")]) == 143
     assert capsys.readouterr().err == "stopped: SIGTERM received: 1 run(s) saved a checkpoint\n"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_real_study_with_its_run_checkpointed(tmp_path, tiny_spec):
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "scalestudy.cli", "study", "--spec", str(tiny_spec)]
+    cmd += ["--out", str(out), "budget.steps=5000", "base.train.checkpoint_every=1000"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for(lambda: _logged_steps(out) >= 1, timeout=240)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    last = err.decode().strip().splitlines()[-1]
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert last.startswith("stopped: SIGTERM received: 1 run(s) stopped and are marked interrupted")
+    status = sorted(r["status"] for r in load_runs(out))
+    assert status == ["interrupted", "pending", "pending", "pending"]
+    [ckpts] = list(out.glob("runs/*/checkpoints"))
+    assert any(p.name.isdigit() for p in ckpts.iterdir())  # saved on the signal
