@@ -4,7 +4,8 @@ The unit of replication of a training run is its seed (initialisation and data o
 every seed of a study scores the same evaluation examples. So:
 
 - Two variants trained with the same seeds are compared on their per-seed differences (a
-  paired t interval), which removes what the seed does to both.
+  paired t interval), which removes what the seed does to both; for accuracies the examples'
+  variance is added (`accuracy_difference`).
 - An accuracy averaged over seeds and examples varies with both: `two_way_bootstrap`
   resamples seeds and examples independently (the crossed design's two sources), and
   `accuracy_interval` is the closed form from per-seed accuracies alone (what a registry
@@ -94,20 +95,28 @@ def accuracy_interval(per_seed: Sequence[float], examples: int, level: float = 0
 def accuracy_difference(
     a: Mapping[int, float], b: Mapping[int, float], examples: int, level: float = 0.95
 ) -> tuple[Interval, list[int]]:
-    """Paired difference of accuracies (same seeds, same examples); with one shared seed, an
-    interval over examples only (binomial variance of the two accuracies, not a between-run
-    interval)."""
+    """Paired difference of accuracies (same seeds, same `examples` examples) with both
+    sources of variance: between seeds (the per-seed differences' spread / S) and between
+    examples ((p_a (1 - p_a) + p_b (1 - p_b)) / E, conservative: the two models' answers to
+    one example are treated as independent, per-example scores not being at hand), with
+    Satterthwaite's degrees of freedom. With one shared seed: examples only, not a between-run
+    interval."""
     got, unpaired = paired_difference(a, b, level)
-    if got.seeds > 1:
-        return Interval(**{**got.__dict__, "examples": examples}), unpaired
-    [s] = sorted(set(a) & set(b))
-    var = (a[s] * (1 - a[s]) + b[s] * (1 - b[s])) / max(examples, 1)
-    se = math.sqrt(max(var, 0.0))
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    p = float(2 * stats.norm.sf(abs(got.mean) / se)) if se > 0 else 1.0
-    half = z * se
-    one = Interval(got.mean, got.mean - half, got.mean + half, p, 1, examples, False)
-    return one, unpaired
+    common = sorted(set(a) & set(b))
+    E = max(examples, 1)
+    v_examples = sum(a[s] * (1 - a[s]) + b[s] * (1 - b[s]) for s in common) / len(common) / E
+    if got.seeds == 1:
+        se = math.sqrt(max(v_examples, 0.0))
+        p = float(2 * stats.norm.sf(abs(got.mean) / se)) if se > 0 else 1.0
+        half = float(stats.norm.ppf(0.5 + level / 2)) * se
+        one = Interval(got.mean, got.mean - half, got.mean + half, p, 1, examples, False)
+        return one, unpaired
+    d = np.array([a[s] - b[s] for s in common], dtype=float)
+    v_seeds = float(d.var(ddof=1)) / d.size
+    denom = v_seeds**2 / (d.size - 1) + v_examples**2 / max(E - 1, 1)
+    df = (v_seeds + v_examples) ** 2 / denom if denom > 0 else d.size - 1
+    se = math.sqrt(v_seeds + v_examples)
+    return _from_se(got.mean, se, df, level, seeds=d.size, examples=examples), unpaired
 
 
 def two_way_bootstrap(

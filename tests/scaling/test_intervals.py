@@ -70,3 +70,13 @@ def test_holm_matches_the_step_down_by_hand():
     assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
     assert holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # 2 x 0.6 capped at 1
+
+
+def test_an_accuracy_difference_counts_the_examples_variance_too():
+    a, b = {0: 0.65, 1: 0.45, 2: 0.75}, {0: 0.60, 1: 0.40, 2: 0.70}  # +0.05 on every seed
+    few, _ = accuracy_difference(a, b, examples=100)
+    many, _ = accuracy_difference(a, b, examples=100_000)
+    assert few.low < 0 < few.high  # 100 examples cannot tell 0.05 apart
+    assert many.low > 0 and few.examples == 100 and few.seeds == 3
+    v = sum(a[s] * (1 - a[s]) + b[s] * (1 - b[s]) for s in a) / 3 / 100
+    assert few.high - few.mean >= 1.959964 * math.sqrt(v)  # at least the examples' share
