@@ -216,13 +216,18 @@ class LocalExecutor:
             with StopRequests(lambda signum: halt.set(), progress.bar.write) as stop:
                 for run, weight in zip(todo, weights, strict=True):
                     workdir = self.out / "runs" / run.dirname
-                    if self._prepare(run, workdir) is not None:
+                    if self._prepare(run, workdir, mark=False) is not None:
                         progress.end(weight)
                         continue
                     future = pool.submit(stopping.train_in_worker, self.train_fn, run.cfg, workdir)
                     pending[future] = (run, workdir, weight)
+                marked: set = set()
                 while pending:
                     done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for future, (run, _, _) in pending.items():  # handed to a worker
+                        if future not in marked and (future.running() or future.done()):
+                            self.reg.mark_running(run.run_id)
+                            marked.add(future)
                     if stop.poll() is not None:
                         halt.set()
                     for future in done:
@@ -259,16 +264,17 @@ class LocalExecutor:
             raise _interrupted(signum, stopped, self.reg.path)
         return failed
 
-    def _prepare(self, run: Any, workdir: Path) -> dict | None:
+    def _prepare(self, run: Any, workdir: Path, mark: bool = True) -> dict | None:
         """The summary of a run already trained (e.g. by a cluster job), recorded now; or
-        None once the run is marked running and has its directory."""
+        None once the run has its directory (and with `mark`, is marked running)."""
         summary = _finished_summary(workdir, run.cfg.train.steps)
         if summary is not None:
             if _needs_eval(run.cfg, summary):
                 print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
             self._record(run, workdir, summary)
             return summary
-        self.reg.mark_running(run.run_id)
+        if mark:
+            self.reg.mark_running(run.run_id)
         workdir.mkdir(parents=True, exist_ok=True)
         return None
 

@@ -188,12 +188,14 @@ def test_workers_die_with_a_killed_study_and_a_rerun_reclaims_their_runs(tmp_pat
     _wait_for(lambda: not any(_alive(p) for p in workers), timeout=30)
     # Told by the parent-death signal, each worker saved its run before it died.
     assert {n for n, _ in _events(log, "checkpoint")} == {n for n, _ in _events(log, "start")}
-    assert {r["status"] for r in load_runs(out)} == {"running"}  # all submitted at once
+    # Runs handed to a worker (two training, at most one queued) are marked running.
+    running = [r["status"] for r in load_runs(out)].count("running")
+    assert 2 <= running <= 3 and [r["status"] for r in load_runs(out)].count("pending") >= 1
 
     proc, out, log = _start(tmp_path, tiny_spec, workers=1, step_s=0.0)
     stdout, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert b"reclaimed 4 run(s) left running by a stopped study" in stdout
+    assert f"reclaimed {running} run(s) left running by a stopped study".encode() in stdout
     assert all(r["status"] == "done" for r in load_runs(out))
 
 
