@@ -68,6 +68,23 @@ if __name__ == "__main__":
 """
 
 
+_STARTED: list = []  # (process, its log) of every study this module starts
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind():
+    """A failing test must not leave its study or workers running."""
+    yield
+    while _STARTED:
+        proc, log = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for _, pid in _events(log, "start"):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _start(
     tmp_path: Path, spec: Path, workers: int, step_s: float, save_s: float = 0.0, **env: str
 ):
@@ -85,6 +102,7 @@ def _start(
     out = tmp_path / "study"
     cmd = [sys.executable, str(script), str(spec), str(out), str(workers)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _STARTED.append((proc, log))
     return proc, out, log
 
 
@@ -215,6 +233,7 @@ def test_sigterm_stops_a_real_study_with_its_run_checkpointed(tmp_path, tiny_spe
     cmd += ["--out", str(out), "budget.steps=5000", "base.train.checkpoint_every=1000"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _STARTED.append((proc, tmp_path / "no.log"))
     _wait_for(lambda: _logged_steps(out) >= 1, timeout=240)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
