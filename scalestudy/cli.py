@@ -125,10 +125,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_study(args: argparse.Namespace) -> int:
     _join_job()
+    from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
 
     try:
-        run_study(
+        study, runs = run_study(
             Path(args.spec),
             Path(args.out),
             overrides=args.overrides,
@@ -136,13 +137,13 @@ def _cmd_study(args: argparse.Namespace) -> int:
             collect=args.collect,
             workers=args.workers,
         )
-        if not args.dry_run:  # the decoder-only experiments, when the spec has `experiments:`
+        if not args.dry_run and study.experiments is not None:  # the decoder-only experiments
             from scalestudy.decoder_only import run as decoder_only
-            from scalestudy.study.sweep import expand, load_study
 
-            study = load_study(Path(args.spec), args.overrides)
-            if study.experiments is not None:
-                decoder_only.run(study, expand(study, Path(args.spec).parent), Path(args.out))
+            decoder_only.run(study, runs, Path(args.out))
+    except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
     except OSError as e:  # a study file cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
     return 0

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
+from scalestudy.study import stopping
 from scalestudy.study.registry import Registry, read_metrics_jsonl
+from scalestudy.study.stopping import StopRequests, StudyInterrupted, signal_of
 
 
 class StudyRunError(ScalestudyError):
@@ -127,7 +130,13 @@ class LocalExecutor:
         self.workers = workers
 
     def run(self, runs: list) -> list[str]:
-        """Train every run not yet done; returns the names of runs that failed."""
+        """Train every run not yet done; returns the names of runs that failed. A signal
+        stops the study (StudyInterrupted) once the running runs have checkpointed."""
+        reclaimed = self.reg.reclaim_running(
+            "left running by a study process that is gone; resumed from its checkpoint"
+        )
+        if reclaimed:
+            print(f"reclaimed {len(reclaimed)} run(s) left running by a stopped study")
         status = {r["run_id"]: r["status"] for r in self.reg.runs()}
         todo = [r for r in runs if status.get(r.run_id) != "done"]
         skipped = len(runs) - len(todo)
@@ -141,100 +150,165 @@ class LocalExecutor:
             return self._run_parallel(todo, weights)
         progress = _Progress(1.0, len(todo))
         failed: list[str] = []
+        stopped: list[str] = []
         try:
-            for i, run in enumerate(todo, 1):
-                workdir = self.out / "runs" / run.dirname
-                progress.start(
-                    i,
-                    run.cfg.name.split(".", 1)[-1],
-                    workdir,
-                    weights[i - 1],
-                    run.cfg.train.steps,
-                )
-                try:
-                    if self._prepare(run, workdir) is None:
-                        self._record(run, workdir, self.train_fn(run.cfg, workdir))
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as e:  # one bad run must not lose the rest of the study
-                    self._fail(run, e, progress.bar.write)
-                    failed.append(run.cfg.name)
-                finally:
-                    progress.end(weights[i - 1])
+            with StopRequests(write=progress.bar.write) as stop:
+                for i, run in enumerate(todo, 1):
+                    if stop.poll() is not None:
+                        break
+                    workdir = self.out / "runs" / run.dirname
+                    progress.start(
+                        i,
+                        run.cfg.name.split(".", 1)[-1],
+                        workdir,
+                        weights[i - 1],
+                        run.cfg.train.steps,
+                    )
+                    try:
+                        if self._prepare(run, workdir) is None:
+                            stop.running = True
+                            summary = self.train_fn(run.cfg, workdir)
+                            stop.running = False
+                            self._record(run, workdir, summary)
+                    except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint was awaited
+                        self._interrupt(run, "stopped at once by a second Ctrl-C")
+                        raise
+                    except Exception as e:  # one bad run must not lose the rest of the study
+                        if signal_of(e) is not None or stop.poll() is not None:
+                            # Stopped by the signal, or failed on its way out (it resumes
+                            # from its last checkpoint all the same).
+                            self._interrupt(run, _describe(e))
+                            stopped.append(run.cfg.name)
+                            stop.note(signal_of(e) or stop.signum)
+                        else:
+                            self._fail(run, e, progress.bar.write)
+                            failed.append(run.cfg.name)
+                    finally:
+                        stop.running = False
+                        progress.end(weights[i - 1])
+                signum = stop.poll()
         finally:
             progress.close()
+        if signum is not None:
+            raise _interrupted(signum, stopped, self.reg.path)
         return failed
 
     def _run_parallel(self, todo: list, weights: list[float]) -> list[str]:
         """Train `todo` in worker processes, at most self.workers at a time."""
         import multiprocessing
+        import os
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         progress = _Progress(1.0, len(todo))
         failed: list[str] = []
+        stopped: list[str] = []
         finished = 0
         context = multiprocessing.get_context("spawn")  # no forked JAX runtime
-        with ProcessPoolExecutor(
-            self.workers, mp_context=context, initializer=_share_accelerator
-        ) as pool:
-            pending = {}
-            try:
+        halt = context.Event()  # set: every worker checkpoints its run and starts no other
+        pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=context,
+            initializer=stopping.worker_init,
+            initargs=(os.getpid(), halt),
+        )
+        pending: dict = {}
+        try:
+            with StopRequests(lambda signum: halt.set(), progress.bar.write) as stop:
                 for run, weight in zip(todo, weights, strict=True):
                     workdir = self.out / "runs" / run.dirname
-                    if self._prepare(run, workdir) is not None:
+                    if self._prepare(run, workdir, mark=False) is not None:
                         progress.end(weight)
                         continue
-                    future = pool.submit(self.train_fn, run.cfg, workdir)
+                    future = pool.submit(stopping.train_in_worker, self.train_fn, run.cfg, workdir)
                     pending[future] = (run, workdir, weight)
+                marked: set = set()
                 while pending:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for future, (run, _, _) in pending.items():  # handed to a worker
+                        if future not in marked and (future.running() or future.done()):
+                            self.reg.mark_running(run.run_id)
+                            marked.add(future)
+                    if stop.poll() is not None:
+                        halt.set()
                     for future in done:
                         run, workdir, weight = pending.pop(future)
                         finished += 1
                         try:
-                            self._record(run, workdir, future.result())
+                            result = future.result()
+                            if result == stopping.NOT_STARTED:
+                                self.reg.update(run.run_id, status="pending", started_at=None)
+                            else:
+                                self._record(run, workdir, result)
                         except Exception as e:  # one bad run must not lose the others
-                            self._fail(run, e, progress.bar.write)
-                            failed.append(run.cfg.name)
+                            if signal_of(e) is not None or stop.signum is not None:
+                                self._interrupt(run, _describe(e))
+                                stopped.append(run.cfg.name)
+                            else:
+                                self._fail(run, e, progress.bar.write)
+                                failed.append(run.cfg.name)
                         name = run.cfg.name.split(".", 1)[-1]
                         progress.bar.set_description(f"[{finished}/{len(todo)}] {name}")
                         progress.end(weight)
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            finally:
-                progress.close()
+                signum = stop.poll()
+        except BaseException:  # a second Ctrl-C, or the study itself failed: no waiting
+            for process in multiprocessing.active_children():
+                process.kill()
+            for run, _, _ in pending.values():
+                self._interrupt(run, "stopped at once; resumes from its last checkpoint")
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            progress.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if signum is not None:
+            raise _interrupted(signum, stopped, self.reg.path)
         return failed
 
-    def _prepare(self, run: Any, workdir: Path) -> dict | None:
+    def _prepare(self, run: Any, workdir: Path, mark: bool = True) -> dict | None:
         """The summary of a run already trained (e.g. by a cluster job), recorded now; or
-        None once the run is marked running and has its directory."""
+        None once the run has its directory (and with `mark`, is marked running)."""
         summary = _finished_summary(workdir, run.cfg.train.steps)
         if summary is not None:
             if _needs_eval(run.cfg, summary):
                 print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
             self._record(run, workdir, summary)
             return summary
-        self.reg.mark_running(run.run_id)
+        if mark:
+            self.reg.mark_running(run.run_id)
         workdir.mkdir(parents=True, exist_ok=True)
         return None
 
     def _record(self, run: Any, workdir: Path, summary: dict) -> None:
         self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
 
+    def _interrupt(self, run: Any, why: str) -> None:
+        self.reg.update(run.run_id, status="interrupted", error=why, finished_at=time.time())
+
     def _fail(self, run: Any, error: Exception, write: Any) -> None:
         """Record a failed run (called while handling `error`, for its traceback)."""
-        detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+        detail = _describe(error)
         self.reg.mark_failed(run.run_id, detail + "\n" + traceback.format_exc())
         write(f"run {run.cfg.name} failed: {detail}")
 
 
-def _share_accelerator() -> None:
-    """In a worker process: allocate accelerator memory as needed, not 75% of it up front,
-    so that workers sharing a GPU do not starve each other (a user's setting wins)."""
-    import os
+def _describe(error: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(error), error)).strip()
 
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+def _interrupted(signum: int, stopped: list[str], registry: Path) -> StudyInterrupted:
+    import signal
+
+    what = (
+        f"{len(stopped)} run(s) stopped and are marked interrupted in {registry} (each "
+        "resumes from its last checkpoint)"
+        if stopped
+        else "no run was training"
+    )
+    return StudyInterrupted(
+        f"{signal.Signals(signum).name} received: {what}; run the same command again to "
+        "resume (finished runs are kept)",
+        signum,
+    )
 
 
 def _unfinished(workdir: Path, steps: int) -> tuple[bool, str]:

@@ -28,7 +28,8 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 
-STATUSES = ("pending", "running", "done", "failed")
+# `interrupted`: stopped by a signal after saving a checkpoint (resumed by the next run).
+STATUSES = ("pending", "running", "done", "failed", "interrupted")
 
 # Columns of `runs` besides the id, in order; numbers are REAL/INTEGER, the rest TEXT.
 RUN_COLUMNS: dict[str, str] = {
@@ -62,6 +63,15 @@ RUN_COLUMNS: dict[str, str] = {
     "positions": "REAL",
     "flops": "REAL",
     "flops_6nd": "REAL",
+    # What the run consumed (summary.json): document tokens read, loss-bearing tokens.
+    "document_tokens": "REAL",
+    "loss_tokens": "REAL",
+    # Planned at expansion (study/matching.py): document tokens, and inference cost as
+    # forward FLOPs per generated token at `inference_context` cached tokens.
+    "planned_document_tokens": "REAL",
+    "inference_flops_per_token": "REAL",
+    "inference_context": "INTEGER",
+    "data_seed": "INTEGER",
     "loss": "REAL",
     "train_loss": "REAL",
     "best_val_loss": "REAL",
@@ -112,6 +122,10 @@ class Registry:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
+            have = {r[1] for r in self._conn.execute("PRAGMA table_info(runs)")}
+            for column, kind in RUN_COLUMNS.items():  # a registry written by an older version
+                if column not in have:
+                    self._conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
         except sqlite3.DatabaseError as e:
             raise RegistryError(f"{self.path}: not a usable SQLite registry ({e})") from None
         self._conn.row_factory = sqlite3.Row
@@ -167,6 +181,16 @@ class Registry:
     def mark_running(self, run_id: str) -> None:
         self.update(run_id, status="running", started_at=time.time(), error=None)
 
+    def reclaim_running(self, why: str) -> list[str]:
+        """Mark `interrupted` (with `why`) every run still `running`, and return their names:
+        called by the process that holds the study lock, so no live study is training them."""
+        with self._tx() as c:
+            names = [n for (n,) in c.execute("SELECT name FROM runs WHERE status = 'running'")]
+            c.execute(
+                "UPDATE runs SET status = 'interrupted', error = ? WHERE status = 'running'", (why,)
+            )
+        return names
+
     def mark_failed(self, run_id: str, error: str) -> None:
         self.update(run_id, status="failed", error=error[-4000:], finished_at=time.time())
 
@@ -177,6 +201,9 @@ class Registry:
         fields = {
             "tokens": summary.get("tokens"),
             "positions": summary.get("positions"),
+            "document_tokens": _number(summary.get("document_tokens")),
+            # Summaries that predate `loss_tokens` count loss-bearing tokens as `tokens`.
+            "loss_tokens": _number(summary.get("loss_tokens", summary.get("tokens"))),
             "flops": summary.get("flops"),
             "flops_6nd": summary.get("flops_6nd"),
             "loss": _number(summary.get("final_val_loss")),

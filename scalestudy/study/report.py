@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
+from scalestudy.study import comparisons
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
@@ -69,13 +70,14 @@ def _cell(run: dict[str, Any]) -> str:
 
 
 def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean probe accuracy over seeds and its 95% half-width (binomial, plus seed spread)."""
+    """Mean probe accuracy over seeds and its 95% half-width (binomial over the examples, plus
+    the seed spread); every seed scores the same examples, so they are counted once."""
     points = [pa for r in rows if (pa := probe_accuracy(r))]
     if not points:
         return {"mean": math.nan, "half": None, "n": 0}
     n = len(points)
     mean = sum(acc for acc, _ in points) / n
-    var = max(mean * (1 - mean), 1e-12) / max(sum(examples for _, examples in points), 1.0)
+    var = max(mean * (1 - mean), 1e-12) / max(max(examples for _, examples in points), 1.0)
     if n > 1:  # the spread between seeds, as the variance of their mean
         var += sum((acc - mean) ** 2 for acc, _ in points) / (n - 1) / n
     return {"mean": mean, "half": Z95 * math.sqrt(var), "n": n}
@@ -301,6 +303,7 @@ def render_markdown(
             ]
         if cmp[name + "_loss"]:
             lines.append("")
+    lines += comparisons.lines(runs, study.match_tolerance)
     if fits or notes:
         lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
     if figures:

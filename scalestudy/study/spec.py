@@ -42,7 +42,14 @@ def parse_count(value: Any) -> Any:
 
 
 Count = Annotated[float, BeforeValidator(parse_count), Field(strict=False, gt=0)]
-MatchingMode = Literal["equal_total_params", "equal_stack_shape", "equal_flops"]
+MatchingMode = Literal[
+    "equal_total_params",
+    "equal_stack_shape",
+    "equal_flops",
+    "equal_documents",
+    "equal_loss_tokens",
+    "equal_inference_cost",
+]  # study/matching.py
 
 
 class LadderConfig(Frozen):
@@ -268,6 +275,8 @@ class StudySpec(Frozen):
     budget: BudgetConfig = BudgetConfig(kind="steps", steps=100)
     matching: MatchingMode = "equal_stack_shape"
     match_tolerance: float = Field(0.03, gt=0.0, lt=1.0)  # equal_total_params: relative
+    # Context (tokens) inference cost is stated at; None: the objective's decoder length.
+    inference_context: int | None = Field(None, ge=1)
     seeds: Tuple = (0,)
     # Named variants (model-key overrides) of the cells; empty: each cell once, unchanged.
     variants: Annotated[tuple[VariantConfig, ...], Field(strict=False)] = ()

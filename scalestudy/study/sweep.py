@@ -22,6 +22,7 @@ from scalestudy.evaluate.tasks import TFDS_NAMES
 from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
 from scalestudy.study import cluster, executors, ladder, report
+from scalestudy.study import matching as matched
 from scalestudy.study.registry import Registry, study_lock
 from scalestudy.study.spec import BudgetConfig, StudySpec
 from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
@@ -43,6 +44,7 @@ class PlannedRun:
     params: dict[str, int]
     flops: dict[str, Any]
     variant: str = ""  # the spec's variant name; "" without variants
+    context: int = 0  # the context length its inference cost is stated at
 
     @property
     def arch(self) -> str:
@@ -90,6 +92,8 @@ class PlannedRun:
             "batch_size": self.cfg.train.batch_size,
             "steps": self.cfg.train.steps,
             "planned_flops": self.planned_flops,
+            "data_seed": self.cfg.data.seed,
+            **matched.planned_counts(self.cfg, self.context or self.cfg.objective.decoder_length),
         }
 
 
@@ -175,6 +179,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             f"objectives={list(study.objectives)}"
         )
     sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
+    context = matched.context_for(study, base)
     runs: list[PlannedRun] = []
     for (i, rung), (tag, compute), seed in itertools.product(
         enumerate(rungs), ladder.budget_points(study.budget), study.seeds
@@ -191,7 +196,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             if rung.name not in sizes_of.get((arch, objective), (rung.name,)):
                 continue
             matching = (variant.matching if variant else None) or study.matching
-            model = ladder.match_model(shape, arch, matching, study.match_tolerance)
+            model = matched.match_model(shape, arch, matching, study.match_tolerance, context)
             vname = variant.name if variant else ""
             if variant and variant.model:
                 model = validate(
@@ -205,6 +210,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     "model": model.model_dump(),
                     "objective": {"name": objective},
                     "train": {"seed": seed},
+                    # A seed replicates the whole run: data order too (seed 0: the base's).
+                    "data": {"seed": base.get("data", {}).get("seed", 0) + seed},
                     "optim": {"learning_rate": _learning_rate(study, base, shape)},
                 },
             )
@@ -225,6 +232,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     params=counting.count_params(cfg.model),
                     flops=counting.flops(cfg),
                     variant=vname,
+                    context=context,
                 )
             )
     if not runs:
@@ -289,16 +297,8 @@ def _steps(
     reference_params: dict[str, int],
     matching: str | None = None,
 ) -> int:
-    if (matching or study.matching) != "equal_flops":
-        return ladder.steps_for_budget(cfg, study.budget, compute, reference_params)
-    # Every cell spends the training FLOPs of the causal decoder at this rung and budget.
-    ref = cfg.replace(model=shape)
-    ref_steps = ladder.steps_for_budget(ref, study.budget, compute, reference_params)
-    if ref_steps == 0:
-        return 0
-    ref = ref.replace(train=ref.train.replace(steps=ref_steps))
-    ref_flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
-    return ladder.steps_for_flops(cfg, ref_flops)
+    mode = matching or study.matching
+    return matched.match_steps(cfg, shape, study.budget, compute, reference_params, mode)
 
 
 def plan_table(runs: list[PlannedRun]) -> str:
@@ -328,8 +328,10 @@ def run_study(
     train_fn: Any = None,
     collect: bool = False,
     workers: int = 1,
-) -> None:
-    """Run (or resume) a whole study: train what is missing, then fit, plot and report.
+) -> tuple[StudySpec, list[PlannedRun]]:
+    """Run (or resume) a whole study: train what is missing, then fit, plot and report;
+    returns the study and its planned runs (what the rooms above it, such as the decoder-only
+    experiments, continue from).
 
     With `collect`, nothing is trained or evaluated: the runs that cluster jobs finished are
     recorded, the report is written, and missing or unfinished runs raise StudyRunError.
@@ -348,7 +350,7 @@ def run_study(
     print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
     if dry_run:
         print(plan_table(runs))
-        return
+        return study, runs
     out = Path(out)
     with study_lock(out):  # one process per study directory
         (out / "spec.yaml").write_text(to_yaml(study))
@@ -373,6 +375,7 @@ def run_study(
             f"{out / REGISTRY_NAME} and each run's directory. Re-run the same command to retry "
             "them; finished runs are kept"
         )
+    return study, runs
 
 
 def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:

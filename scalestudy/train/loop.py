@@ -75,6 +75,8 @@ def _stop_requests(check_every: int) -> Iterator[Callable[[int], int | None]]:
     manager = multi and distributed.global_state.preemption_sync_manager is not None
 
     def handler(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and flag["signum"] is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         flag["signum"] = signum
         if manager and signum != signal.SIGTERM:
             signal.raise_signal(signal.SIGTERM)  # to the manager's own (C++) handler

@@ -26,6 +26,10 @@ def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "Equal parameters" in report and "Equal compute" in report
     assert "not comparable" in report
+    # Matched comparisons name what is held equal; one seed gives no between-run interval.
+    assert "## Matched comparisons" in report and "Held equal: " in report
+    assert "not a between-run interval" in report
+    assert all(r["data_seed"] == 0 and r["loss_tokens"] for r in runs)
     assert any((out / "figures").glob("*.png")) and (out / "report.html").is_file()
     assert (out / "fits.json").is_file()
 

@@ -1,0 +1,174 @@
+"""Matched comparisons: how each cell's model and training length are chosen so that one
+quantity is equal across the cells of a rung.
+
+The reference is the causal decoder at the rung's shape trained for the study's budget (with
+the cell's objective for equal_flops, with the full-LM objective for the data modes).
+Modes (the spec's `matching`):
+
+- equal_stack_shape:  every stack takes the rung's shape; steps from the budget.
+- equal_total_params: total parameters within `match_tolerance` of the reference (the
+  encoder-decoder halves its depth per stack and solves its feed-forward width).
+- equal_flops:        training FLOPs equal: steps = reference FLOPs / the cell's per step.
+- equal_documents:    document tokens read equal: steps = reference document tokens / the
+  cell's per step (a uniform-split prefix-LM encoder-decoder row holds two examples, so it
+  trains half as many steps as a decoder row of one).
+- equal_loss_tokens:  loss-bearing tokens equal: steps from loss-bearing tokens per row,
+  measured on the cell's first two training batches.
+- equal_inference_cost: forward FLOPs per generated token equal, at a context of
+  `inference_context` tokens (default: the objective's decoder length) with the context's
+  keys and values cached (`inference_flops_per_token`); the encoder-decoder's encoder runs
+  once per prompt, not per token, and is not counted. The encoder-decoder's feed-forward
+  width is solved for the reference's cost; steps from the budget.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.errors import ConfigError
+from scalestudy.study import ladder
+
+MODES = (
+    "equal_stack_shape",
+    "equal_total_params",
+    "equal_flops",
+    "equal_documents",
+    "equal_loss_tokens",
+    "equal_inference_cost",
+)
+# What each mode holds equal, in the report's words.
+HOLDS = {
+    "equal_stack_shape": "stack shape",
+    "equal_total_params": "total parameters",
+    "equal_flops": "training FLOPs",
+    "equal_documents": "document tokens",
+    "equal_loss_tokens": "loss-bearing tokens",
+    "equal_inference_cost": "inference FLOPs per generated token",
+}
+
+
+def inference_flops_per_token(model: ModelConfig, context: int) -> float:
+    """Forward FLOPs of generating one token after `context` tokens whose keys and values are
+    cached (the first reply token after a `context`-token prompt; counting.reply_step_flops)."""
+    from scalestudy.models import counting
+
+    return counting.reply_step_flops(model, context, 0)
+
+
+def document_tokens_per_row(cfg: ExperimentConfig) -> float:
+    """Document tokens one full training row consumes: one piece of the objective's piece
+    length (the decoder length; for span corruption the raw span that fills the inputs), two
+    for the uniform-split prefix-LM encoder-decoder (two mirrored examples per row)."""
+    from scalestudy.data.objectives import feature_lengths, mlm_piece_length
+
+    obj = cfg.objective
+    if obj.name == "mlm":
+        piece = mlm_piece_length(obj.inputs_length, obj.noise_density, obj.mean_noise_span_length)
+    else:
+        piece = obj.decoder_length
+    if cfg.model.is_encoder_decoder and obj.name == "plm":
+        enc, dec = feature_lengths(obj, encoder_decoder=True)
+        return float(piece * (2 if enc == dec == obj.decoder_length else 1))
+    return float(piece)
+
+
+@lru_cache(maxsize=64)
+def _measured_loss_tokens(cfg_yaml: str) -> float:
+    from scalestudy.study.loss_tokens import loss_tokens_per_row as measure
+    from scalestudy.yamlio import parse_yaml, validate
+
+    return measure(validate(ExperimentConfig, parse_yaml(cfg_yaml), "matched run"))
+
+
+def loss_tokens_per_row(cfg: ExperimentConfig) -> float:
+    """Mean loss-bearing tokens per training row of `cfg` (measured on its first two
+    training batches; the same config is measured once)."""
+    from scalestudy.config import to_yaml
+
+    return _measured_loss_tokens(to_yaml(cfg.replace(train=cfg.train.replace(steps=1))))
+
+
+def match_model(
+    shape: ModelConfig, arch: str, mode: str, tolerance: float, context: int
+) -> ModelConfig:
+    """The `arch` model matching the decoder-only rung `shape` under `mode`."""
+    if mode not in MODES:
+        raise ConfigError(f"matching: got {mode!r}; accepted: {', '.join(MODES)}")
+    if mode != "equal_inference_cost":
+        return ladder.match_model(shape, arch, ladder_mode(mode), tolerance)
+    model = shape.replace(arch=arch, n_encoder_layers=None)
+    target = inference_flops_per_token(shape, context)
+    if abs(inference_flops_per_token(model, context) - target) <= tolerance * target:
+        return model
+    # FLOPs per token are affine in d_ff: solve for the width that matches, then round.
+    a = inference_flops_per_token(model.replace(d_ff=8), context)
+    b = inference_flops_per_token(model.replace(d_ff=16), context)
+    d_ff = round((8 + (target - a) / ((b - a) / 8)) / 8) * 8
+    got = inference_flops_per_token(model.replace(d_ff=max(d_ff, 8)), context)
+    if d_ff < 8 or abs(got - target) > tolerance * target:
+        raise ConfigError(
+            f"matching=equal_inference_cost: no {arch} feed-forward width gives the decoder's "
+            f"{target:.4g} FLOPs per generated token at context {context} within "
+            f"match_tolerance={tolerance}; use wider rungs or another matching mode"
+        )
+    return model.replace(d_ff=d_ff)
+
+
+def ladder_mode(mode: str) -> str:
+    """The ladder's shape rule behind `mode` (modes that match data keep the stack shape)."""
+    return mode if mode in ("equal_total_params", "equal_flops") else "equal_stack_shape"
+
+
+def match_steps(
+    cfg: ExperimentConfig,
+    shape: ModelConfig,
+    budget: Any,
+    compute: float | None,
+    reference_params: dict[str, int],
+    mode: str,
+) -> int:
+    """Training steps of the cell `cfg` under `mode` (0: an IsoFLOP point too short)."""
+    if mode not in ("equal_flops", "equal_documents", "equal_loss_tokens"):
+        return ladder.steps_for_budget(cfg, budget, compute, reference_params)
+    ref = cfg.replace(model=shape.replace(arch="causal_decoder", n_encoder_layers=None))
+    ref_steps = ladder.steps_for_budget(ref, budget, compute, reference_params)
+    if ref_steps == 0:
+        return 0
+    ref = ref.replace(train=ref.train.replace(steps=ref_steps))
+    if mode == "equal_flops":
+        from scalestudy.models import counting
+
+        flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
+        return ladder.steps_for_flops(cfg, flops)
+    # Data is matched to the causal decoder's full-LM run, so cells of every objective read
+    # (or train on) what it does.
+    flm = ref.replace(objective=ref.objective.replace(name="flm"))
+    per_row = document_tokens_per_row if mode == "equal_documents" else loss_tokens_per_row
+    total = ref_steps * per_row(flm)
+    return max(1, round(total / per_row(cfg)))
+
+
+def planned_counts(cfg: ExperimentConfig, context: int) -> dict[str, float]:
+    """What the run is planned to consume and cost: document tokens, inference FLOPs per
+    generated token at `context`."""
+    rows = cfg.train.steps * cfg.train.batch_size
+    return {
+        "planned_document_tokens": rows * document_tokens_per_row(cfg),
+        "inference_flops_per_token": inference_flops_per_token(cfg.model, context),
+        "inference_context": context,
+    }
+
+
+def context_for(study: Any, base: dict) -> int:
+    """The context length inference cost is stated at: the spec's `inference_context`, else
+    the base objective's decoder length."""
+    if getattr(study, "inference_context", None):
+        return int(study.inference_context)
+    from scalestudy.config import ObjectiveConfig
+    from scalestudy.yamlio import validate
+
+    return int(
+        validate(ObjectiveConfig, base.get("objective", {}), "base.objective").decoder_length
+    )

@@ -1,0 +1,90 @@
+"""The report's matched comparisons: what is held equal is named, seeds are paired, Holm."""
+
+import math
+
+import pytest
+
+from scalestudy.study import comparisons
+
+
+def _run(arch, objective, seed, acc, loss=2.0, examples=200, **counts):
+    base = {
+        "params_total": 1000,
+        "flops": 1e9,
+        "document_tokens": 4096.0,
+        "positions": 4096.0,
+        "loss_tokens": 4096.0,
+        "inference_flops_per_token": 2e4,
+    }
+    return {
+        "name": f"t.{arch}.{objective}.xs.s{seed}",
+        "arch": arch,
+        "objective": objective,
+        "size": "xs",
+        "size_index": 0,
+        "budget": "",
+        "seed": seed,
+        "status": "done",
+        "loss": loss,
+        "eval/probe/acc": acc,
+        "eval/probe/n": examples,
+        **{**base, **counts},
+    }
+
+
+def test_unequal_data_behind_a_comparison_is_named():
+    runs = [
+        _run("causal_decoder", "plm", 0, 0.60),
+        _run("encoder_decoder", "plm", 0, 0.65, params_total=1400, document_tokens=8192.0),
+    ]
+    text = "\n".join(comparisons.lines(runs))
+    assert "document tokens (2.00x)" in text and "total parameters (1.40x)" in text
+    assert "Held equal: training FLOPs, positions, loss-bearing tokens, inference" in text
+    # The same data: document tokens are now named as held equal.
+    runs[1]["document_tokens"] = 4096.0
+    text = "\n".join(comparisons.lines(runs))
+    assert "document tokens (" not in text and "document tokens" in text.split("Held equal")[1]
+
+
+def test_seeds_are_paired_and_unpaired_seeds_are_left_out():
+    # Run effects (seed 0 easy, seed 1 hard, ...) much larger than a constant +0.05 gain.
+    base = {0: 0.80, 1: 0.40, 2: 0.60, 3: 0.55, 4: 0.70}
+    ref = [_run("causal_decoder", "flm", s, base[s], 3 - base[s], 5000) for s in (0, 1, 2, 3)]
+    gain = {s: base[s] + 0.05 + 0.002 * s for s in base}
+    new = [_run("noncausal_decoder", "flm", s, gain[s], 2.9 - base[s], 5000) for s in (0, 1, 2, 4)]
+    found = comparisons.compare(ref + new)
+    acc = next(c for c in found if c["metric"] == "acc")
+    assert acc["unpaired"] == [3, 4] and acc["interval"].seeds == 3
+    assert acc["interval"].low > 0  # unpaired, the run effects would swamp the gain
+    # On 200 examples the same gain is within the examples' variance: no verdict of "better".
+    few = [{**r, "eval/probe/n": 200} for r in ref + new]
+    [acc] = [c for c in comparisons.compare(few) if c["metric"] == "acc"]
+    assert acc["interval"].low < 0 < acc["interval"].high
+    text = "\n".join(comparisons.lines(ref + new))
+    assert "noncausal_decoder/flm better" in text and "(n = 3 seeds x 5000 examples)" in text
+    assert "Seeds [3, 4] have no partner" in text
+    # Holm over the family: two verdicts (accuracy and loss), adjusted p >= raw p.
+    assert all(c["p_holm"] >= c["interval"].p_value for c in found)
+    assert "The 2 verdicts below are one family: their p-values are Holm-adjusted" in text
+
+
+def test_one_seed_says_its_interval_is_not_between_runs():
+    runs = [_run("causal_decoder", "flm", 0, 0.6), _run("noncausal_decoder", "flm", 0, 0.7)]
+    text = "\n".join(comparisons.lines(runs))
+    assert "over examples only, not a between-run interval" in text
+    assert "one seed per side: no between-run interval" in text  # the loss
+    assert "better" not in text and "worse" not in text
+
+
+def test_losses_of_different_objectives_are_not_compared():
+    runs = [_run("causal_decoder", "flm", 0, 0.6), _run("encoder_decoder", "mlm", 0, 0.7)]
+    assert [c["metric"] for c in comparisons.compare(runs)] == ["acc"]
+
+
+def test_the_report_counts_shared_examples_once_across_seeds():
+    from scalestudy.study import report
+
+    # Three seeds scoring the same 100 examples: the example term is p(1-p)/100, not /300.
+    rows = [{"eval/t/acc": 0.6, "eval/t/n": 100.0}] * 3
+    got = report.acc_stats(rows)
+    assert got["n"] == 3 and got["half"] == pytest.approx(report.Z95 * math.sqrt(0.24 / 100))
