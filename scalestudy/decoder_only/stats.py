@@ -3,10 +3,9 @@ between groups trained with the same seeds, and Holm's correction over a report'
 
 The unit of replication is the seed: two groups trained with the same seed share the data
 order and initialisation stream, so their difference is taken seed by seed (a paired
-t-interval over seeds). Probe accuracy has a second source of variance, the examples (every
-seed scores the same ones): its interval adds the binomial variance of the two accuracies over
-the examples to the seed spread of the paired differences. That ignores the positive
-correlation of two models' correctness on the same examples, so it is conservative.
+t-interval over seeds, `scaling/intervals.py`). Probe accuracy has a second source of variance,
+the examples (every seed scores the same ones), which its interval adds; see
+`intervals.accuracy_difference`.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Any
 
 from scipy import stats
 
+from scalestudy.scaling import intervals
 from scalestudy.study import report
 
 
@@ -43,56 +43,49 @@ def _by_seed(rows: list[dict], value) -> dict[int, float]:
     return out
 
 
-def _t_test(ds: list[float], extra_var: float = 0.0) -> tuple[float, float | None, float | None]:
-    """Mean of `ds`, its 95% half-width and two-sided p-value (t over len(ds) - 1 degrees of
-    freedom, with `extra_var` added to the variance of the mean); no interval below 2."""
-    n = len(ds)
-    d = sum(ds) / n
-    if n < 2:
-        return d, None, None
-    var = sum((x - d) ** 2 for x in ds) / (n - 1) / n + extra_var
-    if var == 0.0:
-        return d, 0.0, 0.0 if d != 0.0 else 1.0
-    se = math.sqrt(var)
-    p = float(2 * stats.t.sf(abs(d) / se, n - 1))
-    return d, t95(n - 1) * se, p
+def _accuracy(row: dict) -> float | None:
+    got = report.probe_accuracy(row)
+    return got[0] if got else None
 
 
 def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict[str, Any]:
-    """a - b on `kind` ("loss" or "acc"), seed by seed over the seeds both groups have.
+    """a - b on `kind` ("loss" or "acc"), seed by seed over the seeds both groups have
+    (`scaling.intervals`: accuracy adds the examples' variance).
 
     Returns the mean difference `d`, its 95% `half` width and `p` value (None with fewer than
-    two common seeds), `seeds` (common seeds) and `examples` (acc: examples per seed)."""
+    two common seeds: no between-run interval), `seeds` (common seeds) and `examples`."""
     if kind == "loss":
         a = _by_seed(a_rows, lambda r: r.get("loss"))
         b = _by_seed(b_rows, lambda r: r.get("loss"))
-        examples, extra = 0, 0.0
+        examples = 0
     else:
-        first = lambda r: report.probe_accuracy(r) or (None, 0)
-        a = _by_seed(a_rows, lambda r: first(r)[0])
-        b = _by_seed(b_rows, lambda r: first(r)[0])
-        counts = [first(r)[1] for r in (*a_rows, *b_rows) if first(r)[0] is not None]
-        examples = min(counts) if counts else 0
-        extra = 0.0
-        if examples and a and b:
-            pa, pb = sum(a.values()) / len(a), sum(b.values()) / len(b)
-            extra = (pa * (1 - pa) + pb * (1 - pb)) / examples
-    seeds = sorted(set(a) & set(b))
+        a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
+        counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
+        examples = int(min(counts)) if counts else 0
+    seeds = set(a) & set(b)
     if not seeds:
         return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": examples}
-    d, half, p = _t_test([a[s] - b[s] for s in seeds], extra)
-    return {"d": d, "half": half, "p": p, "seeds": len(seeds), "examples": examples}
+    if kind == "loss":
+        got, _ = intervals.paired_difference(a, b)
+    else:
+        got, _ = intervals.accuracy_difference(a, b, examples)
+    between_runs = got.seeds > 1 and got.between_runs
+    return {
+        "d": got.mean,
+        "half": (got.high - got.low) / 2 if between_runs else None,
+        "p": got.p_value if between_runs else None,
+        "seeds": got.seeds,
+        "examples": examples,
+    }
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
-    """Holm's step-down adjusted p-values (None stays None: no test was possible)."""
-    tested = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
-    m = len(tested)
+    """Holm's adjusted p-values over the tests that could be made (None stays None)."""
+    tested = [i for i, p in enumerate(pvalues) if p is not None]
+    adjusted = intervals.holm([pvalues[i] for i in tested]) if tested else []
     out: list[float | None] = [None] * len(pvalues)
-    running = 0.0
-    for rank, (p, i) in enumerate(tested):
-        running = max(running, min(1.0, (m - rank) * p))
-        out[i] = running
+    for i, p in zip(tested, adjusted):
+        out[i] = p
     return out
 
 
