@@ -1,0 +1,214 @@
+"""Finetuning and adaptation stages: bad input refused before anything is written, exact
+resume inside a stage, held-out tasks never trained, adaptation's first loss, lineage."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalestudy.config import load_config
+from scalestudy.errors import ConfigError
+from scalestudy.study import stages
+from scalestudy.train import metrics
+
+TINY = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "model.n_layers=2",
+    "model.position=rope",  # causal and non-causal relative-bias tables differ in shape
+    "model.dtype=float32",
+    "objective.inputs_length=24",
+    "objective.targets_length=8",
+    "data.synthetic.n_train_documents=200",
+    "data.synthetic.n_validation_documents=20",
+    "train.batch_size=8",
+    "train.steps=4",
+    "train.log_every=1",
+    "train.checkpoint_every=2",
+    "train.eval_batches=1",
+    "train.progress=false",
+    "train.async_checkpoint=false",
+    "optim.learning_rate=0.01",
+]
+# The stage's own settings at test size (the defaults are Wang et al.'s XXL finetuning).
+FT = [
+    "steps=4",
+    "batch_size=8",
+    "inputs_length=24",
+    "targets_length=8",
+    "dropout=0.0",
+    "eval_tasks=[synthetic_probes]",
+    "eval_prompts=harness",
+    "eval.max_examples=4",
+]
+
+QA = """\
+templates:
+  q1: !Template
+    answer_choices: '{{ options | join(" ||| ") }}'
+    jinja: 'Q: {{question}} ||| {{ answer_choices[label] }}'
+    metadata: !TemplateMetadata
+      original_task: true
+    name: plain
+"""
+NLI = """\
+templates:
+  n1: !Template
+    answer_choices: Yes ||| No
+    jinja: '{{premise}} So "{{hypothesis}}"? ||| {{ answer_choices[label] }}'
+    metadata: !TemplateMetadata
+      original_task: true
+    name: so
+"""
+
+
+def _mixture(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "qa.yaml").write_text(QA)
+    (folder / "nli.yaml").write_text(NLI)
+    qa = [
+        {"question": f"{i} plus one", "options": [str(i + 1), str(i + 2)], "label": i % 2}
+        for i in range(40)
+    ]
+    nli = [{"premise": f"HELDOUT {i}", "hypothesis": "x", "label": i % 2} for i in range(20)]
+    (folder / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
+    (folder / "nli.jsonl").write_text("".join(json.dumps(r) + "\n" for r in nli))
+    path = folder / "mix.yaml"
+    path.write_text(
+        "name: stage_toy\ntasks:\n"
+        "  - {name: qa, cluster: qa, path: qa.jsonl, templates: qa.yaml}\n"
+        "  - {name: nli, cluster: nli, path: nli.jsonl, templates: nli.yaml, eval_task: rte}\n"
+    )
+    return path
+
+
+def _train(workdir: Path, *more: str) -> Path:
+    from scalestudy.train.loop import train
+
+    train(load_config(None, [*TINY, *more]), workdir)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory) -> Path:
+    """A finished causal-decoder FLM run."""
+    return _train(tmp_path_factory.mktemp("parent") / "run")
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory) -> Path:
+    return _mixture(tmp_path_factory.mktemp("mix"))
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["train/loss"] for r in metrics.read_metrics(run) if "train/loss" in r}
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "match"),
+    [
+        ("no mixture", ConfigError, "no mixture given"),
+        ("held out in train", ConfigError, "'nli' is in held-out cluster 'nli'"),
+        ("other arch", stages.StageError, "expects encoder_decoder"),
+        ("trained task evaluated", ConfigError, r"\['qa'\] are in the training mixture"),
+    ],
+)
+def test_bad_finetune_input_is_one_error_and_writes_nothing(
+    parent: Path, mixture: Path, tmp_path: Path, case, error, match
+):
+    given = {
+        "no mixture": [],
+        "held out in train": [f"mixture={tmp_path / 'bad.yaml'}"],
+        "other arch": [f"mixture={mixture}", "arch=encoder_decoder"],
+        "trained task evaluated": [f"mixture={mixture}", "eval_tasks=[qa]"],
+    }[case]
+    text = mixture.read_text().replace("path: ", f"path: {mixture.parent}/")
+    text = text.replace("templates: ", f"templates: {mixture.parent}/")
+    (tmp_path / "bad.yaml").write_text(text + "train: [qa, nli]\n")
+    with pytest.raises(error, match=match):
+        stages.prepare_finetune(parent, tmp_path / "out", [*FT, *given])
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unfinished_parent_is_refused(tmp_path: Path, mixture: Path):
+    run = _train(tmp_path / "half", "train.stop_after_steps=2")
+    with pytest.raises(stages.StageError, match="unfinished"):
+        stages.prepare_finetune(run, tmp_path / "out", [*FT, f"mixture={mixture}"])
+    with pytest.raises(stages.StageError, match="no such run"):
+        stages.prepare_adapt(tmp_path / "nowhere", tmp_path / "out", ["objective=mlm"])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_finetune_resumes_exactly_and_records_its_lineage(
+    parent: Path, mixture: Path, tmp_path: Path
+):
+    over = [*FT, f"mixture={mixture}"]
+    cfg, record = stages.prepare_finetune(parent, tmp_path / "straight", over)
+    assert record["train_tasks"] == ["qa"] and record["held_out_tasks"] == ["nli"]
+    assert cfg.train.steps == 4 + 4 and cfg.data.seqio_task == "prompted.stage_toy"
+    summary = stages.run_stage(cfg, record, tmp_path / "straight", evaluate=True)
+    assert summary["lineage"] == {
+        "stage": "finetune",
+        "parent": str(parent.resolve()),
+        "parent_step": 4,
+    }
+    assert json.loads((tmp_path / "straight" / "summary.json").read_text())["lineage"]
+    assert summary["eval"]  # zero-shot after finetuning
+
+    split = tmp_path / "split"
+    cfg, record = stages.prepare_finetune(parent, split, [*over, "train.stop_after_steps=6"])
+    stages.run_stage(cfg, record, split, evaluate=False)
+    cfg, record = stages.prepare_finetune(parent, split, over)
+    stages.run_stage(cfg, record, split, evaluate=False)
+    straight, resumed = _losses(tmp_path / "straight"), _losses(split)
+    assert sorted(straight) == [5, 6, 7, 8]
+    assert resumed == straight
+
+
+@pytest.mark.slow
+def test_adaptation_first_loss_is_the_old_weights_under_the_new_objective(
+    parent: Path, tmp_path: Path
+):
+    import jax
+
+    from scalestudy.data.pipeline import make_iterator
+    from scalestudy.models.api import build_model
+    from scalestudy.train.checkpoint import restore_params
+
+    out = tmp_path / "adapted"
+    cfg, record = stages.prepare_adapt(
+        parent, out, ["arch=noncausal_decoder", "objective=mlm", "steps=2"]
+    )
+    assert (cfg.model.arch, cfg.objective.name, cfg.train.steps) == ("noncausal_decoder", "mlm", 6)
+    summary = stages.run_stage(cfg, record, out, evaluate=False)
+    assert summary["lineage"]["parent_step"] == 4
+
+    _, params, _ = restore_params(parent)
+    batch = next(make_iterator(cfg))
+    model = build_model(cfg.model)
+    want, _ = model.loss(params, batch, None, z_loss=cfg.train.z_loss, deterministic=True)
+    got = _losses(out)[5]
+    np.testing.assert_allclose(got, float(jax.device_get(want)), rtol=2e-5)
+    # The parent under its own objective scores the same weights differently.
+    assert _losses(parent)[4] != pytest.approx(got, rel=1e-3)
+
+
+def test_adapting_between_models_of_other_parameters_is_refused(parent: Path, tmp_path: Path):
+    with pytest.raises(stages.StageError, match="do not share parameters"):
+        stages.prepare_adapt(parent, tmp_path / "out", ["arch=encoder_decoder", "objective=mlm"])
+    with pytest.raises(stages.StageError, match=r"parameter .* in the parent"):
+        stages.prepare_adapt(
+            parent, tmp_path / "out", ["arch=noncausal_decoder", "objective=mlm", "model.d_ff=32"]
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_prints_a_bad_stage_as_one_line(parent: Path, tmp_path: Path, capsys):
+    from scalestudy.cli import main
+
+    assert main(["finetune", "--from", str(parent), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: finetune: no mixture given")
