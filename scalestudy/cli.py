@@ -134,6 +134,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
             from scalestudy.study import experiments
 
             experiments.run(Path(args.spec), Path(args.out), args.overrides, plot=plot_experiments)
+        from scalestudy.study import pipeline  # the spec's `stages:`, after pretraining
+
+        pipeline.run(Path(args.spec), Path(args.out), args.overrides, dry_run=args.dry_run)
     except OSError as e:  # a study file cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
     return 0

@@ -132,6 +132,8 @@ def _validate_any(path: Path) -> object:
         return load_study(path)
     if kind == "tasks":
         return validate(TaskConfig, read_yaml(path), str(path))
+    if kind == "prompted" and path.name == "templates.yaml":
+        return read_yaml(path)
     if kind == "prompted":
         from scalestudy.data.prompted import load_mixture
 

@@ -51,6 +51,10 @@ class PromptedTask(Frozen):
     path: str | None = None  # JSONL; relative: to the mixture file's folder, then data_dir
     tfds_name: str | None = None  # or a TFDS dataset prepared locally (e.g. super_glue/rte)
     tfds_split: str = "validation"
+    # or a probe task of the built-in synthetic corpus (rows: context, choices, gold)
+    synthetic: str | None = None
+    synthetic_seed: int = 0
+    synthetic_rows: int = Field(200, ge=1)
     templates: str  # templates.yaml; relative: to the mixture's templates_dir
     template_names: Tuple = ()  # subset by name; empty: every selected template
     original_task_only: bool = True  # only templates marked `original_task` (with choices)
@@ -63,10 +67,11 @@ class PromptedTask(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> PromptedTask:
-        if (self.path is None) == (self.tfds_name is None):
+        if [self.path, self.tfds_name, self.synthetic].count(None) != 2:
             raise ConfigError(
-                f"prompted task {self.name!r}: give exactly one of path (a JSONL file) or "
-                "tfds_name (a TFDS dataset prepared on this machine)"
+                f"prompted task {self.name!r}: give exactly one of path (a JSONL file), "
+                "tfds_name (a TFDS dataset prepared on this machine) or synthetic (a probe "
+                "task of the built-in corpus)"
             )
         return self
 
@@ -158,6 +163,8 @@ def check_mixture(mixture: PromptedMixture) -> None:
 def _source_key(mixture: PromptedMixture, task: PromptedTask) -> str:
     if task.tfds_name is not None:
         return f"tfds:{task.tfds_name}"
+    if task.synthetic is not None:
+        return f"synthetic:{task.synthetic}:{task.synthetic_seed}"
     return f"file:{_resolve(task.path, mixture.data_dir, mixture.base_dir)}"
 
 
@@ -283,6 +290,17 @@ def _fields(task: PromptedTask, row: Mapping, where: str) -> dict:
 def _read_rows(mixture: PromptedMixture, task: PromptedTask) -> list[tuple[dict, str]]:
     import json
 
+    if task.synthetic is not None:
+        from scalestudy.config import SyntheticConfig
+        from scalestudy.data.synthetic import probe_tasks
+
+        probes = probe_tasks(SyntheticConfig(seed=task.synthetic_seed), task.synthetic_rows)
+        if task.synthetic not in probes:
+            raise DataError(
+                f"prompted task {task.name!r}: synthetic={task.synthetic!r} is not a probe "
+                f"task; accepted: {', '.join(probes)}"
+            )
+        return [(row, f"{task.synthetic}[{i}]") for i, row in enumerate(probes[task.synthetic])]
     if task.tfds_name is not None:
         import tensorflow_datasets as tfds
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -74,6 +74,21 @@ class AdaptConfig(Frozen):
     fraction: float = Field(0.1, gt=0.0)
     steps: int | None = Field(None, ge=1)  # overrides `fraction`
     expect_arch: Arch | None = None  # refuse a parent of another architecture
+
+
+class AdaptStage(AdaptConfig):
+    """An adaptation in a study spec: which pretrained cell it starts from."""
+
+    from_cell: Tuple  # [arch, objective] of the pretrained runs to adapt
+
+
+class StagesSpec(Frozen):
+    """A study spec's stages after pretraining: adaptations, then finetuning of every
+    pretrained and adapted run (`study/pipeline.py` runs them)."""
+
+    adapt: Annotated[tuple[AdaptStage, ...], Field(strict=False)] = ()
+    finetune: FinetuneConfig | None = None  # its mixture path is relative to the spec
+    published: str | None = None  # published numbers to print beside (relative to the spec)
 
 
 # ----------------------------------------------------------------------------- parents
@@ -171,16 +186,22 @@ def finetune_config(
 
 
 def prepare_finetune(
-    parent: Path, out: Path, overrides: list[str] | tuple[str, ...] = ()
+    parent: Path,
+    out: Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    settings: FinetuneConfig | None = None,
 ) -> tuple[ExperimentConfig, dict]:
-    """Check everything and build the finetuning config; writes nothing.
+    """Check everything and build the finetuning config (`settings`, then stage keys of
+    `overrides`; the other keys of `overrides` apply to the run's config); writes nothing.
 
     Returns (config, stage record). Registers the mixture's seqio Tasks in this process.
     """
     from scalestudy.data import prompted
 
     stage_over, run_over = split_overrides(overrides, set(FinetuneConfig.model_fields))
-    ft = validate(FinetuneConfig, apply_overrides({}, stage_over), "finetune overrides")
+    base = settings.model_dump(mode="json") if settings is not None else {}
+    ft = validate(FinetuneConfig, apply_overrides(base, stage_over), "finetune overrides")
     if ft.mixture is None:
         raise ConfigError(
             "finetune: no mixture given; set mixture=PATH to a prompted mixture YAML "
@@ -276,11 +297,18 @@ def _check_same_parameters(parent_cfg: ExperimentConfig, cfg: ExperimentConfig) 
 
 
 def prepare_adapt(
-    parent: Path, out: Path, overrides: list[str] | tuple[str, ...] = ()
+    parent: Path,
+    out: Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    settings: AdaptConfig | None = None,
 ) -> tuple[ExperimentConfig, dict]:
-    """Check everything and build the adapted run's config; writes nothing."""
+    """Check everything and build the adapted run's config (as `prepare_finetune`)."""
     stage_over, run_over = split_overrides(overrides, set(AdaptConfig.model_fields))
-    ad = validate(AdaptConfig, apply_overrides({}, stage_over), "adapt overrides")
+    base = (
+        settings.model_dump(mode="json", include=set(AdaptConfig.model_fields)) if settings else {}
+    )
+    ad = validate(AdaptConfig, apply_overrides(base, stage_over), "adapt overrides")
     parent, out = Path(parent), Path(out)
     _check_out(out, parent)
     parent_cfg, step = finished_parent(parent, ad.expect_arch)
@@ -313,6 +341,10 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
         from scalestudy.evaluate.rank import make_eval_fn
 
         eval_fn = make_eval_fn(cfg)
+        before = (read_lineage(out) or {}).get("eval_before")
+        if before is None:  # the parent zero-shot with the very same tasks, prompts, lengths
+            before = _evaluate_parent(cfg, record, eval_fn)
+        record = {**record, "eval_before": before}
     summary = train(cfg, out, eval_fn=eval_fn)
     lineage = {k: record[k] for k in ("stage", "parent", "parent_step")}
     _write_json(out / STAGE_FILE, record)
@@ -320,6 +352,14 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
         summary = {**summary, "lineage": lineage}
         _write_json(out / "summary.json", summary)
     return summary
+
+
+def _evaluate_parent(cfg: ExperimentConfig, record: dict, eval_fn) -> dict[str, float]:
+    from scalestudy.models.api import build_model
+    from scalestudy.train.checkpoint import restore_params
+
+    _, params, step = restore_params(Path(record["parent"]), record["parent_step"])
+    return dict(eval_fn(build_model(cfg.model), params, step))
 
 
 def _write_json(path: Path, obj: dict) -> None:

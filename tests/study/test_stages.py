@@ -212,3 +212,67 @@ def test_the_cli_prints_a_bad_stage_as_one_line(parent: Path, tmp_path: Path, ca
     assert main(["finetune", "--from", str(parent), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: finetune: no mixture given")
+
+
+SMOKE = Path(__file__).resolve().parents[2] / "configs" / "studies" / "wang2022_smoke.yaml"
+SMOKE_TINY = [
+    "budget.steps=4",
+    "stages.finetune.steps=2",
+    "base.eval.max_examples=4",
+    "base.train.checkpoint_every=2",
+    "base.train.eval_batches=1",
+]
+
+
+def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: Path, capsys):
+    from scalestudy.cli import main
+    from scalestudy.study import pipeline
+    from scalestudy.study.sweep import load_study
+
+    study = load_study(SMOKE, SMOKE_TINY)
+    planned = pipeline.plan(study, SMOKE.parent, tmp_path / "out")
+    assert [r.stage for r in planned] == ["adapt", "finetune", "finetune"] * 2
+    adapt = [r for r in planned if r.stage == "adapt"]
+    assert {(r.cfg.model.arch, r.cfg.objective.name) for r in adapt} == {
+        ("causal_decoder", "flm"),
+        ("noncausal_decoder", "mlm"),
+    }
+    assert all(r.extra_steps == 1 and r.cfg.train.steps == 5 for r in adapt)  # 0.25 x 4
+    ft_parents = {r.parent.name for r in planned if r.stage == "finetune"}
+    assert {r.name for r in adapt} <= ft_parents  # adapted runs are finetuned too
+    assert (
+        main(
+            [
+                "study",
+                "--spec",
+                str(SMOKE),
+                "--out",
+                str(tmp_path / "out"),
+                "--dry-run",
+                *SMOKE_TINY,
+            ]
+        )
+        == 0
+    )
+    assert "6 stage runs" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: Path):
+    from scalestudy.cli import main
+    from scalestudy.study import pipeline
+
+    out = tmp_path / "out"
+    assert main(["study", "--spec", str(SMOKE), "--out", str(out), *SMOKE_TINY]) == 0
+    rows = [
+        line.split(" | ")
+        for line in (out / pipeline.TABLE).read_text().splitlines()
+        if line.startswith("| wang2022_smoke")
+    ]
+    assert len(rows) == 2
+    for cells in rows:  # pretrain, + finetune, adapted, adapted + finetune: all measured
+        assert all("±" in cells[i] for i in (2, 3, 5, 6)), cells
+    for stage in (out / "stages").iterdir():
+        summary = json.loads((stage / "summary.json").read_text())
+        assert summary["lineage"]["parent_step"] in (4, 5)
