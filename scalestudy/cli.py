@@ -240,9 +240,9 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
 def _cmd_stage(args: argparse.Namespace) -> int:
     from scalestudy.study import stages
 
+    _join_job()
     prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt
     cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)
-    _join_job()
     summary = stages.run_stage(cfg, record, Path(args.out), evaluate=args.command == "finetune")
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
