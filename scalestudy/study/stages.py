@@ -169,7 +169,8 @@ def finetune_config(
     p["train"] |= {
         "steps": parent_step + ft.steps_for(),
         "batch_size": ft.batch_size,
-        "microbatches": 1,
+        # The parent's gradient accumulation where it divides the stage's batch (memory).
+        "microbatches": m if ft.batch_size % (m := parent_cfg.train.microbatches) == 0 else 1,
         "init_from": str(parent),
         "init_step": parent_step,
         "stop_after_steps": None,

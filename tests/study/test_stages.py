@@ -276,3 +276,13 @@ def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: P
     for stage in (out / "stages").iterdir():
         summary = json.loads((stage / "summary.json").read_text())
         assert summary["lineage"]["parent_step"] in (4, 5)
+
+
+def test_the_table_average_and_its_interval():
+    from scalestudy.study.pipeline import average
+
+    evals = {"a/acc": 0.5, "a/n": 100, "b/acc": 0.8, "b/n": 25}
+    mean, half = average(evals, ("a", "b"))
+    assert mean == pytest.approx(0.65)
+    assert half == pytest.approx(1.96 * (0.25 / 100 + 0.16 / 25) ** 0.5 / 2)
+    assert average(evals, ("a", "c")) is None  # a task not evaluated: no number
