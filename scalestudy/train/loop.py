@@ -203,8 +203,8 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
         state, saved, start = restored
         # A branch on other data or another objective (finetuning, adaptation) starts its
         # own stream; a branch on the same stream (a cooldown) continues it.
-        fingerprint = train_it.state().get("fingerprint")
-        if not saved.get("branched") or saved["iterator"].get("fingerprint") == fingerprint:
+        theirs = saved["iterator"].get("fingerprint")
+        if not saved.get("branched") or theirs == train_it.state().get("fingerprint"):
             train_it.restore(saved["iterator"])
         totals = saved["totals"]
         previous = workdir / "summary.json"
