@@ -35,6 +35,7 @@ class StageRun:
     extra_steps: int
     settings: stages.AdaptConfig | stages.FinetuneConfig
     pretrained: str  # the pretrained run's directory name (the table's row)
+    cell: str  # the pretrained run's "arch/objective"
     via: str = ""  # "arch/objective" of the adaptation in between, if any
 
 
@@ -63,14 +64,14 @@ def plan(study: StudySpec, spec_dir: Path, out: Path) -> list[StageRun]:
         parent = out / "runs" / run.dirname
         steps = run.cfg.train.steps
         parents = [(parent, run.cfg, "")]
+        cell = f"{run.arch}/{run.objective}"
         for ad in study.stages.adapt:
             if tuple(ad.from_cell) != (run.arch, run.objective):
                 continue
             cfg = stages.adapt_config(run.cfg, parent, steps, ad)
             name = f"{run.dirname}-adapt-{cfg.model.arch}-{cfg.objective.name}"
-            planned.append(
-                StageRun("adapt", name, parent, cfg, cfg.train.steps - steps, ad, run.dirname)
-            )
+            extra = cfg.train.steps - steps
+            planned.append(StageRun("adapt", name, parent, cfg, extra, ad, run.dirname, cell))
             via = f"{cfg.model.arch}/{cfg.objective.name}"
             parents.append((out / "stages" / name, cfg, via))
         if ft is None or mixture is None:
@@ -88,7 +89,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path) -> list[StageRun]:
             )
             name = f"{pdir.name}-ft"
             extra = cfg.train.steps - pcfg.train.steps
-            planned.append(StageRun("finetune", name, pdir, cfg, extra, ft, run.dirname, via))
+            planned.append(StageRun("finetune", name, pdir, cfg, extra, ft, run.dirname, cell, via))
     return planned
 
 
@@ -167,16 +168,11 @@ def table(planned: list[StageRun], out: Path, published: dict | None = None) -> 
         summary_path = out / "stages" / r.name / "summary.json"
         after = json.loads(summary_path.read_text()).get("eval") if summary_path.exists() else None
         tasks = tuple(r.cfg.eval.tasks)
-        row = rows.setdefault(
-            r.pretrained, {"cell": f"{r.cfg.model.arch}/{r.cfg.objective.name}", "adapted": []}
-        )
+        row = rows.setdefault(r.pretrained, {"cell": r.cell, "adapted": []})
         before, ft = average(record.get("eval_before"), tasks), average(after, tasks)
         if r.via:
             row["adapted"].append((r.via, before, ft))
         else:
-            parent_cfg = stages.finished_parent(r.parent)[0] if r.parent.exists() else None
-            if parent_cfg is not None:
-                row["cell"] = f"{parent_cfg.model.arch}/{parent_cfg.objective.name}"
             row |= {"pretrain": before, "finetune": ft, "tasks": tasks}
     cells = (published or {}).get("cells", {})
     source = (published or {}).get("source", "")

@@ -286,3 +286,40 @@ def test_the_table_average_and_its_interval():
     assert mean == pytest.approx(0.65)
     assert half == pytest.approx(1.96 * (0.25 / 100 + 0.16 / 25) ** 0.5 / 2)
     assert average(evals, ("a", "c")) is None  # a task not evaluated: no number
+
+
+def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path):
+    from scalestudy.study import pipeline
+    from scalestudy.study.sweep import load_study
+
+    planned = pipeline.plan(load_study(SMOKE, SMOKE_TINY), SMOKE.parent, tmp_path)
+    scores = iter([0.30, 0.40, 0.50, 0.60, 0.70, 0.80, 0.90, 0.20])
+    for r in planned:
+        if r.stage != "finetune":
+            continue
+        where = tmp_path / "stages" / r.name
+        where.mkdir(parents=True)
+        before, after = next(scores), next(scores)
+        (where / stages.STAGE_FILE).write_text(
+            json.dumps({"eval_before": {"synthetic_probes/acc": before, "synthetic_probes/n": 100}})
+        )
+        (where / "summary.json").write_text(
+            json.dumps({"eval": {"synthetic_probes/acc": after, "synthetic_probes/n": 100}})
+        )
+    published = {"cells": {"causal_decoder/flm": {"pretrain": 44.0, "finetune": 55.0}}}
+    lines = pipeline.table(planned, tmp_path, published).splitlines()
+    causal = next(line for line in lines if ".causal_decoder.flm." in line).split(" | ")
+    # pretrain, + finetune, adapted to, adapted, adapted + finetune, paper, paper
+    assert [c.split(" ±")[0] for c in causal[2:9]] == [
+        "30.0",
+        "40.0",
+        "noncausal_decoder/mlm",
+        "50.0",
+        "60.0",
+        "44.0",
+        "55.0 |",
+    ]
+    noncausal = next(line for line in lines if ".noncausal_decoder.mlm." in line)
+    assert "| 70.0 ± 9.0 | 80.0 ± 7.8 | causal_decoder/flm | 90.0 ± 5.9 | 20.0 ± 7.8 |" in (
+        noncausal
+    )
