@@ -11,7 +11,7 @@ A mixture file (`PromptedMixture`) names the tasks, their clusters, the clusters
 zero-shot evaluation (T0: natural language inference, coreference, sentence completion, word
 sense) and the tasks mixed for training. A task of a held-out cluster can never enter the
 training mixture: `check_mixture` refuses it (and any training task that reads a held-out
-task's file), and `register_mixture` always calls it.
+task's file), and `prompted_seqio.register_mixture` always calls it.
 
 Examples are (inputs, targets) pairs, exactly what the prefix-LM objective produces, so each
 architecture consumes them through the existing seqio feature converters
@@ -32,7 +32,7 @@ import jinja2
 import yaml
 from pydantic import Field, model_validator
 
-from scalestudy.config import ExperimentConfig, Frozen, Tuple
+from scalestudy.config import Frozen, Tuple
 from scalestudy.data import DataError
 from scalestudy.errors import ConfigError
 from scalestudy.yamlio import read_yaml, validate
@@ -392,79 +392,14 @@ def examples(mixture: PromptedMixture, task: str, split: str) -> tuple[tuple[str
     return _examples_cached(mixture, task)[split]
 
 
-# ----------------------------------------------------------------------------- seqio
-
-
 def task_name(task: str) -> str:
+    """The seqio Task name of a prompted task."""
     return f"{PREFIX}.{task}"
 
 
 def mixture_name(mixture: PromptedMixture) -> str:
+    """The seqio Mixture name of a prompted mixture (what `data.seqio_task` names)."""
     return f"{PREFIX}.{mixture.name}"
-
-
-def fit_lengths(inputs_max: int, targets_max: int, shared_row: bool):
-    """A preprocessor keeping at most `targets_max` target tokens (the first) and the last
-    input tokens that fit: `inputs_max` of them, less the targets when both share a row."""
-    import tensorflow as tf
-
-    def fit(ds):
-        def one(ex):
-            targets = ex["targets"][:targets_max]
-            room = inputs_max - tf.size(targets) if shared_row else inputs_max
-            room = tf.maximum(room, 1)
-            return {**ex, "inputs": ex["inputs"][-room:], "targets": targets}
-
-        return ds.map(one, num_parallel_calls=tf.data.AUTOTUNE)
-
-    return fit
-
-
-def register_mixture(mixture: PromptedMixture, cfg: ExperimentConfig) -> str:
-    """Register one seqio Task per training task and their Mixture (examples-proportional
-    rates capped at `rate_cap`); returns the Mixture's name, for `data.seqio_task`.
-
-    Lengths come from `cfg`: decoder-only rows hold inputs_length + targets_length positions
-    shared by prompt and target; the encoder-decoder's encoder inputs_length, its decoder
-    targets_length. The held-out check runs first, so a held-out task is never registered.
-    """
-    import seqio
-    import tensorflow as tf
-
-    from scalestudy.data.seqio_tasks import output_features
-
-    check_mixture(mixture)
-    features = output_features(cfg.data)
-    obj = cfg.objective
-    if cfg.model.is_encoder_decoder:
-        fit = fit_lengths(obj.inputs_length, obj.targets_length, shared_row=False)
-    else:
-        fit = fit_lengths(obj.decoder_length, obj.targets_length, shared_row=True)
-    rates = {}
-    for task in mixture.train_tasks:
-
-        def dataset_fn(split, shuffle_files, seed=None, _task=task.name):
-            pairs = examples(mixture, _task, split)
-            return tf.data.Dataset.from_tensor_slices(
-                {"inputs": [p for p, _ in pairs], "targets": [t for _, t in pairs]}
-            )
-
-        name = task_name(task.name)
-        seqio.TaskRegistry.remove(name)
-        seqio.TaskRegistry.add(
-            name,
-            source=seqio.FunctionDataSource(dataset_fn, splits=SPLITS),
-            output_features=features,
-            preprocessors=[
-                functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
-                fit,
-            ],
-        )
-        rates[name] = float(min(len(examples(mixture, task.name, "train")), mixture.rate_cap))
-    name = mixture_name(mixture)
-    seqio.MixtureRegistry.remove(name)
-    seqio.MixtureRegistry.add(name, list(rates.items()))
-    return name
 
 
 def fingerprint(mixture: PromptedMixture) -> str:

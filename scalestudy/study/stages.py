@@ -198,7 +198,7 @@ def prepare_finetune(
 
     Returns (config, stage record). Registers the mixture's seqio Tasks in this process.
     """
-    from scalestudy.data import prompted
+    from scalestudy.data import prompted, prompted_seqio
 
     stage_over, run_over = split_overrides(overrides, set(FinetuneConfig.model_fields))
     base = settings.model_dump(mode="json") if settings is not None else {}
@@ -231,7 +231,7 @@ def prepare_finetune(
         parent_cfg, parent, step, ft, prompted.mixture_name(mixture), data_dir, eval_tasks
     )
     cfg = _apply(cfg, run_over)
-    prompted.register_mixture(mixture, cfg)
+    prompted_seqio.register_mixture(mixture, cfg)
     record = {
         "stage": "finetune",
         "parent": str(parent.resolve()),

@@ -9,6 +9,7 @@ import pytest
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import DataError
 from scalestudy.data import prompted as P
+from scalestudy.data.prompted_seqio import register_mixture
 from scalestudy.errors import ConfigError
 
 NLI_TEMPLATES = """\
@@ -191,7 +192,7 @@ def test_each_architecture_reads_prompt_and_target_its_own_way(toy: Path, arch: 
 
     m = P.load_mixture(toy)
     cfg = _cfg(arch)
-    assert P.register_mixture(m, cfg) == "prompted.toy"
+    assert register_mixture(m, cfg) == "prompted.toy"
     it = make_iterator(cfg)
     pairs = set(P.examples(m, "qa", "train"))
     seen_heldout = False
@@ -231,7 +232,7 @@ def test_the_mixture_stream_resumes_exactly(toy: Path):
 
     m = P.load_mixture(toy)
     cfg = _cfg("noncausal_decoder")
-    P.register_mixture(m, cfg)
+    register_mixture(m, cfg)
     it = make_iterator(cfg)
     next(it)
     state = it.state()
