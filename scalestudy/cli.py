@@ -141,6 +141,10 @@ def _cmd_study(args: argparse.Namespace) -> int:
             from scalestudy.decoder_only import run as decoder_only
 
             decoder_only.run(study, runs, Path(args.out))
+        if study.stages is not None:  # adaptation and finetuning after pretraining
+            from scalestudy.study import pipeline
+
+            pipeline.run(study, Path(args.spec).parent, Path(args.out), dry_run=args.dry_run)
     except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
@@ -258,6 +262,17 @@ def _cmd_vocab(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
+def _cmd_stage(args: argparse.Namespace) -> int:
+    from scalestudy.study import stages
+
+    _join_job()
+    prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt
+    cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)
+    summary = stages.run_stage(cfg, record, Path(args.out), evaluate=args.command == "finetune")
+    _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scalestudy", description="Architecture x objective scaling studies in JAX/Flax."
@@ -306,6 +321,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
     p.set_defaults(fn=_cmd_study)
+
+    for name, what in (
+        ("finetune", "multitask prompted finetuning of a finished run, then held-out zero-shot"),
+        ("adapt", "continue a finished run under another objective and/or mask"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--from", dest="parent", required=True, help="a finished run directory")
+        p.add_argument("--out", required=True, help="the new run's directory")
+        p.add_argument("--json", action="store_true")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="stage or run keys")
+        p.set_defaults(fn=_cmd_stage)
 
     p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")

@@ -132,6 +132,12 @@ def _validate_any(path: Path) -> object:
         return load_study(path)
     if kind == "tasks":
         return validate(TaskConfig, read_yaml(path), str(path))
+    if kind == "prompted" and path.name == "templates.yaml":
+        return read_yaml(path)
+    if kind == "prompted":
+        from scalestudy.data.prompted import load_mixture
+
+        return load_mixture(path)
     return load_config(path)  # models, mesh presets, experiments: complete experiment configs
 
 
@@ -141,7 +147,7 @@ CONFIG_FILES = sorted(CONFIGS.rglob("*.yaml"))
 
 def test_configs_folder_holds_only_known_kinds():
     kinds = {p.relative_to(CONFIGS).parts[0] for p in CONFIG_FILES}
-    assert kinds == {"models", "mesh", "experiments", "studies", "tasks"}
+    assert kinds == {"models", "mesh", "experiments", "studies", "tasks", "prompted"}
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(CONFIGS)))

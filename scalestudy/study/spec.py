@@ -20,6 +20,7 @@ from scalestudy.config import (
     check_cell,
 )
 from scalestudy.errors import ConfigError
+from scalestudy.study.stages import StagesSpec
 
 _COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
@@ -285,6 +286,7 @@ class StudySpec(Frozen):
     fit: FitConfig = FitConfig()
     slurm: SlurmConfig = SlurmConfig()
     tpu: TpuConfig = TpuConfig()
+    stages: StagesSpec | None = None  # adaptation and finetuning after pretraining
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:

@@ -157,6 +157,7 @@ def _restore(
         restored = other.restore(program.abstract_state, step=cfg.train.init_step)
         if restored is None:
             raise checkpoint.CheckpointError(f"train.init_from: no checkpoint in {source}")
+        restored = (restored[0], {**restored[1], "branched": True}, restored[2])
     return restored
 
 
@@ -202,7 +203,11 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
         totals: dict[str, Any] = {"tokens": 0.0, "positions": 0.0, "wall_time_s": 0.0}
     else:
         state, saved, start = restored
-        train_it.restore(saved["iterator"])
+        # A branch on other data or another objective (finetuning, adaptation) starts its
+        # own stream; a branch on the same stream (a cooldown) continues it.
+        theirs = saved["iterator"].get("fingerprint")
+        if not saved.get("branched") or theirs == train_it.state().get("fingerprint"):
+            train_it.restore(saved["iterator"])
         totals = saved["totals"]
         previous = workdir / "summary.json"
         if start >= stop and previous.exists():  # already done: at most the eval to add
