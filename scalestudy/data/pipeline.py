@@ -25,7 +25,7 @@ from scalestudy.data.batches import (
     write_encoder,
 )
 from scalestudy.data.numpy_pipeline import NumpyBatchIterator
-from scalestudy.data.objectives import EOS_ID
+from scalestudy.data.objectives import EOS_ID, scores_zero_shot
 
 __all__ = [
     "DECODER_FEATURES",
@@ -71,6 +71,9 @@ def scoring_batch(
         raise DataError(
             f"scoring_batch: {len(inputs)} inputs but {len(targets)} targets; give one each"
         )
+    refusal = scores_zero_shot(cfg.objective)
+    if refusal:
+        raise DataError(refusal)
     encdec = cfg.model.is_encoder_decoder
     obj = cfg.objective
     S = obj.inputs_length if encdec else 0

@@ -77,7 +77,8 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
     """a - b on `kind` ("loss" or "acc"), seed by seed over the seeds both groups have.
 
     Returns the mean difference `d`, its 95% `half` width and `p` value (None with fewer than
-    two common seeds), `seeds` (common seeds) and `examples` (acc: examples per seed)."""
+    two common seeds), `seeds` (common seeds) and `examples` (acc: examples per seed); for acc
+    when neither group has any, `none` says so instead."""
     if kind == "loss":
         a = _by_seed(a_rows, lambda r: r.get("loss"))
         b = _by_seed(b_rows, lambda r: r.get("loss"))
@@ -87,6 +88,9 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
         a = _by_seed(a_rows, lambda r: first(r)[0])
         b = _by_seed(b_rows, lambda r: first(r)[0])
         counts = [first(r)[1] for r in (*a_rows, *b_rows) if first(r)[0] is not None]
+        if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
+            return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": 0,
+                    "none": "no accuracy"}  # fmt: skip
         examples = min(counts) if counts else 0
         extra = 0.0
         if examples and a and b:
@@ -114,6 +118,8 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
 def verdict(name: str, ref: str, est: dict, what: str, lower: bool, p_holm: float | None) -> str:
     """One sentence: which is better on `what`, with the interval, n and the Holm-adjusted p,
     or not distinguishable (Holm-adjusted p >= 0.05)."""
+    if est.get("none"):
+        return f"{name} vs {ref}, {what}: {est['none']} (compared on validation loss only)."
     d, half = est["d"], est["half"]
     n = f"n = {est['seeds']} seed(s)" + (
         f" x {est['examples']} examples" if est.get("examples") else ""
