@@ -277,3 +277,60 @@ def test_the_seqio_path_refuses_it():
     check_objective("mlm")
     with pytest.raises(DataError, match="NumPy pipeline only"):
         check_objective("bmlm")
+
+
+# ----------------------------------------------------------------------------- a study
+
+
+@pytest.mark.slow
+def test_a_decoder_only_study_compares_bmlm_on_validation_loss(tmp_path):
+    import yaml
+
+    from scalestudy import cli
+    from scalestudy.study.registry import load_runs
+
+    cell = ["noncausal_decoder", "bmlm"]
+    spec = {
+        "name": "tiny_bmlm",
+        "base": {
+            "objective": {"inputs_length": 24, "targets_length": 8},
+            "model": {"vocab_size": 384, "dtype": "float32", "n_heads": 2},
+            "train": {
+                "batch_size": 8,
+                "log_every": 2,
+                "checkpoint_every": 4,
+                "eval_batches": 1,
+                "progress": False,
+                "async_checkpoint": False,
+            },
+            "data": {"synthetic": {"n_train_documents": 200, "n_validation_documents": 20}},
+            "eval": {"max_examples": 8},
+        },
+        "cells": [cell],
+        "ladder": {"sizes": [{"name": "xs", "d_model": 16, "n_layers": 2, "d_ff": 32}]},
+        "budget": {"kind": "steps", "steps": 4},
+        "seeds": [0, 1],
+        "variants": [
+            {"name": "bidir", "cells": [cell]},
+            {"name": "mixheads", "model": {"attention": "mixed"}, "cells": [cell]},
+        ],
+        "tasks": ["synthetic_probes"],
+        "fit": {"laws": ["kaplan_n"], "bootstrap": 10},
+        "experiments": {
+            "comparisons": [
+                {
+                    "title": "bmlm",
+                    "groups": ["noncausal_decoder/bmlm/bidir", "noncausal_decoder/bmlm/mixheads"],
+                },
+            ]
+        },
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "study"
+    assert cli.main(["study", "--spec", str(path), "--out", str(out)]) == 0
+    runs = load_runs(out)
+    assert len(runs) == 4 and all(r["status"] == "done" for r in runs)
+    assert not any(k.startswith("eval/") for r in runs for k in r)  # never scored zero-shot
+    text = (out / "decoder_only.md").read_text()
+    assert "validation loss: " in text and "no accuracy" in text
