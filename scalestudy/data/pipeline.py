@@ -103,13 +103,13 @@ def scoring_batch(
 
 
 def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
-    """Batches/s, examples/s and tokens/s of every valid cell on the configured corpus; for
-    `data.source: seqio`, the configured stream's resume cost at step `steps` instead.
+    """Batches/s, examples/s and tokens/s of every valid cell (bmlm's too) on the configured
+    corpus; for `data.source: seqio`, the configured stream's resume cost at step `steps`.
 
     tokens = non-padding positions (decoder + encoder); loss_tokens = loss-bearing positions.
     Without a config: the synthetic corpus, batch 64 and the default lengths.
     """
-    from scalestudy.config import VALID_CELLS
+    from scalestudy.config import EXTRA_CELLS, VALID_CELLS
 
     if cfg is not None and cfg.data.source == "seqio":
         from scalestudy.data.seqio_pipeline import bench_resume
@@ -123,7 +123,7 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
         "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
     }
     for arch, objectives in VALID_CELLS.items():
-        for name in objectives:
+        for name in (*objectives, *EXTRA_CELLS.get(arch, ())):
             cell = cfg.replace(
                 model={**cfg.model.model_dump(), "arch": arch},
                 objective={**cfg.objective.model_dump(), "name": name},

@@ -11,7 +11,8 @@ import pytest
 from scalestudy.config import ExperimentConfig, check_cell
 from scalestudy.data import DataError
 from scalestudy.data.batches import empty_features, write_in_place
-from scalestudy.data.objectives import FIRST_ORDINARY_ID, Objective, bert_mask, uniforms
+from scalestudy.data.bert_masking import FIRST_ORDINARY_ID, bert_mask
+from scalestudy.data.objectives import Objective, uniforms
 from scalestudy.data.pipeline import make_iterator, scoring_batch
 from scalestudy.errors import ConfigError
 from scalestudy.models import masks
