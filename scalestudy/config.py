@@ -22,9 +22,11 @@ from scalestudy.errors import ConfigError
 from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
 Arch = Literal["causal_decoder", "noncausal_decoder", "encoder_decoder"]
-ObjectiveName = Literal["flm", "plm", "mlm"]
+ObjectiveName = Literal["flm", "plm", "mlm", "bmlm"]
 ARCHS: tuple[str, ...] = get_args(Arch)
-OBJECTIVES: tuple[str, ...] = get_args(ObjectiveName)
+# The objectives of the grid (a study's default). bmlm, BERT-style masked LM, is outside it: it
+# trains only in the cells of EXTRA_CELLS, which a study names in its `cells`.
+OBJECTIVES: tuple[str, ...] = ("flm", "plm", "mlm")
 
 # The grid of Wang et al. (2022) plus the causal decoder trained on prefix-LM examples.
 VALID_CELLS: dict[str, tuple[str, ...]] = {
@@ -32,10 +34,17 @@ VALID_CELLS: dict[str, tuple[str, ...]] = {
     "noncausal_decoder": ("plm", "mlm"),
     "encoder_decoder": ("plm", "mlm"),
 }
+EXTRA_CELLS: dict[str, tuple[str, ...]] = {"noncausal_decoder": ("bmlm",)}
 INVALID_CELL_REASON = (
     "full language modeling (flm) has no inputs: every token is a target, so there is no "
     "prefix for a non-causal decoder to attend to bidirectionally and nothing for an encoder "
     "to read"
+)
+BMLM_CELL_REASON = (
+    "BERT-style masked LM (bmlm) predicts masked tokens in place inside one bidirectional "
+    "sequence, which only the non-causal decoder reads (its whole row bidirectional); a causal "
+    "decoder sees nothing to the right of a masked token and an encoder-decoder has no "
+    "in-place targets"
 )
 
 
@@ -43,11 +52,13 @@ def check_cell(arch: str, objective: str) -> None:
     """Raise ConfigError unless (arch, objective) is a trainable cell of the grid."""
     if arch not in VALID_CELLS:
         raise ConfigError(f"model.arch: got {arch!r}; accepted: {', '.join(ARCHS)}")
-    if objective not in VALID_CELLS[arch]:
-        cells = "; ".join(f"{a}: {', '.join(o)}" for a, o in VALID_CELLS.items())
+    if objective not in (*VALID_CELLS[arch], *EXTRA_CELLS.get(arch, ())):
+        valid = {a: (*o, *EXTRA_CELLS.get(a, ())) for a, o in VALID_CELLS.items()}
+        cells = "; ".join(f"{a}: {', '.join(o)}" for a, o in valid.items())
+        reason = BMLM_CELL_REASON if objective == "bmlm" else INVALID_CELL_REASON
         raise ConfigError(
             f"objective.name={objective!r} with model.arch={arch!r} is not a valid cell: "
-            f"{INVALID_CELL_REASON}. Valid cells are {cells}"
+            f"{reason}. Valid cells are {cells}"
         )
 
 
@@ -230,7 +241,7 @@ class ObjectiveConfig(Frozen):
     name: ObjectiveName = "flm"
     inputs_length: int = Field(48, ge=1)
     targets_length: int = Field(16, ge=1)
-    noise_density: float = Field(0.15, gt=0.0, lt=1.0)  # mlm
+    noise_density: float = Field(0.15, gt=0.0, lt=1.0)  # mlm, bmlm (positions selected)
     mean_noise_span_length: float = Field(3.0, ge=1.0)  # mlm
     # plm: "uniform" splits a piece of L = inputs_length + targets_length tokens at 1..L-1, as
     # Wang et al. / T5 (the encoder-decoder then gets L encoder and L decoder positions);
@@ -435,9 +446,10 @@ class ExperimentConfig(Frozen):
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
         check_cell(self.model.arch, self.objective.name)
-        if self.objective.name == "mlm" and self.data.extra_ids < 1:
+        if self.objective.name in ("mlm", "bmlm") and self.data.extra_ids < 1:
             raise ConfigError(
-                "objective.name='mlm' needs sentinel ids: data.extra_ids must be >= 1 "
+                f"objective.name={self.objective.name!r} needs sentinel ids: data.extra_ids "
+                "must be >= 1 "
                 f"(got {self.data.extra_ids}); T5 uses 100"
             )
         cooldown = self.optim.cooldown_steps

@@ -102,6 +102,27 @@ def write_decoder(
         f["decoder_causal_attention"][r, p : p + a + 1] = 1
 
 
+def write_in_place(
+    f: Batch,
+    r: int,
+    p: int,
+    corrupted: np.ndarray,
+    original: np.ndarray,
+    selected: np.ndarray,
+    seg: int,
+) -> None:
+    """Place an in-place example (bmlm) at decoder row r, offset p: the corrupted tokens are
+    read at the positions of the originals they stand for (no shift), the loss falls on the
+    `selected` positions, and the whole segment is bidirectional."""
+    m = original.size
+    f["decoder_input_tokens"][r, p : p + m] = corrupted
+    f["decoder_target_tokens"][r, p : p + m] = original
+    f["decoder_loss_weights"][r, p : p + m] = selected
+    f["decoder_segment_ids"][r, p : p + m] = seg
+    f["decoder_positions"][r, p : p + m] = _ARANGE[:m]
+    f["decoder_causal_attention"][r, p : p + m] = 1
+
+
 def check_iterator_args(
     cfg: ExperimentConfig, split: str, process_index: int, process_count: int
 ) -> None:

@@ -13,7 +13,9 @@ The plan of a batch needs only example sizes, so each process materialises only 
 and the global batch does not depend on the number of processes or on the mesh.
 
 Feature conversion (Wang et al. 2022): decoder-only rows hold [inputs; targets] with loss on
-the targets (on everything for flm); the non-causal decoder marks the prefix in
+the targets (on everything for flm); bmlm rows hold the corrupted piece in place of the
+original, loss on the selected positions, the whole segment bidirectional
+(`batches.write_in_place`); the non-causal decoder marks the prefix in
 `decoder_causal_attention` as seqio's PrefixLMFeatureConverter does (the input positions
 including the one holding the last input token). The encoder-decoder sends inputs to the
 encoder and targets to the decoder, of `objectives.feature_lengths` positions (inputs
@@ -36,6 +38,7 @@ from scalestudy.data.batches import (
     stream_fingerprint,
     write_decoder,
     write_encoder,
+    write_in_place,
 )
 from scalestudy.data.objectives import EOS_ID, Objective, feature_lengths, piece_spans
 
@@ -227,6 +230,10 @@ class NumpyBatchIterator:
                 piece = tokens[starts[p] : starts[p] + lengths[p]]
                 u = None if draws is None else draws[i]
                 i += 1
+                if self._objective.in_place:
+                    write_in_place(f, r, pd, *self._objective.masked_example(piece, k, u), seg)
+                    pd += piece.size
+                    continue
                 inputs, targets = self._objective.example(piece, k, u)
                 if self._encdec:
                     inputs, targets = inputs[max(inputs.size - S, 0) :], targets[:L]

@@ -22,7 +22,15 @@ L = I + T:
 - mlm: documents without EOS in pieces of R tokens, R the largest length whose corrupted inputs
   fit in I (T5's `random_spans_helper`: I=512 -> R=568 and targets 114); noise spans are
   replaced by sentinels (T5's `random_spans_noise_mask`); inputs and targets end with EOS.
-Pieces shorter than the objective's minimum (1 token for flm, 2 otherwise) are dropped.
+- bmlm (BERT-style masked LM; the non-causal decoder only): the flm pieces of L tokens; a
+  random `noise_density` of the positions is selected (exactly round(n * density), at least
+  one), and of them 80% are replaced by the mask id (the first sentinel, vocab_size - 1), 10%
+  by a random ordinary token and 10% kept (Devlin et al. 2019). The example is in place
+  (`Objective.masked_example`): the corrupted piece is read at the same positions as the
+  original it must predict, the whole row is bidirectional and the loss falls on the selected
+  positions only.
+Pieces shorter than the objective's minimum (1 token for flm and bmlm, 2 otherwise) are
+dropped.
 
 Randomness for example k is a pure function of (seed, k) (`uniforms`), so any example can be
 rebuilt on its own: this is what makes the batch stream resumable and process-independent.
@@ -36,6 +44,7 @@ import numpy as np
 
 from scalestudy.config import ObjectiveConfig
 from scalestudy.data import DataError
+from scalestudy.data.bert_masking import FIRST_ORDINARY_ID, bert_mask
 
 EOS_ID = 1  # seqio convention for both vocabularies (0 = padding)
 CONCAT_DOCUMENTS = 128  # documents concatenated before cutting pieces (T5's reduce_concat_tokens)
@@ -215,6 +224,22 @@ def piece_spans(
     return starts[keep], lengths[keep]
 
 
+def scores_zero_shot(cfg: ObjectiveConfig) -> str | None:
+    """None when a run trained on `cfg` can be scored by rank classification, else why not.
+
+    Rank classification scores a continuation left to right after its context; a BERT-style
+    masked LM never learned that (it predicts masked tokens in place), so it is judged on
+    validation loss only.
+    """
+    if cfg.name == "bmlm":
+        return (
+            "objective.name='bmlm' (BERT-style masked LM) predicts masked tokens in place, not "
+            "continuations left to right, so rank classification (eval.tasks) cannot score it; "
+            "a bmlm run is evaluated on validation loss only"
+        )
+    return None
+
+
 def scoring_inputs_suffix(cfg: ObjectiveConfig) -> tuple[int, ...]:
     """Tokens that ended every training input of this objective, appended to scored contexts
     so that evaluation reads inputs in the form training showed (mlm: EOS; flm/plm: none)."""
@@ -247,6 +272,7 @@ class Objective:
         self.name = cfg.name
         self.seed = seed
         self.vocab_size = vocab_size
+        self.extra_ids = extra_ids
         L = cfg.decoder_length
         if cfg.name == "mlm":
             self.piece_length = mlm_piece_length(
@@ -277,15 +303,28 @@ class Objective:
                 )
             self.min_piece = 2
         else:
+            if cfg.name == "bmlm" and vocab_size - extra_ids <= FIRST_ORDINARY_ID:
+                raise DataError(
+                    f"objective.name='bmlm' needs ordinary tokens to draw random replacements "
+                    f"from: vocab_size={vocab_size} with data.extra_ids={extra_ids} leaves none"
+                )
+            if cfg.name == "bmlm" and extra_ids < 1:
+                raise DataError(
+                    "objective.name='bmlm' needs a sentinel for its mask id: data.extra_ids "
+                    f"must be >= 1 (got {extra_ids})"
+                )
             self.piece_length = L
-            self.min_piece = 1 if cfg.name == "flm" else 2
+            self.min_piece = 1 if cfg.name in ("flm", "bmlm") else 2
         self.append_eos = cfg.name != "mlm"
         # Documents joined before cutting pieces (`piece_spans`).
         self.group = CONCAT_DOCUMENTS if cfg.pieces == "concatenated" else 1
+        # In place (bmlm): inputs and targets share positions (`masked_example`).
+        self.in_place = cfg.name == "bmlm"
 
     def sizes(self, n: int, index: int) -> tuple[int, int]:
-        """(len(inputs), len(targets)) of example `index` made from an n-token piece."""
-        if self.name == "flm":
+        """(len(inputs), len(targets)) of example `index` made from an n-token piece; an
+        in-place example (bmlm) counts its n shared positions once, as targets."""
+        if self.name in ("flm", "bmlm"):
             return 0, n
         if self.name == "plm":
             s = self._split(n, index)
@@ -308,9 +347,27 @@ class Objective:
 
     def draws(self, indices: list[int]) -> np.ndarray | None:
         """The random draws of several examples at once (for `example(..., u=row)`)."""
-        if self.name != "mlm" or not indices:
+        if self.name not in ("mlm", "bmlm") or not indices:
             return None
-        return uniforms_many(self.seed, indices, max(self.piece_length - 2, 1))
+        return uniforms_many(self.seed, indices, self._draw_count(self.piece_length))
+
+    def _draw_count(self, n: int) -> int:
+        """Uniforms example of an n-token piece uses (a prefix of a longer draw is the same)."""
+        return 3 * n if self.in_place else max(n - 2, 1)
+
+    def masked_example(
+        self, piece: np.ndarray, index: int, u: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(corrupted, original, selected) of the in-place example `index` (bmlm): int32
+        tokens read, int32 tokens to predict at the same positions, bool loss positions."""
+        if not self.in_place:
+            raise DataError(f"objective {self.name!r} has no in-place examples; use `example`")
+        if u is None:
+            u = uniforms(self.seed, index, self._draw_count(piece.size))
+        corrupted, selected = bert_mask(
+            piece, self.cfg.noise_density, self.vocab_size, self.extra_ids, u
+        )
+        return corrupted, piece.astype(np.int32, copy=False), selected
 
     def example(
         self, piece: np.ndarray, index: int, u: np.ndarray | None = None
@@ -320,6 +377,11 @@ class Objective:
         `u`: this example's row of `draws` when precomputed (a speed-up; same result).
         """
         n = piece.size
+        if self.in_place:
+            raise DataError(
+                "objective 'bmlm' examples are in place (inputs and targets share positions); "
+                "use `masked_example`"
+            )
         if self.name == "flm":
             return piece[:0], piece
         if self.name == "plm":

@@ -25,7 +25,7 @@ from scalestudy.data.batches import (
     write_encoder,
 )
 from scalestudy.data.numpy_pipeline import NumpyBatchIterator
-from scalestudy.data.objectives import EOS_ID
+from scalestudy.data.objectives import EOS_ID, scores_zero_shot
 
 __all__ = [
     "DECODER_FEATURES",
@@ -71,6 +71,9 @@ def scoring_batch(
         raise DataError(
             f"scoring_batch: {len(inputs)} inputs but {len(targets)} targets; give one each"
         )
+    refusal = scores_zero_shot(cfg.objective)
+    if refusal:
+        raise DataError(refusal)
     encdec = cfg.model.is_encoder_decoder
     obj = cfg.objective
     S = obj.inputs_length if encdec else 0
@@ -100,13 +103,13 @@ def scoring_batch(
 
 
 def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
-    """Batches/s, examples/s and tokens/s of every valid cell on the configured corpus; for
-    `data.source: seqio`, the configured stream's resume cost at step `steps` instead.
+    """Batches/s, examples/s and tokens/s of every valid cell (bmlm's too) on the configured
+    corpus; for `data.source: seqio`, the configured stream's resume cost at step `steps`.
 
     tokens = non-padding positions (decoder + encoder); loss_tokens = loss-bearing positions.
     Without a config: the synthetic corpus, batch 64 and the default lengths.
     """
-    from scalestudy.config import VALID_CELLS
+    from scalestudy.config import EXTRA_CELLS, VALID_CELLS
 
     if cfg is not None and cfg.data.source == "seqio":
         from scalestudy.data.seqio_pipeline import bench_resume
@@ -120,7 +123,7 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
         "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
     }
     for arch, objectives in VALID_CELLS.items():
-        for name in objectives:
+        for name in (*objectives, *EXTRA_CELLS.get(arch, ())):
             cell = cfg.replace(
                 model={**cfg.model.model_dump(), "arch": arch},
                 objective={**cfg.objective.model_dump(), "name": name},

@@ -49,6 +49,7 @@ from scalestudy.data.batches import Batch, check_iterator_args, stream_fingerpri
 from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.seqio_tasks import (
     PREFIX,
+    check_objective,
     check_registered,
     mirror_prefix_lm_pairs,
     register_tasks,
@@ -147,6 +148,7 @@ class SeqioBatchIterator:
         process_count: int = 1,
     ) -> None:
         check_iterator_args(cfg, split, process_index, process_count)
+        check_objective(cfg.objective.name)
         B = cfg.train.batch_size
         self.cfg = cfg
         self.split = split

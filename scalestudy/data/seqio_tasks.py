@@ -44,6 +44,16 @@ def task_name(source: str, objective: str) -> str:
     return f"{PREFIX}.{source}.{objective}"
 
 
+def check_objective(name: str) -> None:
+    """Refuse an objective the seqio path does not build (bmlm: its in-place rows need the
+    NumPy pipeline's converter)."""
+    if name == "bmlm":
+        raise DataError(
+            "objective.name='bmlm' (BERT-style masked LM) is built by the NumPy pipeline only; "
+            "use data.source synthetic, text or tfds, not seqio"
+        )
+
+
 # ----------------------------------------------------------------------------- preprocessors
 
 
@@ -218,6 +228,7 @@ def _add_task(
     objective_name: str,
     text_key: str = "text",
 ) -> str:
+    check_objective(objective_name)
     features = output_features(data_cfg)
     obj_cfg = cfg.objective.replace(name=objective_name)
     objective = Objective(

@@ -53,7 +53,8 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
     (`scaling.intervals`: accuracy adds the examples' variance).
 
     Returns the mean difference `d`, its 95% `half` width and `p` value (None with fewer than
-    two common seeds: no between-run interval), `seeds` (common seeds) and `examples`."""
+    two common seeds: no between-run interval), `seeds` (common seeds) and `examples`; for
+    acc when neither group was scored zero-shot, `none` says so instead."""
     if kind == "loss":
         a = _by_seed(a_rows, lambda r: r.get("loss"))
         b = _by_seed(b_rows, lambda r: r.get("loss"))
@@ -61,7 +62,10 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
     else:
         a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
         counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
-        examples = int(min(counts)) if counts else 0
+        if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
+            return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": 0,
+                    "none": "no accuracy"}  # fmt: skip
+        examples = int(min(counts))
     seeds = set(a) & set(b)
     if not seeds:
         return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": examples}
@@ -92,6 +96,8 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
 def verdict(name: str, ref: str, est: dict, what: str, lower: bool, p_holm: float | None) -> str:
     """One sentence: which is better on `what`, with the interval, n and the Holm-adjusted p,
     or not distinguishable (Holm-adjusted p >= 0.05)."""
+    if est.get("none"):
+        return f"{name} vs {ref}, {what}: {est['none']} (compared on validation loss only)."
     d, half = est["d"], est["half"]
     n = f"n = {est['seeds']} seed(s)" + (
         f" x {est['examples']} examples" if est.get("examples") else ""

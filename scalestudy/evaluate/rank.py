@@ -8,6 +8,7 @@ run directory's results are written by `results.py`.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import jax
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
+from scalestudy.data.objectives import scores_zero_shot
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.evaluate.budget import fit_pairs, text_lengths
@@ -99,6 +101,9 @@ def evaluate_params(
 ) -> dict[str, float]:
     """Zero-shot metrics of `params` on `tasks` (default: cfg.eval's), flat "<task>/<metric>";
     per-example scores into `records[task]` when `records` is given."""
+    refusal = scores_zero_shot(cfg.objective)
+    if refusal:
+        raise ConfigError(refusal)
     names = [t for t in (tasks or ()) if not isinstance(t, Task)]
     loaded = [t for t in (tasks or ()) if isinstance(t, Task)]
     if tasks is None or names:
@@ -189,10 +194,15 @@ def check_tasks(cfg: ExperimentConfig, tasks: Sequence[Task]) -> None:
 
 def make_eval_fn(
     cfg: ExperimentConfig, workdir: str | Path | None = None
-) -> Callable[[object, object, int], dict[str, float]]:
+) -> Callable[[object, object, int], dict[str, float]] | None:
     """eval_fn(model, params, step) for loop.train: cfg.eval's tasks, loaded (and checked)
     now so that a bad task fails before training; one compiled scorer reused across calls.
-    With `workdir`, each call also writes its per-example scores there."""
+    With `workdir`, each call also writes its per-example scores there. None, with one line
+    on stderr saying why, for an objective rank classification cannot score (bmlm)."""
+    refusal = scores_zero_shot(cfg.objective)
+    if refusal:
+        print(f"zero-shot evaluation skipped: {refusal}", file=sys.stderr)
+        return None
     tasks = load_tasks(cfg.eval, cfg.data.synthetic)
     check_tasks(cfg, tasks)
     state: dict[str, Scorer] = {}

@@ -48,8 +48,12 @@ def _default_train(cfg: Any, workdir: Path) -> dict:
 
 
 def _needs_eval(cfg: Any, summary: dict) -> bool:
-    """Whether a finished run lacks the zero-shot results its config asks for."""
-    return bool(cfg.eval.tasks or cfg.eval.custom_tasks) and not summary.get("eval")
+    """Whether a finished run lacks the zero-shot results its config asks for (none for an
+    objective rank classification cannot score: bmlm)."""
+    from scalestudy.data.objectives import scores_zero_shot
+
+    asked = bool(cfg.eval.tasks or cfg.eval.custom_tasks) and not scores_zero_shot(cfg.objective)
+    return asked and not summary.get("eval")
 
 
 def _not_evaluated(workdir: Path) -> str:
