@@ -69,12 +69,13 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from scalestudy.train import rundir
     from scalestudy.train.loop import Preempted, train
 
     workdir = Path(args.workdir)
     cfg_path = args.config
     if cfg_path is None:
-        resolved = workdir / "config.yaml"
+        resolved = rundir.config_path(workdir)
         if not resolved.is_file():
             raise ScalestudyError(
                 f"--config not given and {resolved} does not exist; give --config FILE to "

@@ -239,7 +239,8 @@ def probe_run(
     also written to `<workdir>/probes.json`."""
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
-    from scalestudy.train.checkpoint import restore_params
+    from scalestudy.train import rundir
+    from scalestudy.train.saved import restore_params
 
     if n_examples < 1:
         raise ProbeError(f"n_examples must be >= 1, got {n_examples}")
@@ -252,7 +253,7 @@ def probe_run(
         rows += len(batches[-1]["decoder_input_tokens"])
     batch = {k: np.concatenate([b[k] for b in batches])[:n_examples] for k in batches[0]}
     out = {"step": step, **probe_params(cfg, build_model(cfg.model), params, batch)}
-    tmp = workdir / "probes.json.tmp"
-    tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    tmp.replace(workdir / "probes.json")
+    rundir.write_atomic(
+        rundir.probes_path(workdir), json.dumps(out, indent=1, sort_keys=True) + "\n"
+    )
     return out

@@ -18,7 +18,6 @@ Pairs are scored in batches of one fixed shape, so one compilation serves every 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate.prompts import Example
 from scalestudy.evaluate.tasks import Task
+from scalestudy.train import rundir
 
 # (inputs, targets, example index per pair) -> per pair: logprob sum, target token count,
 # all greedy-correct; and the number of examples whose context was truncated.
@@ -308,14 +308,10 @@ def evaluate_params(
 
 def _write_results(workdir: Path, step: int, results: dict[str, float]) -> None:
     """Merge into summary.json["eval"] and append one line to metrics.jsonl."""
-    summary_path = workdir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = rundir.read_summary(workdir) or {}
     summary["eval"] = {**summary.get("eval", {}), **results, "step": step}
-    tmp = summary_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(summary_path)  # atomic: a crash never leaves half a summary
-    with (workdir / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"step": step, **{f"eval/{k}": v for k, v in results.items()}}) + "\n")
+    rundir.write_summary(workdir, summary)
+    rundir.append_metrics(workdir, {"step": step, **{f"eval/{k}": v for k, v in results.items()}})
 
 
 def evaluate_run(
@@ -330,18 +326,18 @@ def evaluate_run(
     import jax
 
     from scalestudy.models.api import build_model
-    from scalestudy.train import checkpoint
+    from scalestudy.train import saved
 
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise ScalestudyError(f"run directory not found: {workdir}")
-    if checkpoint.latest_step(workdir) is None:
+    if saved.latest_step(workdir) is None:
         raise ScalestudyError(
             f"no checkpoint in {workdir}: nothing to evaluate; train first "
             f"(`scalestudy train --workdir {workdir}`) or give the directory of a trained run"
         )
     # Straight into the run's parameter shardings, scored under the same mesh as training.
-    cfg, params, step = checkpoint.restore_params(workdir, step, on_run_mesh=True)
+    cfg, params, step = saved.restore_params(workdir, step, on_run_mesh=True)
     model = build_model(cfg.model)
     mesh = jax.tree.leaves(params)[0].sharding.mesh
     results = evaluate_params(

@@ -154,7 +154,7 @@ def compare_groups(spec: ComparisonConfig, groups: dict[str, list[dict]]) -> dic
 
 
 def _checkpoint_steps(workdir: Path) -> list[int]:
-    from scalestudy.train.checkpoint import checkpoint_dir
+    from scalestudy.train.saved import checkpoint_dir
 
     directory = checkpoint_dir(Path(workdir))
     if not directory.is_dir():
@@ -180,7 +180,7 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
 
     from scalestudy import probes
     from scalestudy.models.api import build_model
-    from scalestudy.train.checkpoint import restore_params
+    from scalestudy.train.saved import restore_params
 
     out = []
     for step in _checkpoint_steps(workdir):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
+from scalestudy.train import rundir
 
 STATUSES = ("pending", "running", "done", "failed")
 
@@ -245,17 +246,7 @@ class Registry:
 
 def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a run's metrics.jsonl; a torn last line (killed writer) is ignored."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
+    return rundir.read_metrics_file(path)
 
 
 # ----------------------------------------------------------------------------- study lock

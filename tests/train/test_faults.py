@@ -10,11 +10,11 @@ import pytest
 
 from scalestudy import cli
 from scalestudy.config import to_yaml
-from scalestudy.train import checkpoint, loop, metrics, resume
+from scalestudy.train import checkpoint, loop, resume, rundir, saved
 
 
 def losses(workdir):
-    return [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
+    return [r["train/loss"] for r in rundir.read_metrics(workdir) if "train/loss" in r]
 
 
 def snapshot(workdir):
@@ -91,7 +91,7 @@ def test_a_changed_config_is_refused_and_nothing_is_touched(tiny_cfg, straight, 
     assert got[:4] == straight[:4]
     # Another mesh sums in another order (bfloat16 compute): close, not bitwise.
     assert got[4:] == pytest.approx(straight[4:], rel=1e-3)
-    assert checkpoint.latest_step(tmp_path) == 8
+    assert saved.latest_step(tmp_path) == 8
 
 
 def test_the_cli_reports_a_refused_resume_in_one_error(tiny_cfg, tmp_path, capsys):
@@ -131,10 +131,10 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     message = str(error.value)
     assert "checkpoint of step 8" in message and "No space left on device" in message
     assert "intact (steps [4])" in message
-    assert max(r["step"] for r in metrics.read_metrics(run)) <= 12  # the next boundary at most
-    assert checkpoint.latest_step(run) == 4
+    assert max(r["step"] for r in rundir.read_metrics(run)) <= 12  # the next boundary at most
+    assert saved.latest_step(run) == 4
     (small_disk / "filler").unlink()
-    with (run / metrics.METRICS_FILE).open("a") as f:
+    with (run / rundir.METRICS).open("a") as f:
         f.write('{"step": 13, "train/lo')  # what a full disk or a power cut leaves
     loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), run)
     assert losses(run) == straight
@@ -168,5 +168,5 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
     ) and "[Errno 28] No space left on device. Earlier checkpoints are intact (steps [4])" in str(
         error.value
     )
-    assert checkpoint.latest_step(tmp_path) == 4
-    assert max(r["step"] for r in metrics.read_metrics(tmp_path)) <= 8
+    assert saved.latest_step(tmp_path) == 4
+    assert max(r["step"] for r in rundir.read_metrics(tmp_path)) <= 8
