@@ -103,14 +103,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
+    from scalestudy.train.rundir import RunNotUpdated
 
-    results = evaluate_run(
-        Path(args.workdir),
-        tasks=args.tasks,
-        data_dir=args.data_dir,
-        step=args.step,
-        max_examples=args.max_examples,
-    )
+    try:
+        results = evaluate_run(
+            Path(args.workdir),
+            tasks=args.tasks,
+            data_dir=args.data_dir,
+            step=args.step,
+            max_examples=args.max_examples,
+            out=args.out,
+        )
+    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
+        _print(e.results, args.json)
+        raise
     _print(results, args.json)
     return 0
 
@@ -217,8 +223,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 def _cmd_probe(args: argparse.Namespace) -> int:
     _join_job()
     from scalestudy.probes import probe_run
+    from scalestudy.train.rundir import RunNotUpdated
 
-    _print(probe_run(Path(args.workdir), step=args.step), args.json)
+    try:
+        results = probe_run(Path(args.workdir), step=args.step, out=args.out)
+    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
+        _print(e.results, args.json)
+        raise
+    _print(results, args.json)
     return 0
 
 
@@ -259,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="directory holding released task files")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--out", default=None, help="write the scores to this JSON file instead")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_eval)
 
@@ -327,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="attention-rank and representation-collapse probes")
     p.add_argument("--workdir", required=True)
     p.add_argument("--step", type=int, default=None)
+    p.add_argument("--out", default=None, help="write the probes to this JSON file instead")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_probe)
 

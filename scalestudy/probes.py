@@ -233,10 +233,13 @@ def probe_params(
 
 
 def probe_run(
-    workdir: Path, step: int | None = None, n_examples: int = DEFAULT_EXAMPLES
+    workdir: Path,
+    step: int | None = None,
+    n_examples: int = DEFAULT_EXAMPLES,
+    out: str | Path | None = None,
 ) -> dict[str, float]:
     """Probes of a run's checkpoint (default: the latest) on `n_examples` validation rows;
-    also written to `<workdir>/probes.json`."""
+    also written to `<workdir>/probes.json` (or to the JSON file `out`)."""
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
     from scalestudy.train import rundir
@@ -252,8 +255,9 @@ def probe_run(
         batches.append(next(iterator))
         rows += len(batches[-1]["decoder_input_tokens"])
     batch = {k: np.concatenate([b[k] for b in batches])[:n_examples] for k in batches[0]}
-    out = {"step": step, **probe_params(cfg, build_model(cfg.model), params, batch)}
-    rundir.write_atomic(
-        rundir.probes_path(workdir), json.dumps(out, indent=1, sort_keys=True) + "\n"
+    results = {"step": step, **probe_params(cfg, build_model(cfg.model), params, batch)}
+    text = json.dumps(results, indent=1, sort_keys=True) + "\n"
+    rundir.record_results(
+        workdir, results, lambda: rundir.write_atomic(rundir.probes_path(workdir), text), out
     )
-    return out
+    return results

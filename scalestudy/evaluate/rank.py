@@ -320,9 +320,11 @@ def evaluate_run(
     data_dir: str | None = None,
     step: int | None = None,
     max_examples: int | None = None,
+    out: str | Path | None = None,
 ) -> dict:
     """Evaluate a run directory's checkpoint (default: latest); results go to its
-    summary.json ("eval") and metrics.jsonl, and are returned with the step."""
+    summary.json ("eval") and metrics.jsonl (or to the JSON file `out`), and are returned
+    with the step (rundir.RunNotUpdated carries them when the run cannot be written)."""
     import jax
 
     from scalestudy.models.api import build_model
@@ -343,8 +345,9 @@ def evaluate_run(
     results = evaluate_params(
         cfg, model, params, tasks=tasks, data_dir=data_dir, max_examples=max_examples, mesh=mesh
     )
-    _write_results(workdir, step, results)
-    return {"step": step, **results}
+    scores = {"step": step, **results}
+    rundir.record_results(workdir, scores, lambda: _write_results(workdir, step, results), out)
+    return scores
 
 
 def make_eval_fn(cfg: ExperimentConfig) -> Callable[[object, object, int], dict[str, float]]:

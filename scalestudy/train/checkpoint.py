@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -44,6 +45,8 @@ from scalestudy.errors import ScalestudyError
 from scalestudy.train import distributed
 
 ITEMS = ("params", "train", "data", "config")
+# Written into each step directory once its save is complete: sha256 of every file in it.
+CHECKSUMS = "checksums.json"
 
 
 class CheckpointError(ScalestudyError):
@@ -92,6 +95,44 @@ class ProcessJsonSave(ocp.args.CheckpointArgs):
 @dataclasses.dataclass
 class ProcessJsonRestore(ocp.args.CheckpointArgs):
     pass
+
+
+def file_checksums(step_dir: Path) -> dict[str, str]:
+    """{path relative to `step_dir`: sha256} of every file of a checkpoint step."""
+    out = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name not in (CHECKSUMS, CHECKSUMS + ".tmp"):
+            with path.open("rb") as f:
+                out[str(path.relative_to(step_dir))] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Record the checksums of a complete checkpoint step (atomically, fsync'd)."""
+    tmp = step_dir / (CHECKSUMS + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(file_checksums(step_dir), f, indent=0, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(step_dir / CHECKSUMS)
+
+
+def checksum_problem(step_dir: Path) -> str | None:
+    """Why the files of a checkpoint step differ from the checksums saved with it, or None
+    (also when it has no checksums: saved by an older release, or cut off before they were
+    written)."""
+    try:
+        want = json.loads((step_dir / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"{CHECKSUMS} unreadable: {e}"
+    have = file_checksums(step_dir)
+    changed = sorted(k for k in want if have.get(k) != want[k])
+    if not changed:
+        return None
+    shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"files differ from the checksums saved with it: {shown}"
 
 
 class CheckpointWriteError(CheckpointError):
@@ -192,14 +233,17 @@ class Checkpointer:
             self.wait()  # returns at once; raises what the background save raised
 
     def wait(self) -> None:
-        """Block until pending saves are on disk."""
+        """Block until pending saves are on disk, then record their checksums."""
         with self._write_errors(self._pending):
             self._manager.wait_until_finished()
             self._manager.check_for_errors()
+            if self._pending is not None and distributed.is_primary() and not self.read_only:
+                write_checksums(self.directory / str(self._pending))
         self._pending = None
 
     def close(self) -> None:
         try:
+            self.wait()
             with self._write_errors(self._pending):
                 self._manager.close()
         except CheckpointError:

@@ -50,6 +50,16 @@ def largest(value: int) -> int:
     return int(np.max(multihost_utils.process_allgather(np.int32(value))))
 
 
+def total(value: int) -> int:
+    """The sum of every process's `value`."""
+    if jax.process_count() == 1:
+        return value
+    # Two int32 halves: JAX without x64 would cut an int64 to 32 bits.
+    halves = np.array([value >> 31, value & (2**31 - 1)], np.int32)
+    high, low = np.asarray(multihost_utils.process_allgather(halves), np.int64).sum(axis=0)
+    return int(high << 31) + int(low)
+
+
 def barrier(name: str) -> None:
     """Wait until every process has reached the barrier called `name`."""
     if jax.process_count() > 1:

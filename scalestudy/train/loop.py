@@ -18,6 +18,8 @@ import contextlib
 import signal
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from scalestudy.train import (
     checkpoint,
     distributed,
     hooks,
+    logfile,
     metrics,
     recovery,
     resume,
@@ -58,14 +61,11 @@ class Preempted(ScalestudyError):
 
 
 def _prepare_workdir(cfg: ExperimentConfig, workdir: Path, primary: bool) -> None:
-    """Refuse a workdir that is a file or holds a different run; record the config."""
-    if workdir.exists() and not workdir.is_dir():
-        raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
+    """Refuse a workdir that holds a different run; record the config."""
     resume.check_resume(cfg, workdir)  # before anything is written
     # No process creates the checkpoint directory or config.yaml before every process has
     # looked for them: one that looked later would take another branch and another barrier.
     distributed.barrier("scalestudy_workdir_checked")
-    workdir.mkdir(parents=True, exist_ok=True)
     if primary:
         rundir.write_config(workdir, to_yaml(cfg))
 
@@ -80,10 +80,13 @@ def _progress_bar(cfg: ExperimentConfig, start: int, stop: int) -> Any:
 
 def _restore(
     cfg: ExperimentConfig, ckpt: checkpoint.Checkpointer, program: step.Program
-) -> tuple[Any, dict, int] | None:
-    """(state, saved data dict, step) from this run, else from `train.init_from`, else None."""
+) -> tuple[tuple[Any, dict, int] | None, bool]:
+    """((state, saved data dict, step) from this run, else from `train.init_from`, else None;
+    whether it came from this run)."""
     restored = recovery.restore(ckpt, program.abstract_state)
-    if restored is None and cfg.train.init_from is not None:
+    if restored is not None:
+        return restored, True
+    if cfg.train.init_from is not None:
         source = saved.checkpoint_dir(Path(cfg.train.init_from))
         if not source.is_dir():
             raise checkpoint.CheckpointError(
@@ -93,14 +96,30 @@ def _restore(
         restored = recovery.restore(other, program.abstract_state, step=cfg.train.init_step)
         if restored is None:
             raise checkpoint.CheckpointError(f"train.init_from: no checkpoint in {source}")
-    return restored
+    return restored, False
+
+
+def _warn_missing_rows(workdir: Path, start: int, expected: int | None) -> None:
+    """Say when metrics.jsonl holds fewer training rows up to `start` than were written
+    (`expected`, counted in the checkpoint; None for checkpoints that did not count)."""
+    have = sum("train/loss" in row for row in rundir.read_metrics(workdir))
+    if expected is not None and have < expected:
+        warnings.warn(
+            f"{rundir.metrics_path(workdir)} lacks {expected - have} of the {expected} "
+            f"training rows logged up to step {start} (lost before they reached the disk); "
+            f"the run resumes, and the rows after step {start} will be complete",
+            stacklevel=2,
+        )
 
 
 def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None) -> dict[str, Any]:
     """Train (or resume) the run in `workdir`; returns what it writes to summary.json."""
     workdir = Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
     try:
-        return _train(cfg, workdir, eval_fn)
+        with _claim(workdir):
+            return _train(cfg, workdir, eval_fn)
     except OSError as e:  # a file could not be read or written: one line, checkpoints kept
         latest = None
         with contextlib.suppress(Exception):
@@ -110,6 +129,18 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
             f"the run in {workdir} stopped on a file error: {e}; {kept}. Free space or fix "
             "permissions, then run the same command again"
         ) from None
+
+
+@contextlib.contextmanager
+def _claim(workdir: Path) -> Iterator[None]:
+    """The run directory, created, locked by the primary process (a second `train` on it is
+    refused naming the holder) and receiving the libraries' log output."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if distributed.is_primary():
+            stack.enter_context(rundir.run_lock(workdir))
+        stack.enter_context(logfile.library_logs_to_file(workdir))
+        yield
 
 
 class Run:
@@ -141,8 +172,10 @@ class Run:
         self.eval_fn = eval_fn
         self.row: dict[str, Any] = {}  # the hooks' metrics of the current step, not yet written
 
-    def start_from(self, restored: tuple[Any, dict, int] | None) -> None:
-        """Take the restored (state, data state, step), or initialise at step 0."""
+    def start_from(self, restored: tuple[Any, dict, int] | None, own: bool) -> None:
+        """Take the restored (state, data state, step) (`own`: from this run's checkpoints,
+        not `train.init_from`), or initialise at step 0."""
+        self.resumed = restored is not None and own
         if restored is None:
             self.state, self.start = self.program.init(self.cfg.train.seed), 0
             self.totals: dict[str, Any] = {"tokens": 0.0, "positions": 0.0, "wall_time_s": 0.0}
@@ -151,11 +184,15 @@ class Run:
             self.train_it.restore(data_state["iterator"])
             self.totals = data_state["totals"]
         self.tokens0 = self.totals["tokens"]
+        self.totals.setdefault("document_tokens", None if self.start else 0.0)
+        self.documents = 0  # this process's document tokens not yet in the totals
 
     def open_writers(self) -> None:
         """Metrics files, deferred metrics, hooks and progress bar for steps after `start`."""
         if self.primary:
             rundir.truncate_metrics_after(self.workdir, self.start)
+            if self.resumed:
+                _warn_missing_rows(self.workdir, self.start, self.totals.get("train_rows"))
         self.writer = metrics.MetricsWriter(self.workdir, active=self.primary)
         per_step = self.cfg.train.batch_size * counting.flops(self.cfg)["flops_per_example"]
         self.metrics = metrics.DeferredMetrics(self.writer, self.totals, per_step, self.wall_time)
@@ -175,6 +212,7 @@ class Run:
     def dispatch(self, t: int) -> None:
         """Start step `t` on the device; write the previous log step's row."""
         batch = self.program.shard_batch(next(self.train_it))
+        self.documents += self.train_it.last_document_tokens
         self.state, step_metrics = self.program.train_step(self.state, batch)
         log = t % self.cfg.train.log_every == 0 or t == self.stop
         row = self.metrics.push(t, step_metrics, log=log)
@@ -206,6 +244,18 @@ class Run:
         self.metrics.flush(t)
         self.metrics.check_last(t)
         self.write_row(t)
+        self.writer.sync()
+        self.count_documents()
+
+    def count_documents(self) -> None:
+        """Add every process's document tokens read since the last call to the totals (a
+        collective: called at the same steps on every process)."""
+        read = distributed.total(self.documents)
+        self.documents = 0
+        if (
+            self.totals["document_tokens"] is not None
+        ):  # None: resumed from a run that did not count
+            self.totals["document_tokens"] += read
 
     def close(self, failing: bool) -> None:
         if self.bar is not None:
@@ -220,7 +270,7 @@ class Run:
 
 def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict[str, Any]:
     run = Run(cfg, workdir, eval_fn)
-    run.start_from(_restore(cfg, run.ckpt, run.program))
+    run.start_from(*_restore(cfg, run.ckpt, run.program))
     finished = rundir.read_summary(workdir)
     if run.start >= run.stop and finished is not None:  # already done: at most the eval to add
         run.ckpt.close()
@@ -285,6 +335,16 @@ def _preempted(run: Run, done: int, signum: int) -> None:
 
 def _nonfinite(run: Run, e: metrics.NonFiniteMetric) -> None:
     run.ckpt.wait()
+    if run.resumed and run.checkpointer.last_saved == run.start:
+        # No checkpoint since the restore: the restored state is the likelier culprit.
+        where = run.ckpt.directory / str(run.start)
+        raise NonFiniteLoss(
+            f"training loss is {e.loss} at step {e.step}, before any checkpoint since resuming "
+            f"from the one of step {run.start} ({where}): that checkpoint is suspect (damaged "
+            f"on disk, or saved from a diverging state). Move it into "
+            f"{rundir.corrupt_dir(run.workdir)} and run the same command again to resume from "
+            "the one before it"
+        ) from None
     good = run.ckpt.latest_step()
     where = f"step {good} in {run.ckpt.directory}" if good is not None else "none (none saved)"
     raise NonFiniteLoss(
@@ -295,6 +355,7 @@ def _nonfinite(run: Run, e: metrics.NonFiniteMetric) -> None:
 
 
 def _summarise(run: Run, done: int, train_time: float, final_eval: dict) -> dict[str, Any]:
+    run.count_documents()
     run.totals["wall_time_s"] += time.perf_counter() - run.t_start
     summary = run_summary(
         run.cfg,

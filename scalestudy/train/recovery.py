@@ -27,6 +27,7 @@ from scalestudy.train.checkpoint import (
     ITEMS,
     Checkpointer,
     CheckpointError,
+    checksum_problem,
     data_state_file,
     describe,
     os_error_of,
@@ -90,19 +91,22 @@ def _restore_agreed(
     """Restore step `s` on every process; None (after setting it aside) when it is
     verified unreadable and `fall_back`; CheckpointError otherwise, on every process."""
     error: BaseException | None = None
-    try:
-        state, data_state = ckpt.restore_step(s, abstract_state)
-    except Exception as e:  # orbax raises many types; classified below
-        error = e
-    if distributed.on_all(error is None):
-        return state, data_state, s
     primary = distributed.is_primary()
-    reason = None
-    if primary:
+    reason = checksum_problem(ckpt.directory / str(s)) if primary else None
+    if not distributed.agreed(int(reason is not None)):
         try:
-            reason = verify(ckpt.directory, s)
-        except Exception as e:  # could not even check: say so, move nothing
-            error = error or e
+            state, data_state = ckpt.restore_step(s, abstract_state)
+        except Exception as e:  # orbax raises many types; classified below
+            error = e
+        if distributed.on_all(error is None):
+            if distributed.on_all(_finite(state)):
+                return state, data_state, s
+            reason = "it holds NaN or infinite values"
+        elif primary:
+            try:
+                reason = verify(ckpt.directory, s)
+            except Exception as e:  # could not even check: say so, move nothing
+                error = error or e
     unreadable = bool(distributed.agreed(int(reason is not None)))
     if not (unreadable and fall_back):
         cause = describe(error) if error is not None else "it failed on another process"
@@ -124,6 +128,17 @@ def _restore_agreed(
         stacklevel=3,
     )
     return None
+
+
+def _finite(state: dict) -> bool:
+    """Whether every floating-point value of this process's part of `state` is finite (a
+    diverged or damaged state must not be resumed; read shard by shard)."""
+    for leaf in jax.tree.leaves(state):
+        if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+            for shard in leaf.addressable_shards:
+                if not np.isfinite(np.asarray(shard.data)).all():
+                    return False
+    return True
 
 
 def verify(directory: Path, step: int) -> str | None:

@@ -17,10 +17,17 @@ how they are read back. Every other module asks this one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from scalestudy.errors import ScalestudyError
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
@@ -158,3 +165,94 @@ def truncate_metrics_after(workdir: str | Path, step: int) -> None:
         return
     kept = [line for line, row in _rows(path.read_text(errors="replace")) if row["step"] <= step]
     write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+class RunLockError(ScalestudyError):
+    """Another process is training in the same run directory."""
+
+
+@contextlib.contextmanager
+def run_lock(workdir: str | Path) -> Iterator[dict[str, Any]]:
+    """Hold `<workdir>/run.lock` while training there; yields the holder record.
+
+    An flock on the file (the kernel releases it when the holder dies, however it dies) plus
+    a record naming the holder. A second process is refused with the holder's pid, host and
+    start time; a lock whose holder on this host is dead is taken over. A record left by a
+    process on another host, whose liveness cannot be checked from here, is refused too,
+    naming the file to delete once that job is known to be gone.
+    """
+    path = lock_path(workdir)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLockError(_held(workdir, path.read_text(errors="replace"))) from None
+        text = path.read_text(errors="replace").strip()
+        here = socket.gethostname()
+        if text:  # a record without a live flock: its holder is gone, or on another host
+            try:
+                holder = json.loads(text)
+            except json.JSONDecodeError:
+                holder = {}
+            if isinstance(holder, dict) and holder.get("host", here) != here:
+                raise RunLockError(
+                    f"{_held(workdir, text)}. It cannot be checked from {here}: once that job "
+                    f"is gone, delete {path}"
+                )
+        me = {
+            "pid": os.getpid(),
+            "host": here,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        try:
+            yield me
+        finally:
+            os.ftruncate(fd, 0)  # the file stays: none may lock a file another just unlinked
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _held(workdir: str | Path, text: str) -> str:
+    try:
+        h = json.loads(text)
+        who = f"pid {h['pid']} on {h['host']}, started {h['started']}"
+    except (json.JSONDecodeError, KeyError, TypeError):
+        who = "another process"
+    return (
+        f"the run directory {workdir} is in use by {who}; two processes training one run "
+        "would overwrite each other's checkpoints and summary. Wait for it to finish (or stop "
+        "it), or use another --workdir"
+    )
+
+
+class RunNotUpdated(ScalestudyError):
+    """Results were computed, but the run directory could not be updated with them."""
+
+    def __init__(self, message: str, results: dict[str, Any]):
+        super().__init__(message)
+        self.results = results
+
+
+def record_results(
+    workdir: str | Path,
+    results: dict[str, Any],
+    write_into_run: Callable[[], None],
+    out: str | Path | None = None,
+) -> None:
+    """Keep `results` computed from a run: in the file `out` (JSON) when given, else through
+    `write_into_run()`. A run directory that cannot be written (read-only, full) raises
+    RunNotUpdated carrying the results, so that the caller can still show them."""
+    if out is not None:
+        write_atomic(Path(out), json.dumps(results, indent=2, sort_keys=True) + "\n")
+        return
+    try:
+        write_into_run()
+    except OSError as e:
+        raise RunNotUpdated(
+            f"could not update the run directory {workdir} ({e.strerror or e}); the results "
+            "were not saved there: give --out FILE to write them elsewhere",
+            results,
+        ) from None

@@ -44,8 +44,13 @@ def run_summary(
         "flops_per_token_6n": counts["flops_per_token_6n"],
         "steps": done,
         "complete": done >= cfg.train.steps,
-        "tokens": totals["tokens"],
+        # What the run consumed (a study matches cells on these): document tokens read from
+        # the corpus (None when resumed from a checkpoint that did not count them), positions
+        # processed, loss-bearing tokens (`tokens` is the older name of `loss_tokens`).
+        "document_tokens": totals.get("document_tokens"),
         "positions": totals["positions"],
+        "loss_tokens": totals["tokens"],
+        "tokens": totals["tokens"],
         "flops": flops,
         # 6N per position processed (D = positions: inputs and targets alike).
         "flops_6nd": counts["flops_per_token_6n"] * totals["positions"],

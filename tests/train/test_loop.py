@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from scalestudy.config import to_yaml
+from scalestudy.data import pipeline
 from scalestudy.models import counting
 from scalestudy.train import chips, loop, rundir, saved, step
 
@@ -52,7 +53,7 @@ def test_exact_resume(tiny_cfg, straight, tmp_path, arch):
     # Bitwise on CPU: same compiled program, same inputs, deterministic XLA CPU kernels.
     assert losses(tmp_path) == losses(ref_dir) and len(losses(ref_dir)) == 8
     params_equal(tmp_path, ref_dir)
-    for key in ("tokens", "positions", "flops", "final_val_loss", "steps"):
+    for key in ("tokens", "positions", "document_tokens", "flops", "final_val_loss", "steps"):
         assert summary[key] == ref[key], key
     assert summary["complete"] is False and summary["steps"] == 8
     rows = len(rundir.read_metrics(tmp_path))
@@ -60,6 +61,17 @@ def test_exact_resume(tiny_cfg, straight, tmp_path, arch):
     assert again == summary and len(rundir.read_metrics(tmp_path)) == rows
     assert ref["tokens"] > 0 and ref["positions"] >= ref["tokens"]
     assert ref["flops"] == 8 * 16 * counting.flops(tiny_cfg(arch))["flops_per_example"]
+    assert ref["loss_tokens"] == ref["tokens"] and ref["document_tokens"] > 0
+
+
+def test_document_tokens_are_the_corpus_tokens_the_batches_hold(tiny_cfg, straight):
+    """Causal FLM: every non-padding decoder position holds one corpus token, so the
+    document tokens read equal the real positions of the 8 batches (counted from the
+    batches, not from the pipeline's bookkeeping)."""
+    _, summary = straight("causal_decoder")
+    it = pipeline.make_iterator(tiny_cfg("causal_decoder"), "train")
+    real = sum(int((next(it)["decoder_segment_ids"] > 0).sum()) for _ in range(8))
+    assert summary["document_tokens"] == real
 
 
 def test_summary_and_run_directory(straight):
@@ -70,7 +82,10 @@ def test_summary_and_run_directory(straight):
         "checkpoints",
         "summary.json",
         "tensorboard",
+        "train.log",
+        "run.lock",
     }
+    assert (workdir / "checkpoints" / "8" / "checksums.json").is_file()
     assert json.loads((workdir / "summary.json").read_text()) == summary
     rows = rundir.read_metrics(workdir)
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 9))
