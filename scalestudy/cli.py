@@ -62,12 +62,13 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from scalestudy.train import rundir
     from scalestudy.train.loop import Preempted, train
 
     workdir = cli_args.run_dir(args.workdir, must_exist=False)
     cfg_path = args.config
     if cfg_path is None:
-        resolved = workdir / "config.yaml"
+        resolved = rundir.config_path(workdir)
         if not resolved.is_file():
             raise ScalestudyError(
                 f"--config not given and {resolved} does not exist; give --config FILE to "
@@ -106,19 +107,25 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
+    from scalestudy.train.rundir import RunNotUpdated
 
     # `--tasks a b eval.x=1` hands the override to --tasks: `dotted.key=value` is an override.
     is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
     tasks = [t for t in args.tasks or () if not is_override(t)] or None
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
-    results = evaluate_run(
-        workdir,
-        tasks=tasks,
-        data_dir=args.data_dir,
-        step=args.step,
-        max_examples=args.max_examples,
-        overrides=overrides,
-    )
+    try:
+        results = evaluate_run(
+            workdir,
+            tasks=tasks,
+            data_dir=args.data_dir,
+            step=args.step,
+            max_examples=args.max_examples,
+            overrides=overrides,
+            out=args.out,
+        )
+    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
+        _print(e.results, args.json)
+        raise
     _print(results, args.json)
     return 0
 
@@ -244,8 +251,14 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.decoder_only.attention_rank import probe_run
+    from scalestudy.train.rundir import RunNotUpdated
 
-    _print(probe_run(workdir, step=args.step), args.json)
+    try:
+        results = probe_run(workdir, step=args.step, out=args.out)
+    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
+        _print(e.results, args.json)
+        raise
+    _print(results, args.json)
     return 0
 
 
@@ -302,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint step (default: latest)",
     )
     p.add_argument("--max-examples", type=cli_args.positive_int, default=None, help="per task")
+    p.add_argument("--out", default=None, help="write the scores to this JSON file instead")
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="eval.key=value", help="evaluation settings")
     p.set_defaults(fn=_cmd_eval)
@@ -385,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="checkpoint step (default: latest)",
     )
+    p.add_argument("--out", default=None, help="write the probes to this JSON file instead")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_probe)
 

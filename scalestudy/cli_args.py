@@ -55,9 +55,9 @@ def check_step(workdir: Path, step: int | None) -> None:
     """Raise unless `step` (when given) is a checkpointed step of the run, listing those."""
     if step is None:
         return
-    from scalestudy.train import checkpoint
+    from scalestudy.train import checkpoint, saved
 
-    directory = checkpoint.checkpoint_dir(workdir)
+    directory = saved.checkpoint_dir(workdir)
     steps = checkpoint.Checkpointer(directory, read_only=True).all_steps()
     if step not in steps:
         saved = ", ".join(map(str, steps)) if steps else "none"

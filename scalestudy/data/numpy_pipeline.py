@@ -130,6 +130,8 @@ class NumpyBatchIterator:
         self._cursor = 0
         self._step = 0
         self._fingerprint = stream_fingerprint(cfg, split)
+        # Corpus tokens of the pieces behind this process's rows of the last batch.
+        self.last_document_tokens = 0
 
     # ------------------------------------------------------------------ state
 
@@ -172,7 +174,11 @@ class NumpyBatchIterator:
     def __next__(self) -> Batch:
         plan, self._cursor = self._plan(self._cursor)
         self._step += 1
-        return self._materialise(plan[self._rows])
+        mine = plan[self._rows]
+        self.last_document_tokens = int(
+            sum(self._pieces.lengths[p] for row in mine for _, p in row)
+        )
+        return self._materialise(mine)
 
     def _piece(self, k: int) -> int:
         epoch, j = divmod(k, self.n_pieces)

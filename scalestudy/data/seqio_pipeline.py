@@ -167,6 +167,9 @@ class SeqioBatchIterator:
         self._shard = seqio.ShardInfo(index=process_index, num_shards=process_count)
         self._rows = B // process_count
         self._step = 0
+        # Corpus tokens in this process's rows of the last batch: real tokens that are neither
+        # EOS nor sentinels (seqio keeps no link back to the documents).
+        self.last_document_tokens = 0
         # Each process streams its own shard: the layout is part of what a state restores into.
         self._fingerprint = stream_fingerprint(cfg, split, process_index, process_count)
         self._it = self._iterator()
@@ -264,7 +267,23 @@ class SeqioBatchIterator:
             raise DataError("this seqio data iterator was closed")
         raw = next(self._it)
         self._step += 1
-        return self._contract({k: v.numpy() for k, v in raw.items()})
+        batch = self._contract({k: v.numpy() for k, v in raw.items()})
+        self.last_document_tokens = self._document_tokens(batch)
+        return batch
+
+    def _document_tokens(self, batch: Batch) -> int:
+        vocabulary = self._provider.output_features["targets"].vocabulary
+        first_sentinel = vocabulary.vocab_size - vocabulary.extra_ids
+        keys = ("encoder_input_tokens", "decoder_target_tokens")
+        return sum(
+            int(
+                np.sum(
+                    (batch[k] > 0) & (batch[k] != vocabulary.eos_id) & (batch[k] < first_sentinel)
+                )
+            )
+            for k in keys
+            if k in batch
+        )
 
     def _contract(self, raw: Batch) -> Batch:
         """seqio's features -> the batch contract (int32; segments/positions when unpacked)."""

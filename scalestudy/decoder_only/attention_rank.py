@@ -257,13 +257,17 @@ def probe_params(
 
 
 def probe_run(
-    workdir: Path, step: int | None = None, n_examples: int = DEFAULT_EXAMPLES
+    workdir: Path,
+    step: int | None = None,
+    n_examples: int = DEFAULT_EXAMPLES,
+    out: str | Path | None = None,
 ) -> dict[str, float]:
     """Probes of a run's checkpoint (default: the latest) on `n_examples` validation rows;
-    also written to `<workdir>/probes.json`."""
+    also written to `<workdir>/probes.json` (or to the JSON file `out`)."""
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
-    from scalestudy.train.checkpoint import restore_params
+    from scalestudy.train import rundir
+    from scalestudy.train.saved import restore_params
 
     if n_examples < 1:
         raise ProbeError(f"n_examples must be >= 1, got {n_examples}")
@@ -275,8 +279,9 @@ def probe_run(
         batches.append(next(iterator))
         rows += len(batches[-1]["decoder_input_tokens"])
     batch = {k: np.concatenate([b[k] for b in batches])[:n_examples] for k in batches[0]}
-    out = {"step": step, **probe_params(cfg, build_model(cfg.model), params, batch)}
-    tmp = workdir / "probes.json.tmp"
-    tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    tmp.replace(workdir / "probes.json")
-    return out
+    results = {"step": step, **probe_params(cfg, build_model(cfg.model), params, batch)}
+    text = json.dumps(results, indent=1, sort_keys=True) + "\n"
+    rundir.record_results(
+        workdir, results, lambda: rundir.write_atomic(rundir.probes_path(workdir), text), out
+    )
+    return results

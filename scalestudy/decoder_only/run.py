@@ -35,7 +35,7 @@ from scalestudy.study import report
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import ComparisonConfig, StudySpec
 from scalestudy.study.sweep import REGISTRY_NAME
-from scalestudy.train.checkpoint import checkpoint_dir, restore_params
+from scalestudy.train.saved import checkpoint_dir, restore_params
 
 REPORT_NAME = "decoder_only.md"
 

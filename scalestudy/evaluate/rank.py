@@ -29,7 +29,7 @@ from scalestudy.evaluate.results import write_examples, write_results
 from scalestudy.evaluate.scorer import ScoreFn, Scorer, scoring_config
 from scalestudy.evaluate.tasks import load_tasks
 from scalestudy.models.api import build_model
-from scalestudy.train import checkpoint
+from scalestudy.train import rundir, saved
 from scalestudy.yamlio import apply_overrides, validate
 
 __all__ = [
@@ -146,21 +146,24 @@ def evaluate_run(
     step: int | None = None,
     max_examples: int | None = None,
     overrides: Sequence[str] = (),
+    out: str | Path | None = None,
 ) -> dict:
     """Evaluate a run directory's checkpoint (default: latest) with its stored evaluation
     settings changed by `overrides` (`eval.key=value`); no retraining. Aggregates go to its
     summary.json ("eval", with the settings in "eval_config") and metrics.jsonl, per-example
-    scores to eval_examples/step_<step>/<task>.jsonl; returns the aggregates and the step."""
+    scores to eval_examples/step_<step>/<task>.jsonl (or the aggregates to the JSON file
+    `out`); returns the aggregates and the step (rundir.RunNotUpdated carries them when the
+    run cannot be written)."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise ScalestudyError(f"run directory not found: {workdir}")
-    if checkpoint.latest_step(workdir) is None:
+    if saved.latest_step(workdir) is None:
         raise ScalestudyError(
             f"no checkpoint in {workdir}: nothing to evaluate; train first "
             f"(`scalestudy train --workdir {workdir}`) or give the directory of a trained run"
         )
     # Straight into the run's parameter shardings, scored under the same mesh as training.
-    cfg, params, step = checkpoint.restore_params(workdir, step, on_run_mesh=True)
+    cfg, params, step = saved.restore_params(workdir, step, on_run_mesh=True)
     cfg = eval_overrides(cfg, overrides)
     model = build_model(cfg.model)
     mesh = jax.tree.leaves(params)[0].sharding.mesh
@@ -175,9 +178,15 @@ def evaluate_run(
         mesh=mesh,
         records=records,
     )
-    write_examples(workdir, step, records)
-    write_results(workdir, step, results, cfg.eval.model_dump(mode="json"))
-    return {"step": step, **results}
+    settings = cfg.eval.model_dump(mode="json")
+
+    def write_into_run() -> None:
+        write_examples(workdir, step, records)
+        write_results(workdir, step, results, settings)
+
+    scores = {"step": step, **results}
+    rundir.record_results(workdir, scores, write_into_run, out)
+    return scores
 
 
 def check_tasks(cfg: ExperimentConfig, tasks: Sequence[Task]) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from scalestudy.train import rundir
+
 EXAMPLES_DIR = "eval_examples"
 
 
@@ -18,17 +20,13 @@ def write_results(
     workdir: Path, step: int, results: dict[str, float], settings: dict | None = None
 ) -> None:
     """Merge into summary.json["eval"] (and the settings into ["eval_config"]) and append one
-    line to metrics.jsonl."""
-    summary_path = workdir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    line to metrics.jsonl (through train/rundir.py, which owns those files)."""
+    summary = rundir.read_summary(workdir) or {}
     summary["eval"] = {**summary.get("eval", {}), **results, "step": step}
     if settings is not None:
         summary["eval_config"] = settings
-    tmp = summary_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(summary_path)  # atomic: a crash never leaves half a summary
-    with (workdir / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"step": step, **{f"eval/{k}": v for k, v in results.items()}}) + "\n")
+    rundir.write_summary(workdir, summary)
+    rundir.append_metrics(workdir, {"step": step, **{f"eval/{k}": v for k, v in results.items()}})
 
 
 def examples_path(workdir: Path, step: int, task: str) -> Path:
@@ -42,10 +40,6 @@ def write_examples(workdir: Path, step: int, records: dict[str, list[dict]]) -> 
     for task, rows in records.items():
         path = examples_path(workdir, step, task)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        tmp.replace(path)
+        rundir.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
         paths.append(path)
     return paths

@@ -26,6 +26,7 @@ from string import Template
 from scalestudy.config import to_yaml
 from scalestudy.errors import ScalestudyError
 from scalestudy.study.spec import StudySpec
+from scalestudy.train import rundir
 
 
 class LaunchError(ScalestudyError):
@@ -169,7 +170,7 @@ def write_run_configs(runs: list, out: Path) -> Path:
     for run in runs:
         workdir = out / "runs" / run.dirname
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "config.yaml").write_text(to_yaml(run.cfg))
+        rundir.write_config(workdir, to_yaml(run.cfg))
         lines.append(str(workdir.resolve()))
     listing = out / "runs.txt"
     listing.write_text("\n".join(lines) + "\n")
@@ -241,7 +242,7 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
         train = [
             *head,
             "export SCALESTUDY_DISTRIBUTED=auto",
-            f"{t.scalestudy} train --eval --config {q(str(workdir / 'config.yaml'))} "
+            f"{t.scalestudy} train --eval --config {q(str(rundir.config_path(workdir)))} "
             f"--workdir {q(str(workdir))}",
         ]
         label = f"run {run.cfg.name.split('.', 1)[-1]}"

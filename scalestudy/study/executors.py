@@ -10,7 +10,6 @@ reported as such, so no run is ever restored onto the collecting host's devices.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import traceback
@@ -19,8 +18,9 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.study import stopping
-from scalestudy.study.registry import Registry, read_metrics_jsonl
+from scalestudy.study.registry import Registry
 from scalestudy.study.stopping import StopRequests, StudyInterrupted, signal_of
+from scalestudy.train import rundir
 
 
 class StudyRunError(ScalestudyError):
@@ -29,12 +29,8 @@ class StudyRunError(ScalestudyError):
 
 def _finished_summary(workdir: Path, steps: int) -> dict | None:
     """The run's summary.json if it exists and covers all `steps` (a finished run)."""
-    path = workdir / "summary.json"
-    if not path.is_file():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    summary = rundir.read_summary(workdir)
+    if summary is None:
         return None
     finished = summary.get("complete", True) and summary.get("steps", steps) >= steps
     return summary if finished else None
@@ -58,7 +54,7 @@ def _needs_eval(cfg: Any, summary: dict) -> bool:
 
 def _not_evaluated(workdir: Path) -> str:
     return (
-        f"trained but not evaluated (no zero-shot results in {workdir / 'summary.json'}); "
+        f"trained but not evaluated (no zero-shot results in {rundir.summary_path(workdir)}); "
         f"evaluate it on its own mesh with `scalestudy train --eval --workdir {workdir}` in a "
         "job with the run's resources"
     )
@@ -83,13 +79,13 @@ class _Progress:
         self.bar.set_description(f"[{index}/{self.n_runs}] {name}")
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._poll, args=(workdir / "metrics.jsonl", weight, steps), daemon=True
+            target=self._poll, args=(rundir.metrics_path(workdir), weight, steps), daemon=True
         )
         self._thread.start()
 
     def _poll(self, path: Path, weight: float, steps: int) -> None:
         while not self._stop.wait(1.0):
-            recs = read_metrics_jsonl(path)
+            recs = rundir.read_metrics_file(path)
             if recs:
                 last = recs[-1]
                 frac = min(1.0, float(last.get("step", 0)) / max(steps, 1))
@@ -283,7 +279,7 @@ class LocalExecutor:
         return None
 
     def _record(self, run: Any, workdir: Path, summary: dict) -> None:
-        self.reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
+        self.reg.finish(run.run_id, summary, rundir.read_metrics(workdir))
 
     def _interrupt(self, run: Any, why: str) -> None:
         self.reg.update(run.run_id, status="interrupted", error=why, finished_at=time.time())
@@ -317,8 +313,8 @@ def _interrupted(signum: int, stopped: list[str], registry: Path) -> StudyInterr
 
 def _unfinished(workdir: Path, steps: int) -> tuple[bool, str]:
     """(whether the run ever started, what is missing) for a run with no final summary."""
-    logged = [int(r["step"]) for r in read_metrics_jsonl(workdir / "metrics.jsonl") if "step" in r]
-    ckpts = workdir / "checkpoints"
+    logged = [int(r["step"]) for r in rundir.read_metrics(workdir)]
+    ckpts = rundir.checkpoints_dir(workdir)
     saved = (
         sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
     )
@@ -350,7 +346,7 @@ def collect(reg: Registry, out: Path, runs: list) -> list[str]:
             problems.append(f"{name}: {why}")
             continue
         if status.get(run.run_id) != "done":
-            reg.finish(run.run_id, summary, read_metrics_jsonl(workdir / "metrics.jsonl"))
+            reg.finish(run.run_id, summary, rundir.read_metrics(workdir))
             recorded += 1
         if _needs_eval(run.cfg, summary):
             problems.append(f"{name}: {_not_evaluated(workdir)}")

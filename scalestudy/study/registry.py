@@ -270,21 +270,6 @@ class Registry:
         return out
 
 
-def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a run's metrics.jsonl; a torn last line (killed writer) is ignored."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
-
-
 # ----------------------------------------------------------------------------- study lock
 
 LOCK_NAME = "study.lock"

@@ -96,15 +96,15 @@ class StagesSpec(Frozen):
 
 def finished_parent(run: Path, expect_arch: str | None = None) -> tuple[ExperimentConfig, int]:
     """(config, final step) of a finished run directory; StageError otherwise."""
-    from scalestudy.train import checkpoint
+    from scalestudy.train import saved
 
     run = Path(run)
     if not run.is_dir():
         raise StageError(f"--from {run}: no such run directory")
-    step = checkpoint.latest_step(run)
+    step = saved.latest_step(run)
     if step is None:
         raise StageError(f"--from {run}: no checkpoint there; train the run first")
-    cfg = checkpoint.load_config(run, step)
+    cfg = saved.load_config(run, step)
     if step < cfg.train.steps or not (run / "summary.json").is_file():
         raise StageError(
             f"--from {run} is unfinished (latest checkpoint at step {step} of "
@@ -357,7 +357,7 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
 
 def _evaluate_parent(cfg: ExperimentConfig, record: dict, eval_fn) -> dict[str, float]:
     from scalestudy.models.api import build_model
-    from scalestudy.train.checkpoint import restore_params
+    from scalestudy.train.saved import restore_params
 
     _, params, step = restore_params(Path(record["parent"]), record["parent_step"])
     return dict(eval_fn(build_model(cfg.model), params, step))

@@ -27,7 +27,7 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.data import pipeline
 from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
-from scalestudy.train import metrics, sharding, step
+from scalestudy.train import chips, sharding, step
 
 # Chip generation -> (name in libtpu's topology names, torus dimensions, cores per chip in
 # the Cloud TPU type name).
@@ -188,7 +188,7 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
     out["total_gib_per_chip"] = round(total / gib, 3)
     state = state_bytes_per_device(program)
     out["state_gib_per_chip"] = round(state / gib, 3)  # parameters + optimizer state
-    entry = metrics.chip(kind)
+    entry = chips.chip(kind)
     if entry is not None:
         out["hbm_gib_per_chip"] = entry.hbm_gib
         out["fits"] = total <= entry.hbm_gib * gib
@@ -203,8 +203,8 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
     est = float(cost.get("optimal_seconds", -1.0))
     out["compiler_optimal_s"] = est
     if est > 0 and entry is not None:
-        peak = metrics.peak_flops(kind, cfg.model.dtype, n_devices=mesh.size)
+        peak = chips.peak_flops(kind, cfg.model.dtype, n_devices=mesh.size)
         out["est_step_s"] = float(f"{est:.3g}")
-        out["est_mfu"] = round(metrics.mfu(counted, est, peak["flops_per_s"]), 3)
+        out["est_mfu"] = round(chips.mfu(counted, est, peak["flops_per_s"]), 3)
     out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
     return out

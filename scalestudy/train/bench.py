@@ -1,7 +1,7 @@
 """Train-step benchmarks: throughput and MFU of each architecture at a preset size.
 
 `bench(cfg, steps)` times compiled train steps on one fixed batch (the data pipeline is
-benchmarked separately) and reports step time, tokens/s and MFU against `metrics.peak_flops`
+benchmarked separately) and reports step time, tokens/s and MFU against `chips.peak_flops`
 (the datasheet peak of the device kind for the compute dtype, or on CPU the measured matmul
 peak of the host). Presets make a figure reproducible: `scalestudy bench train --preset 25m`.
 """
@@ -17,7 +17,7 @@ from scalestudy.config import VALID_CELLS, ExperimentConfig, load_config
 from scalestudy.data import pipeline
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.train import metrics, step
+from scalestudy.train import chips, step
 
 # Named sizes (config overrides). "small" is quick; "25m" is the ~25M-parameter decoder at
 # 512 positions (384 inputs + 128 targets; the encoder-decoder encodes 384, decodes 128).
@@ -88,11 +88,11 @@ def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
     jax.block_until_ready(m)
     seconds = time.perf_counter() - t
     flops = steps * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
-    peak = metrics.peak_flops(dtype=cfg.model.dtype)
+    peak = chips.peak_flops(dtype=cfg.model.dtype)
     if "measured" in peak["source"]:
         # A shared CPU's speed drifts with its load: measure the peak again right after the
         # steps, and divide by the higher of the two (the lower, more honest MFU).
-        again = metrics.measured_peak_flops.__wrapped__()["flops_per_s"] * peak["devices"]
+        again = chips.measured_peak_flops.__wrapped__()["flops_per_s"] * peak["devices"]
         peak["flops_per_s"] = max(peak["flops_per_s"], again)
     return {
         "objective": cfg.objective.name,
@@ -101,7 +101,7 @@ def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
         "step_ms": round(1e3 * seconds / steps, 2),
         "tokens_per_s": round(steps * float(m["step_tokens"]) / seconds),
         "positions_per_s": round(steps * float(m["step_positions"]) / seconds),
-        "mfu": round(metrics.mfu(flops, seconds, peak["flops_per_s"]), 4),
+        "mfu": round(chips.mfu(flops, seconds, peak["flops_per_s"]), 4),
         "peak_gflops": round(peak["flops_per_s"] / 1e9, 1),
     }
 
@@ -115,7 +115,7 @@ def bench(
     unknown = sorted(set(archs or ()) - set(VALID_CELLS))
     if unknown:
         raise ConfigError(f"bench --arch {unknown}: accepted: {', '.join(VALID_CELLS)}")
-    peak = metrics.peak_flops(dtype=base.model.dtype)
+    peak = chips.peak_flops(dtype=base.model.dtype)
     out: dict[str, Any] = {
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "dtype": base.model.dtype,

@@ -1,34 +1,19 @@
-"""Run metrics: JSONL and TensorBoard writers, throughput and model-FLOPs utilisation.
-
-MFU = counted model FLOPs per second of train-step time / peak FLOP/s of all global devices.
-The peak of one device is its datasheet peak for the compute dtype (`CHIPS`, by JAX device
-kind); a CPU has no datasheet entry, so its peak is measured: the best throughput of large
-matmuls on this host (float32 and bfloat16, the faster of the two), counted once per host
-process since every fake CPU device shares the same cores.
-"""
+"""Per-step metrics: the metrics.jsonl + TensorBoard writer and a throughput meter."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 import os
-import socket
-import struct
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
-from scalestudy.models import counting
-
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
+from scalestudy.train import rundir
+from scalestudy.train.tensorboard import EventWriter
 
 
 def _plain(value: Any) -> Any:
@@ -36,77 +21,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray | np.generic | jax.Array):
         value = np.asarray(value).item()
     return value
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-        table.append(crc)
-    return table
-
-
-_CRC_TABLE = _crc32c_table()
-
-
-def _masked_crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _event(step: int, wall_time: float, summary: bytes = b"", version: str = "") -> bytes:
-    """A serialized tensorflow.Event (wall_time=1, step=2, file_version=3, summary=5)."""
-    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
-    if version:
-        out += _field(3, version.encode())
-    if summary:
-        out += _field(5, summary)
-    return out
-
-
-class EventWriter:
-    """TensorBoard scalar events (Summary.Value.simple_value) in TFRecord framing, written
-    without importing TensorFlow (seconds per process saved)."""
-
-    def __init__(self, logdir: Path):
-        logdir.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
-        self._file = (logdir / name).open("ab")
-        self._record(_event(0, time.time(), version="brain.Event:2"))
-
-    def _record(self, data: bytes) -> None:
-        length = struct.pack("<Q", len(data))
-        self._file.write(length + struct.pack("<I", _masked_crc32c(length)))
-        self._file.write(data + struct.pack("<I", _masked_crc32c(data)))
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        summary = b"".join(
-            _field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
-            for tag, value in values.items()
-        )
-        self._record(_event(step, time.time(), summary))
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class MetricsWriter:
@@ -118,14 +32,14 @@ class MetricsWriter:
     """
 
     def __init__(self, workdir: Path, *, tensorboard: bool = True, active: bool = True):
-        self.path = Path(workdir) / METRICS_FILE
+        self.path = rundir.metrics_path(workdir)
         self._file = self._tb = None
         if not active:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
         if tensorboard:
-            self._tb = EventWriter(Path(workdir) / TENSORBOARD_DIR)
+            self._tb = EventWriter(rundir.tensorboard_dir(workdir))
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """Record `metrics` at `step`; returns them as plain Python values."""
@@ -144,48 +58,18 @@ class MetricsWriter:
             )
         return row
 
+    def sync(self) -> None:
+        """Make every row written so far durable (called before a checkpoint is saved, so
+        that the rows of every checkpointed step survive a crash)."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
-
-
-def _rows(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """(line, row) for every complete row of a metrics.jsonl text.
-
-    A line that does not parse (torn by a full disk or a power cut while it was written) is
-    dropped: its step is re-run on resume, so its row is written again.
-    """
-    out = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            out.append((line, row))
-    return out
-
-
-def truncate_after(workdir: Path, step: int) -> None:
-    """Drop metrics.jsonl rows after `step` (they belong to work lost at a preemption) and
-    torn lines; the file is replaced atomically so a crash here loses nothing."""
-    path = Path(workdir) / METRICS_FILE
-    if not path.exists():
-        return
-    kept = [line for line, row in _rows(path.read_text(errors="replace")) if row["step"] <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
-
-
-def read_metrics(workdir: Path) -> list[dict[str, Any]]:
-    """All complete rows of a run's metrics.jsonl (a torn line is skipped)."""
-    path = Path(workdir) / METRICS_FILE
-    if not path.exists():
-        return []
-    return [row for _, row in _rows(path.read_text(errors="replace"))]
 
 
 class Throughput:
@@ -201,147 +85,78 @@ class Throughput:
         return rate
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """Datasheet figures of one accelerator: dense peak FLOP/s per JAX device by compute
-    dtype and memory (HBM) per JAX device."""
+class NonFiniteMetric(Exception):
+    """The training loss of `step` is NaN or infinite."""
 
-    name: str
-    peak_bf16: float
-    peak_fp32: float
-    hbm_gib: float
+    def __init__(self, loss: float, step: int):
+        super().__init__(f"training loss is {loss} at step {step}")
+        self.loss, self.step = loss, step
 
 
-# Matched against `jax.Device.device_kind` by substring, first match wins (so "v5 lite"
-# precedes "v5"). TPU float32 matmuls run as bfloat16 passes at default precision, so the
-# bfloat16 peak is the TPU's only peak; GPU float32 is the TF32 tensor-core peak, which
-# JAX's default matmul precision uses. A v4/v5p JAX device is one chip (megacore).
-CHIPS: tuple[tuple[str, Chip], ...] = (
-    ("TPU v4", Chip("TPU v4", 275e12, 275e12, 32)),
-    ("TPU v5 lite", Chip("TPU v5e", 197e12, 197e12, 16)),
-    ("TPU v5e", Chip("TPU v5e", 197e12, 197e12, 16)),
-    ("TPU v5p", Chip("TPU v5p", 459e12, 459e12, 95)),
-    ("TPU v5", Chip("TPU v5p", 459e12, 459e12, 95)),
-    ("TPU v6 lite", Chip("TPU v6e", 918e12, 918e12, 32)),
-    ("TPU v6e", Chip("TPU v6e", 918e12, 918e12, 32)),
-    ("A100-SXM4-40GB", Chip("A100 SXM 40GB", 312e12, 156e12, 40)),
-    ("A100", Chip("A100 SXM", 312e12, 156e12, 80)),
-    ("H100 PCIe", Chip("H100 PCIe", 756e12, 378e12, 80)),
-    ("H100", Chip("H100 SXM", 989e12, 495e12, 80)),
-    ("H200", Chip("H200 SXM", 989e12, 495e12, 141)),
-)
-
-
-def chip(device_kind: str) -> Chip | None:
-    """The datasheet entry for a JAX device kind, or None (CPU, unknown accelerators)."""
-    for key, entry in CHIPS:
-        if key.lower() in device_kind.lower():
-            return entry
-    return None
-
-
-@functools.cache
-def measured_peak_flops(sizes: tuple[int, ...] = (1024, 2048), repeats: int = 3) -> dict:
-    """Best measured matmul FLOP/s of this host: {"flops_per_s", "dtype", "n"}.
-
-    One device runs the matmuls: the host's cores are shared by all its (fake) devices, and
-    XLA's CPU matmul uses every core. The sizes are large enough to leave the caches.
+class DeferredMetrics:
+    """The device metrics of dispatched steps, brought to the host late so that the device
+    can run ahead: the loop pushes step t's metrics after dispatching it and flushes those of
+    an earlier step. Every step's token counts go into `totals`; log steps also become a
+    metrics.jsonl row. A non-finite loss raises NonFiniteMetric when it reaches the host.
     """
-    device = jax.local_devices()[0]
-    best = {"flops_per_s": 0.0, "dtype": "float32", "n": 0}
-    for dtype in (jnp.float32, jnp.bfloat16):
-        for n in sizes:
-            x = jax.device_put(jnp.ones((n, n), dtype), device)
-            matmul = jax.jit(lambda a: a @ a)
-            matmul(x).block_until_ready()
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                matmul(x).block_until_ready()
-                times.append(time.perf_counter() - t)
-            rate = 2 * n**3 / min(times)
-            if rate > best["flops_per_s"]:
-                best = {"flops_per_s": rate, "dtype": jnp.dtype(dtype).name, "n": n}
-    return best
 
+    def __init__(self, writer: MetricsWriter, totals: dict, flops_per_step: float, clock: Any):
+        self.writer, self.totals = writer, totals
+        self.flops_per_step = flops_per_step
+        self.clock = clock  # () -> the run's wall time so far
+        self.throughput = Throughput()
+        self.pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
+        self.to_log: tuple[int, Any] | None = None  # the newest log step not yet written
+        self.last: Any = None  # the newest step's device metrics
+        self.logged: dict[str, Any] = {}  # the latest value of every metric written
 
-def peak_flops(
-    device_kind: str | None = None, dtype: str = "bfloat16", n_devices: int | None = None
-) -> dict[str, Any]:
-    """Peak FLOP/s of `n_devices` (default: all global devices) of `device_kind` (default:
-    this job's) for compute `dtype`: {"flops_per_s", "per_device", "devices", "source"}.
+    def push(self, step: int, metrics: Any, *, log: bool) -> dict[str, Any] | None:
+        """Queue the device metrics of the step just dispatched; then write the previous log
+        step's row (its step is done by now, this one is queued behind it) and return it."""
+        self.pending.append((step, metrics))
+        self.last = metrics
+        row = self.flush(self.to_log[0]) if self.to_log is not None else None
+        if log:
+            self.to_log = (step, metrics)
+        return row
 
-    A kind without a datasheet entry (CPU) uses the measured peak of this host, times the
-    number of host processes.
-    """
-    kind = device_kind if device_kind is not None else jax.devices()[0].device_kind
-    entry = chip(kind)
-    if entry is not None:
-        per_device = entry.peak_fp32 if dtype == "float32" else entry.peak_bf16
-        n = n_devices if n_devices is not None else jax.device_count()
-        source = f"datasheet {entry.name} {dtype}"
-    else:
-        measured = measured_peak_flops()
-        per_device = measured["flops_per_s"]
-        n = n_devices if n_devices is not None else jax.process_count()
-        source = f"measured {measured['n']}^3 {measured['dtype']} matmul on {kind}"
-    return {"flops_per_s": per_device * n, "per_device": per_device, "devices": n, "source": source}
+    def flush(self, upto: int) -> dict[str, Any] | None:
+        """Bring metrics of steps <= `upto` to the host: totals always, a row at a log step
+        (returned)."""
+        ready = [p for p in self.pending if p[0] <= upto]
+        self.pending = [p for p in self.pending if p[0] > upto]
+        counts = jax.device_get([(m["step_tokens"], m["step_positions"]) for _, m in ready])
+        for tokens, positions in counts:
+            self.totals["tokens"] += float(tokens)
+            self.totals["positions"] += float(positions)
+        if self.to_log is None or self.to_log[0] > upto:
+            return None
+        step, metrics = self.to_log
+        self.to_log = None
+        row = {k: float(v) for k, v in jax.device_get(metrics).items() if not k.startswith("step_")}
+        if not math.isfinite(row["train/loss"]):
+            raise NonFiniteMetric(row["train/loss"], step)
+        row |= {
+            "tokens": self.totals["tokens"],
+            "positions": self.totals["positions"],
+            "flops": step * self.flops_per_step,
+            "wall_time_s": self.clock(),
+            "tokens_per_s": self.throughput.update(self.totals["tokens"]),
+        }
+        # Counted in the totals a checkpoint saves: a resume can tell whether rows were lost.
+        self.totals["train_rows"] = self.totals.get("train_rows", 0) + 1
+        return self.write(step, row)
 
+    def check_last(self, step: int) -> None:
+        """Raise NonFiniteMetric when the newest dispatched step's loss is not finite (waits
+        for that step)."""
+        if self.last is not None:
+            loss = float(jax.device_get(self.last["train/loss"]))
+            if not math.isfinite(loss):
+                raise NonFiniteMetric(loss, step)
 
-def mfu(model_flops: float, seconds: float, peak_flops_per_s: float | None = None) -> float:
-    """Model FLOPs utilisation: `model_flops` (counted, global) done in `seconds` of train-step
-    time, against `peak_flops_per_s` (default: `peak_flops()` of this job)."""
-    if seconds <= 0:
-        return 0.0
-    peak = peak_flops_per_s if peak_flops_per_s is not None else peak_flops()["flops_per_s"]
-    return model_flops / seconds / peak
-
-
-def _peak(cfg: ExperimentConfig) -> float:
-    return peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
-
-
-def run_summary(
-    cfg: ExperimentConfig,
-    done: int,
-    totals: dict,
-    last: dict,
-    final_eval: dict,
-    train_time: float,
-    start: int,
-    tokens0: float,
-) -> dict[str, Any]:
-    """summary.json of a run after `done` steps, `done - start` of them in this invocation
-    (which took `train_time` seconds of train steps and began with `tokens0` tokens).
-
-    `train_time` should exclude evaluation and checkpointing: MFU and tokens/s divide by it.
-    """
-    counts = counting.flops(cfg)
-    params = counting.count_params(cfg.model)
-    flops = done * cfg.train.batch_size * counts["flops_per_example"]
-    this_run_flops = (done - start) * cfg.train.batch_size * counts["flops_per_example"]
-    this_run_tokens = totals["tokens"] - tokens0
-    return {
-        "name": cfg.name,
-        "arch": cfg.model.arch,
-        "objective": cfg.objective.name,
-        "params_total": params["total"],
-        "params_non_embedding": params["non_embedding"],
-        "params_embedding": params["embedding"],
-        "flops_per_token": counts["flops_per_token"],
-        "flops_per_token_6n": counts["flops_per_token_6n"],
-        "steps": done,
-        "complete": done >= cfg.train.steps,
-        "tokens": totals["tokens"],
-        "positions": totals["positions"],
-        "flops": flops,
-        # 6N per position processed (D = positions: inputs and targets alike).
-        "flops_6nd": counts["flops_per_token_6n"] * totals["positions"],
-        "final_train_loss": last.get("train/loss"),
-        "final_val_loss": final_eval.get("val/loss"),
-        "best_val_loss": totals.get("best_val_loss"),
-        "wall_time_s": totals["wall_time_s"],
-        "tokens_per_s": this_run_tokens / max(train_time, 1e-9),
-        "mfu": mfu(this_run_flops, train_time, _peak(cfg)),
-        "eval": {k[len("eval/") :]: v for k, v in final_eval.items() if k.startswith("eval/")},
-    }
+    def write(self, step: int, row: dict[str, Any]) -> dict[str, Any]:
+        """Write a row at `step` and remember its values."""
+        row = self.writer.write(step, row)
+        self.logged.update(row)
+        return row

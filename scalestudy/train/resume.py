@@ -15,7 +15,7 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig, load_config
 from scalestudy.errors import ConfigError, ScalestudyError
-from scalestudy.train import checkpoint
+from scalestudy.train import rundir, saved
 
 # Dotted keys (or prefixes ending in ".") that may change between invocations of one run.
 SAFE_ON_RESUME: tuple[str, ...] = (
@@ -67,10 +67,10 @@ def run_config(workdir: Path) -> ExperimentConfig | None:
     """The config the run in `workdir` was trained with, or None when nothing was trained
     there yet (no checkpoint and no summary)."""
     workdir = Path(workdir)
-    latest = checkpoint.latest_step(workdir)
-    if latest is None and not (workdir / "summary.json").exists():
+    latest = saved.latest_step(workdir)
+    if latest is None and not rundir.summary_path(workdir).exists():
         return None
-    resolved = workdir / "config.yaml"
+    resolved = rundir.config_path(workdir)
     if resolved.is_file():
         try:
             return load_config(resolved)
@@ -79,7 +79,7 @@ def run_config(workdir: Path) -> ExperimentConfig | None:
                 raise
     if latest is None:
         return None
-    return checkpoint.load_config(workdir, latest)
+    return saved.load_config(workdir, latest)
 
 
 def check_resume(cfg: ExperimentConfig, workdir: Path) -> None:

@@ -275,7 +275,7 @@ def test_run_directory(tmp_path: Path) -> None:
 @pytest.mark.slow  # trains a tiny run on a (2,2,2) mesh: about 19 s at load 7.6
 def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch) -> None:
     from scalestudy.config import load_config
-    from scalestudy.train import checkpoint, loop, sharding
+    from scalestudy.train import loop, saved, sharding
 
     cfg = load_config(
         None,
@@ -307,7 +307,7 @@ def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch
     trained_shardings = sharding.param_shardings(mesh, model.param_axes())  # as the train step
 
     # The path before: parameters on one device, then scored.
-    _, one_device, _ = checkpoint.restore_params(tmp_path)
+    _, one_device, _ = saved.restore_params(tmp_path)
     assert all(len(a.sharding.device_set) == 1 for a in jax.tree.leaves(one_device))
     reference = rank.evaluate_params(cfg, model, one_device)
 

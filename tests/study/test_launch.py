@@ -212,7 +212,7 @@ def test_tpu_queued_resource_wait_times_out(tiny_spec, tmp_path):
 def _no_training_or_restoring(monkeypatch) -> list[str]:
     """Make any training or single-device restore at collection fail the test."""
     from scalestudy.evaluate import rank
-    from scalestudy.train import checkpoint
+    from scalestudy.train import saved
 
     calls: list[str] = []
 
@@ -223,7 +223,7 @@ def _no_training_or_restoring(monkeypatch) -> list[str]:
 
         return f
 
-    monkeypatch.setattr(checkpoint, "restore_params", forbidden("restore_params"))
+    monkeypatch.setattr(saved, "restore_params", forbidden("restore_params"))
     monkeypatch.setattr(rank, "evaluate_run", forbidden("evaluate_run"))
     return calls
 

@@ -18,8 +18,8 @@ from scalestudy.study.registry import (
     StudyLockError,
     load_curves,
     load_runs,
-    read_metrics_jsonl,
 )
+from scalestudy.train import rundir
 
 ROW = {
     "run_id": "abc",
@@ -63,7 +63,7 @@ def test_round_trip(tmp_path):
 def test_torn_metrics_line_is_ignored(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1, "train/loss": 1.0}) + '\n{"step": 2, "tra')
-    assert read_metrics_jsonl(path) == [{"step": 1, "train/loss": 1.0}]
+    assert rundir.read_metrics_file(path) == [{"step": 1, "train/loss": 1.0}]
 
 
 FAKE_STUDY = """

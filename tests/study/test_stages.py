@@ -10,7 +10,7 @@ import pytest
 from scalestudy.config import load_config
 from scalestudy.errors import ConfigError
 from scalestudy.study import stages
-from scalestudy.train import metrics
+from scalestudy.train import rundir
 
 TINY = [
     "model.d_model=32",
@@ -103,7 +103,7 @@ def mixture(tmp_path_factory) -> Path:
 
 
 def _losses(run: Path) -> dict[int, float]:
-    return {r["step"]: r["train/loss"] for r in metrics.read_metrics(run) if "train/loss" in r}
+    return {r["step"]: r["train/loss"] for r in rundir.read_metrics(run) if "train/loss" in r}
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_adaptation_first_loss_is_the_old_weights_under_the_new_objective(
 
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
-    from scalestudy.train.checkpoint import restore_params
+    from scalestudy.train.saved import restore_params
 
     out = tmp_path / "adapted"
     cfg, record = stages.prepare_adapt(

@@ -11,6 +11,7 @@ import pytest
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.train.checkpoint import Checkpointer, CheckpointError
+from scalestudy.train.recovery import restore, verify
 
 
 def make_state(seed: int) -> dict:
@@ -43,7 +44,7 @@ def test_round_trip_and_latest(tmp_path):
         ckpt.save(step, make_state(step), {"position": step}, cfg)
     ckpt.wait()
     assert ckpt.all_steps() == [2, 3]  # keep_last=2
-    state, data, step = ckpt.restore(abstract(make_state(0)))
+    state, data, step = restore(ckpt, abstract(make_state(0)))
     assert step == 3 and data == {"position": 3}
     assert_equal(state, make_state(3))
     saved_cfg = json.loads((tmp_path / "checkpoints/3/config/metadata").read_text())
@@ -71,14 +72,14 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path):
             f.write_bytes(b"garbage")
     ckpt = Checkpointer(tmp_path / "checkpoints", keep_last=3)
     with pytest.warns(UserWarning, match="step 10 cannot be restored"):
-        state, data, step = ckpt.restore(abstract(make_state(0)))
+        state, data, step = restore(ckpt, abstract(make_state(0)))
     assert step == 5 and data == {"position": 5}
     assert_equal(state, make_state(5))
     # The bad checkpoint is kept aside, not deleted, and no longer counts as the latest.
     assert (tmp_path / "corrupt_checkpoints/10/params").is_dir()
     assert ckpt.all_steps() == [5]
     with pytest.raises(CheckpointError, match="available"):
-        ckpt.restore(abstract(make_state(0)), step=10)
+        restore(ckpt, abstract(make_state(0)), step=10)
     ckpt.close()
 
 
@@ -93,7 +94,7 @@ def test_interrupted_save_is_invisible(tmp_path):
         warnings.simplefilter("error")
         ckpt = Checkpointer(tmp_path, keep_last=2)
         assert ckpt.latest_step() == 1
-        _, _, step = ckpt.restore(abstract(make_state(0)))
+        _, _, step = restore(ckpt, abstract(make_state(0)))
     assert step == 1
     ckpt.close()
 
@@ -113,7 +114,7 @@ def test_a_state_that_does_not_fit_is_an_error_and_moves_nothing(tmp_path):
     other["params"]["dense"]["b"] = jax.ShapeDtypeStruct((4,), jnp.float32, sharding=None)
     ckpt = Checkpointer(tmp_path / "checkpoints")
     with pytest.raises(CheckpointError, match=r"step 10 .* intact .*not compatible"):
-        ckpt.restore(other)
+        restore(ckpt, other)
     assert ckpt.all_steps() == [5, 10] and not (tmp_path / "corrupt_checkpoints").exists()
     ckpt.close()
 
@@ -121,7 +122,7 @@ def test_a_state_that_does_not_fit_is_an_error_and_moves_nothing(tmp_path):
 def test_a_transient_failure_moves_nothing(tmp_path, monkeypatch):
     save_steps(tmp_path / "checkpoints", (5, 10))
     ckpt = Checkpointer(tmp_path / "checkpoints")
-    real = ckpt._restore_step
+    real = ckpt.restore_step
     calls = []
 
     def flaky(step, abstract_state):
@@ -130,11 +131,11 @@ def test_a_transient_failure_moves_nothing(tmp_path, monkeypatch):
             raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while restoring")
         return real(step, abstract_state)
 
-    monkeypatch.setattr(ckpt, "_restore_step", flaky)
+    monkeypatch.setattr(ckpt, "restore_step", flaky)
     with pytest.raises(CheckpointError, match=r"intact.*RESOURCE_EXHAUSTED"):
-        ckpt.restore(abstract(make_state(0)))
+        restore(ckpt, abstract(make_state(0)))
     assert ckpt.all_steps() == [5, 10]
-    _, _, step = ckpt.restore(abstract(make_state(0)))  # the retry restores the newest
+    _, _, step = restore(ckpt, abstract(make_state(0)))  # the retry restores the newest
     assert step == 10
     ckpt.close()
 
@@ -146,7 +147,7 @@ def test_missing_files_are_set_aside(tmp_path):
             f.unlink()
     ckpt = Checkpointer(tmp_path / "checkpoints")
     with pytest.warns(UserWarning, match="step 10 cannot be restored: it is unreadable"):
-        _, data, step = ckpt.restore(abstract(make_state(0)))
+        _, data, step = restore(ckpt, abstract(make_state(0)))
     assert step == 5 and data == {"position": 5}
     assert (tmp_path / "corrupt_checkpoints/10/train").is_dir()
     ckpt.close()
@@ -162,7 +163,7 @@ def test_every_checkpoint_unreadable_stops_instead_of_starting_over(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with pytest.raises(CheckpointError, match=r"no readable checkpoint.*step 0"):
-                ckpt.restore(abstract(make_state(0)))
+                restore(ckpt, abstract(make_state(0)))
         ckpt.close()
     assert sorted(p.name for p in (tmp_path / "corrupt_checkpoints").iterdir()) == ["10", "5"]
 
@@ -172,10 +173,10 @@ def test_an_unreadable_data_state_file_is_set_aside(tmp_path):
     save_steps(tmp_path / "checkpoints", (5, 10))
     (tmp_path / "checkpoints/10/data/process_0-of-1.json").write_text("{garbage")
     ckpt = Checkpointer(tmp_path / "checkpoints")
-    assert ckpt.verify(5) is None
-    assert ckpt.verify(10).startswith("data: ")
+    assert verify(ckpt.directory, 5) is None
+    assert verify(ckpt.directory, 10).startswith("data: ")
     with pytest.warns(UserWarning, match="step 10 cannot be restored: it is unreadable"):
-        _, data, step = ckpt.restore(abstract(make_state(0)))
+        _, data, step = restore(ckpt, abstract(make_state(0)))
     assert step == 5 and data == {"position": 5}
     assert (tmp_path / "corrupt_checkpoints/10/data").is_dir()
     ckpt.close()

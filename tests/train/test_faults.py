@@ -1,26 +1,42 @@
 """Faults on one host: a changed config, a full or read-only disk, a torn metrics line, a
 run directory that is a file. Each must stop with one clear error and lose nothing."""
 
+import errno
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
 import uuid
 
+import jax
+import numpy as np
 import pytest
 
 from scalestudy import cli
 from scalestudy.config import to_yaml
-from scalestudy.train import checkpoint, loop, metrics, resume
+from scalestudy.models.api import build_model
+from scalestudy.train import checkpoint, loop, metrics, resume, rundir, saved, step
 
 
 def losses(workdir):
-    return [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
+    return [r["train/loss"] for r in rundir.read_metrics(workdir) if "train/loss" in r]
+
+
+def losses_rows(workdir):
+    return [r for r in rundir.read_metrics(workdir) if "train/loss" in r]
 
 
 def snapshot(workdir):
-    """Every file under `workdir` with its bytes (what a refused resume must not touch)."""
+    """Every file under `workdir` with its bytes (what a refused resume must not touch; the
+    library log may grow)."""
     return {
-        p.relative_to(workdir): p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file()
+        p.relative_to(workdir): p.read_bytes()
+        for p in sorted(workdir.rglob("*"))
+        if p.is_file() and p.name != rundir.LOG
     }
 
 
@@ -91,7 +107,7 @@ def test_a_changed_config_is_refused_and_nothing_is_touched(tiny_cfg, straight, 
     assert got[:4] == straight[:4]
     # Another mesh sums in another order (bfloat16 compute): close, not bitwise.
     assert got[4:] == pytest.approx(straight[4:], rel=1e-3)
-    assert checkpoint.latest_step(tmp_path) == 8
+    assert saved.latest_step(tmp_path) == 8
 
 
 def test_the_cli_reports_a_refused_resume_in_one_error(tiny_cfg, tmp_path, capsys):
@@ -131,10 +147,10 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     message = str(error.value)
     assert "checkpoint of step 8" in message and "No space left on device" in message
     assert "intact (steps [4])" in message
-    assert max(r["step"] for r in metrics.read_metrics(run)) <= 12  # the next boundary at most
-    assert checkpoint.latest_step(run) == 4
+    assert max(r["step"] for r in rundir.read_metrics(run)) <= 12  # the next boundary at most
+    assert saved.latest_step(run) == 4
     (small_disk / "filler").unlink()
-    with (run / metrics.METRICS_FILE).open("a") as f:
+    with (run / rundir.METRICS).open("a") as f:
         f.write('{"step": 13, "train/lo')  # what a full disk or a power cut leaves
     loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), run)
     assert losses(run) == straight
@@ -168,5 +184,152 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
     ) and "[Errno 28] No space left on device. Earlier checkpoints are intact (steps [4])" in str(
         error.value
     )
-    assert checkpoint.latest_step(tmp_path) == 4
-    assert max(r["step"] for r in metrics.read_metrics(tmp_path)) <= 8
+    assert saved.latest_step(tmp_path) == 4
+    assert max(r["step"] for r in rundir.read_metrics(tmp_path)) <= 8
+
+
+# ----------------------------------------------------------------------------- faults, round 3
+
+
+def _cli_train(tmp_path, cfg, workdir="run", **popen):
+    (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
+    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    return subprocess.Popen(
+        [*command, "--workdir", workdir], cwd=tmp_path, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+def test_sigterm_on_a_checkpoint_step_saves_once_and_exits_143(tiny_cfg, tmp_path):
+    """Every step is a checkpoint step, so the signal always lands right after a save."""
+    proc = _cli_train(tmp_path, tiny_cfg("causal_decoder", None, "train.checkpoint_every=1"))
+    deadline = time.time() + 240
+    while len(losses(tmp_path / "run")) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("stopped: SIGTERM received: saved a checkpoint at step"), err
+    # Python-level library logs (absl, orbax) and tracebacks go to the run's log file.
+    assert "Traceback" not in err and "StepAlreadyExists" not in err
+    assert "WARNING:absl" not in err and "INFO:absl" not in err
+    assert (tmp_path / "run" / rundir.LOG).is_file()
+    stopped_at = saved.latest_step(tmp_path / "run")
+    assert len(losses(tmp_path / "run")) == stopped_at
+
+
+def test_a_second_train_on_one_workdir_is_refused_naming_the_holder(tiny_cfg, tmp_path):
+    with rundir.run_lock(tmp_path) as holder, pytest.raises(rundir.RunLockError) as error:
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=2"), tmp_path)
+    message = str(error.value)
+    assert f"pid {holder['pid']} on {holder['host']}, started {holder['started']}" in message
+    assert not (tmp_path / rundir.CONFIG).exists()  # refused before anything was written
+
+
+def test_a_dead_holders_run_lock_is_taken_over_and_a_remote_one_refused(tmp_path):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], text=True, capture_output=True
+    ).stdout.strip()
+    record = {"pid": int(dead), "host": socket.gethostname(), "started": "earlier"}
+    rundir.lock_path(tmp_path).write_text(json.dumps(record))
+    with rundir.run_lock(tmp_path) as me:
+        assert me["pid"] == os.getpid()
+    record["host"] = "elsewhere"
+    rundir.lock_path(tmp_path).write_text(json.dumps(record))
+    refused = r"pid \d+ on elsewhere.*once that job is gone"
+    with pytest.raises(rundir.RunLockError, match=refused), rundir.run_lock(tmp_path):
+        pass
+
+
+def _flip_bytes(path, n=16):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + n] = bytes(b ^ 0xFF for b in data[middle : middle + n])
+    path.write_bytes(bytes(data))
+
+
+def test_a_silently_corrupted_newest_checkpoint_is_set_aside(tiny_cfg, straight, tmp_path):
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
+    files = [p for p in (tmp_path / "checkpoints" / "8" / "train").rglob("*") if p.is_file()]
+    _flip_bytes(max(files, key=lambda p: p.stat().st_size))  # inside the optimizer state
+    with pytest.warns(UserWarning, match=r"step 8 cannot be restored.*checksums.*moved it"):
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
+    assert (tmp_path / rundir.CORRUPT / "8").is_dir()
+    assert losses(tmp_path) == straight  # resumed from step 4, identical to the straight run
+
+
+def test_a_nan_right_after_a_restore_names_the_checkpoint(tiny_cfg, tmp_path, monkeypatch):
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=4"), tmp_path)
+    real_build = step.build_program
+
+    def build_with_nan(*args, **kwargs):
+        program = real_build(*args, **kwargs)
+        real_step = program.train_step
+
+        def poisoned(state, batch):
+            state, m = real_step(state, batch)
+            return state, {**m, "train/loss": m["train/loss"] * np.nan}
+
+        return type(program)(**{**program.__dict__, "train_step": poisoned})
+
+    monkeypatch.setattr(step, "build_program", build_with_nan)
+    with pytest.raises(loop.NonFiniteLoss, match=r"resuming from the one of step 4.*suspect"):
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
+
+
+def test_metric_rows_are_durable_at_checkpoints_and_lost_rows_are_named(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    events = []
+    real_sync, real_save = metrics.MetricsWriter.sync, checkpoint.Checkpointer.save
+
+    def sync(self):
+        events.append(("sync", [r["step"] for r in losses_rows(tmp_path)]))
+        real_sync(self)
+
+    def save(self, at, *args):
+        events.append(("save", at))
+        real_save(self, at, *args)
+
+    monkeypatch.setattr(metrics.MetricsWriter, "sync", sync)
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
+    # Before each save, every row up to that step is on disk (log_every=1: one per step).
+    assert events == [
+        ("sync", [1, 2, 3, 4]),
+        ("save", 4),
+        ("sync", [1, 2, 3, 4, 5, 6, 7, 8]),
+        ("save", 8),
+    ]
+    path = rundir.metrics_path(tmp_path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:2] + lines[4:]) + "\n")  # rows of steps 3 and 4 lost
+    with pytest.warns(UserWarning, match=r"lacks 2 of the 8 training rows logged up to step 8"):
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=9"), tmp_path)
+
+
+def test_probe_on_a_read_only_run_prints_the_scores_then_one_line(
+    tiny_cfg, tmp_path, capsys, monkeypatch
+):
+    cfg = tiny_cfg("causal_decoder")
+    run = tmp_path / "run"
+    params = jax.jit(build_model(cfg.model).init)(jax.random.key(3))
+    ckpt = checkpoint.Checkpointer(rundir.checkpoints_dir(run), async_save=False)
+    ckpt.save(7, {"params": params, "step": np.int32(7)}, {}, cfg)
+    ckpt.close()
+    real_write = rundir.write_atomic
+
+    def read_only_run(path, text):
+        if path.parent == run:
+            raise OSError(errno.EROFS, "Read-only file system")
+        real_write(path, text)
+
+    monkeypatch.setattr(rundir, "write_atomic", read_only_run)
+    assert cli.main(["probe", "--workdir", str(run), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["step"] == 7  # the scores computed are shown
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: could not update the run directory") and "--out" in last
+    assert cli.main(["probe", "--workdir", str(run), "--out", str(tmp_path / "p.json")]) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["step"] == 7
+    assert not rundir.probes_path(run).exists()

@@ -11,19 +11,20 @@ import numpy as np
 import pytest
 
 from scalestudy.config import to_yaml
+from scalestudy.data import pipeline
 from scalestudy.models import counting
-from scalestudy.train import checkpoint, loop, metrics, step
+from scalestudy.train import chips, loop, rundir, saved, step
 
 ARCHS = ["causal_decoder", "noncausal_decoder", "encoder_decoder"]
 
 
 def losses(workdir):
-    return [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
+    return [r["train/loss"] for r in rundir.read_metrics(workdir) if "train/loss" in r]
 
 
 def params_equal(dir_a, dir_b):
-    _, a, step_a = checkpoint.restore_params(dir_a)
-    _, b, step_b = checkpoint.restore_params(dir_b)
+    _, a, step_a = saved.restore_params(dir_a)
+    _, b, step_b = saved.restore_params(dir_b)
     assert step_a == step_b
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -52,14 +53,25 @@ def test_exact_resume(tiny_cfg, straight, tmp_path, arch):
     # Bitwise on CPU: same compiled program, same inputs, deterministic XLA CPU kernels.
     assert losses(tmp_path) == losses(ref_dir) and len(losses(ref_dir)) == 8
     params_equal(tmp_path, ref_dir)
-    for key in ("tokens", "positions", "flops", "final_val_loss", "steps"):
+    for key in ("tokens", "positions", "document_tokens", "flops", "final_val_loss", "steps"):
         assert summary[key] == ref[key], key
     assert summary["complete"] is False and summary["steps"] == 8
-    rows = len(metrics.read_metrics(tmp_path))
+    rows = len(rundir.read_metrics(tmp_path))
     again = loop.train(tiny_cfg(arch, None, "train.stop_after_steps=8"), tmp_path)
-    assert again == summary and len(metrics.read_metrics(tmp_path)) == rows
+    assert again == summary and len(rundir.read_metrics(tmp_path)) == rows
     assert ref["tokens"] > 0 and ref["positions"] >= ref["tokens"]
     assert ref["flops"] == 8 * 16 * counting.flops(tiny_cfg(arch))["flops_per_example"]
+    assert ref["loss_tokens"] == ref["tokens"] and ref["document_tokens"] > 0
+
+
+def test_document_tokens_are_the_corpus_tokens_the_batches_hold(tiny_cfg, straight):
+    """Causal FLM: every non-padding decoder position holds one corpus token, so the
+    document tokens read equal the real positions of the 8 batches (counted from the
+    batches, not from the pipeline's bookkeeping)."""
+    _, summary = straight("causal_decoder")
+    it = pipeline.make_iterator(tiny_cfg("causal_decoder"), "train")
+    real = sum(int((next(it)["decoder_segment_ids"] > 0).sum()) for _ in range(8))
+    assert summary["document_tokens"] == real
 
 
 def test_summary_and_run_directory(straight):
@@ -70,14 +82,17 @@ def test_summary_and_run_directory(straight):
         "checkpoints",
         "summary.json",
         "tensorboard",
+        "train.log",
+        "run.lock",
     }
+    assert (workdir / "checkpoints" / "8" / "checksums.json").is_file()
     assert json.loads((workdir / "summary.json").read_text()) == summary
-    rows = metrics.read_metrics(workdir)
+    rows = rundir.read_metrics(workdir)
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 9))
     assert rows[-1]["val/loss"] == summary["final_val_loss"] == summary["best_val_loss"]
     assert rows[-2]["tokens"] == summary["tokens"]
     assert 0 < summary["mfu"] < 1 and summary["tokens_per_s"] > 0
-    assert checkpoint.latest_step(workdir) == 8
+    assert saved.latest_step(workdir) == 8
 
 
 def test_wsd_cooldown_branch_equals_a_run_from_scratch(tiny_cfg, straight, tmp_path):
@@ -131,8 +146,8 @@ def test_nan_stops_with_message_and_keeps_last_good_checkpoint(tiny_cfg, tmp_pat
     cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
     with pytest.raises(loop.NonFiniteLoss, match=r"loss is nan at step 6.*checkpoint is step 4"):
         loop.train(cfg, tmp_path)
-    assert checkpoint.latest_step(tmp_path) == 4
-    _, params, _ = checkpoint.restore_params(tmp_path)
+    assert saved.latest_step(tmp_path) == 4
+    _, params, _ = saved.restore_params(tmp_path)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
     assert not (tmp_path / "summary.json").exists()
 
@@ -152,7 +167,7 @@ def test_sigterm_leaves_a_resumable_checkpoint(tiny_cfg, straight, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "SIGTERM received: saved a checkpoint" in err
-    stopped_at = checkpoint.latest_step(tmp_path / "run")
+    stopped_at = saved.latest_step(tmp_path / "run")
     assert stopped_at is not None and 1 <= stopped_at < 40
     # Re-running the same command resumes and matches the uninterrupted run (whose first 8
     # steps the fixture holds; the signal normally lands within them).
@@ -181,7 +196,7 @@ def test_eval_fn_hook_and_periodic_validation(tiny_cfg, tmp_path):
     summary = loop.train(cfg, tmp_path, eval_fn=eval_fn)
     assert calls == [2, 4, 5]  # every 2 steps and at the end
     assert summary["eval"] == {"probe/acc": 0.55}
-    rows = metrics.read_metrics(tmp_path)
+    rows = rundir.read_metrics(tmp_path)
     assert [(r["step"], r["eval/probe/acc"]) for r in rows if "eval/probe/acc" in r] == [
         (2, 0.52),
         (4, 0.54),
@@ -213,6 +228,6 @@ def test_mfu_and_throughput_count_step_time_only(tiny_cfg, tmp_path):
     assert timing["step_s"] < timing["wall_s"] - slept
     step_s = timing["step_s"]
     assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / step_s, rel=1e-4)
-    peak = metrics.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
+    peak = chips.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
     assert summary["flops"] == 6 * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
-    assert summary["mfu"] == pytest.approx(metrics.mfu(summary["flops"], step_s, peak), rel=1e-4)
+    assert summary["mfu"] == pytest.approx(chips.mfu(summary["flops"], step_s, peak), rel=1e-4)

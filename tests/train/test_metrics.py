@@ -5,7 +5,7 @@ import math
 import jax
 import pytest
 
-from scalestudy.train import metrics
+from scalestudy.train import chips, metrics, rundir, tensorboard
 
 
 def test_jsonl_and_tensorboard(tmp_path):
@@ -13,10 +13,10 @@ def test_jsonl_and_tensorboard(tmp_path):
     writer.write(1, {"train/loss": 2.5, "lr": 1e-3})
     writer.write(2, {"train/loss": float("nan")})
     writer.close()
-    rows = metrics.read_metrics(tmp_path)
+    rows = rundir.read_metrics(tmp_path)
     assert rows[0] == {"step": 1, "train/loss": 2.5, "lr": 1e-3}
     assert rows[1]["step"] == 2 and math.isnan(rows[1]["train/loss"])
-    assert list((tmp_path / metrics.TENSORBOARD_DIR).glob("events.out.tfevents.*"))
+    assert list((tmp_path / rundir.TENSORBOARD).glob("events.out.tfevents.*"))
 
 
 def test_truncate_after(tmp_path):
@@ -24,14 +24,14 @@ def test_truncate_after(tmp_path):
     for step in (10, 20, 30):
         writer.write(step, {"x": step})
     writer.close()
-    metrics.truncate_after(tmp_path, 20)
-    assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [10, 20]
+    rundir.truncate_metrics_after(tmp_path, 20)
+    assert [r["step"] for r in rundir.read_metrics(tmp_path)] == [10, 20]
 
 
 def test_measured_peak_is_positive_and_mfu_is_a_fraction():
-    peak = metrics.measured_peak_flops(sizes=(128,), repeats=2)
+    peak = chips.measured_peak_flops(sizes=(128,), repeats=2)
     assert peak["flops_per_s"] > 1e6 and peak["dtype"] in ("float32", "bfloat16")
-    assert 0 < metrics.mfu(1e6, 1.0, peak["flops_per_s"]) < 1
+    assert 0 < chips.mfu(1e6, 1.0, peak["flops_per_s"]) < 1
 
 
 @pytest.mark.parametrize(
@@ -48,19 +48,19 @@ def test_measured_peak_is_positive_and_mfu_is_a_fraction():
 )
 def test_datasheet_peak_times_devices_gives_a_known_mfu(kind, dtype, per_chip):
     # 256 chips running at 40% of their datasheet peak for 10 s.
-    peak = metrics.peak_flops(kind, dtype, n_devices=256)
+    peak = chips.peak_flops(kind, dtype, n_devices=256)
     assert peak["flops_per_s"] == 256 * per_chip and "datasheet" in peak["source"]
     flops = 0.4 * 256 * per_chip * 10.0
-    assert metrics.mfu(flops, 10.0, peak["flops_per_s"]) == pytest.approx(0.4)
+    assert chips.mfu(flops, 10.0, peak["flops_per_s"]) == pytest.approx(0.4)
 
 
 def test_peak_counts_global_devices_but_one_per_cpu_host():
     # Accelerators: every global device (8 fake ones here) has its own peak.
-    assert metrics.peak_flops("TPU v4")["flops_per_s"] == 8 * 275e12
+    assert chips.peak_flops("TPU v4")["flops_per_s"] == 8 * 275e12
     # CPU: the fake devices share one host's cores, so the measured peak counts once.
-    cpu = metrics.peak_flops(jax.devices()[0].device_kind)
+    cpu = chips.peak_flops(jax.devices()[0].device_kind)
     assert cpu["devices"] == jax.process_count() == 1
-    assert cpu["flops_per_s"] == metrics.measured_peak_flops()["flops_per_s"]
+    assert cpu["flops_per_s"] == chips.measured_peak_flops()["flops_per_s"]
 
 
 def test_tensorboard_events_hold_the_scalars(tmp_path):
@@ -69,7 +69,7 @@ def test_tensorboard_events_hold_the_scalars(tmp_path):
     writer = metrics.MetricsWriter(tmp_path)
     writer.write(3, {"train/loss": 1.25})
     writer.close()
-    (events,) = (tmp_path / metrics.TENSORBOARD_DIR).glob("events.out.tfevents.*")
+    (events,) = (tmp_path / rundir.TENSORBOARD).glob("events.out.tfevents.*")
     # Read back with TensorFlow's own reader, which checks the record CRCs.
     events = list(tf.compat.v1.train.summary_iterator(str(events)))
     assert events[0].file_version == "brain.Event:2"
@@ -81,7 +81,7 @@ def test_crc32c_known_answer():
     # CRC-32C check value of "123456789" is 0xE3069283; records store it masked.
     crc = 0xE3069283
     assert (
-        metrics._masked_crc32c(b"123456789")
+        tensorboard._masked_crc32c(b"123456789")
         == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
     )
 
@@ -92,13 +92,13 @@ def test_torn_last_line_does_not_block_resume(tmp_path):
     for step in (1, 2):
         writer.write(step, {"x": step})
     writer.close()
-    path = tmp_path / metrics.METRICS_FILE
+    path = tmp_path / rundir.METRICS
     with path.open("a") as f:
         f.write('{"step": 3, "x": 3.0, "to')  # no newline: the writer died here
-    assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 2]
-    metrics.truncate_after(tmp_path, 5)
+    assert [r["step"] for r in rundir.read_metrics(tmp_path)] == [1, 2]
+    rundir.truncate_metrics_after(tmp_path, 5)
     writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
     writer.write(3, {"x": 3})
     writer.close()
-    assert [r["step"] for r in metrics.read_metrics(tmp_path)] == [1, 2, 3]
+    assert [r["step"] for r in rundir.read_metrics(tmp_path)] == [1, 2, 3]
     assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 3

@@ -1,0 +1,114 @@
+"""Accelerator datasheets, peak FLOP/s and model-FLOPs utilisation.
+
+MFU = counted model FLOPs per second of train-step time / peak FLOP/s of all global devices.
+The peak of one device is its datasheet peak for the compute dtype (`CHIPS`, by JAX device
+kind); a CPU has no datasheet entry, so its peak is measured: the best throughput of large
+matmuls on this host (float32 and bfloat16, the faster of the two), counted once per host
+process since every fake CPU device shares the same cores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Datasheet figures of one accelerator: dense peak FLOP/s per JAX device by compute
+    dtype and memory (HBM) per JAX device."""
+
+    name: str
+    peak_bf16: float
+    peak_fp32: float
+    hbm_gib: float
+
+
+# Matched against `jax.Device.device_kind` by substring, first match wins (so "v5 lite"
+# precedes "v5"). TPU float32 matmuls run as bfloat16 passes at default precision, so the
+# bfloat16 peak is the TPU's only peak; GPU float32 is the TF32 tensor-core peak, which
+# JAX's default matmul precision uses. A v4/v5p JAX device is one chip (megacore).
+CHIPS: tuple[tuple[str, Chip], ...] = (
+    ("TPU v4", Chip("TPU v4", 275e12, 275e12, 32)),
+    ("TPU v5 lite", Chip("TPU v5e", 197e12, 197e12, 16)),
+    ("TPU v5e", Chip("TPU v5e", 197e12, 197e12, 16)),
+    ("TPU v5p", Chip("TPU v5p", 459e12, 459e12, 95)),
+    ("TPU v5", Chip("TPU v5p", 459e12, 459e12, 95)),
+    ("TPU v6 lite", Chip("TPU v6e", 918e12, 918e12, 32)),
+    ("TPU v6e", Chip("TPU v6e", 918e12, 918e12, 32)),
+    ("A100-SXM4-40GB", Chip("A100 SXM 40GB", 312e12, 156e12, 40)),
+    ("A100", Chip("A100 SXM", 312e12, 156e12, 80)),
+    ("H100 PCIe", Chip("H100 PCIe", 756e12, 378e12, 80)),
+    ("H100", Chip("H100 SXM", 989e12, 495e12, 80)),
+    ("H200", Chip("H200 SXM", 989e12, 495e12, 141)),
+)
+
+
+def chip(device_kind: str) -> Chip | None:
+    """The datasheet entry for a JAX device kind, or None (CPU, unknown accelerators)."""
+    for key, entry in CHIPS:
+        if key.lower() in device_kind.lower():
+            return entry
+    return None
+
+
+@functools.cache
+def measured_peak_flops(sizes: tuple[int, ...] = (1024, 2048), repeats: int = 3) -> dict:
+    """Best measured matmul FLOP/s of this host: {"flops_per_s", "dtype", "n"}.
+
+    One device runs the matmuls: the host's cores are shared by all its (fake) devices, and
+    XLA's CPU matmul uses every core. The sizes are large enough to leave the caches.
+    """
+    device = jax.local_devices()[0]
+    best = {"flops_per_s": 0.0, "dtype": "float32", "n": 0}
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for n in sizes:
+            x = jax.device_put(jnp.ones((n, n), dtype), device)
+            matmul = jax.jit(lambda a: a @ a)
+            matmul(x).block_until_ready()
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                matmul(x).block_until_ready()
+                times.append(time.perf_counter() - t)
+            rate = 2 * n**3 / min(times)
+            if rate > best["flops_per_s"]:
+                best = {"flops_per_s": rate, "dtype": jnp.dtype(dtype).name, "n": n}
+    return best
+
+
+def peak_flops(
+    device_kind: str | None = None, dtype: str = "bfloat16", n_devices: int | None = None
+) -> dict[str, Any]:
+    """Peak FLOP/s of `n_devices` (default: all global devices) of `device_kind` (default:
+    this job's) for compute `dtype`: {"flops_per_s", "per_device", "devices", "source"}.
+
+    A kind without a datasheet entry (CPU) uses the measured peak of this host, times the
+    number of host processes.
+    """
+    kind = device_kind if device_kind is not None else jax.devices()[0].device_kind
+    entry = chip(kind)
+    if entry is not None:
+        per_device = entry.peak_fp32 if dtype == "float32" else entry.peak_bf16
+        n = n_devices if n_devices is not None else jax.device_count()
+        source = f"datasheet {entry.name} {dtype}"
+    else:
+        measured = measured_peak_flops()
+        per_device = measured["flops_per_s"]
+        n = n_devices if n_devices is not None else jax.process_count()
+        source = f"measured {measured['n']}^3 {measured['dtype']} matmul on {kind}"
+    return {"flops_per_s": per_device * n, "per_device": per_device, "devices": n, "source": source}
+
+
+def mfu(model_flops: float, seconds: float, peak_flops_per_s: float | None = None) -> float:
+    """Model FLOPs utilisation: `model_flops` (counted, global) done in `seconds` of train-step
+    time, against `peak_flops_per_s` (default: `peak_flops()` of this job)."""
+    if seconds <= 0:
+        return 0.0
+    peak = peak_flops_per_s if peak_flops_per_s is not None else peak_flops()["flops_per_s"]
+    return model_flops / seconds / peak

@@ -1,0 +1,198 @@
+"""Restoring through damage: a checkpoint that cannot be restored is checked on its own, and
+only one verified unreadable is set aside so that the previous one can be used.
+
+When a checkpoint fails to restore, `verify` reads its files back on their own (metadata and
+every array, on the host): only a checkpoint that is verified unreadable (items missing,
+metadata or array files unreadable) is moved to `<workdir>/corrupt_checkpoints/` and the
+previous one is tried, with a warning. Any other failure (a state that does not fit, memory,
+a transient I/O error) is an error and nothing is moved. When every checkpoint is unreadable
+the restore stops with an error instead of starting over. On several processes all of them
+restore the step the primary chooses, and set a checkpoint aside only together.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from scalestudy.train import distributed, rundir
+from scalestudy.train.checkpoint import (
+    ITEMS,
+    Checkpointer,
+    CheckpointError,
+    checksum_problem,
+    data_state_file,
+    describe,
+    os_error_of,
+)
+
+# Errors that say nothing about the files themselves: never a reason to set a checkpoint aside.
+_TRANSIENT_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOMEM,
+    errno.EAGAIN,
+    errno.EINTR,
+    errno.ETIMEDOUT,
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.EBUSY,
+}
+
+
+def restore(
+    ckpt: Checkpointer, abstract_state: dict, step: int | None = None
+) -> tuple[dict, dict, int] | None:
+    """(state, data_state, step) from `step` or the newest good checkpoint; None if none.
+
+    `abstract_state` gives structure, dtypes and shardings (jax.ShapeDtypeStruct leaves).
+    With `step=None`, a checkpoint verified unreadable is set aside with a warning (left
+    in place when read-only) and the previous one is tried; any other failure raises
+    CheckpointError. Every process restores the step the primary chose.
+    """
+    if step is not None:
+        if step not in ckpt.all_steps():
+            raise CheckpointError(
+                f"no checkpoint for step {step} in {ckpt.directory}; "
+                f"available: {ckpt.all_steps() or 'none'}"
+            )
+        return _restore_agreed(ckpt, step, abstract_state, fall_back=False)
+    unreadable: list[int] = []
+    while True:
+        candidates = [s for s in ckpt.all_steps() if s not in unreadable]
+        s = distributed.agreed(candidates[-1] if candidates else -1)
+        if s < 0:
+            break
+        out = _restore_agreed(ckpt, s, abstract_state, fall_back=True)
+        if out is not None:
+            return out
+        unreadable.append(s)
+    aside = rundir.corrupt_dir(ckpt.directory.parent)
+    if unreadable or (not ckpt.read_only and aside.is_dir() and any(aside.iterdir())):
+        raise CheckpointError(
+            f"no readable checkpoint in {ckpt.directory}: the unreadable ones are in "
+            f"{aside if not ckpt.read_only else ckpt.directory} (never deleted). Refusing "
+            "to start the run over from step 0; to do so deliberately, delete "
+            f"{aside} and {ckpt.directory}"
+        )
+    return None
+
+
+def _restore_agreed(
+    ckpt: Checkpointer, s: int, abstract_state: dict, *, fall_back: bool
+) -> tuple[dict, dict, int] | None:
+    """Restore step `s` on every process; None (after setting it aside) when it is
+    verified unreadable and `fall_back`; CheckpointError otherwise, on every process."""
+    error: BaseException | None = None
+    primary = distributed.is_primary()
+    reason = checksum_problem(ckpt.directory / str(s)) if primary else None
+    if not distributed.agreed(int(reason is not None)):
+        try:
+            state, data_state = ckpt.restore_step(s, abstract_state)
+        except Exception as e:  # orbax raises many types; classified below
+            error = e
+        if distributed.on_all(error is None):
+            if distributed.on_all(_finite(state)):
+                return state, data_state, s
+            reason = "it holds NaN or infinite values"
+        elif primary:
+            try:
+                reason = verify(ckpt.directory, s)
+            except Exception as e:  # could not even check: say so, move nothing
+                error = error or e
+    unreadable = bool(distributed.agreed(int(reason is not None)))
+    if not (unreadable and fall_back):
+        cause = describe(error) if error is not None else "it failed on another process"
+        what = "is unreadable" if unreadable else "is intact but cannot be restored into this run"
+        raise CheckpointError(
+            f"checkpoint at step {s} in {ckpt.directory} {what} ({reason or cause}); "
+            "nothing was moved or deleted. If the config differs from the one it was "
+            "saved with, resume with the run's own config.yaml; if memory or storage ran "
+            "out, fix that and run the same command again"
+        ) from None
+    moved = set_aside(ckpt.directory, s) if primary and not ckpt.read_only else None
+    distributed.barrier(f"scalestudy_set_aside_{s}")
+    if not ckpt.read_only:
+        ckpt.reload()
+    warnings.warn(
+        f"checkpoint at step {s} cannot be restored: it is unreadable ({reason}); "
+        + (f"moved it to {moved}; " if moved else "")
+        + "trying the previous one",
+        stacklevel=3,
+    )
+    return None
+
+
+def _finite(state: dict) -> bool:
+    """Whether every floating-point value of this process's part of `state` is finite (a
+    diverged or damaged state must not be resumed; read shard by shard)."""
+    for leaf in jax.tree.leaves(state):
+        if jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating):
+            for shard in leaf.addressable_shards:
+                if not np.isfinite(np.asarray(shard.data)).all():
+                    return False
+    return True
+
+
+def verify(directory: Path, step: int) -> str | None:
+    """Why the checkpoint at `step` is unreadable, or None when all its files read back.
+
+    Reads every array on the host (memory: one copy of the state on this process).
+    Errors that say nothing about the files (permissions, memory, timeouts) propagate.
+    """
+    d = directory / str(step)
+    missing = [i for i in ITEMS if not (d / i).is_dir()]
+    if missing:
+        return f"items missing: {', '.join(missing)}"
+    for item in ("data", "config"):
+        try:
+            path = data_state_file(d / item) if item == "data" else d / item / "metadata"
+            json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+                raise
+            return f"{item}: {describe(e)}"
+    checkpointer = ocp.PyTreeCheckpointer()
+    for item in ("params", "train"):
+        try:
+            tree = checkpointer.metadata(d / item).item_metadata.tree
+            if tree is None:
+                return f"{item}: metadata unreadable"
+            target = jax.tree.map(
+                lambda m: np.empty(m.shape, m.dtype),
+                tree,
+                is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+            )
+            checkpointer.restore(
+                d / item,
+                args=ocp.args.PyTreeRestore(
+                    item=target,
+                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                ),
+            )
+        except MemoryError:
+            raise
+        except Exception as e:
+            os_error = os_error_of(e)
+            if os_error is not None and os_error.errno in _TRANSIENT_ERRNOS:
+                raise
+            return f"{item}: {describe(e)}"
+    return None
+
+
+def set_aside(directory: Path, step: int) -> Path:
+    """Move a bad step directory out of orbax's sight (kept for inspection)."""
+    src = directory / str(step)
+    dst = rundir.corrupt_dir(directory.parent) / str(step)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        shutil.rmtree(dst)  # an older copy of the same corrupt step
+    shutil.move(src, dst)
+    return dst
