@@ -78,6 +78,14 @@ def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
     return out
 
 
+def task_order(scores: list[TaskScore]) -> list[str]:
+    """Task names, easiest first: by mean accuracy above chance over every run."""
+    gain: dict[str, list[float]] = defaultdict(list)
+    for s in scores:
+        gain[s.task].append(s.acc - (s.chance or 0.0))
+    return sorted(gain, key=lambda task: (-float(np.mean(gain[task])), task))
+
+
 def wilson(k: float, n: float, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion k / n (stays inside [0, 1])."""
     if n <= 0:
@@ -150,11 +158,12 @@ def accuracy_trend(scores: list[TaskScore]) -> dict[str, dict[str, Any]]:
 
 
 def fig_task_accuracy(scores: list[TaskScore], x_key: str = "flops"):
-    """A panel per task: accuracy vs training compute (`x_key` "flops") or non-embedding
-    parameters ("params") per cell, Wilson 95% intervals, chance dotted. None without scores."""
+    """A panel per task (easiest first): accuracy vs training compute (`x_key` "flops") or
+    non-embedding parameters ("params") per cell, Wilson 95% intervals, chance dotted; None
+    without scores."""
     if not scores:
         return None
-    tasks = list(dict.fromkeys(s.task for s in scores))
+    tasks = task_order(scores)
     cells = sorted({s.cell for s in scores})
     styles = fs.cell_styles(cells)
     fig, axs = fs.grid(len(tasks), width=4.6, height=3.8)
@@ -211,7 +220,7 @@ def report_section(runs: list[dict[str, Any]], out: Path) -> str:
     figures = Path(out) / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     fs.save(fig_task_accuracy(scores), figures, "zero_shot_tasks")
-    tasks = list(dict.fromkeys(s.task for s in scores))
+    tasks = task_order(scores)
     chance = {t: next((s.chance for s in scores if s.task == t and s.chance), None) for t in tasks}
     by_run: dict[tuple, dict[str, TaskScore]] = defaultdict(dict)
     for s in scores:

@@ -36,6 +36,15 @@ def test_task_scores_take_parts_and_skip_the_whole():
     assert {s.chance for s in scores if s.task == "b"} == {0.25}
 
 
+def test_tasks_are_ordered_by_their_gain_over_chance():
+    def score(task, acc, chance):
+        return zp.TaskScore(task, "x/flm", "1K", 1.0, 1.0, acc, 100, chance)
+
+    scores = [score("easy", 0.9, 0.5), score("hard", 0.6, 0.25), score("flat", 0.3, 0.25)]
+    scores += [score("easy", 0.8, 0.5), score("hard", 0.5, 0.25)]
+    assert zp.task_order(scores) == ["easy", "hard", "flat"]  # gains 0.35, 0.30, 0.05
+
+
 @pytest.mark.parametrize(("k", "n"), [(0, 20), (7, 20), (200, 400), (400, 400)])
 def test_wilson_matches_scipy(k, n):
     ref = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
@@ -75,8 +84,10 @@ def test_report_section_writes_a_panel_per_task_and_the_tables(tmp_path):
     runs = _runs(0.8)
     fig = zp.fig_task_accuracy(zp.task_scores(runs))
     panels = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title().split()[0] for ax in panels] == ["a", "b"]
-    for ax, chance in zip(panels, (0.5, 0.25), strict=True):
+    order = zp.task_order(zp.task_scores(runs))
+    assert [ax.get_title().split()[0] for ax in panels] == order
+    chances = {"a": 0.5, "b": 0.25}
+    for ax, chance in zip(panels, [chances[t] for t in order], strict=True):
         assert chance in [line.get_ydata()[0] for line in ax.get_lines()]
     text = zp.report_section(runs, tmp_path)
     assert (tmp_path / "figures" / "zero_shot_tasks.png").is_file()
