@@ -165,7 +165,7 @@ def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
                 )
                 name, ref_name = f"{group} ({region})", f"{ref} (prefix)"
                 tests.append(
-                    {"name": name, "ref": ref_name, "what": what, "lower": False, "est": est}
+                    {"name": name, "ref": ref_name, "what": what, "lower": None, "est": est}
                 )
     return tests
 

@@ -93,9 +93,12 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
     return out
 
 
-def verdict(name: str, ref: str, est: dict, what: str, lower: bool, p_holm: float | None) -> str:
-    """One sentence: which is better on `what`, with the interval, n and the Holm-adjusted p,
-    or not distinguishable (Holm-adjusted p >= 0.05)."""
+def verdict(
+    name: str, ref: str, est: dict, what: str, lower: bool | None, p_holm: float | None
+) -> str:
+    """One sentence: which is better on `what` (`lower`: whether lower is better; None: a
+    measure with no better, said as higher or lower), with the interval, n and the
+    Holm-adjusted p, or not distinguishable (Holm-adjusted p >= 0.05)."""
     if est.get("none"):
         return f"{name} vs {ref}, {what}: {est['none']} (compared on validation loss only)."
     d, half = est["d"], est["half"]
@@ -113,5 +116,7 @@ def verdict(name: str, ref: str, est: dict, what: str, lower: bool, p_holm: floa
     )
     if p_holm >= 0.05:
         return f"{name} vs {ref}, {what}: not distinguishable ({span})."
+    if lower is None:
+        return f"{name} is {'lower' if d < 0 else 'higher'} than {ref} on {what} ({span})."
     better = (d < 0) == lower
     return f"{name} is {'better' if better else 'worse'} than {ref} on {what} ({span})."
