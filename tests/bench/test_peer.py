@@ -4,11 +4,11 @@ import jax
 import numpy as np
 import pytest
 
+from scalestudy.bench import peer
 from scalestudy.config import load_config
 from scalestudy.data import pipeline
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.train import peer
 
 SMALL = [
     "model.d_model=32",
