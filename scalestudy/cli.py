@@ -304,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="train: size preset without --config")
     p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
     p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
-    p.add_argument("--peer", default="minimal", help="peer: minimal (built in) or nanodo")
+    p.add_argument(
+        "--peer", default="auto", help="peer: auto (nanodo if importable), minimal, nanodo"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench)
 

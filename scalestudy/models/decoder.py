@@ -5,7 +5,7 @@ attention mask passed in (built in `models/api.py` from `models/masks.py`) and b
 relative-position bucketing mode ("causal" or "prefix", see `layers.RelativePositionBias`).
 
 A stack's layers are stored stacked along a leading "layers" axis and run with `lax.scan`
-when `cfg.scan_layers` (compile time independent of depth), or as a list of layers otherwise.
+when `scanned(cfg)` (compile time independent of depth), or as a list of layers otherwise.
 
 One block class serves training and decoding: given a cache (`layers.KV` per attention) it
 attends to the cached slots and returns the cache with the new keys and values written
@@ -25,9 +25,13 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from scalestudy.config import ModelConfig
+from scalestudy.models.attention import platform
 from scalestudy.models.layers import (
+    ATTENTION_OUT,
     KV,
     MLP,
+    MLP_HIDDEN,
+    QKV,
     Attention,
     Embed,
     ParamInit,
@@ -40,6 +44,22 @@ from scalestudy.models.layers import (
 from scalestudy.models.masks import MaskSpec
 
 ACT_BLD = ("batch", "length", "embed")
+
+
+# `scan_layers: auto` unrolls on a CPU up to this depth: there the scanned step is measured
+# slower (docs/performance.md), while accelerators and deep stacks keep the scan's
+# depth-independent compile time and memory layout.
+AUTO_UNROLL_MAX_LAYERS = 12
+
+
+def scanned(cfg: ModelConfig) -> bool:
+    """Whether a stack of `cfg` runs its layers with `lax.scan` (resolving "auto" for the
+    platform being compiled for; the parameter layout follows, so a checkpoint restores only
+    into the same choice)."""
+    if cfg.scan_layers != "auto":
+        return bool(cfg.scan_layers)
+    depth = max(cfg.n_layers, cfg.encoder_layers)
+    return platform() != "cpu" or depth > AUTO_UNROLL_MAX_LAYERS
 
 
 class Context(NamedTuple):
@@ -59,11 +79,19 @@ class Context(NamedTuple):
 
 # Rematerialisation policies (`model.remat`): what the backward pass keeps from each layer's
 # forward pass instead of recomputing it. "minimal" keeps only the residual stream between
-# sublayers (named RESIDUAL below); the layer inputs are kept by the scan in every case.
+# sublayers (named RESIDUAL below); "save_attention" also keeps the attention's query, key and
+# value projections and its output before the output projection (the backward pass then
+# recomputes only the scores and softmax of each attention and the MLPs), "save_attention_mlp"
+# also the MLP's input projections (it recomputes little beyond norms, activations and the
+# softmax); the layer inputs are kept by the scan in every case.
 RESIDUAL = "residual"
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "minimal": jax.checkpoint_policies.save_only_these_names(RESIDUAL),
+    "save_attention": jax.checkpoint_policies.save_only_these_names(RESIDUAL, QKV, ATTENTION_OUT),
+    "save_attention_mlp": jax.checkpoint_policies.save_only_these_names(
+        RESIDUAL, QKV, ATTENTION_OUT, MLP_HIDDEN
+    ),
     "save_dots": jax.checkpoint_policies.dots_saveable,
     "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
@@ -129,7 +157,8 @@ class Stack(nnx.Module):
         self.n_layers = n_layers
         if cfg.position == "relative_bias":
             self.relpos = RelativePositionBias(cfg, relpos_mode, init)
-        if cfg.scan_layers:
+        self.scan = scanned(cfg)
+        if self.scan:
 
             @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make(seed_2: jax.Array) -> Block:
@@ -178,7 +207,7 @@ class Stack(nnx.Module):
 
         if self.cfg.remat != "none":
             run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.cfg.remat])
-        if self.cfg.scan_layers:
+        if self.scan:
             graphdef, state = nnx.split(self.layers)
 
             def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
@@ -220,7 +249,7 @@ class Stack(nnx.Module):
     def cross_kv(self, encoded_BSD: jax.Array) -> KV:
         """Every layer's cross-attention keys and values of an encoder output, stacked [N, ...]
         (the fixed part of a decoding cache)."""
-        if self.cfg.scan_layers:
+        if self.scan:
             graphdef, state = nnx.split(self.layers)
             return jax.lax.map(
                 lambda s: nnx.merge(graphdef, s).cross_attn.project_kv(encoded_BSD), state

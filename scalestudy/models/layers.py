@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd as flax_spmd
 from flax.linen import spmd as linen_spmd
+from jax.ad_checkpoint import checkpoint_name
 
 from scalestudy.config import ModelConfig
 from scalestudy.models import attention
@@ -27,6 +28,11 @@ from scalestudy.models.attention import NEG_INF, dropout
 from scalestudy.models.masks import MaskSpec
 
 __all__ = ["NEG_INF", "dropout"]  # re-exported for the stacks
+
+# Names of activations a remat policy may keep (models/decoder.py REMAT_POLICIES).
+QKV = "attention_qkv"  # query, key and value projections
+ATTENTION_OUT = "attention_out"  # attention output before the output projection
+MLP_HIDDEN = "mlp_hidden"  # the feed-forward input projections, before the activation
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
@@ -222,6 +228,7 @@ class Attention(nnx.Module):
         if self.rope and q_positions_BL is not None:
             q_BLHK = rope(q_BLHK, q_positions_BL)
             k_BSHK = rope(k_BSHK, k_positions_BS)
+        q_BLHK, k_BSHK, v_BSHK = (checkpoint_name(a, QKV) for a in (q_BLHK, k_BSHK, v_BSHK))
         if cache is not None and not fixed:
             write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new, cache.start, 1)
             cache = KV(write(cache.k_BSHK, k_BSHK), write(cache.v_BSHK, v_BSHK), cache.start)
@@ -239,6 +246,7 @@ class Attention(nnx.Module):
             # of slots, a dense mask): when cached, "auto" uses it where it can.
             impl = self.impl if cache is None or self.impl == "xla" else "auto"
             out_BLHK = attention.attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, impl=impl)
+        out_BLHK = checkpoint_name(out_BLHK, ATTENTION_OUT)
         out_BLD = jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
         return out_BLD, cache
 
@@ -265,9 +273,12 @@ class MLP(nnx.Module):
         self, x_BLD: jax.Array, rng: jax.Array | None = None, deterministic: bool = True
     ) -> jax.Array:
         dt = self.dtype
-        h_BLF = self.act(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_0[...].astype(dt)))
+        up = lambda w: checkpoint_name(
+            jnp.einsum("BLD,DF->BLF", x_BLD, w[...].astype(dt)), MLP_HIDDEN
+        )
+        h_BLF = self.act(up(self.wi_0))
         if self.gated:
-            h_BLF = h_BLF * jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_1[...].astype(dt))
+            h_BLF = h_BLF * up(self.wi_1)
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
         h_BLF = dropout(h_BLF, self.dropout, rng, deterministic)
         return jnp.einsum("BLF,FD->BLD", h_BLF, self.wo[...].astype(dt))

@@ -288,3 +288,17 @@ def test_init_draws_independent_normals_with_the_intended_scale(compiled, tiny_c
     assert abs(np.corrcoef(wi[0].ravel(), wi[1].ravel())[0, 1]) < 0.05
     q, k = (np.asarray(params["decoder"]["layers"]["self_attn"][n])[0] for n in "qk")
     assert abs(np.corrcoef(q.ravel(), k.ravel())[0, 1]) < 0.05
+
+
+def test_scan_layers_auto_unrolls_shallow_stacks_on_cpu_and_scans_deep_ones(tiny_cfg):
+    from scalestudy.models.decoder import AUTO_UNROLL_MAX_LAYERS, scanned
+
+    assert jax.default_backend() == "cpu"
+    shallow = tiny_cfg("encoder_decoder", scan_layers="auto")
+    deep_encoder = shallow.replace(n_encoder_layers=AUTO_UNROLL_MAX_LAYERS + 1)
+    assert not scanned(shallow) and scanned(deep_encoder)
+    assert scanned(shallow.replace(scan_layers=True))
+    assert not scanned(deep_encoder.replace(scan_layers=False))
+    # The parameter layout follows the resolved choice.
+    assert "layer_0" in build_model(shallow).abstract_params()["decoder"]
+    assert "layers" in build_model(deep_encoder).abstract_params()["encoder"]
