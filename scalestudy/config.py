@@ -77,6 +77,13 @@ class ModelConfig(Frozen):
     position: Literal["relative_bias", "rope", "none"] = "relative_bias"
     rel_buckets: int = Field(32, ge=2)
     rel_max_distance: int = Field(128, ge=2)
+    # Relative-position buckets of the non-causal decoder (models/layers.py): "mirrored" tells
+    # prefix pairs apart by direction (a second table half for the future); "causal" is T5X's
+    # decoder-only model as Wang et al. (2022) ran it: one causal table, future keys in bucket
+    # 0. Left out of dumps (and run ids) while "mirrored".
+    rel_prefix_buckets: Literal["mirrored", "causal"] = Field(
+        "mirrored", exclude_if=lambda v: v == "mirrored"
+    )
     tie_embeddings: bool = False
     # "mixed": in bidirectional stacks, half the heads see only the past (forward) and half only
     # the future (backward). Causal stacks ignore it. "mixed_layers": the same split by layer

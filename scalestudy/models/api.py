@@ -34,7 +34,8 @@ def _module(cfg: ModelConfig, rng: jax.Array) -> nnx.Module:
     with nnx.use_eager_sharding(False):
         if cfg.arch == "encoder_decoder":
             return EncoderDecoder(cfg, init)
-        return Decoder(cfg, "prefix" if cfg.arch == "noncausal_decoder" else "causal", init)
+        mirrored = cfg.arch == "noncausal_decoder" and cfg.rel_prefix_buckets == "mirrored"
+        return Decoder(cfg, "prefix" if mirrored else "causal", init)
 
 
 def _segments(batch: Batch, prefix: str, tokens: jax.Array) -> jax.Array:
