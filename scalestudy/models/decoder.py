@@ -158,17 +158,19 @@ class Stack(nnx.Module):
         if cfg.position == "relative_bias":
             self.relpos = RelativePositionBias(cfg, relpos_mode, init)
         self.scan = scanned(cfg)
+        # One seed per layer either way, so scanned and unrolled stacks draw equal weights.
+        seeds_N2 = init.split(n_layers)
         if self.scan:
 
             @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make(seed_2: jax.Array) -> Block:
                 return Block(cfg, cross, ParamInit(seed_2))
 
-            self.layers = make(init.split(n_layers))
+            self.layers = make(seeds_N2)
         else:
             # Named attributes (not a list) keep the pure-dict keys strings, as checkpoints need.
             for i in range(n_layers):
-                setattr(self, f"layer_{i}", Block(cfg, cross, init))
+                setattr(self, f"layer_{i}", Block(cfg, cross, ParamInit(seeds_N2[i])))
         self.final_norm = RMSNorm(cfg, init)
 
     def __call__(

@@ -166,6 +166,11 @@ def test_scanned_and_unrolled_layers_agree(compiled, tiny_cfg, make_batch_fn, at
         for i in range(cfg.n_layers):
             flat[stack][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], layers)
     assert jax.tree.structure(flat) == jax.tree.structure(unrolled.abstract_params())
+    # Both layouts draw the same weights from the same key.
+    for a, b in zip(
+        jax.tree.leaves(flat), jax.tree.leaves(jax.jit(unrolled.init)(jax.random.key(0)))
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     batch = make_batch_fn()
     np.testing.assert_allclose(
         np.asarray(apply(params, batch)),
