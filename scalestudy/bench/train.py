@@ -22,8 +22,8 @@ from scalestudy.train import metrics, step
 
 # Named sizes (config overrides). "small" is quick; "25m" is the ~25M-parameter decoder at
 # 512 positions (384 inputs + 128 targets; the encoder-decoder encodes 384, decodes 128).
-# Both unroll the layer stack: on a CPU a `lax.scan` over the layers takes 1.1-1.7x the time
-# of the same step unrolled (README, Training); `model.scan_layers=true` measures it scanned.
+# Both unroll the layer stack on any platform, so a figure means the same program everywhere
+# (docs/performance.md); `model.scan_layers=true` measures it scanned.
 PRESETS: dict[str, tuple[str, ...]] = {
     "small": (
         "model.scan_layers=false",
