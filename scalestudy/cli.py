@@ -188,8 +188,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "train":
         return _bench_train(args)
     if args.what == "peer":
-        from scalestudy.train.bench import preset_config
-        from scalestudy.train.peer import PEER_SHAPE, bench_peer
+        from scalestudy.bench.peer import PEER_SHAPE, bench_peer
+        from scalestudy.bench.train import preset_config
 
         overrides = (*PEER_SHAPE, *args.overrides)
         cfg = (
@@ -200,16 +200,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _print(bench_peer(cfg, steps=args.steps, which=args.peer), args.json)
         return 0
     if args.what == "data":
-        from scalestudy.data.pipeline import bench as bench_fn
+        from scalestudy.bench.data import bench as bench_fn
     else:
-        from scalestudy.evaluate.rank import bench as bench_fn
+        from scalestudy.bench.eval import bench as bench_fn
     cfg = load_config(args.config, args.overrides) if args.config or args.overrides else None
     _print(bench_fn(cfg, steps=args.steps), args.json)
     return 0
 
 
 def _bench_train(args: argparse.Namespace) -> int:
-    from scalestudy.train.bench import bench, preset_config
+    from scalestudy.bench.train import bench, preset_config
 
     if args.config:
         cfg = load_config(args.config, args.overrides)
@@ -372,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="train: size preset instead of --config (small)")
     p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
     p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
-    p.add_argument("--peer", default="minimal", help="peer: minimal (built in) or nanodo")
+    p.add_argument(
+        "--peer", default="auto", help="peer: auto (nanodo if importable), minimal, nanodo"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench)
 

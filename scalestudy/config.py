@@ -90,6 +90,13 @@ class ModelConfig(Frozen):
     position: Literal["relative_bias", "rope", "none"] = "relative_bias"
     rel_buckets: int = Field(32, ge=2)
     rel_max_distance: int = Field(128, ge=2)
+    # Relative-position buckets of the non-causal decoder (models/layers.py): "mirrored" tells
+    # prefix pairs apart by direction (a second table half for the future); "causal" is T5X's
+    # decoder-only model as Wang et al. (2022) ran it: one causal table, future keys in bucket
+    # 0. Left out of dumps (and run ids) while "mirrored".
+    rel_prefix_buckets: Literal["mirrored", "causal"] = Field(
+        "mirrored", exclude_if=lambda v: v == "mirrored"
+    )
     tie_embeddings: bool = False
     # "mixed": in bidirectional stacks, half the heads see only the past (forward) and half only
     # the future (backward). Causal stacks ignore it. "mixed_layers": the same split by layer
@@ -98,11 +105,17 @@ class ModelConfig(Frozen):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    scan_layers: bool = True
+    # Run the layer stack as a `lax.scan` (True), unrolled (False), or "auto": unrolled on a
+    # CPU up to models/decoder.py AUTO_UNROLL_MAX_LAYERS layers, scanned otherwise.
+    scan_layers: bool | Literal["auto"] = "auto"
     # What the backward pass keeps per layer (models/decoder.py REMAT_POLICIES): none (keep
-    # everything), full (keep nothing), minimal (only the residual stream), save_dots,
+    # everything), full (keep nothing), minimal (only the residual stream), save_attention
+    # (and attention outputs), save_attention_mlp (and MLP outputs), save_dots,
     # save_dots_no_batch (matmul outputs, all or only those without a batch dimension).
-    remat: Literal["none", "full", "minimal", "save_dots", "save_dots_no_batch"] = "none"
+    remat: Literal[
+        "none", "full", "minimal", "save_attention", "save_attention_mlp", "save_dots",
+        "save_dots_no_batch",
+    ] = "none"  # fmt: skip
     # Attention backend (models/attention.py): auto (per platform), xla (reference einsums),
     # cudnn (GPU flash attention), splash (TPU Pallas kernel). Left out of dumps (and so of
     # run ids) while "auto", so existing studies keep their ids.

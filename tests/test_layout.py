@@ -1,5 +1,5 @@
 """The package's import graph: no circles, and no room imports a room to its right in the flow
-config <- data <- models <- train <- evaluate <- scaling <- study <- decoder_only <- cli.
+config <- data <- models <- train <- evaluate <- bench <- scaling <- study <- decoder_only <- cli.
 
 Every import counts, including those inside functions (a deferred import is still a
 dependency, and deferring one is how a circle hides); only `if TYPE_CHECKING:` imports, which
@@ -14,7 +14,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "scalestudy"
 # The flow of rooms, left to right; a module may import only its own room and rooms to its left.
 # Top-level modules are rooms of their own name unless listed in ROOM_OF.
-ROOMS = ("config", "data", "models", "train", "evaluate", "scaling", "study", "decoder_only", "cli")
+ROOMS = (
+    "config",
+    "data",
+    "models",
+    "train",
+    "evaluate",
+    "bench",
+    "scaling",
+    "study",
+    "decoder_only",
+    "cli",
+)
 ROOM_OF = {
     "config": "config",
     "errors": "config",

@@ -10,8 +10,6 @@ conversion (which positions each architecture sees) is described in `numpy_pipel
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
@@ -31,7 +29,6 @@ __all__ = [
     "DECODER_FEATURES",
     "ENCODER_FEATURES",
     "BatchIterator",
-    "bench",
     "empty_features",
     "make_iterator",
     "scoring_batch",
@@ -97,52 +94,3 @@ def scoring_batch(
         else:
             write_decoder(f, r, 0, cut_inp, tgt_a, 1, prefix=cfg.model.arch == "noncausal_decoder")
     return f, truncated
-
-
-# ----------------------------------------------------------------------------- benchmark
-
-
-def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
-    """Batches/s, examples/s and tokens/s of every valid cell (bmlm's too) on the configured
-    corpus; for `data.source: seqio`, the configured stream's resume cost at step `steps`.
-
-    tokens = non-padding positions (decoder + encoder); loss_tokens = loss-bearing positions.
-    Without a config: the synthetic corpus, batch 64 and the default lengths.
-    """
-    from scalestudy.config import EXTRA_CELLS, VALID_CELLS
-
-    if cfg is not None and cfg.data.source == "seqio":
-        from scalestudy.data.seqio_pipeline import bench_resume
-
-        return bench_resume(cfg, steps)
-    if cfg is None:
-        cfg = ExperimentConfig(train={"batch_size": 64})
-    out: dict[str, float | int | str] = {
-        "source": cfg.data.source,
-        "batch_size": cfg.train.batch_size,
-        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
-    }
-    for arch, objectives in VALID_CELLS.items():
-        for name in (*objectives, *EXTRA_CELLS.get(arch, ())):
-            cell = cfg.replace(
-                model={**cfg.model.model_dump(), "arch": arch},
-                objective={**cfg.objective.model_dump(), "name": name},
-            )
-            it = make_iterator(cell)
-            next(it)  # first batch builds the corpus caches; not timed
-            examples = tokens = loss_tokens = 0
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                before = it.state()["cursor"]
-                batch = next(it)
-                examples += it.state()["cursor"] - before
-                tokens += int((batch["decoder_segment_ids"] > 0).sum())
-                if "encoder_segment_ids" in batch:
-                    tokens += int((batch["encoder_segment_ids"] > 0).sum())
-                loss_tokens += int(batch["decoder_loss_weights"].sum())
-            dt = time.perf_counter() - t0
-            key = f"{name}/{arch}"
-            out[f"{key}/examples_per_s"] = round(examples / dt)
-            out[f"{key}/tokens_per_s"] = round(tokens / dt)
-            out[f"{key}/loss_tokens_per_s"] = round(loss_tokens / dt)
-    return out

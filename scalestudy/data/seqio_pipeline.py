@@ -34,7 +34,6 @@ import atexit
 import base64
 import gc
 import importlib
-import json
 import os
 import sys
 import weakref
@@ -253,7 +252,8 @@ class SeqioBatchIterator:
 
     def _skip_to(self, step: int) -> None:
         """Position at `step` by producing and dropping the batches before it: how resuming
-        worked before iterator checkpoints (kept to measure against, in `bench_resume`)."""
+        worked before iterator checkpoints (kept to measure against, in
+        `bench.data.bench_resume`)."""
         self._it = iter(self._dataset().skip(step))
         self._step = step
 
@@ -301,109 +301,3 @@ class SeqioBatchIterator:
         if self.cfg.model.arch != "noncausal_decoder" or "decoder_causal_attention" not in f:
             f["decoder_causal_attention"] = np.zeros_like(f["decoder_target_tokens"])
         return f
-
-
-def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
-    """`pipeline.bench` for the seqio path: every valid cell through `scalestudy.<source>.*`.
-
-    Without a config: the synthetic corpus, batch 64 and the default lengths.
-    """
-    import time
-
-    from scalestudy.config import VALID_CELLS
-
-    if cfg is None:
-        cfg = ExperimentConfig(train={"batch_size": 64})
-    source = cfg.data.source if cfg.data.source in ("synthetic", "text", "tfds") else "synthetic"
-    out: dict[str, float | int | str] = {
-        "source": f"seqio:{source}",
-        "batch_size": cfg.train.batch_size,
-        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
-    }
-    for arch, objectives in VALID_CELLS.items():
-        for name in objectives:
-            cell = cfg.replace(
-                model={**cfg.model.model_dump(), "arch": arch},
-                objective={**cfg.objective.model_dump(), "name": name},
-                data={
-                    **cfg.data.model_dump(),
-                    "source": "seqio",
-                    "seqio_task": f"{PREFIX}.{source}.{name}",
-                },
-            )
-            it = SeqioBatchIterator(cell)
-            next(it)  # builds the graph and fills the pipeline; not timed
-            tokens = loss_tokens = 0
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                batch = next(it)
-                tokens += int((batch["decoder_segment_ids"] > 0).sum())
-                if "encoder_segment_ids" in batch:
-                    tokens += int((batch["encoder_segment_ids"] > 0).sum())
-                loss_tokens += int(batch["decoder_loss_weights"].sum())
-            dt = time.perf_counter() - t0
-            it.close()
-            out[f"{name}/{arch}/tokens_per_s"] = round(tokens / dt)
-            out[f"{name}/{arch}/loss_tokens_per_s"] = round(loss_tokens / dt)
-    return out
-
-
-def bench_resume(cfg: ExperimentConfig, steps: int) -> dict:
-    """Resume cost of the configured seqio stream at step `steps`: this process's state size
-    and save time, the time to the first batch after `restore` (the dataset built, the state
-    loaded) against a fresh start and against skipping the consumed batches (how resuming
-    worked before), and the examples each way preprocesses again (`seqio_tasks.PREPROCESSED`).
-    """
-    import time
-
-    from scalestudy.data.seqio_tasks import PREPROCESSED
-
-    def timed(fn):
-        n0, t0 = PREPROCESSED.value, time.perf_counter()
-        it = fn()
-        next(it)
-        out = time.perf_counter() - t0, PREPROCESSED.value - n0
-        it.close()
-        return out
-
-    it = SeqioBatchIterator(cfg)
-    next(it)
-    tokens, t0 = 0, time.perf_counter()
-    for _ in range(steps - 1):
-        tokens += int((next(it)["decoder_segment_ids"] > 0).sum())
-    run_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state = it.state()
-    state_s = time.perf_counter() - t0
-    it.close()
-
-    def resumed(skip: bool):
-        def make() -> SeqioBatchIterator:
-            fresh = SeqioBatchIterator(cfg)
-            if skip:
-                fresh._skip_to(steps)
-            else:
-                fresh.restore(state)
-            return fresh
-
-        return make
-
-    start_s, start_n = timed(lambda: SeqioBatchIterator(cfg))
-    restore_s, restore_n = timed(resumed(skip=False))
-    skip_s, skip_n = timed(resumed(skip=True))
-    return {
-        "source": f"seqio:{cfg.data.seqio_task}",
-        "arch": cfg.model.arch,
-        "batch_size": cfg.train.batch_size,
-        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
-        "step": steps,
-        "tokens_per_s": round(tokens / max(run_s, 1e-9)),
-        "state_bytes": len(json.dumps(state)),
-        "state_s": round(state_s, 3),
-        "fresh_start_s": round(start_s, 2),
-        "fresh_start_preprocessed": start_n,
-        "restore_s": round(restore_s, 2),
-        "restore_preprocessed": restore_n,
-        "skip_s": round(skip_s, 2),
-        "skip_preprocessed": skip_n,
-    }

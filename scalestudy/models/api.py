@@ -34,7 +34,8 @@ def _module(cfg: ModelConfig, rng: jax.Array) -> nnx.Module:
     with nnx.use_eager_sharding(False):
         if cfg.arch == "encoder_decoder":
             return EncoderDecoder(cfg, init)
-        return Decoder(cfg, "prefix" if cfg.arch == "noncausal_decoder" else "causal", init)
+        mirrored = cfg.arch == "noncausal_decoder" and cfg.rel_prefix_buckets == "mirrored"
+        return Decoder(cfg, "prefix" if mirrored else "causal", init)
 
 
 def _segments(batch: Batch, prefix: str, tokens: jax.Array) -> jax.Array:
@@ -98,7 +99,7 @@ class Model:
         deterministic: bool = True,
     ) -> jax.Array:
         """Float32 logits [B, L, V] at the decoder positions."""
-        return self._forward(params, batch, rng, deterministic, intermediates=False)
+        return _forward(self._bind(params), batch, rng, deterministic)
 
     def intermediates(self, params: Params, batch: Batch) -> dict[str, dict[str, jax.Array]]:
         """Per stack ("decoder", and "encoder" for the encoder-decoder), deterministically:
@@ -106,81 +107,19 @@ class Model:
         and softmax; "hidden": float32 residual stream entering each layer, then the
         final-normed output [layers + 1, B, L, D]; "segment_ids": [B, L] (0 = padding), as the
         model read them from the batch."""
-        _, stacks = self._forward(params, batch, None, True, intermediates=True)
+        capture = nnx.capture(_forward, nnx.Intermediate)
+        _, sown = capture(self._bind(params), batch, None, True, record=True)
+        segments = {"decoder": _segments(batch, "decoder", batch["decoder_input_tokens"])}
+        if self.cfg.arch == "encoder_decoder":
+            segments["encoder"] = _segments(batch, "encoder", batch["encoder_input_tokens"])
         return {
             name: {
-                "attention": inter.attention_NBHLL,
-                "hidden": inter.hidden_NBLD.astype(jnp.float32),
+                "attention": sown[name]["attention_NBHLL"][0],
+                "hidden": sown[name]["hidden_NBLD"][0].astype(jnp.float32),
                 "segment_ids": segment_BL,
             }
-            for name, (inter, segment_BL) in stacks.items()
+            for name, segment_BL in segments.items()
         }
-
-    def _forward(
-        self,
-        params: Params,
-        batch: Batch,
-        rng: jax.Array | None,
-        deterministic: bool,
-        intermediates: bool,
-    ) -> jax.Array | tuple[jax.Array, dict]:
-        """Logits; with `intermediates`, also {stack: (Intermediates, segment_ids)}."""
-        cfg, module = self.cfg, self._bind(params)
-        tokens_BL = jnp.asarray(batch["decoder_input_tokens"])
-        length = tokens_BL.shape[1]
-        segment_BL = _segments(batch, "decoder", tokens_BL)
-        positions_BL = _positions(batch, "decoder", length)
-        heads, mixed = cfg.n_heads, cfg.attention == "mixed"
-        if cfg.arch == "encoder_decoder":
-            enc_tokens_BS = jnp.asarray(batch["encoder_input_tokens"])
-            enc_segment_BS = _segments(batch, "encoder", enc_tokens_BS)
-            enc_positions_BS = _positions(batch, "encoder", enc_tokens_BS.shape[1])
-            enc_rng, dec_rng = (None, None) if rng is None else jax.random.split(rng)
-            encoded_BSD = module.encode(
-                enc_tokens_BS,
-                masks.per_layer(
-                    lambda d: masks.encoder_self_spec(enc_segment_BS, heads, mixed, d),
-                    cfg.attention,
-                ),
-                enc_positions_BS,
-                enc_rng,
-                deterministic,
-                intermediates,
-            )
-            encoded_BSD, enc_inter = encoded_BSD if intermediates else (encoded_BSD, None)
-            context_B = batch.get("pair_context")
-            if context_B is not None:  # encoder rows are distinct contexts, each encoded once
-                encoded_BSD = jnp.take(encoded_BSD, context_B, axis=0)
-                enc_segment_BS = jnp.take(enc_segment_BS, context_B, axis=0)
-            logits_BLV = module.decode(
-                encoded_BSD,
-                tokens_BL,
-                masks.decoder_self_spec(segment_BL),
-                masks.cross_spec(segment_BL, enc_segment_BS),
-                positions_BL,
-                dec_rng,
-                deterministic,
-                intermediates,
-            )
-            if not intermediates:
-                return logits_BLV
-            logits_BLV, dec_inter = logits_BLV
-            stacks = {"encoder": (enc_inter, enc_segment_BS), "decoder": (dec_inter, segment_BL)}
-            return logits_BLV, stacks
-        prefix_BL = None
-        if cfg.arch == "noncausal_decoder":
-            prefix_BL = batch.get("decoder_causal_attention")
-            prefix_BL = jnp.zeros_like(tokens_BL) if prefix_BL is None else prefix_BL
-        # Mixed layers only change bidirectional regions: the causal decoder has none.
-        mask = masks.per_layer(
-            lambda d: masks.decoder_self_spec(segment_BL, prefix_BL, heads, mixed, d),
-            cfg.attention if prefix_BL is not None else "standard",
-        )
-        out = module(tokens_BL, mask, positions_BL, rng, deterministic, intermediates)
-        if not intermediates:
-            return out
-        logits_BLV, inter = out
-        return logits_BLV, {"decoder": (inter, segment_BL)}
 
     # ------------------------------------------------------------------ objectives
 
@@ -325,6 +264,63 @@ class Model:
         cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, steps)
         module = self._bind(params)
         return decode.greedy(module, self.cfg, cache, tokens_BL, positions_BL, prefix_BL, steps)
+
+
+def _forward(
+    module: nnx.Module,
+    batch: Batch,
+    rng: jax.Array | None,
+    deterministic: bool,
+    record: bool = False,
+) -> jax.Array:
+    """Float32 logits at the decoder positions of the bound `module`; with `record` (static),
+    its stacks sow their intermediates."""
+    cfg: ModelConfig = module.cfg
+    tokens_BL = jnp.asarray(batch["decoder_input_tokens"])
+    length = tokens_BL.shape[1]
+    segment_BL = _segments(batch, "decoder", tokens_BL)
+    positions_BL = _positions(batch, "decoder", length)
+    heads, mixed = cfg.n_heads, cfg.attention == "mixed"
+    if cfg.arch == "encoder_decoder":
+        enc_tokens_BS = jnp.asarray(batch["encoder_input_tokens"])
+        enc_segment_BS = _segments(batch, "encoder", enc_tokens_BS)
+        enc_positions_BS = _positions(batch, "encoder", enc_tokens_BS.shape[1])
+        enc_rng, dec_rng = (None, None) if rng is None else jax.random.split(rng)
+        encoded_BSD = module.encode(
+            enc_tokens_BS,
+            masks.per_layer(
+                lambda d: masks.encoder_self_spec(enc_segment_BS, heads, mixed, d),
+                cfg.attention,
+            ),
+            enc_positions_BS,
+            enc_rng,
+            deterministic,
+            record,
+        )
+        context_B = batch.get("pair_context")
+        if context_B is not None:  # encoder rows are distinct contexts, each encoded once
+            encoded_BSD = jnp.take(encoded_BSD, context_B, axis=0)
+            enc_segment_BS = jnp.take(enc_segment_BS, context_B, axis=0)
+        return module.decode(
+            encoded_BSD,
+            tokens_BL,
+            masks.decoder_self_spec(segment_BL),
+            masks.cross_spec(segment_BL, enc_segment_BS),
+            positions_BL,
+            dec_rng,
+            deterministic,
+            record,
+        )
+    prefix_BL = None
+    if cfg.arch == "noncausal_decoder":
+        prefix_BL = batch.get("decoder_causal_attention")
+        prefix_BL = jnp.zeros_like(tokens_BL) if prefix_BL is None else prefix_BL
+    # Mixed layers only change bidirectional regions: the causal decoder has none.
+    mask = masks.per_layer(
+        lambda d: masks.decoder_self_spec(segment_BL, prefix_BL, heads, mixed, d),
+        cfg.attention if prefix_BL is not None else "standard",
+    )
+    return module(tokens_BL, mask, positions_BL, rng, deterministic, record)
 
 
 def build_model(cfg: ModelConfig) -> Model:

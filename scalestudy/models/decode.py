@@ -4,10 +4,10 @@ A `Cache` holds, for every layer of the decoder stack, the keys and values (afte
 positions processed so far, in slots 0 .. length-1 of a fixed-size buffer, together with each
 slot's segment id, position and prefix flag. `extend` runs a chunk of new positions: it writes
 their keys and values into the next slots and attends each new query to every filled slot
-under the same rule the full forward pass uses (`masks.by_slot`), through the same attention
-core (`attention.attend`; masked slots get exactly zero weight, so empty cache slots change
-nothing), so the logits equal the uncached ones. The relative-position bias is the stack's
-shared [H, L, S] table looked up at the new queries' slots against every slot.
+under the same rule the full forward pass uses (`masks.by_slot`), through the very blocks
+training runs (`decoder.Stack` with a cache: masked slots get exactly zero weight, so empty
+cache slots change nothing), so the logits equal the uncached ones. The relative-position bias
+is the stack's shared [H, L, S] table looked up at the new queries' slots against every slot.
 
 The causal decoder can therefore keep its cache across the turns of a dialogue and pay only
 for new tokens; a non-causal decoder's bidirectional prefix must be recomputed
@@ -22,7 +22,6 @@ layers and P mask periods (mixed layers).
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -30,9 +29,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scalestudy.config import ModelConfig
-from scalestudy.models import attention, masks
-from scalestudy.models.decoder import Stack, output_logits
-from scalestudy.models.layers import constrain, rope
+from scalestudy.models import masks
+from scalestudy.models.decoder import Context, Stack, output_logits
+from scalestudy.models.layers import KV
 
 
 class Cache(NamedTuple):
@@ -47,23 +46,6 @@ class Cache(NamedTuple):
     cross_k_NBSHK: jax.Array | None = None  # encoder-decoder: keys/values of the encoder output
     cross_v_NBSHK: jax.Array | None = None
     cross_segment_BS: jax.Array | None = None
-
-
-def _layers(stack: Stack) -> tuple[nnx.GraphDef, nnx.State]:
-    """The stack's block graph and its parameters stacked along a leading layer axis."""
-    if stack.cfg.scan_layers:
-        return nnx.split(stack.layers)
-    splits = [nnx.split(getattr(stack, f"layer_{i}")) for i in range(stack.n_layers)]
-    return splits[0][0], jax.tree.map(lambda *xs: jnp.stack(xs), *[s for _, s in splits])
-
-
-def _project(attn: nnx.Module, x_BLD: jax.Array, name: str) -> jax.Array:
-    w_DHK = getattr(attn, name)[...].astype(attn.dtype)
-    return jnp.einsum("BLD,DHK->BLHK", x_BLD, w_DHK)
-
-
-def _output(attn: nnx.Module, out_BLHK: jax.Array) -> jax.Array:
-    return jnp.einsum("BLHK,HKD->BLD", out_BLHK, attn.o[...].astype(attn.dtype))
 
 
 def init_cache(
@@ -88,15 +70,9 @@ def init_cache(
     )
     if encoded_BSD is None:
         return cache
-    graphdef, state_N = _layers(stack)
-
-    def cross_kv(_, layer_state: nnx.State) -> tuple[None, tuple[jax.Array, jax.Array]]:
-        attn = nnx.merge(graphdef, layer_state).cross_attn
-        return None, (_project(attn, encoded_BSD, "k"), _project(attn, encoded_BSD, "v"))
-
-    _, (k_NBSHK, v_NBSHK) = jax.lax.scan(cross_kv, None, state_N)
+    cross = stack.cross_kv(encoded_BSD)
     return cache._replace(
-        cross_k_NBSHK=k_NBSHK, cross_v_NBSHK=v_NBSHK, cross_segment_BS=encoder_segment_BS
+        cross_k_NBSHK=cross.k_BSHK, cross_v_NBSHK=cross.v_BSHK, cross_segment_BS=encoder_segment_BS
     )
 
 
@@ -134,66 +110,26 @@ def extend(
         ),
         cfg.attention,
     )
-    layer_masks = mask_BHLS if mask_BHLS.ndim == 5 else None
     bias_HLS = None
     if cfg.position == "relative_bias":
         bias_HLS = stack.relpos(q_slot_BL[0], k_slot_BS[0])
-    cross_mask = None
+    cross_mask, cross = None, None
     if cache.cross_k_NBSHK is not None:
         cross_mask = masks.cross_spec(segment_BL, cache.cross_segment_BS)
-    # A forced fused backend may not take a decoding step (one query, an odd number of
-    # slots, a dense mask): "auto" uses it where it can and the reference otherwise.
-    impl = "xla" if cfg.attention_impl == "xla" else "auto"
-    attend = functools.partial(attention.attend, impl=impl)
-
-    graphdef, state_N = _layers(stack)
-
-    def layer(x_BLD: jax.Array, xs: tuple) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        layer_state, index, k_BSHK, v_BSHK, cross_k_BSHK, cross_v_BSHK = xs
-        block = nnx.merge(graphdef, layer_state)
-        attn = block.self_attn
-        h_BLD = block.self_norm(x_BLD)
-        q_BLHK, new_k_BLHK = _project(attn, h_BLD, "q"), _project(attn, h_BLD, "k")
-        if cfg.position == "rope":
-            q_BLHK, new_k_BLHK = rope(q_BLHK, positions_BL), rope(new_k_BLHK, positions_BL)
-        k_BSHK = write(k_BSHK, new_k_BLHK)
-        v_BSHK = write(v_BSHK, _project(attn, h_BLD, "v"))
-        mask = mask_BHLS
-        if layer_masks is not None:
-            mask = jax.lax.dynamic_index_in_dim(layer_masks, index % 2, keepdims=False)
-        x_BLD = x_BLD + _output(attn, attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS))
-        if cross_k_BSHK is not None:
-            h_BLD = block.cross_norm(x_BLD)
-            out_BLHK = attend(
-                _project(block.cross_attn, h_BLD, "q"),
-                cross_k_BSHK,
-                cross_v_BSHK,
-                cross_mask,
-            )
-            x_BLD = x_BLD + _output(block.cross_attn, out_BLHK)
-        x_BLD = x_BLD + block.mlp(block.mlp_norm(x_BLD))
-        return constrain(x_BLD, ("batch", "length", "embed")), (k_BSHK, v_BSHK)
-
-    x_BLD = module.embed(tokens_BL)
-    xs = (
-        state_N,
-        jnp.arange(stack.n_layers),
-        cache.k_NBSHK,
-        cache.v_NBSHK,
-        cache.cross_k_NBSHK,
-        cache.cross_v_NBSHK,
+        cross = KV(cache.cross_k_NBSHK, cache.cross_v_NBSHK)
+    ctx = Context(mask_BHLS, bias_HLS, positions_BL, None, cross_mask)
+    x_BLD, (self_kv, _) = stack(
+        module.embed(tokens_BL), ctx, cache=(KV(cache.k_NBSHK, cache.v_NBSHK, start), cross)
     )
-    x_BLD, (k_NBSHK, v_NBSHK) = jax.lax.scan(layer, x_BLD, xs)
-    logits_BLV = output_logits(module, stack.final_norm(x_BLD))
     new = cache._replace(
-        k_NBSHK=k_NBSHK,
-        v_NBSHK=v_NBSHK,
+        k_NBSHK=self_kv.k_BSHK,
+        v_NBSHK=self_kv.v_BSHK,
         segment_BS=segment_BS,
         position_BS=position_BS,
         prefix_BS=prefix_BS,
         length=start + length,
     )
-    return logits_BLV, new
+    return output_logits(module, x_BLD), new
 
 
 def greedy(

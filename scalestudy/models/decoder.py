@@ -5,10 +5,13 @@ attention mask passed in (built in `models/api.py` from `models/masks.py`) and b
 relative-position bucketing mode ("causal" or "prefix", see `layers.RelativePositionBias`).
 
 A stack's layers are stored stacked along a leading "layers" axis and run with `lax.scan`
-when `cfg.scan_layers` (compile time independent of depth), or as a list of layers otherwise.
+when `scanned(cfg)` (compile time independent of depth), or as a list of layers otherwise.
 
-With the static flag `intermediates=True` a stack also returns its self-attention
-probabilities and residual stream (`Intermediates`, for `decoder_only/attention_rank.py`);
+One block class serves training and decoding: given a cache (`layers.KV` per attention) it
+attends to the cached slots and returns the cache with the new keys and values written
+(`models/decode.py` builds the masks and slots). With the static `record=True` a stack sows its
+self-attention probabilities and residual stream as `nnx.Intermediate` values (read with
+`nnx.capture`, for `decoder_only/attention_rank.py`); the return type never changes, and
 without it the traced program is the plain forward pass.
 """
 
@@ -22,8 +25,13 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from scalestudy.config import ModelConfig
+from scalestudy.models.attention import platform
 from scalestudy.models.layers import (
+    ATTENTION_OUT,
+    KV,
     MLP,
+    MLP_HIDDEN,
+    QKV,
     Attention,
     Embed,
     ParamInit,
@@ -36,6 +44,22 @@ from scalestudy.models.layers import (
 from scalestudy.models.masks import MaskSpec
 
 ACT_BLD = ("batch", "length", "embed")
+
+
+# `scan_layers: auto` unrolls on a CPU up to this depth: there the scanned step is measured
+# slower (docs/performance.md), while accelerators and deep stacks keep the scan's
+# depth-independent compile time and memory layout.
+AUTO_UNROLL_MAX_LAYERS = 12
+
+
+def scanned(cfg: ModelConfig) -> bool:
+    """Whether a stack of `cfg` runs its layers with `lax.scan` (resolving "auto" for the
+    platform being compiled for; the parameter layout follows, so a checkpoint restores only
+    into the same choice)."""
+    if cfg.scan_layers != "auto":
+        return bool(cfg.scan_layers)
+    depth = max(cfg.n_layers, cfg.encoder_layers)
+    return platform() != "cpu" or depth > AUTO_UNROLL_MAX_LAYERS
 
 
 class Context(NamedTuple):
@@ -55,21 +79,26 @@ class Context(NamedTuple):
 
 # Rematerialisation policies (`model.remat`): what the backward pass keeps from each layer's
 # forward pass instead of recomputing it. "minimal" keeps only the residual stream between
-# sublayers (named RESIDUAL below); the layer inputs are kept by the scan in every case.
+# sublayers (named RESIDUAL below); "save_attention" also keeps the attention's query, key and
+# value projections and its output before the output projection (the backward pass then
+# recomputes only the scores and softmax of each attention and the MLPs), "save_attention_mlp"
+# also the MLP's input projections (it recomputes little beyond norms, activations and the
+# softmax); the layer inputs are kept by the scan in every case.
 RESIDUAL = "residual"
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "minimal": jax.checkpoint_policies.save_only_these_names(RESIDUAL),
+    "save_attention": jax.checkpoint_policies.save_only_these_names(RESIDUAL, QKV, ATTENTION_OUT),
+    "save_attention_mlp": jax.checkpoint_policies.save_only_these_names(
+        RESIDUAL, QKV, ATTENTION_OUT, MLP_HIDDEN
+    ),
     "save_dots": jax.checkpoint_policies.dots_saveable,
     "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
 
-class Intermediates(NamedTuple):
-    """What a stack computed on the way, stacked over its N layers."""
-
-    attention_NBHLL: jax.Array  # float32 self-attention probabilities, after mask and softmax
-    hidden_NBLD: jax.Array  # [N + 1]: the residual stream entering each layer, then the output
+# One block's cache: its self-attention KV (written) and its cross-attention KV (fixed).
+BlockCache = tuple[KV, KV | None]
 
 
 class Block(nnx.Module):
@@ -92,27 +121,30 @@ class Block(nnx.Module):
         ctx: Context,
         rng: jax.Array | None,
         deterministic: bool,
-        return_probs: bool = False,
-    ) -> tuple[jax.Array, jax.Array | None]:
-        """The block's output, and its self-attention probabilities if `return_probs`."""
+        record: bool = False,
+        cache: BlockCache | None = None,
+    ) -> tuple[jax.Array, BlockCache | None]:
+        """The block's output and its cache with the new positions written (None without).
+        With `record` (static), the self-attention sows its probabilities."""
         keys = [None] * 6 if rng is None else list(jax.random.split(rng, 6))
+        self_kv, cross_kv = (None, None) if cache is None else cache
         h = self.self_norm(x_BLD)
-        h = self.self_attn(
+        h, self_kv = self.self_attn(
             h, h, ctx.mask, ctx.bias_HLL, ctx.positions_BL, ctx.positions_BL,
-            keys[0], deterministic, return_probs,
+            keys[0], deterministic, record, self_kv,
         )  # fmt: skip
-        h, probs_BHLL = h if return_probs else (h, None)
         x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[1], deterministic), RESIDUAL)
         if self.cross:
             h = self.cross_norm(x_BLD)
             # No position information across the two sequences (as in T5).
-            h = self.cross_attn(
-                h, ctx.encoded_BSD, ctx.cross_mask, None, None, None, keys[2], deterministic
-            )
+            h, cross_kv = self.cross_attn(
+                h, ctx.encoded_BSD, ctx.cross_mask, None, None, None, keys[2], deterministic,
+                cache=cross_kv,
+            )  # fmt: skip
             x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[3], deterministic), RESIDUAL)
         h = self.mlp(self.mlp_norm(x_BLD), keys[4], deterministic)
         x_BLD = x_BLD + dropout(h, self.rate, keys[5], deterministic)
-        return constrain(x_BLD, ACT_BLD), probs_BHLL
+        return constrain(x_BLD, ACT_BLD), (None if cache is None else (self_kv, cross_kv))
 
 
 class Stack(nnx.Module):
@@ -125,17 +157,20 @@ class Stack(nnx.Module):
         self.n_layers = n_layers
         if cfg.position == "relative_bias":
             self.relpos = RelativePositionBias(cfg, relpos_mode, init)
-        if cfg.scan_layers:
+        self.scan = scanned(cfg)
+        # One seed per layer either way, so scanned and unrolled stacks draw equal weights.
+        seeds_N2 = init.split(n_layers)
+        if self.scan:
 
             @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make(seed_2: jax.Array) -> Block:
                 return Block(cfg, cross, ParamInit(seed_2))
 
-            self.layers = make(init.split(n_layers))
+            self.layers = make(seeds_N2)
         else:
             # Named attributes (not a list) keep the pure-dict keys strings, as checkpoints need.
             for i in range(n_layers):
-                setattr(self, f"layer_{i}", Block(cfg, cross, init))
+                setattr(self, f"layer_{i}", Block(cfg, cross, ParamInit(seeds_N2[i])))
         self.final_norm = RMSNorm(cfg, init)
 
     def __call__(
@@ -144,55 +179,102 @@ class Stack(nnx.Module):
         ctx: Context,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-        intermediates: bool = False,
-    ) -> jax.Array | tuple[jax.Array, Intermediates]:
-        """The final-normed output [B, L, D]; with `intermediates` (static), also the
-        stack's `Intermediates`."""
-        if self.cfg.position == "relative_bias":
+        record: bool = False,
+        cache: BlockCache | None = None,
+    ) -> tuple[jax.Array, BlockCache | None]:
+        """The final-normed output [B, L, D] and the cache (every layer's, stacked on a leading
+        N axis; None without one). With `record` (static), sows "attention_NBHLL" (float32
+        self-attention probabilities of each layer) and "hidden_NBLD" (the residual stream
+        entering each layer, then the output) as `nnx.Intermediate` values.
+
+        `ctx.bias_HLL`, when given, is the relative-position bias at the query and key slots
+        (decoding); otherwise the stack computes it for positions 0 .. L - 1."""
+        if self.cfg.position == "relative_bias" and ctx.bias_HLL is None:
             index_L = jnp.arange(x_BLD.shape[1])
             ctx = ctx._replace(bias_HLL=self.relpos(index_L, index_L))
         keys = None if rng is None else jax.random.split(rng, self.n_layers)
         layer_masks = _layer_masks(ctx.mask)
+        start = None if cache is None else cache[0].start
+        cache_arrays = _arrays(cache)
 
-        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, mask) -> tuple:
+        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, mask, kv):
             layer = nnx.merge(graphdef, layer_state)
-            return layer(x, ctx._replace(mask=mask), key, deterministic, intermediates)
+            layer_cache = None if kv is None else _block_cache(kv, start)
+            args = (x, ctx._replace(mask=mask), key, deterministic, record, layer_cache)
+            if not record:
+                y, layer_cache = layer(*args)
+                return y, _arrays(layer_cache), None
+            (y, layer_cache), sown = nnx.capture(layer, nnx.Intermediate)(*args)
+            return y, _arrays(layer_cache), sown["self_attn"]["probs_BHLS"][0]
 
         if self.cfg.remat != "none":
             run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.cfg.remat])
-        if self.cfg.scan_layers:
+        if self.scan:
             graphdef, state = nnx.split(self.layers)
 
-            def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple | None]:
-                layer_state, key, index = xs
+            def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
+                layer_state, key, index, kv = xs
                 if len(layer_masks) == 1:
-                    y, probs_BHLL = run(graphdef, layer_state, x, key, layer_masks[0])
+                    y, kv, probs_BHLL = run(graphdef, layer_state, x, key, layer_masks[0], kv)
                 else:  # masks may differ in static structure: one branch per mask
                     branches = [_with_mask(run, graphdef, m) for m in layer_masks]
-                    y, probs_BHLL = jax.lax.switch(
-                        index % len(layer_masks), branches, layer_state, x, key
+                    y, kv, probs_BHLL = jax.lax.switch(
+                        index % len(layer_masks), branches, layer_state, x, key, kv
                     )
-                return y, ((probs_BHLL, x) if intermediates else None)
+                return y, (kv, (probs_BHLL, x) if record else None)
 
-            xs = (state, keys, jnp.arange(self.n_layers))
-            x_BLD, per_layer = jax.lax.scan(body, x_BLD, xs)
+            xs = (state, keys, jnp.arange(self.n_layers), cache_arrays)
+            x_BLD, (cache_arrays, per_layer) = jax.lax.scan(body, x_BLD, xs)
         else:
-            per_layer = []
+            per_layer, new_arrays = [], []
             for i in range(self.n_layers):
                 graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
                 key = None if keys is None else keys[i]
                 mask = layer_masks[i % len(layer_masks)]
-                y, probs_BHLL = run(graphdef, layer_state, x_BLD, key, mask)
+                kv = jax.tree.map(lambda a, i=i: a[i], cache_arrays)
+                y, kv, probs_BHLL = run(graphdef, layer_state, x_BLD, key, mask, kv)
                 per_layer.append((probs_BHLL, x_BLD))
+                new_arrays.append(kv)
                 x_BLD = y
-            if intermediates:
+            if cache_arrays is not None:
+                cache_arrays = jax.tree.map(lambda *xs: jnp.stack(xs), *new_arrays)
+            if record:
                 per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
         out_BLD = self.final_norm(x_BLD)
-        if not intermediates:
-            return out_BLD
-        attention_NBHLL, hidden_NBLD = per_layer
-        hidden_NBLD = jnp.concatenate([hidden_NBLD, out_BLD[None].astype(hidden_NBLD.dtype)])
-        return out_BLD, Intermediates(attention_NBHLL, hidden_NBLD)
+        if record:
+            attention_NBHLL, hidden_NBLD = per_layer
+            hidden_NBLD = jnp.concatenate([hidden_NBLD, out_BLD[None].astype(hidden_NBLD.dtype)])
+            self.sow(nnx.Intermediate, "attention_NBHLL", attention_NBHLL)
+            self.sow(nnx.Intermediate, "hidden_NBLD", hidden_NBLD)
+        return out_BLD, (None if cache is None else _block_cache(cache_arrays, start))
+
+    def cross_kv(self, encoded_BSD: jax.Array) -> KV:
+        """Every layer's cross-attention keys and values of an encoder output, stacked [N, ...]
+        (the fixed part of a decoding cache)."""
+        if self.scan:
+            graphdef, state = nnx.split(self.layers)
+            return jax.lax.map(
+                lambda s: nnx.merge(graphdef, s).cross_attn.project_kv(encoded_BSD), state
+            )
+        per_layer = [
+            getattr(self, f"layer_{i}").cross_attn.project_kv(encoded_BSD)
+            for i in range(self.n_layers)
+        ]
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+
+
+def _arrays(cache: BlockCache | None) -> tuple | None:
+    """A block cache's arrays (what a layer scan carries per layer)."""
+    if cache is None:
+        return None
+    self_kv, cross_kv = cache
+    return self_kv[:2], None if cross_kv is None else cross_kv[:2]
+
+
+def _block_cache(arrays: tuple, start: jax.Array) -> BlockCache:
+    """`_arrays` back to a block cache writing at `start`."""
+    self_kv, cross_kv = arrays
+    return KV(*self_kv, start), None if cross_kv is None else KV(*cross_kv)
 
 
 def _layer_masks(mask: MaskSpec | jax.Array | tuple) -> tuple:
@@ -206,7 +288,7 @@ def _layer_masks(mask: MaskSpec | jax.Array | tuple) -> tuple:
 
 def _with_mask(run, graphdef: nnx.GraphDef, mask: MaskSpec | jax.Array):
     """`run` for one layer with `mask` fixed (a `lax.switch` branch)."""
-    return lambda layer_state, x, key: run(graphdef, layer_state, x, key, mask)
+    return lambda layer_state, x, key, kv: run(graphdef, layer_state, x, key, mask, kv)
 
 
 class Decoder(nnx.Module):
@@ -226,18 +308,16 @@ class Decoder(nnx.Module):
         positions_BL: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-        intermediates: bool = False,
-    ) -> jax.Array | tuple[jax.Array, Intermediates]:
-        """Float32 logits [B, L, V]; with `intermediates` (static), also the stack's."""
+        record: bool = False,
+    ) -> jax.Array:
+        """Float32 logits [B, L, V]; with `record` (static), the stack sows its intermediates."""
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BLD = dropout(self.embed(tokens_BL), self.cfg.dropout, keys[0], deterministic)
         x_BLD = constrain(x_BLD, ACT_BLD)
         ctx = Context(mask, None, positions_BL)
-        x_BLD = self.decoder(x_BLD, ctx, keys[1], deterministic, intermediates)
-        x_BLD, inter = x_BLD if intermediates else (x_BLD, None)
+        x_BLD, _ = self.decoder(x_BLD, ctx, keys[1], deterministic, record)
         x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)
-        logits_BLV = output_logits(self, x_BLD)
-        return (logits_BLV, inter) if intermediates else logits_BLV
+        return output_logits(self, x_BLD)
 
 
 def output_projection(cfg: ModelConfig, init: ParamInit) -> nnx.Param:

@@ -11,7 +11,6 @@ from scalestudy.config import ModelConfig
 from scalestudy.models.decoder import (
     ACT_BLD,
     Context,
-    Intermediates,
     Stack,
     output_logits,
     output_projection,
@@ -38,18 +37,16 @@ class EncoderDecoder(nnx.Module):
         positions_BS: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-        intermediates: bool = False,
-    ) -> jax.Array | tuple[jax.Array, Intermediates]:
-        """Encoder output [B, S, D] in the compute dtype; with `intermediates` (static), also
-        the encoder stack's."""
+        record: bool = False,
+    ) -> jax.Array:
+        """Encoder output [B, S, D] in the compute dtype; with `record` (static), the encoder
+        stack sows its intermediates."""
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BSD = dropout(self.embed(tokens_BS), self.cfg.dropout, keys[0], deterministic)
         x_BSD = constrain(x_BSD, ACT_BLD)
         ctx = Context(mask, None, positions_BS)
-        x_BSD = self.encoder(x_BSD, ctx, keys[1], deterministic, intermediates)
-        x_BSD, inter = x_BSD if intermediates else (x_BSD, None)
-        x_BSD = dropout(x_BSD, self.cfg.dropout, keys[2], deterministic)
-        return (x_BSD, inter) if intermediates else x_BSD
+        x_BSD, _ = self.encoder(x_BSD, ctx, keys[1], deterministic, record)
+        return dropout(x_BSD, self.cfg.dropout, keys[2], deterministic)
 
     def decode(
         self,
@@ -60,16 +57,14 @@ class EncoderDecoder(nnx.Module):
         positions_BL: jax.Array,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-        intermediates: bool = False,
-    ) -> jax.Array | tuple[jax.Array, Intermediates]:
-        """Float32 logits [B, L, V] of the decoder given the encoder output; with
-        `intermediates` (static), also the decoder stack's."""
+        record: bool = False,
+    ) -> jax.Array:
+        """Float32 logits [B, L, V] of the decoder given the encoder output; with `record`
+        (static), the decoder stack sows its intermediates."""
         keys = [None] * 3 if rng is None else list(jax.random.split(rng, 3))
         x_BLD = dropout(self.embed(tokens_BL), self.cfg.dropout, keys[0], deterministic)
         x_BLD = constrain(x_BLD, ACT_BLD)
         ctx = Context(mask, None, positions_BL, encoded_BSD, cross_mask)
-        x_BLD = self.decoder(x_BLD, ctx, keys[1], deterministic, intermediates)
-        x_BLD, inter = x_BLD if intermediates else (x_BLD, None)
+        x_BLD, _ = self.decoder(x_BLD, ctx, keys[1], deterministic, record)
         x_BLD = dropout(x_BLD, self.cfg.dropout, keys[2], deterministic)
-        logits_BLV = output_logits(self, x_BLD)
-        return (logits_BLV, inter) if intermediates else logits_BLV
+        return output_logits(self, x_BLD)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd as flax_spmd
 from flax.linen import spmd as linen_spmd
+from jax.ad_checkpoint import checkpoint_name
 
 from scalestudy.config import ModelConfig
 from scalestudy.models import attention
@@ -27,6 +28,11 @@ from scalestudy.models.attention import NEG_INF, dropout
 from scalestudy.models.masks import MaskSpec
 
 __all__ = ["NEG_INF", "dropout"]  # re-exported for the stacks
+
+# Names of activations a remat policy may keep (models/decoder.py REMAT_POLICIES).
+QKV = "attention_qkv"  # query, key and value projections
+ATTENTION_OUT = "attention_out"  # attention output before the output projection
+MLP_HIDDEN = "mlp_hidden"  # the feed-forward input projections, before the activation
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
@@ -158,12 +164,23 @@ def rope(x_BLHK: jax.Array, positions_BL: jax.Array, base: float = 10000.0) -> j
     return out.astype(x_BLHK.dtype)
 
 
+class KV(NamedTuple):
+    """One attention layer's decoding cache: keys and values [B, S, H, K] of S slots (after
+    RoPE). `start` is the first slot a call writes its new keys and values into (self-
+    attention); None marks fixed keys and values (cross-attention to a cached encoder output)."""
+
+    k_BSHK: jax.Array
+    v_BSHK: jax.Array
+    start: jax.Array | None = None
+
+
 class Attention(nnx.Module):
     """Multi-head dot-product attention without biases; the mask and position bias come in.
 
     As in T5 there is no 1/sqrt(K) logit scaling: it is folded into the query initialisation.
     The core (`attention.attend`) runs on the backend `cfg.attention_impl` picks; attention
-    dropout in training and returning the probabilities use the reference path.
+    dropout in training and recording the probabilities use the reference path. The same
+    module serves training and decoding: given a `KV` cache it attends to the cached slots.
     """
 
     def __init__(self, cfg: ModelConfig, init: ParamInit):
@@ -178,40 +195,60 @@ class Attention(nnx.Module):
         self.dropout = cfg.dropout
         self.impl = cfg.attention_impl
 
+    def project_kv(self, kv_BSD: jax.Array) -> KV:
+        """Keys and values of `kv_BSD` (no RoPE), as fixed cache entries (cross-attention)."""
+        dt = self.dtype
+        k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
+        v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
+        return KV(k_BSHK, v_BSHK)
+
     def __call__(
         self,
         x_BLD: jax.Array,
-        kv_BSD: jax.Array,
+        kv_BSD: jax.Array | None,
         mask: MaskSpec | jax.Array,
         bias_HLS: jax.Array | None = None,
         q_positions_BL: jax.Array | None = None,
         k_positions_BS: jax.Array | None = None,
         rng: jax.Array | None = None,
         deterministic: bool = True,
-        return_probs: bool = False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
-        """Output [B, L, D]; with `return_probs` (static), also the float32 attention
-        probabilities [B, H, L, S] after masking and softmax (before dropout). `mask` is a
-        `masks.MaskSpec` or a dense boolean [B, H or 1, L, S]; `bias_HLS` is [H, L, S]."""
+        record: bool = False,
+        cache: KV | None = None,
+    ) -> tuple[jax.Array, KV | None]:
+        """Output [B, L, D] and the cache with this call's keys and values written (None
+        without a cache). `mask` is a `masks.MaskSpec` or a dense boolean [B, H or 1, L, S]
+        over the keys (the cache's slots when cached); `bias_HLS` is [H, L, S]. With `record`
+        (static), the float32 probabilities [B, H, L, S] after masking and softmax (before
+        dropout) are sown as `nnx.Intermediate` "probs_BHLS" (read them with `nnx.capture`)."""
         dt = self.dtype
         q_BLHK = jnp.einsum("BLD,DHK->BLHK", x_BLD, self.q[...].astype(dt))
-        k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
-        v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
         q_BLHK = constrain(q_BLHK, ("batch", "length", "heads", "kv"))
+        fixed = cache is not None and cache.start is None
+        k_BSHK, v_BSHK = cache[:2] if fixed else self.project_kv(kv_BSD)[:2]
         if self.rope and q_positions_BL is not None:
             q_BLHK = rope(q_BLHK, q_positions_BL)
             k_BSHK = rope(k_BSHK, k_positions_BS)
-        probs_BHLS = None
-        if return_probs or (self.dropout > 0 and not deterministic):
+        q_BLHK, k_BSHK, v_BSHK = (checkpoint_name(a, QKV) for a in (q_BLHK, k_BSHK, v_BSHK))
+        if cache is not None and not fixed:
+            write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new, cache.start, 1)
+            cache = KV(write(cache.k_BSHK, k_BSHK), write(cache.v_BSHK, v_BSHK), cache.start)
+            k_BSHK, v_BSHK = cache.k_BSHK, cache.v_BSHK
+        if record or (self.dropout > 0 and not deterministic):
             out_BLHK = attention.reference(
                 q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, dropout_rate=self.dropout, rng=rng,
-                deterministic=deterministic, return_probs=return_probs,
+                deterministic=deterministic, return_probs=record,
             )  # fmt: skip
-            out_BLHK, probs_BHLS = out_BLHK if return_probs else (out_BLHK, None)
+            if record:
+                out_BLHK, probs_BHLS = out_BLHK
+                self.sow(nnx.Intermediate, "probs_BHLS", probs_BHLS)
         else:
-            out_BLHK = attention.attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, impl=self.impl)
+            # A forced fused backend may not take a decoding step (one query, an odd number
+            # of slots, a dense mask): when cached, "auto" uses it where it can.
+            impl = self.impl if cache is None or self.impl == "xla" else "auto"
+            out_BLHK = attention.attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, impl=impl)
+        out_BLHK = checkpoint_name(out_BLHK, ATTENTION_OUT)
         out_BLD = jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
-        return (out_BLD, probs_BHLS) if return_probs else out_BLD
+        return out_BLD, cache
 
 
 _ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "silu": jax.nn.silu}
@@ -236,9 +273,12 @@ class MLP(nnx.Module):
         self, x_BLD: jax.Array, rng: jax.Array | None = None, deterministic: bool = True
     ) -> jax.Array:
         dt = self.dtype
-        h_BLF = self.act(jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_0[...].astype(dt)))
+        up = lambda w: checkpoint_name(
+            jnp.einsum("BLD,DF->BLF", x_BLD, w[...].astype(dt)), MLP_HIDDEN
+        )
+        h_BLF = self.act(up(self.wi_0))
         if self.gated:
-            h_BLF = h_BLF * jnp.einsum("BLD,DF->BLF", x_BLD, self.wi_1[...].astype(dt))
+            h_BLF = h_BLF * up(self.wi_1)
         h_BLF = constrain(h_BLF, ("batch", "length", "mlp"))
         h_BLF = dropout(h_BLF, self.dropout, rng, deterministic)
         return jnp.einsum("BLF,FD->BLD", h_BLF, self.wo[...].astype(dt))

@@ -188,11 +188,6 @@ def encoder_self(
     return encoder_self_spec(segment_BS, n_heads, mixed, layer_direction).dense()
 
 
-def cross(decoder_segment_BL: jnp.ndarray, encoder_segment_BS: jnp.ndarray) -> jnp.ndarray:
-    """Dense `cross_spec`: [B, 1, L, S]."""
-    return cross_spec(decoder_segment_BL, encoder_segment_BS).dense()
-
-
 def per_layer(
     build: Callable[[str | None], MaskSpec | jnp.ndarray], attention: str
 ) -> MaskSpec | jnp.ndarray | tuple[MaskSpec, ...]:

@@ -1,9 +1,10 @@
 """Ahead-of-time compilation of the train step for the local devices or a TPU topology.
 
-`compile_plan(cfg, topology)` lowers and compiles the step without running it, and reports
-what a launch needs to know before the hardware exists: per-chip memory against the chip's
-HBM (fits or not), XLA's FLOPs against the counted model FLOPs, and the compiler's own
-estimate of the step time (TPU `optimal_seconds`) turned into an estimated MFU.
+`compile_plan(cfg, topology)` lowers and compiles the step without running it, for a batch
+of the shapes training feeds it, and reports what a launch needs to know before the hardware
+exists: per-chip memory against the chip's HBM (fits or not), XLA's FLOPs against the counted
+model FLOPs, and on a TPU a roofline estimate of the step time and MFU (`train/roofline.py`)
+beside the compiler's own estimate (`optimal_seconds`, which libtpu often leaves negative).
 
 TPU topologies need the TPU compiler (the `tpu` extra: libtpu), which runs on any Linux
 host; no TPU is needed. Names: "v4:4x4x8" (chips along each axis) or a Cloud TPU type
@@ -24,10 +25,12 @@ import jax
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.data import pipeline
+from scalestudy.data.batches import empty_features
+from scalestudy.data.objectives import feature_lengths
 from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
-from scalestudy.train import chips, sharding, step
+from scalestudy.models.decoder import scanned
+from scalestudy.train import chips, roofline, sharding, step
 
 # Chip generation -> (name in libtpu's topology names, torus dimensions, cores per chip in
 # the Cloud TPU type name).
@@ -115,10 +118,10 @@ def tpu_devices(name: str) -> list:
 
 
 def abstract_batch(cfg: ExperimentConfig) -> dict[str, np.ndarray]:
-    """A global batch of the run's feature shapes (contents irrelevant), without reading data."""
-    rows = cfg.train.batch_size
-    batch, _ = pipeline.scoring_batch(cfg, [[]] * rows, [[1]] * rows)
-    return batch
+    """A global training batch of the run's feature shapes (contents irrelevant), without
+    reading data: the lengths the training pipeline lays rows out at."""
+    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    return empty_features(cfg.train.batch_size, decoder, encoder)
 
 
 def state_bytes_per_device(program: step.Program) -> int:
@@ -142,16 +145,9 @@ def _describe(cfg: ExperimentConfig, where: str, kind: str, mesh: Any) -> dict[s
     }
 
 
-def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str, Any]:
-    """Compile the train step of `cfg` for the local devices or a TPU `topology` and report
-    per-chip memory, XLA and counted FLOPs, and (TPU) the compiler's step-time estimate."""
-    if topology is None:
-        devices = jax.devices()
-        where = f"{len(devices)} local {devices[0].platform} devices"
-    else:
-        devices = tpu_devices(topology)
-        where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
-    kind = devices[0].device_kind
+def _compile(cfg: ExperimentConfig, devices: list) -> tuple[Any, Any, step.Program]:
+    """(compiled train step or the compiler's refusal text, mesh, program) for `devices`."""
+    # The batch is checked against the mesh before anything is lowered (one line if not).
     mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model, batch=cfg.train)
     batch = abstract_batch(cfg)
     program = step.build_program(cfg, batch, mesh, compile=False)
@@ -159,16 +155,53 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
         k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=program.batch_sharding)
         for k, v in batch.items()
     }
-    t = time.perf_counter()
     with sharding.axis_rules(mesh):
         lowered = program.train_step.lower(program.abstract_state, shaped)
         try:
-            compiled = lowered.compile()
+            return lowered.compile(), mesh, program
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             # The TPU compiler refuses a program that cannot fit: that is the answer.
-            return {**_describe(cfg, where, kind, mesh), "fits": False, "compiler": str(e)[:300]}
+            return str(e), mesh, program
+
+
+def unrolled_costs(cfg: ExperimentConfig, devices: list) -> dict[str, Any]:
+    """Per-device costs (`roofline.program_costs`) of the step at `cfg`'s depth, from the same
+    program unrolled at one and two layers per stack, extrapolated linearly in depth (XLA's
+    cost analysis counts a scanned loop body once)."""
+    m = cfg.model
+    target = (m.n_layers, m.encoder_layers) if m.is_encoder_decoder else (m.n_layers,)
+    depths = [(1,) * len(target)] + [
+        tuple(2 if j == i else 1 for j in range(len(target))) for i in range(len(target))
+    ]
+    costs = []
+    for depth in depths:
+        layers = {"n_layers": depth[0], "scan_layers": False, "remat": m.remat}
+        if m.is_encoder_decoder:
+            layers["n_encoder_layers"] = depth[1]
+        probe = cfg.replace(model={**m.model_dump(), **layers})
+        compiled, mesh, _ = _compile(probe, devices)
+        if isinstance(compiled, str):
+            raise ScalestudyError(f"compile: a {depth}-layer probe of the step did not fit")
+        costs.append(roofline.program_costs(compiled, mesh.size))
+    return roofline.extrapolate(costs, depths, target)
+
+
+def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str, Any]:
+    """Compile the train step of `cfg` for the local devices or a TPU `topology` and report
+    per-chip memory, XLA and counted FLOPs, and (TPU) a roofline step-time estimate."""
+    if topology is None:
+        devices = jax.devices()
+        where = f"{len(devices)} local {devices[0].platform} devices"
+    else:
+        devices = tpu_devices(topology)
+        where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
+    kind = devices[0].device_kind
+    t = time.perf_counter()
+    compiled, mesh, program = _compile(cfg, devices)
+    if isinstance(compiled, str):
+        return {**_describe(cfg, where, kind, mesh), "fits": False, "compiler": compiled[:300]}
     seconds = time.perf_counter() - t
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -192,19 +225,19 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
     if entry is not None:
         out["hbm_gib_per_chip"] = entry.hbm_gib
         out["fits"] = total <= entry.hbm_gib * gib
-    # XLA counts the partitioned program: one device's share of the step.
-    xla = float(cost.get("flops", float("nan"))) * mesh.size
     counted = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
-    out["xla_flops_per_step"] = xla
+    # XLA counts one device's share of the step, and a scanned loop body once: the costs of
+    # a scanned program come from its unrolled probes.
+    scan = scanned(cfg.model)
+    costs = unrolled_costs(cfg, devices) if scan else roofline.program_costs(compiled, mesh.size)
+    out["scanned"] = scan
+    out["xla_flops_per_step"] = costs["flops"] * mesh.size
     out["counted_flops_per_step"] = counted
-    out["xla_over_counted"] = round(xla / counted, 3)
-    # The compiler's estimate; negative or absent where it has none. XLA's cost analysis
-    # counts a loop body once, so with scanned layers FLOPs and estimate cover one layer.
-    est = float(cost.get("optimal_seconds", -1.0))
-    out["compiler_optimal_s"] = est
-    if est > 0 and entry is not None:
-        peak = chips.peak_flops(kind, cfg.model.dtype, n_devices=mesh.size)
-        out["est_step_s"] = float(f"{est:.3g}")
-        out["est_mfu"] = round(chips.mfu(counted, est, peak["flops_per_s"]), 3)
+    out["xla_over_counted"] = round(out["xla_flops_per_step"] / counted, 3)
+    limits = roofline.chip_limits(kind)
+    if limits is not None:
+        out["roofline"] = roofline.estimate(costs, limits, counted, mesh.size)
+    # The compiler's own estimate; negative or absent where it has none.
+    out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
     out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
     return out

@@ -14,10 +14,12 @@ VOCAB = 64
 
 
 def tiny(arch: str = "causal_decoder", **kw) -> ModelConfig:
-    """A 2-layer, d_model 32 model computed in float32 (so comparisons can be tight)."""
+    """A 2-layer, d_model 32 model computed in float32 (so comparisons can be tight), its
+    layers scanned unless `scan_layers` says otherwise."""
     base = dict(
-        arch=arch, vocab_size=VOCAB, d_model=32, n_heads=4, d_ff=64, n_layers=2, dtype="float32"
-    )
+        arch=arch, vocab_size=VOCAB, d_model=32, n_heads=4, d_ff=64, n_layers=2, dtype="float32",
+        scan_layers=True,
+    )  # fmt: skip
     return ModelConfig(**{**base, **kw})
 
 

@@ -306,7 +306,10 @@ def test_relative_bias_models_read_offsets_not_positions(compiled):
 # ---------------------------------------------------------------- remat
 
 
-@pytest.mark.parametrize("policy", ["full", "minimal", "save_dots", "save_dots_no_batch"])
+@pytest.mark.parametrize(
+    "policy",
+    ["full", "minimal", "save_attention", "save_attention_mlp", "save_dots", "save_dots_no_batch"],
+)
 def test_remat_policies_give_the_same_gradients(policy):
     cfg = tiny("encoder_decoder", attention_impl="xla")
     params, _, expected = _reference(cfg, 16, 12)
@@ -325,15 +328,17 @@ def test_attention_impl_stays_out_of_run_ids_while_auto():
 
 def test_remat_policies_keep_what_they_say():
     """Elements kept for the backward pass (abstract trace, no compile): nothing saved per
-    layer with `full`, only the residual stream added by `minimal`, more with the dot
-    policies, everything with `none`."""
+    layer with `full`, only the residual stream added by `minimal`, attention (and MLP)
+    outputs on top with `save_attention` (`save_attention_mlp`), more with the dot policies,
+    everything with `none`."""
     try:
         from jax._src.ad_checkpoint import saved_residuals
     except ImportError:  # private helper; its absence only loses this check
         pytest.skip("jax._src.ad_checkpoint.saved_residuals is not available in this JAX")
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in packed_batch().items()}
     kept = {}
-    for policy in ("none", "full", "minimal", "save_dots", "save_dots_no_batch"):
+    policies = ("none", "full", "minimal", "save_attention", "save_attention_mlp", "save_dots")
+    for policy in (*policies, "save_dots_no_batch"):
         model = build_model(tiny("encoder_decoder", remat=policy))
         res = saved_residuals(
             lambda p, b, m=model: m.loss(p, b, None, deterministic=True)[0],
@@ -343,3 +348,5 @@ def test_remat_policies_keep_what_they_say():
         kept[policy] = sum(int(np.prod(aval.shape)) for aval, _ in res)
     assert kept["full"] < kept["minimal"] < kept["save_dots_no_batch"] < kept["save_dots"]
     assert kept["save_dots"] < kept["none"]
+    # Each set of named projections adds arrays per layer to what `minimal` keeps.
+    assert kept["minimal"] < kept["save_attention"] < kept["save_attention_mlp"] < kept["none"]

@@ -193,3 +193,30 @@ def test_prompt_flops_agree_with_the_forward_count(arch):
         got = counting.reply_step_flops(cfg, 20, 0)
         # the uncached pass also re-scores the 21 old queries against the new key: 2*2*hk*21
         assert got == pytest.approx(extra - 4.0 * cfg.n_layers * cfg.d_model * 21)
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
+@pytest.mark.parametrize("scan", [True, False])
+def test_training_and_cached_decoding_run_one_block_class(arch, scan, monkeypatch):
+    from scalestudy.models import decoder
+
+    model = build_model(tiny(arch, scan_layers=scan))
+    params = _params(model)
+    batch = make_batch(2, 8)
+    calls = []
+    block_call = decoder.Block.__call__
+
+    def spy(self, x, ctx, rng, deterministic, record=False, cache=None):
+        calls.append(("cached" if cache is not None else "training", self.cross))
+        return block_call(self, x, ctx, rng, deterministic, record, cache)
+
+    monkeypatch.setattr(decoder.Block, "__call__", spy)
+    model.apply(params, batch)
+    enc = batch["encoder_input_tokens"] if arch == "encoder_decoder" else None
+    cache = model.new_cache(params, 2, 8, enc)
+    model.extend(params, cache, batch["decoder_input_tokens"][:, :3])
+    kinds = {kind for kind, _ in calls}
+    assert kinds == {"training", "cached"}
+    # The cached decoder runs the training decoder's blocks (cross-attention included).
+    cross = arch == "encoder_decoder"
+    assert {c for kind, c in calls if kind == "cached"} == {cross}

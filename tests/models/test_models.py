@@ -166,6 +166,11 @@ def test_scanned_and_unrolled_layers_agree(compiled, tiny_cfg, make_batch_fn, at
         for i in range(cfg.n_layers):
             flat[stack][f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], layers)
     assert jax.tree.structure(flat) == jax.tree.structure(unrolled.abstract_params())
+    # Both layouts draw the same weights from the same key.
+    for a, b in zip(
+        jax.tree.leaves(flat), jax.tree.leaves(jax.jit(unrolled.init)(jax.random.key(0)))
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     batch = make_batch_fn()
     np.testing.assert_allclose(
         np.asarray(apply(params, batch)),
@@ -288,3 +293,35 @@ def test_init_draws_independent_normals_with_the_intended_scale(compiled, tiny_c
     assert abs(np.corrcoef(wi[0].ravel(), wi[1].ravel())[0, 1]) < 0.05
     q, k = (np.asarray(params["decoder"]["layers"]["self_attn"][n])[0] for n in "qk")
     assert abs(np.corrcoef(q.ravel(), k.ravel())[0, 1]) < 0.05
+
+
+def test_scan_layers_auto_unrolls_shallow_stacks_on_cpu_and_scans_deep_ones(tiny_cfg):
+    from scalestudy.models.decoder import AUTO_UNROLL_MAX_LAYERS, scanned
+
+    assert jax.default_backend() == "cpu"
+    shallow = tiny_cfg("encoder_decoder", scan_layers="auto")
+    deep_encoder = shallow.replace(n_encoder_layers=AUTO_UNROLL_MAX_LAYERS + 1)
+    assert not scanned(shallow) and scanned(deep_encoder)
+    assert scanned(shallow.replace(scan_layers=True))
+    assert not scanned(deep_encoder.replace(scan_layers=False))
+    # The parameter layout follows the resolved choice.
+    assert "layer_0" in build_model(shallow).abstract_params()["decoder"]
+    assert "layers" in build_model(deep_encoder).abstract_params()["encoder"]
+
+
+def test_t5x_prefix_buckets_make_gpt_and_unilm_differ_only_by_the_mask(tiny_cfg, make_batch_fn):
+    """With `rel_prefix_buckets: causal` the non-causal decoder has the causal decoder's
+    parameters and position bias (future keys in bucket 0), so the two differ only by the
+    attention mask: equal logits without a prefix, different ones with it."""
+    nc = build_model(tiny_cfg("noncausal_decoder", rel_prefix_buckets="causal"))
+    c = build_model(tiny_cfg("causal_decoder"))
+    assert jax.tree.structure(nc.abstract_params()) == jax.tree.structure(c.abstract_params())
+    params = jax.jit(c.init)(jax.random.key(5))
+    index = jnp.arange(40)
+    bias = [m._bind(params).decoder.relpos(index, index) for m in (nc, c)]
+    np.testing.assert_array_equal(np.asarray(bias[0]), np.asarray(bias[1]))
+    assert float(jnp.abs(bias[0][:, 0, 1:] - bias[0][:, 0, :1]).max()) == 0.0  # future = bucket 0
+    plain, prefixed = make_batch_fn(prefix=0), make_batch_fn(prefix=6)
+    np.testing.assert_array_equal(np.asarray(nc.apply(params, plain)), c.apply(params, plain))
+    diff = np.abs(np.asarray(nc.apply(params, prefixed)) - c.apply(params, prefixed)).max()
+    assert diff > 1e-3

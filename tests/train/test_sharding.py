@@ -15,7 +15,7 @@ from scalestudy.train import sharding
 
 CFG = ModelConfig(
     arch="encoder_decoder", vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2,
-    dtype="float32",
+    dtype="float32", scan_layers=True,
 )  # fmt: skip
 
 

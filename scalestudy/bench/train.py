@@ -13,7 +13,8 @@ from typing import Any
 
 import jax
 
-from scalestudy.config import VALID_CELLS, ExperimentConfig, load_config
+from scalestudy.bench.cells import cells
+from scalestudy.config import ExperimentConfig, load_config
 from scalestudy.data import pipeline
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
@@ -21,8 +22,8 @@ from scalestudy.train import chips, step
 
 # Named sizes (config overrides). "small" is quick; "25m" is the ~25M-parameter decoder at
 # 512 positions (384 inputs + 128 targets; the encoder-decoder encodes 384, decodes 128).
-# Both unroll the layer stack: on a CPU a `lax.scan` over the layers takes 1.1-1.7x the time
-# of the same step unrolled (README, Training); `model.scan_layers=true` measures it scanned.
+# Both unroll the layer stack on any platform, so a figure means the same program everywhere
+# (docs/performance.md); `model.scan_layers=true` measures it scanned.
 PRESETS: dict[str, tuple[str, ...]] = {
     "small": (
         "model.scan_layers=false",
@@ -65,15 +66,6 @@ def preset_config(
     return load_config(None, (*PRESETS[name], *extra, *overrides))
 
 
-def _cell(base: ExperimentConfig, arch: str) -> ExperimentConfig:
-    objectives = VALID_CELLS[arch]
-    objective = base.objective.name if base.objective.name in objectives else "plm"
-    return base.replace(
-        model={**base.model.model_dump(), "arch": arch},
-        objective={**base.objective.model_dump(), "name": objective},
-    )
-
-
 def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
     """Step time, tokens/s and MFU of `steps` train steps of `cfg` on one fixed batch."""
     batch = next(pipeline.make_iterator(cfg, "train"))
@@ -112,9 +104,7 @@ def bench(
     """Train-step throughput of each architecture (or `archs`) at `cfg`'s size (default: the
     "small" preset): one row per architecture, and the peak MFU is measured against."""
     base = cfg if cfg is not None else preset_config("small")
-    unknown = sorted(set(archs or ()) - set(VALID_CELLS))
-    if unknown:
-        raise ConfigError(f"bench --arch {unknown}: accepted: {', '.join(VALID_CELLS)}")
+    rows = cells(base, archs=archs, one_per_arch=True)
     peak = chips.peak_flops(dtype=base.model.dtype)
     out: dict[str, Any] = {
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
@@ -124,6 +114,6 @@ def bench(
         "batch": base.train.batch_size,
         "lengths": f"{base.objective.inputs_length}+{base.objective.targets_length}",
     }
-    for arch in archs or tuple(VALID_CELLS):
-        out[arch] = time_train_steps(_cell(base, arch), steps)
+    for arch, _, cell in rows:
+        out[arch] = time_train_steps(cell, steps)
     return out

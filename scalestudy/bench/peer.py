@@ -1,12 +1,13 @@
-"""`scalestudy bench peer`: our train step against a minimal independent JAX trainer.
+"""`scalestudy bench peer`: our train step against an independent JAX trainer.
 
-The comparison asked for nanodo (Google DeepMind's minimal decoder-only trainer) as the peer.
-nanodo is not published on the package index, so it cannot be a dependency here; the default
-peer is therefore a compact decoder written from scratch below in plain JAX and optax, in
+The peer is nanodo (Google DeepMind's minimal decoder-only trainer) whenever it can be
+imported (it is not a dependency: put a checkout's parent folder on PYTHONPATH, e.g.
+`PYTHONPATH=../shared/peers`); its model runs inside the same loss and AdamW step as below.
+Otherwise the peer is a compact decoder written from scratch below in plain JAX and optax, in
 the same spirit: pre-norm causal decoder, plain GELU MLP, tied input/output embeddings, no
 position bias, float32, AdamW, no sharding annotations, one `jax.jit` over loss, gradient
-and update. `--peer nanodo` uses nanodo's model instead (around the same loss and AdamW step)
-when it is installed (from a checkout of github.com/google-deepmind/nanodo: `pip install .`).
+and update. `--peer auto` (the default) picks as said; `--peer minimal` or `--peer nanodo`
+forces one, and the result names the peer that ran.
 
 Both run the same batch (the decoder features of our pipeline at the config's lengths) and
 the same counted FLOPs (checked by `peer_flops`, which counts from the peer's own parameter
@@ -30,9 +31,10 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.data import pipeline
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
+from scalestudy.models.decoder import scanned
 from scalestudy.train import step
 
-PEERS = ("minimal", "nanodo")
+PEERS = ("auto", "minimal", "nanodo")
 PEER_FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
 
 # Our model at the peer's shape: what the peer can express.
@@ -120,8 +122,20 @@ def _loss(logits_blv: jax.Array, batch: dict) -> jax.Array:
     return jnp.sum(ce_bl * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
+def resolve_peer(which: str) -> str:
+    """The peer `which` names: "auto" is nanodo when it imports, else the minimal one."""
+    if which != "auto":
+        return which
+    try:
+        import nanodo.model  # noqa: F401
+    except ImportError:
+        return "minimal"
+    return "nanodo"
+
+
 def make_peer(cfg: ExperimentConfig, which: str = "minimal") -> tuple[Any, Any, float]:
     """(jitted step(state, batch) -> (state, loss), initial state, counted FLOPs/example)."""
+    which = resolve_peer(which)
     m, length = cfg.model, cfg.objective.decoder_length
     if m.d_model % m.n_heads or (m.d_kv is not None and m.d_kv * m.n_heads != m.d_model):
         raise ConfigError("bench peer: the peer needs n_heads x head width == model.d_model")
@@ -162,8 +176,8 @@ def _nanodo(cfg: ExperimentConfig, key: jax.Array, length: int) -> tuple[Any, An
     except ImportError:
         raise ConfigError(
             "bench peer --peer nanodo: nanodo is not installed (it is not on the package "
-            "index); install it from a checkout of github.com/google-deepmind/nanodo with "
-            "`pip install .`, or use the default --peer minimal"
+            "index); put the folder holding a checkout of github.com/google-deepmind/nanodo "
+            "on PYTHONPATH (e.g. PYTHONPATH=../shared/peers), or use --peer minimal"
         ) from None
     m = cfg.model
     docfg = nanodo_model.DoConfig(
@@ -182,10 +196,12 @@ def peer_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return type(cfg).model_validate(apply_overrides(cfg.model_dump(), PEER_SHAPE))
 
 
-def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = "minimal"):
+def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = "auto"):
     """Step time and tokens/s of our train step and the peer's at `cfg`'s shape (made the
-    peer's), alternating blocks of `steps` steps for `rounds` rounds; medians and ours/peer."""
+    peer's), alternating blocks of `steps` steps for `rounds` rounds; medians, and the ratio
+    peer / ours of the reported step times (above 1: ours is faster)."""
     cfg = peer_config(cfg)
+    which = resolve_peer(which)
     peer_step, peer_state, peer_fpe = make_peer(cfg, which)  # a missing peer fails first
     batch = next(pipeline.make_iterator(cfg, "train"))
     program = step.build_program(cfg, batch)
@@ -220,7 +236,10 @@ def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = 
         peer_state, s = run_peer(peer_state)
         peer_s.append(s)
     _, last_loss = peer_step(peer_state, peer_batch)
-    ours_ms, peer_ms = 1e3 * statistics.median(ours_s), 1e3 * statistics.median(peer_s)
+    # The ratio is computed from the reported (rounded) times, so a reader recomputing it
+    # from the table gets the same number up to its own rounding.
+    ours_ms = round(1e3 * statistics.median(ours_s), 3)
+    peer_ms = round(1e3 * statistics.median(peer_s), 3)
     return {
         "peer": which,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
@@ -232,11 +251,12 @@ def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = 
         "length": cfg.objective.decoder_length,
         "flops_per_example_ours": ours_fpe,
         "flops_per_example_peer": peer_fpe,
-        "ours_step_ms": round(ours_ms, 2),
-        "peer_step_ms": round(peer_ms, 2),
+        "scan_layers": f"{cfg.model.scan_layers} ({'on' if scanned(cfg.model) else 'off'})",
+        "ours_step_ms": ours_ms,
+        "peer_step_ms": peer_ms,
         "ours_tokens_per_s": round(tokens / ours_ms * 1e3),
         "peer_tokens_per_s": round(tokens / peer_ms * 1e3),
-        "ratio_ours_over_peer_step_time": round(ours_ms / peer_ms, 3),
+        "ratio_peer_over_ours_step_time": round(peer_ms / ours_ms, 3),
         "ours_compile_s": round(program.compile_s, 2),
         "peer_compile_s": round(peer_compile_s, 2),
         "peer_loss_first_last": [round(float(first_loss), 4), round(float(last_loss), 4)],

@@ -1,0 +1,53 @@
+"""The benchmarks' one loop over cells, and each benchmark run once at a tiny size."""
+
+import pytest
+
+from scalestudy.bench import data, train
+from scalestudy.bench.cells import cells
+from scalestudy.config import VALID_CELLS, load_config
+from scalestudy.errors import ConfigError
+
+TINY = [
+    "model.d_model=32",
+    "model.d_ff=64",
+    "model.n_heads=2",
+    "model.n_layers=2",
+    "objective.inputs_length=24",
+    "objective.targets_length=8",
+    "train.batch_size=8",
+    "data.synthetic.n_train_documents=60",
+    "data.synthetic.n_validation_documents=10",
+]
+
+
+def test_cells_are_exactly_the_valid_cells_and_keep_the_rest_of_the_config():
+    base = load_config(None, TINY)
+    got = [(a, o) for a, o, _ in cells(base)]
+    assert got == [(a, o) for a, objs in VALID_CELLS.items() for o in objs]
+    for arch, name, cell in cells(base, data={"seed": 7}):
+        assert (cell.model.arch, cell.objective.name) == (arch, name)
+        assert cell.model.d_model == 32 and cell.data.seed == 7
+
+
+def test_one_cell_per_arch_prefers_the_configured_objective():
+    flm = load_config(None, [*TINY, "objective.name=flm"])
+    picked = {a: o for a, o, _ in cells(flm, one_per_arch=True)}
+    assert picked == {"causal_decoder": "flm", "noncausal_decoder": "plm", "encoder_decoder": "plm"}
+    with pytest.raises(ConfigError, match=r"--arch \['gpt'\].*causal_decoder"):
+        list(cells(flm, archs=("gpt",)))
+
+
+def test_data_bench_reports_every_cell():
+    out = data.bench(load_config(None, TINY), steps=2)
+    for arch, objectives in VALID_CELLS.items():
+        for name in objectives:
+            assert out[f"{name}/{arch}/tokens_per_s"] >= out[f"{name}/{arch}/loss_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_train_bench_one_row_per_requested_arch():
+    cfg = load_config(None, TINY)
+    out = train.bench(cfg, steps=1, archs=("causal_decoder", "encoder_decoder"))
+    rows = {k for k, v in out.items() if isinstance(v, dict)}
+    assert rows == {"causal_decoder", "encoder_decoder"}
+    assert all(out[a]["mfu"] > 0 for a in rows)
