@@ -145,7 +145,7 @@ def test_scanned_costs_equal_the_unrolled_program_costs(tiny_cfg):
     import jax
 
     # FSDP over 4 of the 8 devices, so that the program has collectives to count.
-    base = tiny_cfg("encoder_decoder", None, "mesh.data=2", "mesh.fsdp=4", "model.n_layers=3")
+    base = tiny_cfg("causal_decoder", None, "mesh.data=2", "mesh.fsdp=4", "model.n_layers=3")
     scan = base.replace(model={**base.model.model_dump(), "scan_layers": True})
     unrolled = base.replace(model={**base.model.model_dump(), "scan_layers": False})
     extrapolated = aot.unrolled_costs(scan, jax.devices())
