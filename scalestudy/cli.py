@@ -414,9 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line as `main` reads it (argparse exits 2 on an error)."""
     parser = build_parser()
-    argv = cli_args.attach_negative_values(list(sys.argv[1:] if argv is None else argv))
+    argv = cli_args.attach_negative_values(list(argv))
     # Overrides may follow options (`bench data --config F key=value`), which argparse cannot
     # assign to a second positional by itself.
     args, extra = parser.parse_known_args(argv)
@@ -425,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides = [*args.overrides, *extra]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         status = args.fn(args)
         sys.stdout.flush()

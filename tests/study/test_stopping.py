@@ -26,14 +26,14 @@ from pathlib import Path
 
 
 def fake_train(cfg, workdir):
-    from scalestudy.train import loop
+    from scalestudy.train import distributed, loop
 
     log = Path(os.environ["FAKE_LOG"])
     note = lambda text: log.open("a").write(f"{text} {cfg.name} {os.getpid()}\\n")
     ckpt = workdir / "ckpt"
     start = int(ckpt.read_text()) if ckpt.is_file() else 0
     note("start")
-    with loop._stop_requests(1) as stop:
+    with distributed.stop_requests(1) as stop:
         for step in range(start + 1, cfg.train.steps + 1):
             signum = stop(step - 1)
             if signum is not None:

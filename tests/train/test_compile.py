@@ -101,7 +101,7 @@ def test_planned_batch_has_the_shapes_training_feeds_for_every_cell(tiny_cfg):
 def test_a_batch_the_mesh_cannot_split_is_one_clear_error(tiny_cfg):
     from scalestudy.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"batch_size=12 does not split over the 8 ways"):
+    with pytest.raises(ConfigError, match=r"batch_size=12 rows cannot be split.* 8 shards"):
         aot.compile_plan(tiny_cfg("causal_decoder", None, "train.batch_size=12"), None)
 
 
