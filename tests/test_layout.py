@@ -2,8 +2,7 @@
 config <- data <- models <- train <- evaluate <- bench <- scaling <- study <- decoder_only <- cli.
 
 Every import counts, including those inside functions (a deferred import is still a
-dependency, and deferring one is how a circle hides); only `if TYPE_CHECKING:` imports, which
-never run, do not.
+dependency, and deferring one is how a circle hides), `if TYPE_CHECKING:` ones too.
 """
 
 import ast
@@ -49,17 +48,7 @@ def _imports(path: Path, name: str) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
-    # `if TYPE_CHECKING:` imports only name types for annotations (a hook's `run: Run`): they
-    # never run, so they are no dependency and no circle.
-    type_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
-        for n in ast.walk(block)
-    }
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "scalestudy"}
         elif isinstance(node, ast.ImportFrom):

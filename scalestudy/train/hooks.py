@@ -20,16 +20,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from scalestudy.train import checkpoint
 
-if TYPE_CHECKING:
-    from scalestudy.train.loop import Run
-
-HookFn = Callable[["Run", int], "dict[str, float] | None"]
+# A hook's `run` is the loop's `Run` (train/loop.py); loop.py imports this module, so hooks
+# name it `Run` here without importing it back.
+Run = Any
+HookFn = Callable[[Run, int], "dict[str, float] | None"]
 EvalFn = Callable[[Any, Any, int], dict[str, float]]
 
 
