@@ -151,7 +151,7 @@ def _cmd_study(args: argparse.Namespace) -> int:
         if study.stages is not None:  # adaptation and finetuning after pretraining
             from scalestudy.study import pipeline
 
-            pipeline.run(study, Path(args.spec).parent, Path(args.out), dry_run=args.dry_run)
+            pipeline.run(study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run)
     except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum

@@ -49,9 +49,9 @@ def _finetune_settings(study: StudySpec, spec_dir: Path) -> stages.FinetuneConfi
     return ft.replace(mixture=str(mixture))
 
 
-def plan(study: StudySpec, spec_dir: Path, out: Path) -> list[StageRun]:
+def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) -> list[StageRun]:
     """Every stage run of the spec, in the order they can run (adaptations before the
-    finetuning of what they produce)."""
+    finetuning of what they produce); `runs`: the study's expansion when already made."""
     from scalestudy.data import prompted
 
     if study.stages is None:
@@ -60,7 +60,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path) -> list[StageRun]:
     mixture = prompted.load_mixture(ft.mixture) if ft and ft.mixture else None
     out = Path(out)
     planned: list[StageRun] = []
-    for run in sweep.expand(study, spec_dir):
+    for run in runs if runs is not None else sweep.expand(study, spec_dir):
         parent = out / "runs" / run.dirname
         steps = run.cfg.train.steps
         parents = [(parent, run.cfg, "")]
@@ -111,10 +111,10 @@ def plan_table(runs: list[StageRun]) -> str:
     return "\n".join(lines)
 
 
-def run(study: StudySpec, spec_dir: Path, out: Path, *, dry_run: bool = False) -> None:
-    """Plan (and unless `dry_run`, run) the study's stages after its pretraining; paths in the
-    spec are relative to `spec_dir`."""
-    planned = plan(study, Path(spec_dir), Path(out))
+def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: bool = False) -> None:
+    """Plan (and unless `dry_run`, run) the stages after the study's pretraining `runs`; paths
+    in the spec are relative to `spec_dir`."""
+    planned = plan(study, Path(spec_dir), Path(out), runs)
     if not planned:
         return
     print(f"study {study.name}: {len(planned)} stage runs after pretraining")
