@@ -1,6 +1,7 @@
 """Faults on one host: a changed config, a full or read-only disk, a torn metrics line, a
 run directory that is a file. Each must stop with one clear error and lose nothing."""
 
+import contextlib
 import errno
 import json
 import os
@@ -64,6 +65,28 @@ def small_disk(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     yield path
     subprocess.run(["umount", "-l", path], check=False)
+
+
+def remount_read_only(path) -> None:
+    """Remount the small disk read-only. The kernel refuses while a file on it is open for
+    writing; a library's writer from an earlier run may still be closing (a background thread
+    finishing, an object awaiting collection), so collect and retry for a while, and name the
+    open files if it never gets free."""
+    import gc
+
+    for _ in range(40):
+        gc.collect()
+        done = subprocess.run(["mount", "-o", "remount,ro", path], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        time.sleep(0.25)
+    holders = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(path)):
+                holders.append(target)
+    raise AssertionError(f"cannot remount {path} read-only: {done.stderr.strip()}; open: {holders}")
 
 
 def fill(path, leave: int) -> None:
@@ -157,7 +180,7 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
         f.write('{"step": 13, "train/lo')  # what a full disk or a power cut leaves
     loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), run)
     assert losses(run) == straight
-    subprocess.run(["mount", "-o", "remount,ro", small_disk], check=True)
+    remount_read_only(small_disk)
     before = snapshot(run)
     with pytest.raises(loop.RunDirError, match=r"Read-only file system.*up to step 8 are intact"):
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=12"), run)
