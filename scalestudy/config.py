@@ -4,8 +4,9 @@ One pydantic model per concern and an `ExperimentConfig` that holds one of each.
 has a default, so any YAML file that sets a subset (a model preset, an experiment) is a
 complete experiment. Validation happens here, at load time, before any JAX work: unknown keys,
 wrong types and impossible values are `ConfigError`s that name the key, the value and what
-would be accepted. Reading YAML (includes, overrides) lives in `yamlio.py`; a study's spec
-in `study/spec.py`.
+would be accepted. The `eval` section and tasks defined in YAML live in `eval_config.py`, the
+frozen base model in `schema.py`, reading YAML (includes, overrides) in `yamlio.py` and a
+study's spec in `study/spec.py`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from scalestudy.errors import ConfigError
+from scalestudy.eval_config import EvalConfig
+from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
 Arch = Literal["causal_decoder", "noncausal_decoder", "encoder_decoder"]
@@ -60,19 +63,6 @@ def check_cell(arch: str, objective: str) -> None:
             f"objective.name={objective!r} with model.arch={arch!r} is not a valid cell: "
             f"{reason}. Valid cells are {cells}"
         )
-
-
-Tuple = Annotated[tuple, Field(strict=False)]  # YAML gives lists; accept them for tuples.
-
-
-class Frozen(BaseModel):
-    # allow_inf_nan=False: `.inf` or `.nan` for a float (eps, grad_clip_norm, z_loss, ...) is
-    # an error naming the key, not a run whose parameters never change.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
-
-    def replace(self, **changes: Any) -> Frozen:
-        """A validated copy with `changes` applied (nested models may be given as dicts)."""
-        return type(self).model_validate({**self.model_dump(), **changes})
 
 
 class ModelConfig(Frozen):
@@ -352,94 +342,6 @@ class TrainConfig(Frozen):
         if self.init_step is not None and self.init_from is None:
             raise ConfigError(
                 f"train.init_step={self.init_step} needs train.init_from (a run directory)"
-            )
-        return self
-
-
-class TaskConfig(Frozen):
-    """A zero-shot task defined entirely in YAML over a JSONL file (evaluate/generic.py).
-
-    kind "choice": each row has a context and choices, scored as context + delimiter + choice;
-    "partial": the choices field holds one context per option, all followed by the shared
-    `continuation_field` (Winogrande); "last_word": context + continuation, exact match and
-    perplexity (LAMBADA); "pair": two sentences per row (`choice_fields`, the acceptable one
-    first), each scored whole with no context, the more probable one picked (BLiMP).
-    """
-
-    name: str = Field(min_length=1)
-    path: str  # JSONL; relative paths: to the task YAML's folder, then eval.data_dir, then cwd
-    kind: Literal["choice", "partial", "last_word", "pair"] = "choice"
-    group_field: str | None = None  # per-group accuracy by this field's value (pair, choice)
-    context_field: str = "query"
-    choices_field: str | None = "choices"  # a list field ...
-    choice_fields: Tuple = ()  # ... or several fields, one per choice ...
-    choices: Tuple = ()  # ... or the same choice texts for every row (e.g. [no, yes])
-    label_field: str = "gold"  # an index, a digit string, a bool, or the text of the right choice
-    label_names: Tuple = ()  # label values in choice order, e.g. [entailment, not_entailment]
-    label_offset: int = 0  # subtracted from integer labels (1 for 1-based labels)
-    continuation_field: str = "continuation"  # partial and last_word
-    template: str | None = None  # Jinja over the row's fields; default: the context field
-    choice_template: str | None = None  # Jinja over the row's fields and `choice`
-    delimiter: str = " "
-    metric: Literal["acc", "acc_norm"] = "acc"
-
-    @model_validator(mode="after")
-    def _check(self) -> TaskConfig:
-        if self.kind == "last_word":
-            return self
-        if self.kind == "pair" and len(self.choice_fields) != 2:
-            raise ConfigError(
-                f"task {self.name!r}: kind 'pair' needs choice_fields: [acceptable, "
-                f"unacceptable] (two field names); got {list(self.choice_fields)}"
-            )
-        sources = [
-            f"choices_field={self.choices_field!r}" if self.choices_field else "",
-            f"choice_fields={list(self.choice_fields)}" if self.choice_fields else "",
-            f"choices={list(self.choices)}" if self.choices else "",
-        ]
-        if self.choice_fields or self.choices:  # explicit lists replace the default list field
-            sources[0] = ""
-        given = [s for s in sources if s]
-        if len(given) != 1:
-            raise ConfigError(
-                f"task {self.name!r}: give exactly one source of choices (choices_field: a list "
-                f"field; choice_fields: one field per choice; choices: fixed texts); got "
-                f"{', '.join(given) or 'none'}"
-            )
-        return self
-
-    @property
-    def choice_source(self) -> str:
-        if self.choices:
-            return "choices"
-        return "choice_fields" if self.choice_fields else "choices_field"
-
-
-class EvalConfig(Frozen):
-    """Zero-shot evaluation: task names from the registry, YAML task files, or inline tasks."""
-
-    tasks: Tuple = ("synthetic_probes",)
-    custom_tasks: Annotated[tuple[TaskConfig, ...], Field(strict=False)] = ()
-    data_dir: str | None = None  # where released task files live (layout: README `eval`)
-    tfds_data_dir: str | None = None  # TFDS tasks: where datasets are prepared (None: default)
-    batch_size: int = Field(32, ge=1)  # rows (context-choice pairs) per scoring call
-    max_examples: int | None = Field(None, ge=1)  # per task
-    prompts: Literal["harness", "promptsource"] = "harness"
-    every_steps: int = Field(0, ge=0)  # 0: only at the end of training
-    # Context budget in tokens (contexts cut from the left, reported); None: no cut (rule
-    # "same") or the training length (rule "wang2022"). Continuations are never cut: rows grow
-    # to the longest, at least targets_length. Rules: docs/evaluation.md, evaluate/budget.py.
-    inputs_length: int | None = Field(None, ge=1)
-    targets_length: int | None = Field(None, ge=1)
-    context_rule: Literal["same", "wang2022"] = "same"
-    max_length: int = Field(2048, ge=1)  # longest scoring row; a task needing more is refused
-
-    @model_validator(mode="after")
-    def _check(self) -> EvalConfig:
-        if not self.tasks and not self.custom_tasks:
-            raise ConfigError(
-                "eval.tasks is empty (and there are no eval.custom_tasks): nothing would be "
-                "evaluated; give task names or task YAML files, e.g. eval.tasks=[synthetic_probes]"
             )
         return self
 

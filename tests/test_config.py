@@ -123,7 +123,7 @@ def test_scientific_notation_without_a_dot_is_a_float(tmp_path: Path):
 
 def _validate_any(path: Path) -> object:
     """Validate one file under configs/ as what its folder holds."""
-    from scalestudy.config import TaskConfig
+    from scalestudy.eval_config import TaskConfig
     from scalestudy.study.sweep import load_study
     from scalestudy.yamlio import read_yaml, validate
 

@@ -29,6 +29,8 @@ ROOM_OF = {
     "config": "config",
     "errors": "config",
     "yamlio": "config",
+    "schema": "config",
+    "eval_config": "config",
     "__init__": "config",
     "cli_args": "cli",
 }

@@ -32,9 +32,9 @@ import jinja2
 import yaml
 from pydantic import Field, model_validator
 
-from scalestudy.config import Frozen, Tuple
 from scalestudy.data import DataError
 from scalestudy.errors import ConfigError
+from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import read_yaml, validate
 
 PREFIX = "prompted"

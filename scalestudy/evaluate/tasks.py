@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalestudy.config import EvalConfig, SyntheticConfig, TaskConfig
+from scalestudy.config import SyntheticConfig
 from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
+from scalestudy.eval_config import EvalConfig, TaskConfig
 from scalestudy.evaluate import generic, prompts
 from scalestudy.evaluate.blimp import load_blimp
 from scalestudy.evaluate.examples import Example, Kind, Task

@@ -14,12 +14,11 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from scalestudy.config import (
     ARCHS,
     OBJECTIVES,
-    Frozen,
     ModelConfig,
-    Tuple,
     check_cell,
 )
 from scalestudy.errors import ConfigError
+from scalestudy.schema import Frozen, Tuple
 from scalestudy.study.stages import StagesSpec
 
 _COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}

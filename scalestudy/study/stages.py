@@ -26,8 +26,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from scalestudy.config import Arch, ExperimentConfig, Frozen, ObjectiveName, Tuple
+from scalestudy.config import Arch, ExperimentConfig, ObjectiveName
 from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, validate
 
 STAGE_FILE = "stage.json"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import TaskConfig
 from scalestudy.errors import ConfigError
+from scalestudy.eval_config import TaskConfig
 from scalestudy.evaluate.formats import TaskDataError
 from scalestudy.evaluate.tasks import load_task
 from scalestudy.yamlio import read_yaml, validate
