@@ -73,8 +73,18 @@ CASES = [
     ("not_utf8", ["describe", "--config", "latin1.yaml"], {}, ["latin1.yaml", "UTF-8", "0xe9"]),
     ("eval_step_missing", ["eval", "--workdir", "{run}", "--step", "7"], {}, ["--step 7", "2"]),
     ("eval_step_negative", ["eval", "--workdir", "{run}", "--step", "-1"], {}, ["--step", "-1"]),
-    ("probe_step_missing", ["probe", "--workdir", "{run}", "--step", "7"], {}, ["steps saved: 2"]),
-    ("probe_step_negative", ["probe", "--workdir", "{run}", "--step", "-3"], {}, ["-3"]),
+    (
+        "attention_rank_step_missing",
+        ["attention-rank", "--workdir", "{run}", "--step", "7"],
+        {},
+        ["steps saved: 2"],
+    ),
+    (
+        "attention_rank_step_negative",
+        ["attention-rank", "--workdir", "{run}", "--step", "-3"],
+        {},
+        ["-3"],
+    ),
     ("eval_max_examples_neg", ["eval", "--workdir", "a_dir", "--max-examples", "-3"], {}, ["-3"]),
     ("fit_size_cell", ["fit", "size_cell.csv"], {}, ["non-positive N", "--drop-invalid"]),
     (

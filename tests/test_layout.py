@@ -33,6 +33,7 @@ ROOM_OF = {
     "eval_config": "config",
     "__init__": "config",
     "cli_args": "cli",
+    "cli_commands": "cli",
 }
 # Rooms placed in the flow by what they serve.
 EXTRA_RANK: dict[str, int] = {}
@@ -132,9 +133,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_finds_the_package_and_its_imports():
     graph = _graph()
     assert "scalestudy.cli" in graph and "scalestudy.scaling.laws" in graph
-    assert "scalestudy.study.report" in graph["scalestudy.cli"] or any(
-        m.startswith("scalestudy.study") for m in graph["scalestudy.cli"]
-    )
+    assert "scalestudy.cli_commands" in graph["scalestudy.cli"]
+    assert any(m.startswith("scalestudy.study") for m in graph["scalestudy.cli_commands"])
 
 
 def test_cycles_are_found_when_present():

@@ -1,12 +1,13 @@
-"""Attention-rank and representation-collapse probes (the "why decoder-only" argument).
+"""Attention rank and representation collapse of a trained model (the "why decoder-only"
+argument).
 
 The argument: a causal attention matrix is lower-triangular with a strictly positive diagonal
 (every query sees itself and softmax weights are positive), so it always has full rank, while
 a bidirectional one is a dense row-stochastic matrix that can lose rank (the low-rank
-bottleneck of softmax(QK^T) when the length exceeds the head width). These probes measure
-that, and whether token representations collapse onto each other with depth, on any run.
+bottleneck of softmax(QK^T) when the length exceeds the head width). These measures
+quantify that, and whether token representations collapse onto each other with depth, on any run.
 
-Per example, a probe looks at one packed segment (the longest; real positions only): the
+Per example, the measures look at one packed segment (the longest; real positions only): the
 [n, n] self-attention matrix of each stack/layer/head, and the [n, D] residual-stream states.
 
 - numerical rank: singular values above `rtol * s_max`; by default `rtol = n * eps(float32)`
@@ -57,8 +58,8 @@ ROWS_PER_CALL = 4  # rows per device call: bounds the [layers, B, H, L, L] proba
 F32_EPS = float(np.finfo(np.float32).eps)
 
 
-class ProbeError(ScalestudyError):
-    """The probes cannot run on this model, batch or run directory."""
+class AttentionRankError(ScalestudyError):
+    """The measures cannot run on this model, batch or run directory."""
 
 
 # ----------------------------------------------------------------------------- matrix measures
@@ -93,7 +94,7 @@ def mean_pairwise_cosine(x_NLD: np.ndarray) -> np.ndarray:
     x = np.asarray(x_NLD, np.float64)
     n = x.shape[-2]
     if n < 2:
-        raise ProbeError(f"pairwise cosine needs at least 2 tokens, got {n}")
+        raise AttentionRankError(f"pairwise cosine needs at least 2 tokens, got {n}")
     unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-30)
     gram_NLL = unit @ np.swapaxes(unit, -1, -2)
     off_diagonal = gram_NLL.sum(axis=(-1, -2)) - np.trace(gram_NLL, axis1=-2, axis2=-1)
@@ -186,7 +187,7 @@ def _summarise(stack: str, examples: list[dict]) -> dict[str, float]:
     return out
 
 
-def probe_intermediates(
+def measure_intermediates(
     intermediates: dict[str, dict[str, Any]], rtol: float | None = None
 ) -> dict[str, list[dict]]:
     """Per stack, the per-example measures of `Model.intermediates` output (rows whose
@@ -210,7 +211,7 @@ def probe_intermediates(
 
 def jit_intermediates(model: Any) -> Callable:
     """`jax.jit(model.intermediates)`, shared by models of equal config (a model is a pure
-    function of its config), so repeated probes compile once."""
+    function of its config), so repeated measurements compile once."""
     return _jit_intermediates(model.cfg)
 
 
@@ -221,7 +222,7 @@ def _jit_intermediates(cfg: ModelConfig) -> Callable:
     return jax.jit(build_model(cfg).intermediates)
 
 
-def probe_params(
+def measure_params(
     cfg: ExperimentConfig,
     model: Any,
     params: Any,
@@ -229,14 +230,14 @@ def probe_params(
     *,
     rtol: float | None = None,
 ) -> dict[str, float]:
-    """Attention-rank and collapse probes of `params` on `batch` (flat keys, see module doc).
+    """Attention-rank and collapse measures of `params` on `batch` (flat keys, see module doc).
 
     `model` is `models.api.build_model(cfg.model)`; rows are processed `ROWS_PER_CALL` at a
     time so the attention probabilities of a large model fit in memory.
     """
     if model.cfg != cfg.model:
-        raise ProbeError(
-            "probe_params: `model` was not built from `cfg.model`; pass both of one run"
+        raise AttentionRankError(
+            "measure_params: `model` was not built from `cfg.model`; pass both of one run"
         )
     intermediates = jit_intermediates(model)
     rows = len(next(iter(batch.values())))
@@ -244,10 +245,10 @@ def probe_params(
     for start in range(0, rows, ROWS_PER_CALL):
         chunk = {k: np.asarray(v)[start : start + ROWS_PER_CALL] for k, v in batch.items()}
         inter = jax.device_get(intermediates(params, chunk))
-        for stack, examples in probe_intermediates(inter, rtol).items():
+        for stack, examples in measure_intermediates(inter, rtol).items():
             per_stack[stack].extend(examples)
     if not per_stack:
-        raise ProbeError(
+        raise AttentionRankError(
             f"no row of the batch ({rows} rows) has a segment with at least 2 real positions"
         )
     out: dict[str, float] = {}
@@ -256,21 +257,21 @@ def probe_params(
     return out
 
 
-def probe_run(
+def measure_run(
     workdir: Path,
     step: int | None = None,
     n_examples: int = DEFAULT_EXAMPLES,
     out: str | Path | None = None,
 ) -> dict[str, float]:
-    """Probes of a run's checkpoint (default: the latest) on `n_examples` validation rows;
-    also written to `<workdir>/probes.json` (or to the JSON file `out`)."""
+    """Measures of a run's checkpoint (default: the latest) on `n_examples` validation rows;
+    also written to `<workdir>/attention_rank.json` (or to the JSON file `out`)."""
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
     from scalestudy.train import rundir
     from scalestudy.train.saved import restore_params
 
     if n_examples < 1:
-        raise ProbeError(f"n_examples must be >= 1, got {n_examples}")
+        raise AttentionRankError(f"n_examples must be >= 1, got {n_examples}")
     workdir = Path(workdir)
     cfg, params, step = restore_params(workdir, step)
     iterator = make_iterator(cfg, "validation")
@@ -279,9 +280,12 @@ def probe_run(
         batches.append(next(iterator))
         rows += len(batches[-1]["decoder_input_tokens"])
     batch = {k: np.concatenate([b[k] for b in batches])[:n_examples] for k in batches[0]}
-    results = {"step": step, **probe_params(cfg, build_model(cfg.model), params, batch)}
+    results = {"step": step, **measure_params(cfg, build_model(cfg.model), params, batch)}
     text = json.dumps(results, indent=1, sort_keys=True) + "\n"
     rundir.record_results(
-        workdir, results, lambda: rundir.write_atomic(rundir.probes_path(workdir), text), out
+        workdir,
+        results,
+        lambda: rundir.write_atomic(rundir.attention_rank_path(workdir), text),
+        out,
     )
     return results

@@ -190,7 +190,7 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
                 inputs = np.asarray(chunk["decoder_loss_weights"]) == 0
                 segment = np.asarray(inter["decoder"]["segment_ids"]) * inputs
                 inter = {"prefix": {**inter["decoder"], "segment_ids": segment}}
-            for region, examples_ in attention_rank.probe_intermediates(inter).items():
+            for region, examples_ in attention_rank.measure_intermediates(inter).items():
                 per_region[region].extend(examples_)
         for region, exs in per_region.items():
             mean = {k: np.mean([e[k] for e in exs], axis=0) for k in exs[0]}

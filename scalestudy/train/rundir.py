@@ -5,7 +5,7 @@ how they are read back. Every other module asks this one.
 <workdir>/
   config.yaml            the resolved ExperimentConfig (written atomically)
   summary.json           final counts, losses, evaluation (written atomically)
-  probes.json            attention-rank and collapse probes of a checkpoint (atomically)
+  attention_rank.json    attention-rank and collapse measures of a checkpoint (atomically)
   metrics.jsonl          one JSON object per logged step (appended; fsync'd at checkpoints)
   tensorboard/           TensorBoard scalar events
   checkpoints/<step>/    orbax checkpoints
@@ -31,7 +31,7 @@ from scalestudy.errors import ScalestudyError
 
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
-PROBES = "probes.json"
+ATTENTION_RANK = "attention_rank.json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
@@ -40,49 +40,25 @@ LOG = "train.log"
 LOCK = "run.lock"
 
 
-def config_path(workdir: str | Path) -> Path:
-    """The run's resolved config file."""
-    return Path(workdir) / CONFIG
+def _in_run(name: str, what: str) -> Callable[[str | Path], Path]:
+    """The accessor of one entry of the run directory: workdir -> workdir / name."""
+
+    def path(workdir: str | Path) -> Path:
+        return Path(workdir) / name
+
+    path.__doc__ = f"The run's {what} ({name})."
+    return path
 
 
-def summary_path(workdir: str | Path) -> Path:
-    """The run's summary file."""
-    return Path(workdir) / SUMMARY
-
-
-def probes_path(workdir: str | Path) -> Path:
-    """The run's probe results."""
-    return Path(workdir) / PROBES
-
-
-def metrics_path(workdir: str | Path) -> Path:
-    """The run's per-step metrics file."""
-    return Path(workdir) / METRICS
-
-
-def tensorboard_dir(workdir: str | Path) -> Path:
-    """The run's TensorBoard event directory."""
-    return Path(workdir) / TENSORBOARD
-
-
-def checkpoints_dir(workdir: str | Path) -> Path:
-    """The run's orbax checkpoint directory."""
-    return Path(workdir) / CHECKPOINTS
-
-
-def corrupt_dir(workdir: str | Path) -> Path:
-    """Where checkpoints that cannot be restored are moved (never deleted)."""
-    return Path(workdir) / CORRUPT
-
-
-def log_path(workdir: str | Path) -> Path:
-    """The run's library log file."""
-    return Path(workdir) / LOG
-
-
-def lock_path(workdir: str | Path) -> Path:
-    """The run's lock file."""
-    return Path(workdir) / LOCK
+config_path = _in_run(CONFIG, "resolved config file")
+summary_path = _in_run(SUMMARY, "summary file")
+attention_rank_path = _in_run(ATTENTION_RANK, "attention-rank measures")
+metrics_path = _in_run(METRICS, "per-step metrics file")
+tensorboard_dir = _in_run(TENSORBOARD, "TensorBoard event directory")
+checkpoints_dir = _in_run(CHECKPOINTS, "orbax checkpoint directory")
+corrupt_dir = _in_run(CORRUPT, "folder of checkpoints that could not be restored (never deleted)")
+log_path = _in_run(LOG, "library log file")
+lock_path = _in_run(LOCK, "lock file")
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -1,4 +1,4 @@
-"""Model.intermediates and the attention-rank / collapse probes."""
+"""Model.intermediates and the attention-rank / collapse measures."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from scalestudy.decoder_only.attention_rank import (
     effective_rank,
     jit_intermediates,
     mean_pairwise_cosine,
+    measure_params,
+    measure_run,
     numerical_rank,
-    probe_params,
-    probe_run,
     singular_values,
 )
 from scalestudy.models import masks
@@ -166,17 +166,17 @@ def test_causal_attention_is_triangular_with_positive_diagonal_hence_full_rank()
     attn = np.asarray(intermediates(params, batch)["decoder"]["attention"])[:, 0]  # one segment
     assert np.all(np.triu(attn, k=1) == 0)
     assert np.all(np.diagonal(attn, axis1=-2, axis2=-1) > 0)
-    probes = probe_params(cfg, model, params, batch)
-    assert probes["decoder/attn_triangular_full"] == 1.0
-    assert probes["decoder/attn_future_mass"] == 0.0
+    ranks = measure_params(cfg, model, params, batch)
+    assert ranks["decoder/attn_triangular_full"] == 1.0
+    assert ranks["decoder/attn_future_mass"] == 0.0
     # Equal logits (no keys, no position bias): uniform causal attention, rows 1/(i+1), whose
     # inverse is bidiagonal: well conditioned, so full numerical rank too.
     cfg = _exp_cfg("causal_decoder", position="none")
     model, params, _ = _compiled(cfg.model)
-    probes = probe_params(cfg, model, _zero_keys(params), batch)
-    assert probes["decoder/length"] == pytest.approx(np.mean([L, 10, 12]))
-    assert probes["decoder/attn_rank"] == pytest.approx(probes["decoder/length"])
-    assert probes["decoder/attn_rank_frac_full"] == 1.0
+    ranks = measure_params(cfg, model, _zero_keys(params), batch)
+    assert ranks["decoder/length"] == pytest.approx(np.mean([L, 10, 12]))
+    assert ranks["decoder/attn_rank"] == pytest.approx(ranks["decoder/length"])
+    assert ranks["decoder/attn_rank_frac_full"] == 1.0
 
 
 def test_bidirectional_attention_with_equal_keys_has_rank_one():
@@ -184,13 +184,13 @@ def test_bidirectional_attention_with_equal_keys_has_rank_one():
     # so the attention matrix is rank 1, while the causal decoder stays full rank.
     cfg = _exp_cfg("encoder_decoder", **ENCDEC_KW)
     model, params, _ = _compiled(cfg.model)
-    probes = probe_params(cfg, model, _zero_keys(params), _batch())
-    assert probes["encoder/attn_rank"] == 1.0
-    assert probes["encoder/attn_eff_rank"] == pytest.approx(1.0, abs=1e-5)
-    assert probes["encoder/attn_rank_frac_full"] == 0.0
-    assert probes["decoder/attn_rank_frac_full"] == 1.0
+    ranks = measure_params(cfg, model, _zero_keys(params), _batch())
+    assert ranks["encoder/attn_rank"] == 1.0
+    assert ranks["encoder/attn_eff_rank"] == pytest.approx(1.0, abs=1e-5)
+    assert ranks["encoder/attn_rank_frac_full"] == 0.0
+    assert ranks["decoder/attn_rank_frac_full"] == 1.0
     for i in range(2):
-        assert probes[f"encoder/layer{i}/head3/attn_rank"] == 1.0
+        assert ranks[f"encoder/layer{i}/head3/attn_rank"] == 1.0
 
 
 def test_noncausal_prefix_block_is_not_triangular():
@@ -202,19 +202,19 @@ def test_noncausal_prefix_block_is_not_triangular():
     prefix_block = attn[..., :PREFIX, :PREFIX]
     assert np.all(prefix_block[..., later[0], later[1]] > 0), "prefix must see later prefix keys"
     assert np.all(np.triu(attn[..., PREFIX:, :], k=PREFIX + 1) == 0), "targets see the future"
-    probes = probe_params(cfg, model, params, batch)
-    assert probes["decoder/attn_triangular_full"] == 0.0
-    assert probes["decoder/attn_future_mass"] > 0.0
+    ranks = measure_params(cfg, model, params, batch)
+    assert ranks["decoder/attn_triangular_full"] == 0.0
+    assert ranks["decoder/attn_future_mass"] > 0.0
 
 
-def test_probe_without_checkpoint_is_a_clear_error(tmp_path, capsys):
-    assert main(["probe", "--workdir", str(tmp_path)]) == 2
+def test_attention_rank_without_checkpoint_is_a_clear_error(tmp_path, capsys):
+    assert main(["attention-rank", "--workdir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "no checkpoint" in err and "Traceback" not in err
-    assert not (tmp_path / "probes.json").exists()
+    assert not (tmp_path / "attention_rank.json").exists()
 
 
-def test_probe_run_reads_the_checkpoint_and_writes_probes_json(tmp_path):
+def test_measure_run_reads_the_checkpoint_and_writes_attention_rank_json(tmp_path):
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.train.checkpoint import Checkpointer
 
@@ -230,12 +230,12 @@ def test_probe_run_reads_the_checkpoint_and_writes_probes_json(tmp_path):
     ckpt.save(7, {"params": params, "step": np.int32(7)}, {}, cfg)
     ckpt.close()
 
-    out = probe_run(tmp_path, n_examples=3)
-    assert json.loads((tmp_path / "probes.json").read_text()) == out
+    out = measure_run(tmp_path, n_examples=3)
+    assert json.loads((tmp_path / "attention_rank.json").read_text()) == out
     assert out["step"] == 7 and out["decoder/n_examples"] == 3
     # The same numbers as probing the saved parameters on the first 3 validation rows.
     iterator = make_iterator(cfg, "validation")
     rows = [next(iterator) for _ in range(2)]
     batch = {k: np.concatenate([r[k] for r in rows])[:3] for k in rows[0]}
-    expected = probe_params(cfg, model, params, batch)
+    expected = measure_params(cfg, model, params, batch)
     assert {k: v for k, v in out.items() if k != "step"} == pytest.approx(expected)

@@ -334,7 +334,7 @@ def test_metric_rows_are_durable_at_checkpoints_and_lost_rows_are_named(
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=9"), tmp_path)
 
 
-def test_probe_on_a_read_only_run_prints_the_scores_then_one_line(
+def test_attention_rank_on_a_read_only_run_prints_the_scores_then_one_line(
     tiny_cfg, tmp_path, capsys, monkeypatch
 ):
     cfg = tiny_cfg("causal_decoder")
@@ -351,11 +351,13 @@ def test_probe_on_a_read_only_run_prints_the_scores_then_one_line(
         real_write(path, text)
 
     monkeypatch.setattr(rundir, "write_atomic", read_only_run)
-    assert cli.main(["probe", "--workdir", str(run), "--json"]) == 2
+    assert cli.main(["attention-rank", "--workdir", str(run), "--json"]) == 2
     out, err = capsys.readouterr()
     assert json.loads(out)["step"] == 7  # the scores computed are shown
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: could not update the run directory") and "--out" in last
-    assert cli.main(["probe", "--workdir", str(run), "--out", str(tmp_path / "p.json")]) == 0
+    assert (
+        cli.main(["attention-rank", "--workdir", str(run), "--out", str(tmp_path / "p.json")]) == 0
+    )
     assert json.loads((tmp_path / "p.json").read_text())["step"] == 7
-    assert not rundir.probes_path(run).exists()
+    assert not rundir.attention_rank_path(run).exists()

@@ -1,0 +1,274 @@
+"""What each `scalestudy` command does: one `cmd_<name>` handler per subcommand.
+
+A handler takes the parsed arguments (`cli.parse_args`) and returns the exit status. Heavy
+modules (JAX, TensorFlow) are imported inside the handlers so that `scalestudy --help` and
+config errors answer instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from scalestudy import cli_args
+from scalestudy.config import load_config
+from scalestudy.errors import ScalestudyError
+
+
+def _print(obj: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2, sort_keys=False, default=str))
+    else:
+        width = max(len(k) for k in obj)
+        for k, v in obj.items():
+            print(f"{k:<{width}}  {v}")
+
+
+def _join_job() -> None:
+    """Join a multi-host job when the environment says this is one (train/sharding.py)."""
+    from scalestudy.train.sharding import initialize_distributed
+
+    initialize_distributed()
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    from scalestudy.models import counting
+
+    info = counting.describe(cfg)
+    if args.json:
+        _print(info, True)
+        return 0
+    shapes = info.pop("shapes")
+    _print({k: f"{v:,.0f}" if type(v) in (int, float) else v for k, v in info.items()}, False)
+    print("parameters (shape, logical axes):")
+    width = max(len(k) for k in shapes)
+    for name, shape in shapes.items():
+        print(f"  {name:<{width}}  {shape}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from scalestudy.train import rundir
+    from scalestudy.train.loop import Preempted, train
+
+    workdir = cli_args.run_dir(args.workdir, must_exist=False)
+    cfg_path = args.config
+    if cfg_path is None:
+        resolved = rundir.config_path(workdir)
+        if not resolved.is_file():
+            raise ScalestudyError(
+                f"--config not given and {resolved} does not exist; give --config FILE to "
+                "start a run, or --workdir of an existing run to resume it"
+            )
+        cfg_path = resolved
+    cfg = load_config(cfg_path, args.overrides)
+    _join_job()
+    from scalestudy.train import sharding
+
+    # The mesh against the model and batch before any data is read or anything compiles.
+    sharding.make_mesh(cfg.mesh, model=cfg.model, batch=cfg.train)
+    eval_fn = None
+    if args.eval:  # zero-shot, on this run's mesh, before the job ends
+        from scalestudy.evaluate.rank import make_eval_fn
+
+        eval_fn = make_eval_fn(cfg, workdir)
+    try:
+        summary = train(cfg, workdir, eval_fn=eval_fn)
+    except Preempted as e:  # checkpoint saved: exit without a traceback, resumable
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except OSError as e:  # a file the run needs cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
+    _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    workdir = cli_args.run_dir(args.workdir, must_exist=True)
+    if args.tasks == []:
+        raise ScalestudyError(
+            "--tasks given without names; give task names or task YAML files (e.g. --tasks "
+            "synthetic_probes), or leave out --tasks for the run's eval.tasks"
+        )
+    cli_args.check_step(workdir, args.step)
+    _join_job()
+    from scalestudy.evaluate.rank import evaluate_run
+    from scalestudy.train.rundir import RunNotUpdated
+
+    # `--tasks a b eval.x=1` hands the override to --tasks: `dotted.key=value` is an override.
+    is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
+    tasks = [t for t in args.tasks or () if not is_override(t)] or None
+    overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
+    try:
+        results = evaluate_run(
+            workdir,
+            tasks=tasks,
+            data_dir=args.data_dir,
+            step=args.step,
+            max_examples=args.max_examples,
+            overrides=overrides,
+            out=args.out,
+        )
+    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
+        _print(e.results, args.json)
+        raise
+    _print(results, args.json)
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    _join_job()
+    from scalestudy.study.stopping import StudyInterrupted
+    from scalestudy.study.sweep import run_study
+
+    try:
+        study, runs = run_study(
+            Path(args.spec),
+            Path(args.out),
+            overrides=args.overrides,
+            dry_run=args.dry_run,
+            collect=args.collect,
+            workers=args.workers,
+        )
+        if not args.dry_run and study.experiments is not None:  # the decoder-only experiments
+            from scalestudy.decoder_only import run as decoder_only
+
+            decoder_only.run(study, runs, Path(args.out))
+        if study.stages is not None:  # adaptation and finetuning after pretraining
+            from scalestudy.study import pipeline
+
+            pipeline.run(study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run)
+    except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except OSError as e:  # a study file cannot be read or written: one line
+        raise ScalestudyError(str(e)) from None
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from scalestudy.scaling.command import fit_main, fit_settings
+    from scalestudy.study.fits import load_table
+
+    cli_args.check_data_kinds(args)
+    settings = fit_settings(args)
+    return fit_main(args, settings, load_table(args.source, settings.data))
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from scalestudy.scaling.command import plot_main, plot_settings
+    from scalestudy.study.fits import load_table
+
+    cli_args.check_data_kinds(args)
+    settings = plot_settings(args)
+    return plot_main(args, settings, load_table(args.source, settings.data))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.config and args.preset:
+        raise ScalestudyError(
+            f"--config and --preset {args.preset} exclude each other: --config gives the whole "
+            "shape, --preset a built-in one; give one"
+        )
+    args.preset = args.preset or "small"
+    if args.what == "train":
+        return _bench_train(args)
+    if args.what == "peer":
+        from scalestudy.bench.peer import PEER_SHAPE, bench_peer
+        from scalestudy.bench.train import preset_config
+
+        overrides = (*PEER_SHAPE, *args.overrides)
+        cfg = (
+            load_config(args.config, overrides)
+            if args.config
+            else preset_config(args.preset, args.seq, overrides)
+        )
+        _print(bench_peer(cfg, steps=args.steps, which=args.peer), args.json)
+        return 0
+    if args.what == "data":
+        from scalestudy.bench.data import bench as bench_fn
+    else:
+        from scalestudy.bench.eval import bench as bench_fn
+    cfg = load_config(args.config, args.overrides) if args.config or args.overrides else None
+    _print(bench_fn(cfg, steps=args.steps), args.json)
+    return 0
+
+
+def _bench_train(args: argparse.Namespace) -> int:
+    from scalestudy.bench.train import bench, preset_config
+
+    if args.config:
+        cfg = load_config(args.config, args.overrides)
+    else:
+        cfg = preset_config(args.preset, args.seq, tuple(args.overrides))
+    archs = tuple(args.arch.split(",")) if args.arch else None
+    result = bench(cfg, steps=args.steps, archs=archs)
+    if args.json:
+        _print(result, True)
+        return 0
+    rows = {k: v for k, v in result.items() if isinstance(v, dict)}  # one per architecture
+    _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
+    cols = list(next(iter(rows.values())))
+    print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
+    for arch, row in rows.items():
+        print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    if args.topology:  # the TPU compiler needs no local TPU: keep JAX off any TPU runtime
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from scalestudy.train.aot import compile_plan
+
+    cfg = load_config(args.config, args.overrides)
+    _print(compile_plan(cfg, topology=args.topology), args.json)
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from scalestudy.study.sweep import launch
+
+    print(launch(Path(args.spec), args.executor, Path(args.out), submit=args.submit))
+    return 0
+
+
+def cmd_attention_rank(args: argparse.Namespace) -> int:
+    workdir = cli_args.run_dir(args.workdir, must_exist=True)
+    cli_args.check_step(workdir, args.step)
+    _join_job()
+    from scalestudy.decoder_only.attention_rank import measure_run
+    from scalestudy.train.rundir import RunNotUpdated
+
+    try:
+        results = measure_run(workdir, step=args.step, out=args.out)
+    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
+        _print(e.results, args.json)
+        raise
+    _print(results, args.json)
+    return 0
+
+
+def cmd_vocab(args: argparse.Namespace) -> int:
+    from scalestudy.data.vocab import train_sentencepiece
+
+    path = train_sentencepiece(
+        [Path(p) for p in args.inputs], Path(args.out), vocab_size=args.vocab_size
+    )
+    print(path)
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from scalestudy.study import stages
+
+    _join_job()
+    prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt
+    cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)
+    summary = stages.run_stage(cfg, record, Path(args.out), evaluate=args.command == "finetune")
+    _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    return 0
