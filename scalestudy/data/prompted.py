@@ -1,9 +1,8 @@
 """Prompted tasks for multitask finetuning: promptsource templates over datasets, as seqio Tasks.
 
 A prompted task is a dataset (a JSONL file of rows in the dataset's released field names, or a
-TFDS dataset prepared on this machine) rendered through promptsource templates: Jinja text
-`prompt ||| target`, with `answer_choices` rendered first (the format of
-`promptsource_templates/<dataset>/templates.yaml`). Every (row, template) pair is one example
+TFDS dataset prepared on this machine) rendered through promptsource templates
+(`prompt_templates.py`: Jinja text `prompt ||| target`). Every (row, template) pair is one example
 {'inputs': prompt, 'targets': delimiter + target}; a template that does not apply to a row
 renders an empty prompt or target and the pair is skipped, as T0 does.
 
@@ -22,20 +21,22 @@ reads the concatenation, and the loss falls on the target tokens only.
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import jinja2
-import yaml
 from pydantic import Field, model_validator
 
+from scalestudy.config import SyntheticConfig
 from scalestudy.data import DataError
+from scalestudy.data.prompt_templates import compile_expression, read_templates, render
+from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.schema import Frozen, Tuple
-from scalestudy.yamlio import read_yaml, validate
+from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
 PREFIX = "prompted"
 SPLITS = ("train", "validation")
@@ -120,8 +121,6 @@ class PromptedMixture(Frozen):
 
 def load_mixture(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PromptedMixture:
     """Read a mixture YAML file (relative paths in it resolve against its folder)."""
-    from scalestudy.yamlio import apply_overrides
-
     data = apply_overrides(read_yaml(path), overrides)
     data["base_dir"] = str(Path(path).resolve().parent)
     return validate(PromptedMixture, data, str(path))
@@ -186,73 +185,13 @@ def _resolve(path: str | None, root: str | None, base: str | None) -> Path:
     return ((folders[0] if folders else Path.cwd()) / p).resolve()
 
 
-# ----------------------------------------------------------------------------- templates
-
-_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined)
-_JINJA.globals["zip"] = zip  # promptsource templates use it
-
-
-class _TemplateLoader(yaml.SafeLoader):
-    """Reads promptsource's `!Template` / `!TemplateMetadata` tags as plain mappings."""
-
-
-for _tag in ("!Template", "!TemplateMetadata"):
-    _TemplateLoader.add_constructor(_tag, lambda loader, node: loader.construct_mapping(node, True))
-
-
-def read_templates(mixture: PromptedMixture, task: PromptedTask) -> list[dict]:
-    """The task's templates (name, jinja, answer_choices), filtered as the task says."""
-    path = _resolve(task.templates, mixture.templates_dir, mixture.base_dir)
-    if not path.is_file():
-        raise DataError(f"prompted task {task.name!r}: templates file not found: {path}")
-    raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_TemplateLoader) or {}
-    kept = []
-    for t in (raw.get("templates") or {}).values():
-        meta = t.get("metadata") or {}
-        if task.original_task_only and not (meta.get("original_task") and t.get("answer_choices")):
-            continue
-        if task.template_names and t.get("name") not in task.template_names:
-            continue
-        kept.append(t)
-    if not kept:
-        raise DataError(
-            f"prompted task {task.name!r}: no templates selected from {path} (original_task_only="
-            f"{task.original_task_only}, template_names={list(task.template_names)})"
-        )
-    return kept
-
-
-@functools.lru_cache(maxsize=1024)
-def _compile(text: str) -> jinja2.Template:
-    return _JINJA.from_string(text)
-
-
-@functools.lru_cache(maxsize=256)
-def _compile_expression(text: str):
-    return _JINJA.compile_expression(text, undefined_to_none=False)
-
-
-def render(template: dict, fields: Mapping, task: str = "?") -> tuple[str, str] | None:
-    """(prompt, target) of one row under one template, or None when it does not apply."""
-    try:
-        choices = None
-        if template.get("answer_choices"):
-            text = _compile(template["answer_choices"]).render(**fields)
-            choices = [c.strip() for c in text.split("|||")]
-        out = _compile(template["jinja"]).render(**fields, answer_choices=choices)
-    except jinja2.TemplateError as e:
-        raise DataError(
-            f"prompted task {task!r}, template {template.get('name')!r}: {e} (the row's fields "
-            f"are {', '.join(sorted(fields))})"
-        ) from None
-    prompt, sep, target = out.partition("|||")
-    prompt, target = prompt.strip(), target.strip()
-    if not sep or not prompt or not target:
-        return None
-    return prompt, target
-
-
 # ----------------------------------------------------------------------------- rows
+
+
+def _templates(mixture: PromptedMixture, task: PromptedTask) -> list[dict]:
+    """The task's templates, from its `templates` file (resolved as the mixture says)."""
+    path = _resolve(task.templates, mixture.templates_dir, mixture.base_dir)
+    return read_templates(path, task.name, task.original_task_only, tuple(task.template_names))
 
 
 def _fields(task: PromptedTask, row: Mapping, where: str) -> dict:
@@ -265,7 +204,7 @@ def _fields(task: PromptedTask, row: Mapping, where: str) -> dict:
             out.update({k: v for k, v in value.items() if k not in out})
     for key, expr in task.derive.items():
         try:
-            out[key] = _compile_expression(expr)(**row)
+            out[key] = compile_expression(expr)(**row)
         except (jinja2.TemplateError, TypeError, IndexError, KeyError, ValueError) as e:
             raise DataError(
                 f"{where}: prompted task {task.name!r}: derive.{key}={expr!r} failed: {e}"
@@ -288,12 +227,7 @@ def _fields(task: PromptedTask, row: Mapping, where: str) -> dict:
 
 
 def _read_rows(mixture: PromptedMixture, task: PromptedTask) -> list[tuple[dict, str]]:
-    import json
-
     if task.synthetic is not None:
-        from scalestudy.config import SyntheticConfig
-        from scalestudy.data.synthetic import probe_tasks
-
         probes = probe_tasks(SyntheticConfig(seed=task.synthetic_seed), task.synthetic_rows)
         if task.synthetic not in probes:
             raise DataError(
@@ -361,7 +295,7 @@ def _examples_cached(mixture: PromptedMixture, name: str) -> dict[str, tuple[tup
 
 def _render_task(mixture: PromptedMixture, name: str) -> dict[str, tuple[tuple[str, str], ...]]:
     task = next(t for t in mixture.tasks if t.name == name)
-    templates = read_templates(mixture, task)
+    templates = _templates(mixture, task)
     out: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
     applied = dict.fromkeys((t.get("name") for t in templates), 0)
     for i, (row, where) in enumerate(_read_rows(mixture, task)):
