@@ -10,6 +10,8 @@ conversion (which positions each architecture sees) is described in `numpy_pipel
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
@@ -23,15 +25,23 @@ from scalestudy.data.batches import (
     write_encoder,
 )
 from scalestudy.data.numpy_pipeline import NumpyBatchIterator
-from scalestudy.data.objectives import EOS_ID, scores_zero_shot
+from scalestudy.data.objectives import (
+    EOS_ID,
+    feature_lengths,
+    mlm_piece_length,
+    scores_zero_shot,
+)
 
 __all__ = [
     "DECODER_FEATURES",
     "ENCODER_FEATURES",
     "BatchIterator",
+    "ScoringRows",
+    "document_tokens_per_row",
     "empty_features",
     "make_iterator",
     "scoring_batch",
+    "size_scoring_rows",
     "write_decoder",
 ]
 
@@ -51,7 +61,84 @@ def make_iterator(
     return NumpyBatchIterator(cfg, split, process_index=process_index, process_count=process_count)
 
 
+def document_tokens_per_row(cfg: ExperimentConfig) -> float:
+    """Document tokens one full training row of `cfg` consumes: one piece of the objective's
+    piece length (the decoder length; for span corruption the raw span that fills the inputs),
+    two for the uniform-split prefix-LM encoder-decoder, whose encoder and decoder rows of L
+    positions each hold a mirrored pair of examples (`objectives.feature_lengths`)."""
+    obj = cfg.objective
+    if obj.name == "mlm":
+        piece = mlm_piece_length(obj.inputs_length, obj.noise_density, obj.mean_noise_span_length)
+    else:
+        piece = obj.decoder_length
+    encoder, decoder = feature_lengths(obj, cfg.model.is_encoder_decoder)
+    pieces = 2 if encoder == decoder == obj.decoder_length else 1
+    return float(piece * pieces)
+
+
 # ----------------------------------------------------------------------------- scoring
+
+# Scoring row lengths are rounded up to a multiple of this, so tasks of similar lengths share
+# a shape (and a compiled program).
+SCORING_ROUND = 8
+
+
+def _round_up(n: int) -> int:
+    return max(SCORING_ROUND, -(-n // SCORING_ROUND) * SCORING_ROUND)
+
+
+@dataclass(frozen=True)
+class ScoringRows:
+    """Scoring rows sized for a set of (context, continuation) pairs."""
+
+    kept: np.ndarray  # per pair: context tokens kept (cut from the left)
+    lengths: tuple[int, int]  # (inputs_length, targets_length) scoring_batch lays rows out by
+    positions: int  # positions of the longest stack of such a row
+    # The largest context budget that fits eval.max_length beside the longest continuation
+    # (below 1: not even an empty context fits).
+    context_room: int
+
+
+def size_scoring_rows(
+    cfg: ExperimentConfig, n_ctx: np.ndarray, n_tgt: np.ndarray, n_suffix: int
+) -> ScoringRows:
+    """Size scoring rows for pairs of `n_ctx` context and `n_tgt` continuation tokens (each
+    context followed by `n_suffix` input-form tokens) under `cfg.eval`'s context rule, so
+    that no continuation is cut (the rules: evaluate/budget.py).
+
+    Decoder-only rows hold context and continuation in one stack; the encoder-decoder's
+    encoder holds the context and its decoder the continuation.
+    """
+    ev, obj = cfg.eval, cfg.objective
+    encdec = cfg.model.is_encoder_decoder
+    longest_tgt = int(n_tgt.max(initial=0))
+    if ev.context_rule == "same":
+        limit = n_ctx.max(initial=0) if ev.inputs_length is None else ev.inputs_length
+        budget = np.full_like(n_ctx, limit)
+        room_tgt = max(longest_tgt, ev.targets_length or 0)
+    else:  # wang2022
+        i_len = ev.inputs_length or obj.inputs_length
+        t_len = ev.targets_length or obj.targets_length
+        if encdec:
+            budget = np.full_like(n_ctx, max(i_len - n_suffix, 0))
+            room_tgt = max(longest_tgt, t_len)
+        else:
+            row = max(i_len + t_len, longest_tgt + n_suffix)
+            budget = np.maximum(row - n_tgt - n_suffix, 0)
+            room_tgt = longest_tgt
+    kept = np.minimum(n_ctx, budget)
+    if ev.context_rule == "wang2022" and not encdec:  # one shared row: context + continuation
+        need = int((kept + n_tgt).max(initial=0)) + n_suffix
+        lengths = (max(need - room_tgt, 1), room_tgt)
+    else:
+        lengths = (max(int(kept.max(initial=0)) + n_suffix, 1), room_tgt)
+    lengths = (_round_up(lengths[0]), _round_up(lengths[1]))
+    return ScoringRows(
+        kept=kept,
+        lengths=lengths,
+        positions=max(lengths) if encdec else sum(lengths),
+        context_room=ev.max_length - n_suffix - (0 if encdec else _round_up(longest_tgt)),
+    )
 
 
 def scoring_batch(

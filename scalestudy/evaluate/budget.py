@@ -15,6 +15,10 @@ Two rules (`eval.context_rule`), the same for every architecture at the same set
   is shared by context and continuation, so a context keeps L minus its continuation; the
   encoder-decoder's context keeps I. Rows still grow to hold a longer continuation whole.
 
+The row arithmetic of each architecture (decoder-only rows share one stack between context
+and continuation; the encoder-decoder's encoder holds the context) is
+`data.pipeline.size_scoring_rows`, beside `scoring_batch`, which lays the rows out.
+
 The input form follows training: an objective whose inputs ended in EOS in training (span
 corruption) gets EOS after every context (`data.objectives.scoring_inputs_suffix`).
 """
@@ -27,10 +31,8 @@ import numpy as np
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import scoring_inputs_suffix
+from scalestudy.data.pipeline import size_scoring_rows
 from scalestudy.evaluate.formats import TaskDataError
-
-# Row lengths are rounded up to a multiple of this, so tasks of similar lengths share a shape.
-ROUND = 8
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,6 @@ class Fitted:
         return self.context_kept < self.context_tokens
 
 
-def _round(n: int) -> int:
-    return max(ROUND, -(-n // ROUND) * ROUND)
-
-
 def fit_pairs(
     cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]], task: str = "task"
 ) -> Fitted:
@@ -64,57 +62,31 @@ def fit_pairs(
     """
     if len(inputs) != len(targets):
         raise ValueError(f"{len(inputs)} contexts but {len(targets)} continuations")
-    ev, obj = cfg.eval, cfg.objective
-    suffix = list(scoring_inputs_suffix(obj))
-    encdec = cfg.model.is_encoder_decoder
+    suffix = list(scoring_inputs_suffix(cfg.objective))
     n_ctx = np.array([len(x) for x in inputs], dtype=np.int64)
     n_tgt = np.array([len(t) for t in targets], dtype=np.int64)
     if n_tgt.size and n_tgt.min() == 0:
         raise TaskDataError(f"task {task!r}: a continuation encodes to no tokens; nothing to score")
-    longest_tgt = int(n_tgt.max(initial=0))
-    if ev.context_rule == "same":
-        limit = n_ctx.max(initial=0) if ev.inputs_length is None else ev.inputs_length
-        budget = np.full_like(n_ctx, limit)
-        room_tgt = max(longest_tgt, ev.targets_length or 0)
-    else:  # wang2022
-        i_len = ev.inputs_length or obj.inputs_length
-        t_len = ev.targets_length or obj.targets_length
-        if encdec:
-            budget = np.full_like(n_ctx, max(i_len - len(suffix), 0))
-            room_tgt = max(longest_tgt, t_len)
-        else:
-            row = max(i_len + t_len, longest_tgt + len(suffix))
-            budget = np.maximum(row - n_tgt - len(suffix), 0)
-            room_tgt = longest_tgt
-    kept = np.minimum(n_ctx, budget)
+    rows = size_scoring_rows(cfg, n_ctx, n_tgt, len(suffix))
     cut_inputs = [
         [*x[len(x) - k :], *suffix] if k else list(suffix)
-        for x, k in zip(inputs, kept.tolist(), strict=True)
+        for x, k in zip(inputs, rows.kept.tolist(), strict=True)
     ]
-    room_ctx = int(kept.max(initial=0)) + len(suffix)
-    if ev.context_rule == "wang2022" and not encdec:  # one shared row: context + continuation
-        need = int((kept + n_tgt).max(initial=0)) + len(suffix)
-        lengths = (max(need - room_tgt, 1), room_tgt)
-    else:
-        lengths = (max(room_ctx, 1), room_tgt)
-    lengths = (_round(lengths[0]), _round(lengths[1]))
-    row = max(lengths) if encdec else sum(lengths)
-    if row > ev.max_length:
-        # The largest context budget that fits beside the longest continuation.
-        fits = ev.max_length - len(suffix) - (0 if encdec else _round(longest_tgt))
-        if fits < 1:
+    max_length = cfg.eval.max_length
+    if rows.positions > max_length:
+        if rows.context_room < 1:
             fix = "continuations are never cut: raise eval.max_length"
         else:
             fix = (
-                f"set eval.inputs_length={fits} (or less) to cut contexts from the left (cuts "
-                "are reported), or raise eval.max_length"
+                f"set eval.inputs_length={rows.context_room} (or less) to cut contexts from the "
+                "left (cuts are reported), or raise eval.max_length"
             )
         raise TaskDataError(
-            f"task {task!r}: scoring needs rows of {row} tokens (longest context kept "
-            f"{room_ctx}, longest continuation {longest_tgt}) but eval.max_length="
-            f"{ev.max_length}; {fix}"
+            f"task {task!r}: scoring needs rows of {rows.positions} tokens (longest context kept "
+            f"{int(rows.kept.max(initial=0)) + len(suffix)}, longest continuation "
+            f"{int(n_tgt.max(initial=0))}) but eval.max_length={max_length}; {fix}"
         )
-    return Fitted(cut_inputs, [list(t) for t in targets], n_ctx, kept, lengths)
+    return Fitted(cut_inputs, [list(t) for t in targets], n_ctx, rows.kept, rows.lengths)
 
 
 def scoring_lengths(cfg: ExperimentConfig, lengths: tuple[int, int]) -> ExperimentConfig:

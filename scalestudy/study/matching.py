@@ -10,8 +10,9 @@ Modes (the spec's `matching`):
   encoder-decoder halves its depth per stack and solves its feed-forward width).
 - equal_flops:        training FLOPs equal: steps = reference FLOPs / the cell's per step.
 - equal_documents:    document tokens read equal: steps = reference document tokens / the
-  cell's per step (a uniform-split prefix-LM encoder-decoder row holds two examples, so it
-  trains half as many steps as a decoder row of one).
+  cell's per step (`data.pipeline.document_tokens_per_row`: a uniform-split prefix-LM
+  encoder-decoder row holds two examples, so it trains half as many steps as a decoder row of
+  one).
 - equal_loss_tokens:  loss-bearing tokens equal: steps from loss-bearing tokens per row,
   measured on the cell's first two training batches.
 - equal_inference_cost: forward FLOPs per generated token equal, at a context of
@@ -27,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.data.pipeline import document_tokens_per_row
 from scalestudy.errors import ConfigError
 from scalestudy.study import ladder
 
@@ -55,23 +57,6 @@ def inference_flops_per_token(model: ModelConfig, context: int) -> float:
     from scalestudy.models import counting
 
     return counting.reply_step_flops(model, context, 0)
-
-
-def document_tokens_per_row(cfg: ExperimentConfig) -> float:
-    """Document tokens one full training row consumes: one piece of the objective's piece
-    length (the decoder length; for span corruption the raw span that fills the inputs), two
-    for the uniform-split prefix-LM encoder-decoder (two mirrored examples per row)."""
-    from scalestudy.data.objectives import feature_lengths, mlm_piece_length
-
-    obj = cfg.objective
-    if obj.name == "mlm":
-        piece = mlm_piece_length(obj.inputs_length, obj.noise_density, obj.mean_noise_span_length)
-    else:
-        piece = obj.decoder_length
-    if cfg.model.is_encoder_decoder and obj.name == "plm":
-        enc, dec = feature_lengths(obj, encoder_decoder=True)
-        return float(piece * (2 if enc == dec == obj.decoder_length else 1))
-    return float(piece)
 
 
 @lru_cache(maxsize=64)

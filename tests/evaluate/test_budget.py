@@ -8,7 +8,7 @@ import pytest
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import EOS_ID
-from scalestudy.data.pipeline import scoring_batch
+from scalestudy.data.pipeline import scoring_batch, size_scoring_rows
 from scalestudy.evaluate.budget import fit_pairs, scoring_lengths
 from scalestudy.evaluate.formats import TaskDataError
 
@@ -116,3 +116,25 @@ def test_rows_too_long_are_refused_with_what_to_set() -> None:
         fit_pairs(cfg, [[5]], [list(range(3, 100))], "arc")
     cut = fit_pairs(cfg.replace(eval=cfg.eval.replace(inputs_length=32)), [list(range(99))], [[5]])
     assert cut.cut.tolist() == [True]
+
+
+def test_rows_are_sized_as_scoring_batch_lays_them_out() -> None:
+    """The row length checked against eval.max_length is the widest stack scoring_batch
+    builds, for every architecture and rule: a budget at exactly that length is accepted, one
+    position less is refused."""
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        arch, objective = CELLS[trial % len(CELLS)]
+        rule = ["same", "wang2022"][trial % 2]
+        cfg = cfg_for(arch, objective, context_rule=rule)
+        inputs, targets = random_pairs(rng, 8)
+        fitted = fit_pairs(cfg, inputs, targets)
+        batch, _ = scoring_batch(scoring_lengths(cfg, fitted.lengths), *_io(fitted))
+        widest = max(v.shape[1] for v in batch.values())
+        n_ctx = np.array([len(x) for x in inputs])
+        n_tgt = np.array([len(t) for t in targets])
+        n_suffix = len(fitted.inputs[0]) - int(fitted.context_kept[0])
+        assert size_scoring_rows(cfg, n_ctx, n_tgt, n_suffix).positions == widest, (arch, rule)
+        fit_pairs(cfg.replace(eval=cfg.eval.replace(max_length=widest)), inputs, targets)
+        with pytest.raises(TaskDataError, match=f"rows of {widest} tokens"):
+            fit_pairs(cfg.replace(eval=cfg.eval.replace(max_length=widest - 1)), inputs, targets)
