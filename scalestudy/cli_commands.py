@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from scalestudy import cli_args
@@ -26,6 +27,20 @@ def _print(obj: dict, as_json: bool) -> None:
         width = max(len(k) for k in obj)
         for k, v in obj.items():
             print(f"{k:<{width}}  {v}")
+
+
+def _print_results(compute: Callable[[], dict], as_json: bool) -> int:
+    """Print the results `compute` returns (exit status 0). Results computed but not saved in
+    the run directory are printed too, before the one error line saying why."""
+    from scalestudy.train.rundir import RunNotUpdated
+
+    try:
+        results = compute()
+    except RunNotUpdated as e:
+        _print(e.results, as_json)
+        raise
+    _print(results, as_json)
+    return 0
 
 
 def _join_job() -> None:
@@ -98,14 +113,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
-    from scalestudy.train.rundir import RunNotUpdated
 
     # `--tasks a b eval.x=1` hands the override to --tasks: `dotted.key=value` is an override.
     is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
     tasks = [t for t in args.tasks or () if not is_override(t)] or None
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
-    try:
-        results = evaluate_run(
+    return _print_results(
+        lambda: evaluate_run(
             workdir,
             tasks=tasks,
             data_dir=args.data_dir,
@@ -113,12 +127,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             max_examples=args.max_examples,
             overrides=overrides,
             out=args.out,
-        )
-    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
-        _print(e.results, args.json)
-        raise
-    _print(results, args.json)
-    return 0
+        ),
+        args.json,
+    )
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -242,15 +253,8 @@ def cmd_attention_rank(args: argparse.Namespace) -> int:
     cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.decoder_only.attention_rank import measure_run
-    from scalestudy.train.rundir import RunNotUpdated
 
-    try:
-        results = measure_run(workdir, step=args.step, out=args.out)
-    except RunNotUpdated as e:  # computed, not saved: show them, then the one error line
-        _print(e.results, args.json)
-        raise
-    _print(results, args.json)
-    return 0
+    return _print_results(lambda: measure_run(workdir, step=args.step, out=args.out), args.json)
 
 
 def cmd_vocab(args: argparse.Namespace) -> int:
