@@ -27,10 +27,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.config import ExperimentConfig, ModelConfig, ObjectiveConfig, to_yaml
 from scalestudy.data.pipeline import document_tokens_per_row
 from scalestudy.errors import ConfigError
-from scalestudy.study import ladder
+from scalestudy.models import counting
+from scalestudy.study import ladder, loss_tokens
+from scalestudy.yamlio import parse_yaml, validate
 
 MODES = (
     "equal_stack_shape",
@@ -54,24 +56,19 @@ HOLDS = {
 def inference_flops_per_token(model: ModelConfig, context: int) -> float:
     """Forward FLOPs of generating one token after `context` tokens whose keys and values are
     cached (the first reply token after a `context`-token prompt; counting.reply_step_flops)."""
-    from scalestudy.models import counting
-
     return counting.reply_step_flops(model, context, 0)
 
 
 @lru_cache(maxsize=64)
 def _measured_loss_tokens(cfg_yaml: str) -> float:
-    from scalestudy.study.loss_tokens import loss_tokens_per_row as measure
-    from scalestudy.yamlio import parse_yaml, validate
-
-    return measure(validate(ExperimentConfig, parse_yaml(cfg_yaml), "matched run"))
+    return loss_tokens.loss_tokens_per_row(
+        validate(ExperimentConfig, parse_yaml(cfg_yaml), "matched run")
+    )
 
 
 def loss_tokens_per_row(cfg: ExperimentConfig) -> float:
     """Mean loss-bearing tokens per training row of `cfg` (measured on its first two
     training batches; the same config is measured once)."""
-    from scalestudy.config import to_yaml
-
     return _measured_loss_tokens(to_yaml(cfg.replace(train=cfg.train.replace(steps=1))))
 
 
@@ -123,8 +120,6 @@ def match_steps(
         return 0
     ref = ref.replace(train=ref.train.replace(steps=ref_steps))
     if mode == "equal_flops":
-        from scalestudy.models import counting
-
         flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
         return ladder.steps_for_flops(cfg, flops)
     # Data is matched to the causal decoder's full-LM run, so cells of every objective read
@@ -151,9 +146,6 @@ def context_for(study: Any, base: dict) -> int:
     the base objective's decoder length."""
     if getattr(study, "inference_context", None):
         return int(study.inference_context)
-    from scalestudy.config import ObjectiveConfig
-    from scalestudy.yamlio import validate
-
     return int(
         validate(ObjectiveConfig, base.get("objective", {}), "base.objective").decoder_length
     )
