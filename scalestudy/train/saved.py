@@ -1,5 +1,5 @@
 """Reading a saved run: its checkpoint directory, newest step, stored config and parameters
-(what evaluation, probes and resume checks need, without training)."""
+(what evaluation, attention-rank measures and resume checks need, without training)."""
 
 from __future__ import annotations
 
