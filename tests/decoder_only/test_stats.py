@@ -154,7 +154,15 @@ def test_the_order_corpus_second_half_is_the_first_reversed():
     assert not set(docs) & set(order_task.documents(cfg, "validation"))
     for doc in docs:
         first, second = doc.split("|")
-        assert second == first[::-1] and len(first) >= 6
+        assert (
+            second == first[::-1] and order_task.LENGTHS[0] <= len(first) <= order_task.LENGTHS[1]
+        )
+        assert set(first) <= set(order_task.LETTERS)
+    # No validation string is a training string, even though short strings repeat often.
+    many = SyntheticConfig(n_train_documents=5000, n_validation_documents=300)
+    train = {d.split("|")[0] for d in order_task.documents(many, "train")}
+    held_out = {d.split("|")[0] for d in order_task.documents(many, "validation")}
+    assert len(train) < 5000 and len(held_out) > 100 and not train & held_out
     # Order carries information that the bag of letters does not: some documents share their
     # letters and differ in their second half.
     bags = {}
