@@ -219,3 +219,31 @@ def test_also_at_separates_optimisation_speed_from_final_loss():
     assert tests["validation loss"]["d"] == pytest.approx(0.0)
     early = tests["validation loss at 50% of training"]
     assert early["d"] == pytest.approx(0.5) and early["seeds"] == 3
+
+
+def test_comparisons_name_what_they_change_and_what_they_hold_equal():
+    from scalestudy.decoder_only.report import comparison_section
+    from scalestudy.decoder_only.run import compare_groups
+    from scalestudy.study.spec import ComparisonConfig
+
+    rope, nope = "causal_decoder/plm/rope", "causal_decoder/plm/nope"
+    spec = ComparisonConfig(title="t", groups=[rope, nope], metrics=["loss"])
+
+    def rows(name, **counts):
+        base = {"params_total": 1000, "flops": 1e9, "document_tokens": 5e3, "steps": 100}
+        return [{**r, **base, **counts} for r in _group({0: 1.0, 1: 1.2, 2: 0.9}, name)]
+
+    groups = {rope: rows("r"), nope: rows("n", params_total=1500)}
+    got = compare_groups(spec, groups)
+    assert [t["what"] for t in got["tests"]] == ["validation loss"]  # metrics: [loss]
+    [held] = got["held"]
+    assert held["changed"] == ["variant (rope -> nope)"]
+    assert held["same"] == ["training FLOPs", "document tokens"]
+    assert held["differ"][0] == "total parameters (1.50x)"
+    text = "\n".join(comparison_section(2, got, {}, []))
+    assert (
+        f"- {nope} against {rope}: changes variant (rope -> nope); held equal: training FLOPs, "
+        "document tokens; not equal: total parameters (1.50x), positions (unknown)"
+    ) in text
+    with pytest.raises(Exception, match="metrics"):
+        ComparisonConfig(title="t", groups=[rope, nope], metrics=[])
