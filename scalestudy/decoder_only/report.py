@@ -294,6 +294,15 @@ def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[st
         "groups change and what they hold equal (within the study's `match_tolerance`).",
         "",
     ]
+    if floors := results.get("order_floor"):
+        lines += [
+            "Loss floor of the order task: a predictor that knows the task exactly scores "
+            + ", ".join(f"{v:.4f} (seed {k})" for k, v in sorted(floors.items()))
+            + " nats on the validation batches each seed's runs are scored on "
+            "(`decoder_only/order_floor.py`); a model that has learnt the reversal is close "
+            "to it.",
+            "",
+        ]
     sections = [c["tests"] for c in results["comparisons"]]
     sections.append(rank_tests(results["rank"]) if "rank" in results else [])
     adjusted = iter(stats.holm([test["est"]["p"] for tests in sections for test in tests]))

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from scalestudy.data.pipeline import make_iterator
-from scalestudy.decoder_only import attention_rank, inference_cost, plots, stats
+from scalestudy.decoder_only import attention_rank, inference_cost, order_floor, plots, stats
 from scalestudy.decoder_only.report import render
 from scalestudy.models.api import build_model
 from scalestudy.study import comparisons, report
@@ -263,6 +263,13 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     curves: dict[str, dict[int, float]] = defaultdict(dict)
     for point in load_curves(out / REGISTRY_NAME):
         curves[point["run_id"]][point["step"]] = point["val_loss"]
+    floors = {
+        run.seed: run.cfg
+        for run in planned
+        if run.cfg.data.source == "order" and run.arch != "encoder_decoder"
+    }
+    if floors:  # per seed: the data seed sets which validation batches are scored
+        results["order_floor"] = {s: order_floor.validation_floor(c) for s, c in floors.items()}
     results["comparisons"] = [
         compare_groups(c, groups, curves, study.match_tolerance) for c in exp.comparisons
     ]

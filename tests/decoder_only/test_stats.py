@@ -3,6 +3,8 @@ seeds (coverage on simulated data), Holm, and rank tests that never pool archite
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -247,3 +249,35 @@ def test_comparisons_name_what_they_change_and_what_they_hold_equal():
     ) in text
     with pytest.raises(Exception, match="metrics"):
         ComparisonConfig(title="t", groups=[rope, nope], metrics=[])
+
+
+def test_order_floor_is_a_distribution_and_matches_its_expectation():
+    from scalestudy.config import ExperimentConfig
+    from scalestudy.data import order_task
+    from scalestudy.decoder_only import order_floor
+
+    lo, hi = order_task.LENGTHS
+    # Before the bar, the ideal next-token probabilities (bar, or one of the letters) sum to 1.
+    for j in range(hi + 1):
+        bar = math.exp(-order_floor.token_loss(j, j)) if j >= lo else 0.0
+        letter = math.exp(-order_floor.token_loss(j, j + 1)) if j < hi else 0.0
+        assert bar + len(order_task.LETTERS) * letter == pytest.approx(1.0)
+    # The expected floor, enumerated over string lengths and `fit` split points, is what the
+    # pipeline's batches give on average (many batches: sampling error well under 0.01).
+    cfg = ExperimentConfig.model_validate(
+        {
+            "data": {"source": "order", "synthetic": {"n_validation_documents": 3000}},
+            "objective": {"name": "plm", "inputs_length": 16, "targets_length": 16}
+            | {"plm_split": "fit", "pieces": "per_document"},
+            "train": {"batch_size": 32, "eval_batches": 60},
+        }
+    )
+    total = count = 0.0
+    for k in range(lo, hi + 1):
+        n = 2 * k + 2  # letters, bar, reversed letters, EOS
+        splits = range(max(1, n - 16), min(n - 1, 16) + 1)
+        for s in splits:
+            total += sum(order_floor.token_loss(j, k) for j in range(s, n)) / len(splits)
+            count += (n - s) / len(splits)
+    assert order_floor.validation_floor(cfg) == pytest.approx(total / count, abs=0.01)
+    assert 0.3 < total / count < math.log(len(order_task.LETTERS)) / 2
