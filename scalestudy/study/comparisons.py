@@ -267,10 +267,14 @@ def leader(
         return None
     per_seed: dict[str, dict[int, float]] = {}
     for cell, rows in by_cell.items():
-        seeds: dict[int, list[tuple[float, float]]] = defaultdict(list)
-        for r in rows:
-            seeds[int(r.get("seed") or 0)].append((float(r[x_key]), _metric(r, metric)))
-        got = {s: v for s, pts in seeds.items() if (v := interpolate(pts, x)) is not None}
+        seeds: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:  # several runs of one seed at one x (e.g. budgets): their mean
+            seeds[int(r.get("seed") or 0)][float(r[x_key])].append(_metric(r, metric))
+        got = {}
+        for s, by_x in seeds.items():
+            pts = [(px, sum(vs) / len(vs)) for px, vs in by_x.items()]
+            if (v := interpolate(pts, x)) is not None:
+                got[s] = v
         if got:
             per_seed[cell] = got
     if len(per_seed) < 2:

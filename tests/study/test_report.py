@@ -159,3 +159,10 @@ def test_truncation_is_reported_as_the_worst_runs_share():
     b = _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 400}
     assert report.truncated_share([a, b]) == (400, 400)
     assert report.truncated_share([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
+
+
+def test_runs_of_one_seed_at_one_size_are_averaged_not_picked():
+    # Two budgets of one seed at the same N: the seed's value at that N is their mean.
+    runs = _two_cells([1.0], [1.5]) + _two_cells([1.2], [1.5])
+    scores = report.compare(runs)["equal_params_loss"]["plm"]["scores"]
+    assert scores["causal_decoder/plm"].mean == pytest.approx(1.1)
