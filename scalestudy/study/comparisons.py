@@ -150,16 +150,29 @@ def compare(
                         "not_equal": differ,
                     }
                 )
-    return adjust(out) if family else out
+    if family:
+        adjust(out)
+    return out
 
 
-def adjust(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def adjust(tests: list[dict[str, Any]]) -> int:
     """Holm-adjust, as one family, the tests that have a between-run interval (two or more
-    paired seeds): each gets `p_holm`; returns `tests`."""
+    paired seeds): each gets `p_holm`. A hypothesis stated twice (the same two cells on the
+    same metric and the same per-seed values, e.g. at equal parameters and at equal compute
+    on a one-rung ladder, or a leader's test that is also a matched comparison) counts once.
+    Returns the family's size (distinct hypotheses)."""
     tested = [c for c in tests if c["interval"].between_runs and c["interval"].seeds > 1]
-    for c, p in zip(tested, holm([c["interval"].p_value for c in tested]), strict=True):
-        c["p_holm"] = p
-    return tests
+    distinct: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in tested:
+        iv = c["interval"]
+        pair = frozenset((c["cell"], c["reference"]))
+        key = (pair, c["metric"], round(abs(iv.mean), 12), round(iv.p_value, 12), iv.seeds)
+        distinct[key].append(c)
+    groups = list(distinct.values())
+    for group, p in zip(groups, holm([g[0]["interval"].p_value for g in groups]), strict=True):
+        for c in group:
+            c["p_holm"] = p
+    return len(groups)
 
 
 def _verdict(c: dict[str, Any], level: float) -> str:

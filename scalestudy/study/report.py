@@ -122,8 +122,7 @@ def compare(
                 within[obj] = got
                 leaders.append(got)
         out[name + "_loss"] = within
-    family = comparisons.adjust(out["matched"] + [t for g in leaders for t in g["tests"]])
-    out["family"] = sum("p_holm" in t for t in family)
+    out["family"] = comparisons.adjust(out["matched"] + [t for g in leaders for t in g["tests"]])
     for got in leaders:
         got["verdict"] = comparisons.leader_lines(got)
     return out
@@ -201,7 +200,8 @@ def render_markdown(
         "initialisation, so a difference is taken seed by seed and its 95% interval is over "
         "the per-seed differences (for accuracy, the examples' variance is added); n (seeds "
         "x examples) is shown beside it. All the verdicts of this report, the winners below "
-        f"and the matched comparisons, are one family of {cmp['family']}: their p-values are "
+        f"and the matched comparisons, are one family of {cmp['family']} distinct tests (one "
+        "stated twice counts once): their p-values are "
         "Holm-adjusted, and a cell is called the winner only when it is ahead of every other "
         "cell after that. Each comparison names what is held equal and what is not. With "
         "one seed there is no between-run interval and no winner, only which cell did better "
