@@ -263,13 +263,13 @@ def test_order_floor_is_a_distribution_and_matches_its_expectation():
         letter = math.exp(-order_floor.token_loss(j, j + 1)) if j < hi else 0.0
         assert bar + len(order_task.LETTERS) * letter == pytest.approx(1.0)
     # The expected floor, enumerated over string lengths and `fit` split points, is what the
-    # pipeline's batches give on average (many batches: sampling error well under 0.01).
+    # pipeline's batches give on average (about 19,000 documents: sampling error about 0.002).
     cfg = ExperimentConfig.model_validate(
         {
-            "data": {"source": "order", "synthetic": {"n_validation_documents": 3000}},
+            "data": {"source": "order", "synthetic": {"n_validation_documents": 20000}},
             "objective": {"name": "plm", "inputs_length": 16, "targets_length": 16}
             | {"plm_split": "fit", "pieces": "per_document"},
-            "train": {"batch_size": 32, "eval_batches": 60},
+            "train": {"batch_size": 32, "eval_batches": 300},
         }
     )
     total = count = 0.0
@@ -279,5 +279,5 @@ def test_order_floor_is_a_distribution_and_matches_its_expectation():
         for s in splits:
             total += sum(order_floor.token_loss(j, k) for j in range(s, n)) / len(splits)
             count += (n - s) / len(splits)
-    assert order_floor.validation_floor(cfg) == pytest.approx(total / count, abs=0.01)
+    assert order_floor.validation_floor(cfg) == pytest.approx(total / count, abs=0.005)
     assert 0.3 < total / count < math.log(len(order_task.LETTERS)) / 2
