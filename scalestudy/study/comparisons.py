@@ -359,7 +359,7 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
     best, tests = found["leader"], found["tests"]
     more = "higher accuracy" if found["higher"] else "lower loss"
     if not tests:
-        return [f"no cell shares a seed with **{best}**, so nothing is compared."]
+        return [f"no cell shares a seed with {best}, so nothing is compared."]
     tested = [t for t in tests if "p_holm" in t]
     ahead = [
         t for t in tested if t["p_holm"] < 1 - level and (t["interval"].mean > 0) == found["higher"]
