@@ -104,6 +104,12 @@ def comparison_section(number: int, c: dict, figures: dict, verdicts: list[str])
             f"| {g['label']} | {g['seeds']} | {g['params_total']:.3g} | {g['steps']} "
             f"| {g['flops']:.3g} | {_pm(g['loss'])} | {_pm(g['acc'], '.3f')} |"
         )
+    lines.append("")
+    for h in c.get("held", []):
+        line = f"- {h['group']} against {h['reference']}: changes {', '.join(h['changed'])}"
+        line += f"; held equal: {', '.join(h['same']) or 'nothing counted'}"
+        line += f"; not equal: {', '.join(h['differ'])}." if h["differ"] else "."
+        lines.append(line)
     lines += ["", *_figures(figures, f"comparison{number}")]
     if verdicts:
         lines += ["**Verdict.** " + " ".join(verdicts), ""]
@@ -284,10 +290,19 @@ def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[st
         "seed gives the same data order and initialisation stream) with a t-interval over the "
         "common seeds; for accuracy the binomial variance over the examples is added "
         "(`decoder_only/stats.py`). Verdicts are tested at 5% after Holm's correction over "
-        "every test in this report, and each shows its n. `report.md` beside this file pools "
-        "the variants of each cell; read the comparisons here.",
+        "every test in this report, and each shows its n. Each comparison names what its "
+        "groups change and what they hold equal (within the study's `match_tolerance`).",
         "",
     ]
+    if floors := results.get("order_floor"):
+        lines += [
+            "Loss floor of the order task: a predictor that knows the task exactly scores "
+            + ", ".join(f"{v:.4f} (seed {k})" for k, v in sorted(floors.items()))
+            + " nats on the validation batches each seed's runs are scored on "
+            "(`decoder_only/order_floor.py`); a model that has learnt the reversal is close "
+            "to it.",
+            "",
+        ]
     sections = [c["tests"] for c in results["comparisons"]]
     sections.append(rank_tests(results["rank"]) if "rank" in results else [])
     adjusted = iter(stats.holm([test["est"]["p"] for tests in sections for test in tests]))

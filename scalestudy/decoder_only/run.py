@@ -28,10 +28,10 @@ import jax
 import numpy as np
 
 from scalestudy.data.pipeline import make_iterator
-from scalestudy.decoder_only import attention_rank, inference_cost, plots, stats
+from scalestudy.decoder_only import attention_rank, inference_cost, order_floor, plots, stats
 from scalestudy.decoder_only.report import render
 from scalestudy.models.api import build_model
-from scalestudy.study import report
+from scalestudy.study import comparisons, report
 from scalestudy.study.registry import load_curves, load_runs
 from scalestudy.study.spec import ComparisonConfig, StudySpec
 from scalestudy.study.sweep import REGISTRY_NAME
@@ -72,7 +72,7 @@ def _pairwise_tests(spec: ComparisonConfig, groups: dict, present: list[str], cu
     tests = []
     for g in present[1:]:
         pairs = [("loss", "validation loss", True), ("acc", "probe accuracy", False)]
-        for kind, what, lower in pairs:
+        for kind, what, lower in (p for p in pairs if p[0] in spec.metrics):
             est = stats.paired_difference(groups[g], groups[present[0]], kind)
             tests.append({"name": g, "ref": present[0], "what": what, "lower": lower, "est": est})
         if spec.also_at is not None:
@@ -111,12 +111,30 @@ def _interaction_tests(spec: ComparisonConfig, groups: dict, curves: dict) -> li
     return tests
 
 
+def held_equal(group: str, ref: str, groups: dict, tolerance: float = 0.03) -> dict[str, Any]:
+    """What `group` changes from `ref` (the parts of their labels that differ), and which of
+    the counted quantities (`study.comparisons.QUANTITIES`) the two hold equal and which not."""
+    names = ("architecture", "objective", "variant")
+    a, b = group.split("/"), ref.split("/")
+    changed = [
+        f"{w} ({y or '-'} -> {x or '-'})"
+        for w, x, y in zip(names, a + [""] * 3, b + [""] * 3, strict=False)
+        if x != y
+    ]
+    same, differ = comparisons.held_equal(groups[group], groups[ref], tolerance)
+    return {"group": group, "reference": ref, "changed": changed, "same": same, "differ": differ}
+
+
 def compare_groups(
-    spec: ComparisonConfig, groups: dict[str, list[dict]], curves: dict | None = None
+    spec: ComparisonConfig,
+    groups: dict[str, list[dict]],
+    curves: dict | None = None,
+    tolerance: float = 0.03,
 ) -> dict[str, Any]:
-    """Per group: seeds, parameters, training FLOPs, loss and accuracy statistics; and the
-    paired tests (verdicts are worded by the report, after Holm's correction over all of
-    them). `curves`: validation loss by step per run id, for `also_at`."""
+    """Per group: seeds, parameters, training FLOPs, loss and accuracy statistics; what each
+    group holds equal with the first (`held_equal`, within `tolerance`); and the paired tests
+    (verdicts are worded by the report, after Holm's correction over all of them). `curves`:
+    validation loss by step per run id, for `also_at`."""
     curves = curves or {}
     out: dict[str, Any] = {"title": spec.title, "question": spec.question, "groups": []}
     out["missing"] = [g for g in spec.groups if g not in groups]
@@ -134,6 +152,7 @@ def compare_groups(
                 "acc": report.acc_stats(rows),
             }
         )
+    out["held"] = [held_equal(g, present[0], groups, tolerance) for g in present[1:]]
     if spec.kind == "interaction":
         out["tests"] = _interaction_tests(spec, groups, curves) if not out["missing"] else []
     else:
@@ -244,7 +263,16 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     curves: dict[str, dict[int, float]] = defaultdict(dict)
     for point in load_curves(out / REGISTRY_NAME):
         curves[point["run_id"]][point["step"]] = point["val_loss"]
-    results["comparisons"] = [compare_groups(c, groups, curves) for c in exp.comparisons]
+    floors = {
+        run.seed: run.cfg
+        for run in planned
+        if run.cfg.data.source == "order" and run.arch != "encoder_decoder"
+    }
+    if floors:  # per seed: the data seed sets which validation batches are scored
+        results["order_floor"] = {s: order_floor.validation_floor(c) for s, c in floors.items()}
+    results["comparisons"] = [
+        compare_groups(c, groups, curves, study.match_tolerance) for c in exp.comparisons
+    ]
     if exp.rank is not None:
         t0 = time.perf_counter()
         results["rank"] = {  # every seed: the seed is the unit of replication

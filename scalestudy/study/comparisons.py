@@ -1,23 +1,39 @@
-"""The report's matched comparisons: for each pair of cells at one size and budget, what is
-held equal and what is not, and a paired verdict with its n.
+"""The report's verdicts between cells: for each comparison, what is held equal and what is
+not, and a paired verdict with its n.
 
-Each cell is compared with the first cell of the study at the same rung and budget (its
-reference). A quantity counts as held equal when the two cells' means are within the
-study's `match_tolerance` of each other; every other quantity is named with its ratio, so a
-comparison that also differs in data, parameters or compute says so. Probe accuracy is
-compared across all cells, validation loss only within one objective (losses of different
-objectives are not comparable). Runs with the same seed are paired: the interval is on the
-per-seed differences (scaling/intervals.py). The verdicts of the section are one family:
-their p-values are Holm-adjusted. With one seed per side there is no between-run interval;
-the accuracy interval shown is over examples only and gets no verdict.
+Two kinds of comparison, one family of verdicts:
+- Matched comparisons (`compare`): each cell against the first cell of the study at the same
+  rung and budget (its reference). A quantity counts as held equal when the two cells' means
+  are within the study's `match_tolerance` of each other; every other quantity is named with
+  its ratio, so a comparison that also differs in data, parameters or compute says so.
+- Leaders at a common x (`leader`): at the largest total parameters (or training FLOPs) every
+  cell spans, each seed's value is interpolated in log x between that seed's rungs, and the
+  cell with the best mean is tested against every other cell, paired by seed. It is called
+  the winner only when it is ahead of every other cell after Holm's correction. The other
+  quantities are interpolated at the same x, so what is not held equal is named too.
+
+Probe accuracy is compared across all cells, validation loss only within one objective
+(losses of different objectives are not comparable). Runs with the same seed are paired: the
+interval is on the per-seed differences (scaling/intervals.py). All the verdicts of a report
+are one family: `adjust` Holm-adjusts their p-values together. With one seed per side there
+is no between-run interval: an accuracy interval shown is over examples only, and nothing is
+called a winner beyond "higher accuracy / lower loss in this run".
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import defaultdict
 from typing import Any
 
-from scalestudy.scaling.intervals import Interval, accuracy_difference, holm, paired_difference
+from scalestudy.scaling.intervals import (
+    Interval,
+    accuracy_difference,
+    accuracy_interval,
+    holm,
+    paired_difference,
+)
 
 # (what, the run keys to read, first present wins)
 QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -91,10 +107,13 @@ def _per_seed(runs: list[dict[str, Any]], metric: str) -> dict[int, float]:
     return out
 
 
-def compare(runs: list[dict[str, Any]], tolerance: float = 0.03) -> list[dict[str, Any]]:
+def compare(
+    runs: list[dict[str, Any]], tolerance: float = 0.03, family: bool = True
+) -> list[dict[str, Any]]:
     """Every (cell vs reference) comparison at each (size, budget) among finished runs: the
     metric, its paired interval, the seeds left unpaired, what is and is not held equal, and
-    (after Holm over the family) the adjusted p-value."""
+    (with `family`, Holm over these alone; else call `adjust` over the report's family) the
+    adjusted p-value."""
     done = [r for r in runs if r.get("status") == "done"]
     order = list(dict.fromkeys(label(r) for r in done))
     groups: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
@@ -131,10 +150,29 @@ def compare(runs: list[dict[str, Any]], tolerance: float = 0.03) -> list[dict[st
                         "not_equal": differ,
                     }
                 )
-    tested = [c for c in out if c["interval"].between_runs and c["interval"].seeds > 1]
-    for c, p in zip(tested, holm([c["interval"].p_value for c in tested]), strict=True):
-        c["p_holm"] = p
+    if family:
+        adjust(out)
     return out
+
+
+def adjust(tests: list[dict[str, Any]]) -> int:
+    """Holm-adjust, as one family, the tests that have a between-run interval (two or more
+    paired seeds): each gets `p_holm`. A hypothesis stated twice (the same two cells on the
+    same metric and the same per-seed values, e.g. at equal parameters and at equal compute
+    on a one-rung ladder, or a leader's test that is also a matched comparison) counts once.
+    Returns the family's size (distinct hypotheses)."""
+    tested = [c for c in tests if c["interval"].between_runs and c["interval"].seeds > 1]
+    distinct: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for c in tested:
+        iv = c["interval"]
+        pair = frozenset((c["cell"], c["reference"]))
+        key = (pair, c["metric"], round(abs(iv.mean), 12), round(iv.p_value, 12), iv.seeds)
+        distinct[key].append(c)
+    groups = list(distinct.values())
+    for group, p in zip(groups, holm([g[0]["interval"].p_value for g in groups]), strict=True):
+        for c in group:
+            c["p_holm"] = p
+    return len(groups)
 
 
 def _verdict(c: dict[str, Any], level: float) -> str:
@@ -155,20 +193,27 @@ def _verdict(c: dict[str, Any], level: float) -> str:
     return f"Holm-adjusted p = {c['p_holm']:.3g}: {verdict}"
 
 
-def lines(runs: list[dict[str, Any]], tolerance: float = 0.03, level: float = 0.95) -> list[str]:
-    """The report section (Markdown lines); empty when no two cells share a size."""
-    found = compare(runs, tolerance)
+def lines(
+    runs: list[dict[str, Any]],
+    tolerance: float = 0.03,
+    level: float = 0.95,
+    found: list[dict[str, Any]] | None = None,
+    family: int | None = None,
+) -> list[str]:
+    """The report section (Markdown lines); empty when no two cells share a size. `found`:
+    `compare`'s comparisons, already adjusted over a family of `family` verdicts."""
+    found = compare(runs, tolerance) if found is None else found
     if not found:
         return []
-    n_tested = sum("p_holm" in c for c in found)
+    n_tested = sum("p_holm" in c for c in found) if family is None else family
     out = [
         "## Matched comparisons",
         "",
         "Each cell against the study's first cell at the same size and budget: the difference "
         "(cell minus reference) with its 95% interval over per-seed differences (runs of one "
         "seed are paired), n beside it, and what the two cells hold equal (within "
-        f"{tolerance:.0%}) and what they do not. The {n_tested} verdicts below are one "
-        "family: their p-values are Holm-adjusted.",
+        f"{tolerance:.0%}) and what they do not. The verdicts below belong to a family of "
+        f"{n_tested}: their p-values are Holm-adjusted.",
         "",
     ]
     for c in found:
@@ -188,3 +233,164 @@ def lines(runs: list[dict[str, Any]], tolerance: float = 0.03, level: float = 0.
                 f"  Seeds {c['unpaired']} have no partner on the other side and are left out."
             )
     return [*out, ""]
+
+
+# ----------------------------------------------------------------------------- leaders
+
+
+def interpolate(points: list[tuple[float, float]], x: float, log_y: bool = False) -> float | None:
+    """y at `x` from (x, y) points, linear in log x between the two around it (and in log y
+    with `log_y`); None outside their range."""
+    pts = sorted(p for p in points if p[0] > 0 and (p[1] > 0 or not log_y))
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x0 <= x <= x1:
+            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            if log_y:
+                return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
+            return (1 - w) * y0 + w * y1
+    if pts and math.isclose(pts[-1][0], x):
+        return pts[-1][1]
+    return None
+
+
+def _metric(run: dict[str, Any], metric: str) -> float | None:
+    if metric == "acc":
+        got = _accuracy(run)
+        return got[0] if got else None
+    return run.get(metric)
+
+
+def leader(
+    runs: list[dict[str, Any]], x_key: str, metric: str, tolerance: float = 0.03
+) -> dict[str, Any] | None:
+    """The cells' `metric` ("acc" or "loss") at the largest `x_key` every cell spans, each
+    seed's value interpolated in log x between that seed's runs; the cell with the best mean
+    (the leader) and its paired test against every other cell (leader minus other, with what
+    is held equal at that x). None when fewer than two cells have values. Verdicts come after
+    `adjust` (`leader_lines`)."""
+    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        if r.get("status") == "done" and r.get(x_key) and _metric(r, metric) is not None:
+            by_cell[label(r)].append(r)
+    if len(by_cell) < 2:
+        return None
+    lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
+    x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
+    if lo > x:
+        return None
+    per_seed: dict[str, dict[int, float]] = {}
+    for cell, rows in by_cell.items():
+        seeds: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:  # several runs of one seed at one x (e.g. budgets): their mean
+            seeds[int(r.get("seed") or 0)][float(r[x_key])].append(_metric(r, metric))
+        got = {}
+        for s, by_x in seeds.items():
+            pts = [(px, sum(vs) / len(vs)) for px, vs in by_x.items()]
+            if (v := interpolate(pts, x)) is not None:
+                got[s] = v
+        if got:
+            per_seed[cell] = got
+    if len(per_seed) < 2:
+        return None
+    higher = metric == "acc"
+    mean = {c: sum(v.values()) / len(v) for c, v in per_seed.items()}
+    ranked = sorted(mean, key=lambda c: -mean[c] if higher else mean[c])
+    examples = 0
+    if metric == "acc":
+        examples = int(min(_accuracy(r)[1] for rows in by_cell.values() for r in rows))
+    scores = {c: _score(per_seed[c], metric, examples) for c in ranked}
+    at = {c: _quantities_at(by_cell[c], x_key, x) for c in ranked}
+    best, tests = ranked[0], []
+    for other in ranked[1:]:
+        if metric == "acc":
+            interval, unpaired = _paired(
+                accuracy_difference, per_seed[best], per_seed[other], examples
+            )
+        else:
+            interval, unpaired = _paired(paired_difference, per_seed[best], per_seed[other])
+        if interval is None:
+            continue
+        same, differ = held_equal([at[best]], [at[other]], tolerance)
+        tests.append(
+            {
+                "cell": best,
+                "reference": other,
+                "metric": metric,
+                "interval": interval,
+                "unpaired": unpaired,
+                "held_equal": same,
+                "not_equal": differ,
+            }
+        )
+    return {"at": x, "leader": best, "scores": scores, "tests": tests, "higher": higher}
+
+
+def _paired(fn, a: dict[int, float], b: dict[int, float], *args):
+    if not set(a) & set(b):
+        return None, sorted(set(a) ^ set(b))
+    return fn(a, b, *args)
+
+
+def _score(values: dict[int, float], metric: str, examples: int) -> Interval:
+    """A cell's mean over seeds with its 95% interval (seeds and, for accuracy, examples)."""
+    if metric == "acc":
+        return accuracy_interval(list(values.values()), examples)
+    got, _ = paired_difference(values, dict.fromkeys(values, 0.0))
+    return got
+
+
+def _quantities_at(rows: list[dict[str, Any]], x_key: str, x: float) -> dict[str, float]:
+    """Each of QUANTITIES at `x` (seed means per x, interpolated in log-log), as a run dict."""
+    out: dict[str, float] = {}
+    for _, keys in QUANTITIES:
+        points: dict[float, list[float]] = defaultdict(list)
+        for r in rows:
+            if (v := _value(r, keys)) is not None:
+                points[float(r[x_key])].append(v)
+        pts = [(px, sum(vs) / len(vs)) for px, vs in points.items()]
+        if (v := interpolate(pts, x, log_y=True)) is not None:
+            out[keys[0]] = v
+    return out
+
+
+def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
+    """The verdict on a `leader` result (after `adjust`): a headline sentence, then one line
+    per paired test with its interval, n, Holm-adjusted p and what is held equal."""
+    best, tests = found["leader"], found["tests"]
+    more = "higher accuracy" if found["higher"] else "lower loss"
+    if not tests:
+        return [f"no cell shares a seed with {best}, so nothing is compared."]
+    tested = [t for t in tests if "p_holm" in t]
+    ahead = [
+        t for t in tested if t["p_holm"] < 1 - level and (t["interval"].mean > 0) == found["higher"]
+    ]
+    if not tested:
+        head = (
+            f"one seed: {best} had the {more} in this run; with no between-run interval no "
+            "winner is named."
+        )
+    elif len(ahead) == len(tests):
+        head = f"**{best}** is ahead of every other cell (Holm-adjusted p < {1 - level:.2g})."
+    else:
+        behind = [t["reference"] for t in tests if t not in ahead]
+        head = (
+            f"no winner: {best} has the {'highest' if found['higher'] else 'lowest'} mean but "
+            f"is not distinguishable from {', '.join(behind)}."
+        )
+    out = [head]
+    for t in tests:
+        iv: Interval = t["interval"]
+        if "p_holm" in t:
+            p = f"Holm-adjusted p = {t['p_holm']:.3g}"
+        elif iv.between_runs:
+            p = "one seed per side: no between-run interval"
+        else:
+            p = "one seed per side: an interval over examples only, not between runs"
+        line = f"  - {best} minus {t['reference']}: {iv.describe()}; {p}."
+        line += f" Held equal: {', '.join(t['held_equal']) or 'nothing'}."
+        if t["not_equal"]:
+            line += f" Not equal ({best} / {t['reference']}): {', '.join(t['not_equal'])}."
+        if t["unpaired"]:
+            line += f" Seeds {t['unpaired']} have no partner and are left out."
+        out.append(line)
+    return out

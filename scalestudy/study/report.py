@@ -3,12 +3,14 @@
 What the report compares, and why (losses of different objectives are not comparable: an
 MLM model predicts 15% of corrupted spans, an FLM model every next token):
 - validation loss only *within* an objective: every architecture trained with PLM (or MLM)
-  is scored on the same targets, so at equal parameters (per-cell power-law fits evaluated at
-  a common N) and at equal compute the architectures can be ranked by loss;
+  is scored on the same targets, so at equal parameters and at equal compute (each seed's
+  value interpolated in log x between its rungs, `comparisons.leader`) the architectures can
+  be ranked by loss;
 - zero-shot probe accuracy *across* all cells: every cell scores the same probe examples by
-  rank classification, which is the common held-out metric, at the largest rung (equal
-  parameters for decoder-only cells) and at a common training compute (interpolated in
-  log C between each cell's runs), with binomial 95% intervals and seed spread.
+  rank classification, which is the common held-out metric, at equal parameters and at equal
+  training compute.
+Every winner sentence comes from paired comparisons (per-seed differences, Holm over all the
+report's verdicts, n shown, what is held equal and what is not; `study/comparisons.py`).
 """
 
 from __future__ import annotations
@@ -83,76 +85,6 @@ def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mean": mean, "half": Z95 * math.sqrt(var), "n": n}
 
 
-def _winner(scores: dict[str, tuple[float, float]], higher: bool = True) -> str:
-    """A sentence naming the best cell and whether its lead exceeds the combined intervals."""
-    if len(scores) < 2:
-        return "only one cell has results; nothing to compare."
-    ranked = sorted(scores.items(), key=lambda kv: kv[1][0], reverse=higher)
-    (best, (b, hb)), (second, (s, hs)) = ranked[0], ranked[1]
-    gap = abs(b - s)
-    sep = math.sqrt(hb**2 + hs**2)
-    if sep == 0.0:
-        return (
-            f"**{best}** ({b:.3f}) over {second} ({s:.3f}); a single seed gives no interval, "
-            "so add seeds before trusting a gap this size."
-        )
-    verdict = (
-        "a clear lead (the gap exceeds the combined 95% interval)"
-        if gap > sep
-        else "not distinguishable from the runner-up at 95% (gap within the combined interval)"
-    )
-    return f"**{best}** ({b:.3f} ± {hb:.3f}) over {second} ({s:.3f} ± {hs:.3f}): {verdict}."
-
-
-def _interp_at(points: list[tuple[float, float, float]], c: float) -> tuple[float, float] | None:
-    """Accuracy (and 95% half-width) at compute `c`, linear in log C between two runs."""
-    pts = sorted(points)
-    for (c0, a0, h0), (c1, a1, h1) in itertools.pairwise(pts):
-        if c0 <= c <= c1:
-            w = 0.0 if c1 == c0 else (math.log(c) - math.log(c0)) / (math.log(c1) - math.log(c0))
-            return (1 - w) * a0 + w * a1, math.sqrt(((1 - w) * h0) ** 2 + (w * h1) ** 2)
-    if pts and math.isclose(pts[-1][0], c):
-        return pts[-1][1], pts[-1][2]
-    return None
-
-
-def _at_common(
-    rows: list[dict[str, Any]], x_key: str, y_key: str, half_key: str | None
-) -> tuple[float, dict[str, tuple[float, float]]] | None:
-    """Each cell's `y_key` at the largest `x_key` every cell spans (log-linear between runs;
-    seeds averaged first), with 95% half-widths."""
-    per: dict[str, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        if r.get(x_key) and r.get(y_key) is not None:
-            per[_cell(r)][float(r[x_key])].append(r)
-    if len(per) < 2:
-        return None
-    curves: dict[str, list[tuple[float, float, float]]] = {}
-    for cell, by_x in per.items():
-        pts = []
-        for x, group in by_x.items():
-            if half_key == "acc":
-                stats = acc_stats(group)
-                mean, half = stats["mean"], stats["half"]
-            else:
-                ys = [g[y_key] for g in group]
-                mean = sum(ys) / len(ys)
-                sd = (
-                    math.sqrt(sum((y - mean) ** 2 for y in ys) / (len(ys) - 1))
-                    if len(ys) > 1
-                    else 0.0
-                )
-                half = Z95 * sd / math.sqrt(len(ys))
-            pts.append((x, mean, half))
-        curves[cell] = pts
-    lo = max(min(p[0] for p in pts) for pts in curves.values())
-    hi = min(max(p[0] for p in pts) for pts in curves.values())
-    if lo > hi:
-        return None
-    at = {c: _interp_at(p, hi) for c, p in curves.items()}
-    return hi, {c: v for c, v in at.items() if v is not None}
-
-
 def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
     """Cells whose validation loss does not fall at every step up the ladder (seed means)."""
     losses: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -167,26 +99,32 @@ def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
-def compare(runs: list[dict[str, Any]], n_key: str = "params_total") -> dict[str, Any]:
-    """The report's comparisons: probe accuracy across cells at equal parameters and at equal
-    compute, and validation loss within each objective at equal parameters and compute."""
+def compare(
+    runs: list[dict[str, Any]], n_key: str = "params_total", tolerance: float = 0.03
+) -> dict[str, Any]:
+    """The report's comparisons: probe accuracy across cells and validation loss within each
+    objective, at equal parameters and at equal compute (`comparisons.leader`), and the
+    matched comparisons at each rung (`comparisons.compare`); one Holm family over all of
+    their verdicts (`family`: how many), each leader's verdict as Markdown lines."""
     done = [r for r in runs if r["status"] == "done"]
-    for r in done:
-        pa = probe_accuracy(r)
-        r["acc"], r["n"] = pa if pa else (None, None)
     out: dict[str, Any] = {"n_done": len(done), "n_runs": len(runs), "n_key": n_key}
     out["not_scaling"] = not_scaling(done)
+    out["matched"] = comparisons.compare(done, tolerance, family=False)
+    leaders = []
     for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
-        got = _at_common(done, x_key, "acc", "acc")
-        if got:
-            out[name] = {"at": got[0], "scores": got[1], "verdict": _winner(got[1])}
+        if got := comparisons.leader(done, x_key, "acc", tolerance):
+            out[name] = got
+            leaders.append(got)
         within = {}
         for obj in sorted({r["objective"] for r in done}):
             rows = [r for r in done if r["objective"] == obj]
-            got = _at_common(rows, x_key, "loss", None)
-            if got:
-                within[obj] = {"at": got[0], "scores": got[1], "verdict": _winner(got[1], False)}
+            if got := comparisons.leader(rows, x_key, "loss", tolerance):
+                within[obj] = got
+                leaders.append(got)
         out[name + "_loss"] = within
+    out["family"] = comparisons.adjust(out["matched"] + [t for g in leaders for t in g["tests"]])
+    for got in leaders:
+        got["verdict"] = comparisons.leader_lines(got)
     return out
 
 
@@ -213,10 +151,17 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _score_table(scores: dict[str, tuple[float, float]], what: str) -> list[str]:
-    lines = [f"| cell | {what} | 95% ± |", "|---|---|---|"]
-    for cell, (v, h) in sorted(scores.items(), key=lambda kv: -kv[1][0]):
-        lines.append(f"| {cell} | {v:.3f} | {h:.3f} |")
+def _score_table(found: dict[str, Any], what: str) -> list[str]:
+    lines = [f"| cell | {what} | 95% interval | n |", "|---|---|---|---|"]
+    for cell, iv in found["scores"].items():
+        n = f"{iv.seeds} seed{'s' if iv.seeds != 1 else ''}"
+        n += f" x {iv.examples} examples" if iv.examples else ""
+        if iv.seeds > 1 or not iv.between_runs:
+            span = f"[{iv.low:.3f}, {iv.high:.3f}]"
+            span += "" if iv.between_runs else " (examples only)"
+        else:
+            span = "none (one seed)"
+        lines.append(f"| {cell} | {iv.mean:.3f} | {span} | {n} |")
     return lines
 
 
@@ -232,7 +177,7 @@ def render_markdown(
 
     `loss_tokens`: cell -> mean loss-bearing tokens per example, or why it was not measured
     (`loss_tokens.per_cell`)."""
-    cmp = compare(runs)
+    cmp = compare(runs, tolerance=study.match_tolerance)
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
     lines = [
@@ -249,9 +194,18 @@ def render_markdown(
         "predicts corrupted spans, a PLM model the continuation after a prefix, an FLM model "
         "every token. Losses are therefore compared only between architectures trained with "
         "the same objective. Across all cells the common metric is **zero-shot probe "
-        "accuracy** (rank classification of the same held-out examples); its intervals are "
-        "binomial 95% intervals over probe examples, widened by the seed spread when there "
-        "are several seeds.",
+        "accuracy** (rank classification of the same held-out examples).",
+        "",
+        "Every verdict is paired by seed: runs of one seed share data order and "
+        "initialisation, so a difference is taken seed by seed and its 95% interval is over "
+        "the per-seed differences (for accuracy, the examples' variance is added); n (seeds "
+        "x examples) is shown beside it. All the verdicts of this report, the winners below "
+        f"and the matched comparisons, are one family of {cmp['family']} distinct tests (one "
+        "stated twice counts once): their p-values are "
+        "Holm-adjusted, and a cell is called the winner only when it is ahead of every other "
+        "cell after that. Each comparison names what is held equal and what is not. With "
+        "one seed there is no between-run interval and no winner, only which cell did better "
+        "in this run.",
         "",
         *(
             [f"Chance (a uniform guess among each example's choices): {chance:.3f}.", ""]
@@ -291,19 +245,24 @@ def render_markdown(
             c = cmp[name]
             lines += [
                 f"**{title}** (probe accuracy at {c['at']:.3g} {x_what}, the largest value "
-                "every cell spans, interpolated in log scale between runs): " + c["verdict"],
+                "every cell spans, each seed interpolated in log scale between its runs): "
+                + c["verdict"][0],
+                *c["verdict"][1:],
                 "",
-                *_score_table(c["scores"], "probe accuracy"),
+                *_score_table(c, "probe accuracy"),
                 "",
             ]
         for obj, c in cmp[name + "_loss"].items():
             lines += [
                 f"- {title.lower()}, validation loss within `{obj}` (at {c['at']:.3g} "
-                f"{x_what}; lower is better): " + c["verdict"],
+                f"{x_what}; lower is better): " + c["verdict"][0],
+                *c["verdict"][1:],
             ]
         if cmp[name + "_loss"]:
             lines.append("")
-    lines += comparisons.lines(runs, study.match_tolerance)
+    lines += comparisons.lines(
+        runs, study.match_tolerance, found=cmp["matched"], family=cmp["family"]
+    )
     if fits or notes:
         lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
     if figures:

@@ -218,6 +218,12 @@ class ComparisonConfig(Frozen):
     # Also compare validation losses at this fraction of training (the last evaluation at or
     # before it), to tell a difference in optimisation speed from one in final loss.
     also_at: float | None = Field(None, gt=0.0, lt=1.0)
+    # What pairwise comparisons test: validation loss and/or probe accuracy (e.g. loss alone
+    # where the probes do not bear on the training corpus; every test joins the Holm family).
+    metrics: Annotated[tuple[Literal["loss", "acc"], ...], Field(min_length=1, strict=False)] = (
+        "loss",
+        "acc",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ComparisonConfig:

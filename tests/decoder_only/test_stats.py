@@ -3,6 +3,8 @@ seeds (coverage on simulated data), Holm, and rank tests that never pool archite
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -154,7 +156,15 @@ def test_the_order_corpus_second_half_is_the_first_reversed():
     assert not set(docs) & set(order_task.documents(cfg, "validation"))
     for doc in docs:
         first, second = doc.split("|")
-        assert second == first[::-1] and len(first) >= 6
+        assert (
+            second == first[::-1] and order_task.LENGTHS[0] <= len(first) <= order_task.LENGTHS[1]
+        )
+        assert set(first) <= set(order_task.LETTERS)
+    # No validation string is a training string, even though short strings repeat often.
+    many = SyntheticConfig(n_train_documents=5000, n_validation_documents=300)
+    train = {d.split("|")[0] for d in order_task.documents(many, "train")}
+    held_out = {d.split("|")[0] for d in order_task.documents(many, "validation")}
+    assert len(train) < 5000 and len(held_out) > 100 and not train & held_out
     # Order carries information that the bag of letters does not: some documents share their
     # letters and differ in their second half.
     bags = {}
@@ -211,3 +221,63 @@ def test_also_at_separates_optimisation_speed_from_final_loss():
     assert tests["validation loss"]["d"] == pytest.approx(0.0)
     early = tests["validation loss at 50% of training"]
     assert early["d"] == pytest.approx(0.5) and early["seeds"] == 3
+
+
+def test_comparisons_name_what_they_change_and_what_they_hold_equal():
+    from scalestudy.decoder_only.report import comparison_section
+    from scalestudy.decoder_only.run import compare_groups
+    from scalestudy.study.spec import ComparisonConfig
+
+    rope, nope = "causal_decoder/plm/rope", "causal_decoder/plm/nope"
+    spec = ComparisonConfig(title="t", groups=[rope, nope], metrics=["loss"])
+
+    def rows(name, **counts):
+        base = {"params_total": 1000, "flops": 1e9, "document_tokens": 5e3, "steps": 100}
+        return [{**r, **base, **counts} for r in _group({0: 1.0, 1: 1.2, 2: 0.9}, name)]
+
+    groups = {rope: rows("r"), nope: rows("n", params_total=1500)}
+    got = compare_groups(spec, groups)
+    assert [t["what"] for t in got["tests"]] == ["validation loss"]  # metrics: [loss]
+    [held] = got["held"]
+    assert held["changed"] == ["variant (rope -> nope)"]
+    assert held["same"] == ["training FLOPs", "document tokens"]
+    assert held["differ"][0] == "total parameters (1.50x)"
+    text = "\n".join(comparison_section(2, got, {}, []))
+    assert (
+        f"- {nope} against {rope}: changes variant (rope -> nope); held equal: training FLOPs, "
+        "document tokens; not equal: total parameters (1.50x), positions (unknown)"
+    ) in text
+    with pytest.raises(Exception, match="metrics"):
+        ComparisonConfig(title="t", groups=[rope, nope], metrics=[])
+
+
+def test_order_floor_is_a_distribution_and_matches_its_expectation():
+    from scalestudy.config import ExperimentConfig
+    from scalestudy.data import order_task
+    from scalestudy.decoder_only import order_floor
+
+    lo, hi = order_task.LENGTHS
+    # Before the bar, the ideal next-token probabilities (bar, or one of the letters) sum to 1.
+    for j in range(hi + 1):
+        bar = math.exp(-order_floor.token_loss(j, j)) if j >= lo else 0.0
+        letter = math.exp(-order_floor.token_loss(j, j + 1)) if j < hi else 0.0
+        assert bar + len(order_task.LETTERS) * letter == pytest.approx(1.0)
+    # The expected floor, enumerated over string lengths and `fit` split points, is what the
+    # pipeline's batches give on average (about 19,000 documents: sampling error about 0.002).
+    cfg = ExperimentConfig.model_validate(
+        {
+            "data": {"source": "order", "synthetic": {"n_validation_documents": 20000}},
+            "objective": {"name": "plm", "inputs_length": 16, "targets_length": 16}
+            | {"plm_split": "fit", "pieces": "per_document"},
+            "train": {"batch_size": 32, "eval_batches": 300},
+        }
+    )
+    total = count = 0.0
+    for k in range(lo, hi + 1):
+        n = 2 * k + 2  # letters, bar, reversed letters, EOS
+        splits = range(max(1, n - 16), min(n - 1, 16) + 1)
+        for s in splits:
+            total += sum(order_floor.token_loss(j, k) for j in range(s, n)) / len(splits)
+            count += (n - s) / len(splits)
+    assert order_floor.validation_floor(cfg) == pytest.approx(total / count, abs=0.005)
+    assert 0.3 < total / count < math.log(len(order_task.LETTERS)) / 2

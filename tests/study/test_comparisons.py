@@ -65,7 +65,7 @@ def test_seeds_are_paired_and_unpaired_seeds_are_left_out():
     assert "Seeds [3, 4] have no partner" in text
     # Holm over the family: two verdicts (accuracy and loss), adjusted p >= raw p.
     assert all(c["p_holm"] >= c["interval"].p_value for c in found)
-    assert "The 2 verdicts below are one family: their p-values are Holm-adjusted" in text
+    assert "The verdicts below belong to a family of 2: their p-values are Holm-adjusted" in text
 
 
 def test_one_seed_says_its_interval_is_not_between_runs():

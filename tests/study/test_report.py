@@ -1,10 +1,13 @@
 """Report comparisons: probe accuracy across cells, loss within objectives, honest verdicts."""
 
 import math
+import statistics
 
 import pytest
 
 from scalestudy.study import report
+
+Z = 1.959964  # the normal 95% quantile the old unpaired sentences used
 
 
 def _run(arch, obj, size_index, n_total, flops, acc, loss, seed=0, n=400):
@@ -41,47 +44,104 @@ def test_chance_is_example_weighted_over_tasks():
 
 
 def test_interpolation_in_log_scale_is_exact():
+    from scalestudy.study.comparisons import interpolate
+
     # Halfway between 1e10 and 1e12 in log C is 1e11: the accuracies average.
-    pts = [(1e10, 0.2, 0.03), (1e12, 0.4, 0.04)]
-    acc, half = report._interp_at(pts, 1e11)
-    assert acc == pytest.approx(0.3) and half == pytest.approx(math.hypot(0.015, 0.02))
-    assert report._interp_at(pts, 1e13) is None
+    pts = [(1e10, 0.2), (1e12, 0.4)]
+    assert interpolate(pts, 1e11) == pytest.approx(0.3)
+    assert interpolate(pts, 1e13) is None
+    assert interpolate([(1.0, 1.0), (100.0, 100.0)], 10.0, log_y=True) == pytest.approx(10.0)
 
 
-def test_compare_names_the_better_cell_and_its_confidence():
+def _two_cells(loss_a, loss_b, acc=0.5):
     runs = []
-    for i, (n, c) in enumerate([(1e5, 1e10), (1e6, 1e12)]):
-        runs.append(_run("causal_decoder", "flm", i, n, c, 0.30 + 0.30 * i, 2.0 - i))
-        runs.append(_run("encoder_decoder", "mlm", i, 2 * n, c, 0.30 + 0.05 * i, 2.5 - i))
-        runs.append(_run("encoder_decoder", "plm", i, 2 * n, c, 0.30 + 0.04 * i, 2.2 - i))
-        runs.append(_run("causal_decoder", "plm", i, n, c, 0.30 + 0.03 * i, 2.1 - i))
+    for seed, (la, lb) in enumerate(zip(loss_a, loss_b, strict=True)):
+        runs.append(_run("causal_decoder", "plm", 0, 1e5, 1e10, acc, la, seed=seed))
+        runs.append(_run("noncausal_decoder", "plm", 0, 1e5, 1e10, acc, lb, seed=seed))
+    return runs
+
+
+def test_an_unpaired_lead_the_seeds_do_not_support_names_no_winner():
+    # Each cell's seeds agree closely, so unpaired intervals are narrow, but the per-seed
+    # differences (-0.12, -0.06, 0.00) do not agree: paired over 3 seeds, no verdict.
+    loss_a, loss_b = [1.00, 1.02, 1.04], [1.12, 1.08, 1.04]
+    halves = [Z * statistics.stdev(x) / math.sqrt(3) for x in (loss_a, loss_b)]
+    gap = statistics.mean(loss_b) - statistics.mean(loss_a)
+    assert gap > math.hypot(*halves)  # the unpaired means would call a clear lead
+    cmp = report.compare(_two_cells(loss_a, loss_b))
+    text = "\n".join(cmp["equal_params_loss"]["plm"]["verdict"])
+    assert text.startswith("no winner: causal_decoder/plm has the lowest mean")
+    assert "not distinguishable from noncausal_decoder/plm" in text and "**" not in text
+    assert "-0.060 [" in text and "(n = 3 seeds)" in text and "Holm-adjusted p = " in text
+    assert "Held equal: total parameters, training FLOPs." in text
+
+
+def test_a_lead_every_seed_shows_is_a_winner_despite_seed_spread():
+    # Seed effects (0.4) dwarf a steady 0.05 gain: unpaired, not separable; paired, clear.
+    base = [2.0, 2.4, 1.8, 2.2]
+    gain = [0.05, 0.052, 0.048, 0.051]
+    runs = _two_cells([b - g for b, g in zip(base, gain, strict=True)], base)
     cmp = report.compare(runs)
-    # Equal parameters: at 1e6 (largest common N), causal/flm is interpolated at its top run.
-    assert cmp["equal_params"]["at"] == pytest.approx(1e6)
-    assert cmp["equal_params"]["verdict"].startswith("**causal_decoder/flm**")
-    assert "clear lead" in cmp["equal_params"]["verdict"]
-    # Equal compute: every cell spans [1e10, 1e12].
-    assert cmp["equal_compute"]["scores"]["encoder_decoder/mlm"][0] == pytest.approx(0.35)
-    # Losses are compared only within an objective (flm has a single cell: no comparison).
-    assert set(cmp["equal_compute_loss"]) == {"plm"}
-    assert "single seed" in cmp["equal_compute_loss"]["plm"]["verdict"]
-    assert cmp["not_scaling"] == []
+    [line, detail] = cmp["equal_params_loss"]["plm"]["verdict"]
+    assert line.startswith("**causal_decoder/plm** is ahead of every other cell")
+    assert "causal_decoder/plm minus noncausal_decoder/plm: -0.050 [" in detail
+    # One Holm family over the report: the matched comparisons (accuracy, loss) and the
+    # leaders' tests (accuracy and loss, at equal N and at equal C). On one rung they state
+    # the same two hypotheses three times each, which count once.
+    leaders = [cmp[k] for k in ("equal_params", "equal_compute")]
+    leaders += [cmp[k + "_loss"]["plm"] for k in ("equal_params", "equal_compute")]
+    tests = cmp["matched"] + [t for g in leaders for t in g["tests"]]
+    assert len(tests) == 6 and cmp["family"] == 2 and all("p_holm" in t for t in tests)
+    assert all(t["p_holm"] >= t["interval"].p_value for t in tests)
+    loss = [t for t in tests if t["metric"] == "loss"]
+    assert len(loss) == 3 and len({t["p_holm"] for t in loss}) == 1
+    p = sorted({round(t["interval"].p_value, 12) for t in tests})
+    assert len(p) == 2 and loss[0]["p_holm"] == pytest.approx(min(1.0, 2 * p[0]))
+
+
+def test_one_seed_names_no_winner_only_the_better_run():
+    cmp = report.compare(_two_cells([1.0], [1.3]))
+    [line, detail] = cmp["equal_compute_loss"]["plm"]["verdict"]
+    assert line == (
+        "one seed: causal_decoder/plm had the lower loss in this run; with no between-run "
+        "interval no winner is named."
+    )
+    assert "no between-run interval" in detail and "Holm" not in detail
+    acc = report.compare(
+        [
+            _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.7, 2.0),
+            _run("noncausal_decoder", "flm", 0, 1e5, 1e10, 0.5, 2.0),
+        ]
+    )["equal_params"]["verdict"]
+    assert acc[0].startswith("one seed: causal_decoder/flm had the higher accuracy in this run")
+    assert "an interval over examples only, not between runs" in acc[1]
+
+
+def test_what_is_not_held_equal_at_equal_compute_is_named():
+    runs = []
+    for seed in (0, 1):
+        for i, (n, c) in enumerate([(1e5, 1e10), (1e6, 1e12)]):
+            runs.append(_run("causal_decoder", "plm", i, n, c, 0.5, 2.0 - i + 0.01 * seed, seed))
+            runs.append(_run("encoder_decoder", "plm", i, 2 * n, c, 0.5, 2.1 - i, seed))
+    cmp = report.compare(runs)
+    assert cmp["equal_compute_loss"]["plm"]["at"] == pytest.approx(1e12)
+    text = "\n".join(cmp["equal_compute_loss"]["plm"]["verdict"])
+    assert "Not equal (causal_decoder/plm / encoder_decoder/plm): total parameters (0.50x)" in text
+    assert "Held equal: training FLOPs." in text
+    # At equal parameters (1e6, the largest N both span) the FLOPs differ instead.
+    cmp_n = "\n".join(cmp["equal_params_loss"]["plm"]["verdict"])
+    assert cmp["equal_params_loss"]["plm"]["at"] == pytest.approx(1e6)
+    assert "Held equal: total parameters." in cmp_n and "training FLOPs (" in cmp_n
+
+
+def test_not_scaling_names_cells_whose_loss_rises_up_the_ladder():
+    runs = [
+        _run("causal_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0),
+        _run("causal_decoder", "plm", 1, 1e6, 1e11, 0.3, 1.5),
+    ]
+    assert report.compare(runs)["not_scaling"] == []
     runs.append(_run("causal_decoder", "plm", 2, 1e7, 1e13, 0.3, 5.0))  # worse when larger
     assert report.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
-
-
-def test_close_cells_are_called_indistinguishable_and_seeds_widen_intervals():
-    runs = [
-        _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.50, 1.0, seed=0),
-        _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.54, 1.0, seed=1),
-        _run("causal_decoder", "plm", 0, 1e5, 1e10, 0.50, 1.0, seed=0),
-        _run("causal_decoder", "plm", 0, 1e5, 1e10, 0.50, 1.0, seed=1),
-    ]
-    cmp = report.compare(runs)
-    scores = cmp["equal_params"]["scores"]
-    assert scores["causal_decoder/flm"][0] == pytest.approx(0.52)
-    assert scores["causal_decoder/flm"][1] > scores["causal_decoder/plm"][1]  # seed spread
-    assert "not distinguishable" in cmp["equal_params"]["verdict"]
 
 
 def test_markdown_and_html_render(tmp_path):
@@ -102,3 +162,10 @@ def test_truncation_is_reported_as_the_worst_runs_share():
     b = _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 400}
     assert report.truncated_share([a, b]) == (400, 400)
     assert report.truncated_share([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
+
+
+def test_runs_of_one_seed_at_one_size_are_averaged_not_picked():
+    # Two budgets of one seed at the same N: the seed's value at that N is their mean.
+    runs = _two_cells([1.0], [1.5]) + _two_cells([1.2], [1.5])
+    scores = report.compare(runs)["equal_params_loss"]["plm"]["scores"]
+    assert scores["causal_decoder/plm"].mean == pytest.approx(1.1)
