@@ -35,7 +35,17 @@ from typing import Any
 from scalestudy.train import rundir
 
 # Loggers of the libraries under the loop; their records would otherwise reach the terminal.
-LIBRARY_LOGGERS = ("absl", "orbax", "asyncio", "tensorflow", "jax", "etils", "tensorstore")
+LIBRARY_LOGGERS = (
+    "absl",
+    "orbax",
+    "asyncio",
+    "tensorflow",
+    "jax",
+    "etils",
+    "tensorstore",
+    "py.warnings",  # libraries' warnings on the command line (see `_show_warning`)
+)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
 # Set beside TF_LOG_LEVEL when scalestudy chose the level (subprocesses inherit both): a level
@@ -52,11 +62,21 @@ _after: list[Callable[[], None]] = []  # undoes the routing to the last run's lo
 
 
 class _QuietFileHandler(logging.FileHandler):
-    """A file handler that drops a record it cannot write (the disk the run filled) instead
-    of printing logging's own traceback on the terminal."""
+    """A file handler that drops what it cannot write (on the disk the run filled) instead of
+    printing logging's own traceback on the terminal or raising over the run's error."""
 
     def handleError(self, record: logging.LogRecord) -> None:
         pass
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            super().flush()
+
+    def close(self) -> None:
+        # The file is closed even when its last buffer cannot be written: the run's own error
+        # (a failed save on the disk this log shares) is the one to report.
+        with contextlib.suppress(OSError, ValueError):
+            super().close()
 
 
 def _handler(path: Path, delay: bool = False) -> _QuietFileHandler:
@@ -157,7 +177,13 @@ def quiet_terminal() -> None:
 def _show_warning(
     message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
 ) -> None:
+    """A warning of this package (raised where its code called) as one line on the terminal;
+    a library's to the library log, with where it came from."""
     text = " ".join(str(message).split())
+    if not os.path.abspath(filename).startswith(_PACKAGE):
+        where = f"{category.__name__} at {filename}:{lineno}"
+        logging.getLogger("py.warnings").warning("%s: %s", where, text)
+        return
     with contextlib.suppress(OSError, ValueError):
         print(f"warning: {text}", file=file or sys.stderr)
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +182,33 @@ def test_library_thread_tracebacks_and_late_records_go_to_the_log(tmp_path, capf
     log = rundir.log_path(tmp_path).read_text()
     assert "RuntimeError: Event loop is closed" in log
     assert "asyncio: Future exception was never retrieved" in log
+
+
+def test_warnings_of_the_package_are_one_line_and_the_libraries_go_to_the_log(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(warnings, "showwarning", logfile._show_warning)
+    ours = str(Path(logfile.__file__).parent / "loop.py")
+    with logfile.library_logs_to_file(tmp_path):
+        warnings.warn_explicit("checkpoint at step 8\ncannot be restored", UserWarning, ours, 86)
+        warnings.warn_explicit("a deprecated call", FutureWarning, "/lib/site/x.py", 3)
+    assert capsys.readouterr().err == "warning: checkpoint at step 8 cannot be restored\n"
+    log = rundir.log_path(tmp_path).read_text()
+    assert "py.warnings: FutureWarning at /lib/site/x.py:3: a deprecated call" in log
+
+
+def test_a_log_on_a_full_disk_never_hides_the_runs_error(tmp_path, capfd):
+    """The library log shares the disk the run filled: its records and its last buffer are
+    dropped, and the run's own error is the one raised."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (writes fail with ENOSPC)")
+    rundir.log_path(tmp_path).symlink_to("/dev/full")
+
+    class SaveFailed(Exception):
+        pass
+
+    with pytest.raises(SaveFailed), logfile.library_logs_to_file(tmp_path):
+        for _ in range(100):  # more than one buffer
+            logging.getLogger("orbax").error("a failed write of the save " + "x" * 200)
+        raise SaveFailed
+    assert capfd.readouterr().err == ""
