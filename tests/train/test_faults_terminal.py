@@ -136,6 +136,7 @@ def test_the_first_import_is_held_and_later_ones_are_normal(tmp_path, capfd, mon
     import noisy_native  # noqa: F401, F811
 
     assert capfd.readouterr().err == "native noise\n"
+    del sys.modules["noisy_native"]
 
 
 def test_a_users_tensorflow_log_level_is_left_alone(monkeypatch):
