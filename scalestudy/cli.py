@@ -183,6 +183,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command itself, not a caller in Python: before TF is imported
+        from scalestudy.train import logfile
+
+        logfile.quiet_terminal()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         status = args.fn(args)

@@ -1,38 +1,258 @@
-"""Library log output of a run goes to `<workdir>/train.log`, not the terminal: the user's
-terminal shows the run's own lines (progress, the one error line), while TensorFlow, absl,
-orbax, JAX and asyncio messages (including tracebacks that background threads log before
-the error reaches the loop) stay available in the file."""
+"""Library output of a run goes to `<workdir>/train.log`, not the terminal: the user's
+terminal shows the run's own lines (progress, warnings, the one error line), while
+TensorFlow, absl, orbax, JAX, tensorstore and asyncio output stays available in the file.
+
+Three kinds of library output are routed here:
+
+- Python log records of the libraries' loggers (`library_logs_to_file`, while a run trains);
+- tracebacks that library threads print without a logger: tensorstore's completion callbacks
+  of a failed checkpoint write (`sys.excepthook` from a thread other than the main one) and
+  exceptions in finalizers (`sys.unraisablehook`);
+- on the command line (`quiet_terminal`), TensorFlow's C++ start-up lines, which its log level
+  does not reach (they are written before TensorFlow reads it): the file descriptor 2 is held
+  while TensorFlow is first imported, and what it received goes into the next run's log (or
+  back to the terminal if the import fails). Records and tracebacks that arrive after the run
+  (asyncio's never-retrieved futures of a failed save, logged at garbage collection or at
+  exit) go to the same run's log.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib.abc
+import importlib.util
 import logging
-from collections.abc import Iterator
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from scalestudy.train import rundir
 
 # Loggers of the libraries under the loop; their records would otherwise reach the terminal.
-LIBRARY_LOGGERS = ("absl", "orbax", "asyncio", "tensorflow", "jax", "etils", "tensorstore")
+LIBRARY_LOGGERS = (
+    "absl",
+    "orbax",
+    "asyncio",
+    "tensorflow",
+    "jax",
+    "etils",
+    "tensorstore",
+    "py.warnings",  # libraries' warnings on the command line (see `_show_warning`)
+)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+# Set beside TF_LOG_LEVEL when scalestudy chose the level (subprocesses inherit both): a level
+# without it was set by the user, who then sees what TensorFlow prints at that level.
+TF_LOG_LEVEL_DEFAULTED = "SCALESTUDY_TF_LOG_LEVEL_DEFAULT"
+# TensorFlow's C++ log level on the command line: errors only (its info lines and warnings
+# about the CPU build, CUDA drivers and ending iterators are no news to a user).
+DEFAULT_TF_LOG_LEVEL = "2"
+
+_held: list[str] = []  # native start-up output not yet written to a run's log
+_cli = False  # quiet_terminal() was called: keep library output off the terminal after runs
+_active: list[logging.Handler] = []  # the log of the run in progress
+_after: list[Callable[[], None]] = []  # undoes the routing to the last run's log after it
+
+
+class _QuietFileHandler(logging.FileHandler):
+    """A file handler that drops what it cannot write (on the disk the run filled) instead of
+    printing logging's own traceback on the terminal or raising over the run's error."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            super().flush()
+
+    def close(self) -> None:
+        # The file is closed even when its last buffer cannot be written: the run's own error
+        # (a failed save on the disk this log shares) is the one to report.
+        with contextlib.suppress(OSError, ValueError):
+            super().close()
+
+
+def _handler(path: Path, delay: bool = False) -> _QuietFileHandler:
+    handler = _QuietFileHandler(path, mode="a", encoding="utf-8", delay=delay)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
 
 
 @contextlib.contextmanager
 def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
-    """Send the library loggers' records to the run's log file while the block runs."""
+    """Send the libraries' log records and thread tracebacks to the run's log file while the
+    block runs (and, on the command line, after it)."""
     path = rundir.log_path(workdir)
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    before = {}
-    for name in LIBRARY_LOGGERS:
-        logger = logging.getLogger(name)
-        before[name] = logger.propagate
-        logger.addHandler(handler)
-        logger.propagate = False
+    while _after:
+        _after.pop()()
+    handler = _handler(path)
+    _write_held(handler)
+    restore = _route(handler)
+    _active.append(handler)
     try:
         yield path
     finally:
-        for name, propagate in before.items():
+        _active.remove(handler)
+        # Futures of a failed save that nobody retrieved log their exception when collected:
+        # collect them while their records still go to the file.
+        gc.collect()
+        restore()
+        handler.close()
+        if _cli:  # the process ends soon; what the libraries say until then is the run's
+            _after.append(_route(_handler(path, delay=True)))
+
+
+def _write_held(handler: logging.Handler) -> None:
+    """Write the held start-up output into `handler`'s file."""
+    with contextlib.suppress(OSError, ValueError):
+        while _held:
+            handler.stream.write(_held[0])
+            _held.pop(0)
+        handler.flush()
+
+
+def _route(handler: logging.Handler) -> Callable[[], None]:
+    """Point the library loggers and the thread traceback hooks at `handler`; returns what
+    undoes it."""
+    propagate = {}
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        propagate[name] = logger.propagate
+        logger.addHandler(handler)
+        logger.propagate = False
+    hooks = sys.excepthook, sys.unraisablehook
+    log = logging.getLogger("tensorstore")
+
+    def excepthook(kind: Any, value: Any, tb: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            hooks[0](kind, value, tb)
+        else:  # printed by a library's callback thread (tensorstore), not raised to us
+            log.error("exception in a library thread", exc_info=(kind, value, tb))
+
+    def unraisablehook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        log.error(
+            "%s: %s",
+            unraisable.err_msg or "exception ignored",
+            unraisable.object,
+            exc_info=(type(exc), exc, unraisable.exc_traceback) if exc is not None else None,
+        )
+
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+
+    def restore() -> None:
+        for name, was in propagate.items():
             logger = logging.getLogger(name)
             logger.removeHandler(handler)
-            logger.propagate = propagate
-        handler.close()
+            logger.propagate = was
+        if (sys.excepthook, sys.unraisablehook) == (excepthook, unraisablehook):
+            sys.excepthook, sys.unraisablehook = hooks
+
+    return restore
+
+
+def quiet_terminal() -> None:
+    """For the command line: TensorFlow's C++ log level (unless the user set one) with its
+    start-up lines held, warnings as one `warning:` line each, and library output that
+    arrives after a run in that run's log."""
+    global _cli
+    _cli = True
+    warnings.showwarning = _show_warning
+    user_level = TF_LOG_LEVEL in os.environ and TF_LOG_LEVEL_DEFAULTED not in os.environ
+    if user_level or "tensorflow" in sys.modules:
+        return
+    os.environ[TF_LOG_LEVEL] = DEFAULT_TF_LOG_LEVEL
+    os.environ[TF_LOG_LEVEL_DEFAULTED] = "1"
+    if not any(isinstance(f, _HeldImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _HeldImport("tensorflow"))
+
+
+def _show_warning(
+    message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """A warning of this package (raised where its code called) as one line on the terminal;
+    a library's to the library log, with where it came from."""
+    text = " ".join(str(message).split())
+    if not os.path.abspath(filename).startswith(_PACKAGE):
+        where = f"{category.__name__} at {filename}:{lineno}"
+        logging.getLogger("py.warnings").warning("%s: %s", where, text)
+        return
+    with contextlib.suppress(OSError, ValueError):
+        print(f"warning: {text}", file=file or sys.stderr)
+
+
+@contextlib.contextmanager
+def native_output_held(what: str) -> Iterator[None]:
+    """While the block runs, what is written to file descriptor 2 (C++ libraries, and
+    Python's stderr) is held in a temporary file; afterwards it waits for the next run's log,
+    or, if the block raised, goes to the terminal after all."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    failed = True
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield
+                failed = False
+            finally:
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                held.seek(0)
+                text = held.read().decode(errors="replace")
+                if failed:
+                    os.write(2, text.encode())
+                elif text:
+                    _held.append(f"--- output of {what} on start-up\n{text}")
+                    if _active:  # imported while a run starts: straight into its log
+                        _write_held(_active[-1])
+    finally:
+        os.close(saved)
+
+
+class _HeldImport(importlib.abc.MetaPathFinder):
+    """Runs the first import of one module with file descriptor 2 held (see
+    `native_output_held`); later imports are the normal ones."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        spec = None
+        for finder in sys.meta_path:  # the spec the other finders give, with this loader
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(fullname, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _HeldLoader(spec.loader, self)
+        return spec
+
+
+class _HeldLoader(importlib.abc.Loader):
+    """The loader of `_HeldImport`'s module: the real one, run with file descriptor 2 held."""
+
+    def __init__(self, loader: Any, finder: _HeldImport):
+        self.loader, self.finder = loader, finder
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self.finder)  # imported once: later imports are the normal ones
+        module.__spec__.loader = module.__loader__ = self.loader
+        with native_output_held(module.__name__):
+            self.loader.exec_module(module)

@@ -134,11 +134,24 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
 @contextlib.contextmanager
 def _claim(workdir: Path) -> Iterator[None]:
     """The run directory, created, locked by the primary process (a second `train` on it is
-    refused naming the holder) and receiving the libraries' log output."""
+    refused naming the holder) and receiving the libraries' log output.
+
+    Only the primary, the one writer of run files, takes the lock: a second job is refused
+    through its own primary, and every process of that job stops with it (the others would
+    otherwise wait for it in their next collective)."""
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
+        refused: rundir.RunLockError | None = None
         if distributed.is_primary():
-            stack.enter_context(rundir.run_lock(workdir))
+            try:
+                stack.enter_context(rundir.run_lock(workdir))
+            except rundir.RunLockError as e:
+                refused = e
+        if not distributed.agreed(int(refused is None)):
+            raise refused or rundir.RunLockError(
+                f"the run directory {workdir} is in use by another job: process 0 of this "
+                "job was refused its lock (it names the holder)"
+            )
         stack.enter_context(logfile.library_logs_to_file(workdir))
         yield
 

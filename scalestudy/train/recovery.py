@@ -108,6 +108,8 @@ def _restore_agreed(
             except Exception as e:  # could not even check: say so, move nothing
                 error = error or e
     unreadable = bool(distributed.agreed(int(reason is not None)))
+    if unreadable and reason is None:  # the primary checked it; its own line says why
+        reason = "process 0 found it damaged"
     if not (unreadable and fall_back):
         cause = describe(error) if error is not None else "it failed on another process"
         what = "is unreadable" if unreadable else "is intact but cannot be restored into this run"

@@ -1,6 +1,9 @@
 """Tiny configs shared by the train tests (equal shapes let tests reuse compiled programs)."""
 
 import os
+import shutil
+import subprocess
+import uuid
 
 import pytest
 
@@ -49,3 +52,34 @@ def tiny_cfg():
 def compilation_cache(tmp_path_factory):
     """A private persistent compilation cache, shared with subprocesses the tests start."""
     os.environ.setdefault("SCALESTUDY_JAX_CACHE", str(tmp_path_factory.mktemp("jax_cache")))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs (root only; where mounting is not allowed the test is skipped): room for
+    two tiny checkpoints, a failed save's leftovers and train.log once the filler is gone."""
+    path = tmp_path / "disk"
+    path.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", f"scalestudy-{uuid.uuid4().hex[:8]}", path],
+        capture_output=True,
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield path
+    subprocess.run(["umount", "-l", path], check=False)
+
+
+@pytest.fixture
+def fill():
+    """`fill(path, leave)`: fill the file system of `path` until `leave` bytes are free."""
+
+    def fill(path, leave: int) -> None:
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize
+        with (path / "filler").open("wb") as f:
+            f.write(b"\0" * max(free - leave, 0))
+
+    return fill

@@ -5,13 +5,11 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 
 import jax
 import numpy as np
@@ -49,24 +47,6 @@ def straight(tiny_cfg, tmp_path_factory):
     return losses(workdir)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MiB tmpfs (root only; where mounting is not allowed the test is skipped): room for
-    two tiny checkpoints, a failed save's leftovers and train.log once the filler is gone."""
-    path = tmp_path / "disk"
-    path.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", f"scalestudy-{uuid.uuid4().hex[:8]}", path],
-        capture_output=True,
-    )
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    yield path
-    subprocess.run(["umount", "-l", path], check=False)
-
-
 def remount_read_only(path) -> None:
     """Remount the small disk read-only. The kernel refuses while a file on it is open for
     writing; a library's writer from an earlier run may still be closing (a background thread
@@ -87,14 +67,6 @@ def remount_read_only(path) -> None:
             if target.startswith(str(path)):
                 holders.append(target)
     raise AssertionError(f"cannot remount {path} read-only: {done.stderr.strip()}; open: {holders}")
-
-
-def fill(path, leave: int) -> None:
-    """Fill the file system of `path` until `leave` bytes are free."""
-    st = os.statvfs(path)
-    free = st.f_bavail * st.f_frsize
-    with (path / "filler").open("wb") as f:
-        f.write(b"\0" * max(free - leave, 0))
 
 
 def test_a_changed_config_is_refused_and_nothing_is_touched(tiny_cfg, straight, tmp_path):
@@ -157,7 +129,7 @@ def test_a_workdir_that_is_a_file(tiny_cfg, tmp_path, capsys):
     assert path.read_text() == "not a directory"
 
 
-def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_disk):
+def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_disk, fill):
     """A save that fails on a full disk stops the run at that save with one error naming it,
     earlier checkpoints stay and the run resumes exactly once space is back, even with a torn
     last metrics line; a read-only run directory is one error too."""

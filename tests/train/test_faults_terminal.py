@@ -1,0 +1,215 @@
+"""What a user's terminal shows when a run meets a fault: the run's own line, nothing from
+the libraries. TensorFlow's C++ start-up lines, and the tracebacks that tensorstore's and
+asyncio's leftovers of a failed save print, go to the run's train.log instead."""
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from scalestudy.config import to_yaml
+from scalestudy.train import logfile, loop, rundir, saved
+
+
+def _user_env() -> dict[str, str]:
+    """The environment of a user who has not chosen a TensorFlow log level (the test session
+    sets one)."""
+    drop = (logfile.TF_LOG_LEVEL, logfile.TF_LOG_LEVEL_DEFAULTED)
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _cli_train(tmp_path, cfg, *more) -> tuple[int, list[str]]:
+    """`scalestudy train` as a user runs it; (exit status, stderr lines)."""
+    (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
+    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    done = subprocess.run(
+        [*command, "--workdir", "run", *more],
+        cwd=tmp_path,
+        env=_user_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return done.returncode, done.stderr.splitlines()
+
+
+def _flip_bytes(path, n=16):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + n] = bytes(b ^ 0xFF for b in data[middle : middle + n])
+    path.write_bytes(bytes(data))
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def test_a_config_error_is_the_only_output(tiny_cfg, tmp_path):
+    code, lines = _cli_train(tmp_path, tiny_cfg("causal_decoder"), "model.d_model=banana")
+    assert code == 2 and lines[0] == "error: cfg.yaml: invalid config:", lines
+    assert lines[1:] == ["  model.d_model: Input should be a valid integer; got 'banana'"]
+
+
+@pytest.mark.slow
+def test_a_config_error_found_once_the_data_starts_is_the_only_line(tiny_cfg, tmp_path):
+    """A vocabulary too small for the data is found after TensorFlow has started."""
+    code, lines = _cli_train(tmp_path, tiny_cfg("causal_decoder"), "model.vocab_size=64")
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and "vocab_size" in lines[0]
+
+
+def test_a_run_lock_refusal_is_the_only_line(tiny_cfg, tmp_path):
+    (tmp_path / "run").mkdir()
+    with rundir.run_lock(tmp_path / "run") as holder:
+        code, lines = _cli_train(tmp_path, tiny_cfg("causal_decoder"))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: the run directory") and f"pid {holder['pid']}" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_nan_is_the_only_line(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=4", "optim.learning_rate=1e30")
+    code, lines = _cli_train(tmp_path, cfg)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: training loss is nan at step")
+
+
+@pytest.mark.slow
+def test_a_corrupt_checkpoint_is_one_warning_line(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
+    loop.train(cfg, tmp_path / "run")
+    files = [p for p in (tmp_path / "run" / "checkpoints" / "8" / "train").rglob("*")]
+    _flip_bytes(max((p for p in files if p.is_file()), key=lambda p: p.stat().st_size))
+    code, lines = _cli_train(tmp_path, cfg)
+    assert code == 0 and len(lines) == 1, lines
+    assert lines[0].startswith("warning: checkpoint at step 8 cannot be restored")
+    assert "checksums" in lines[0] and saved.latest_step(tmp_path / "run") == 8
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_the_only_line(tiny_cfg, small_disk, fill):
+    """The failed save's writer threads print tracebacks (tensorstore's callbacks on a closed
+    event loop, asyncio's never-retrieved futures) before and after the error: none of them
+    reaches the terminal."""
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=4"), small_disk / "run")
+    fill(small_disk, leave=160 * 1024)
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=40")
+    code, lines = _cli_train(small_disk, cfg)
+    assert code == 2 and len(lines) == 1, lines[:40]
+    assert lines[0].startswith("error: cannot write the checkpoint of step 8")
+    assert "No space left on device" in lines[0] and saved.latest_step(small_disk / "run") == 4
+
+
+# ----------------------------------------------------------------------------- the mechanisms
+
+
+def test_native_output_is_held_for_the_runs_log_or_shown_on_failure(tmp_path, capfd):
+    with logfile.native_output_held("a library"):
+        os.write(2, b"I0000 a C++ start-up line\n")
+    assert capfd.readouterr().err == ""
+    with logfile.library_logs_to_file(tmp_path):
+        pass
+    log = rundir.log_path(tmp_path).read_text()
+    assert "output of a library on start-up\nI0000 a C++ start-up line\n" in log
+
+    with pytest.raises(ImportError), logfile.native_output_held("a broken library"):
+        os.write(2, b"why it failed\n")
+        raise ImportError("broken")
+    assert capfd.readouterr().err == "why it failed\n"  # a failure shows what it said
+
+
+def test_the_first_import_is_held_and_later_ones_are_normal(tmp_path, capfd, monkeypatch):
+    (tmp_path / "noisy_native.py").write_text("import os\nos.write(2, b'native noise\\n')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", [logfile._HeldImport("noisy_native"), *sys.meta_path])
+    monkeypatch.setattr(logfile, "_held", [])
+    import noisy_native
+
+    assert capfd.readouterr().err == ""
+    assert logfile._held == ["--- output of noisy_native on start-up\nnative noise\n"]
+    assert not any(isinstance(f, logfile._HeldImport) for f in sys.meta_path)
+    del sys.modules["noisy_native"]
+    import noisy_native  # noqa: F401, F811
+
+    assert capfd.readouterr().err == "native noise\n"
+    del sys.modules["noisy_native"]
+
+
+def test_a_users_tensorflow_log_level_is_left_alone(monkeypatch):
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    monkeypatch.setattr(logfile, "_cli", False)
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    monkeypatch.setenv(logfile.TF_LOG_LEVEL, "0")
+    monkeypatch.delenv(logfile.TF_LOG_LEVEL_DEFAULTED, raising=False)
+    logfile.quiet_terminal()
+    assert os.environ[logfile.TF_LOG_LEVEL] == "0"
+    assert not any(isinstance(f, logfile._HeldImport) for f in sys.meta_path)
+    monkeypatch.delenv(logfile.TF_LOG_LEVEL)
+    logfile.quiet_terminal()
+    assert os.environ[logfile.TF_LOG_LEVEL] == logfile.DEFAULT_TF_LOG_LEVEL
+    assert os.environ[logfile.TF_LOG_LEVEL_DEFAULTED] == "1"
+    assert sum(isinstance(f, logfile._HeldImport) for f in sys.meta_path) == 1
+    logfile.quiet_terminal()  # a subprocess inherits both variables: still the default
+    assert sum(isinstance(f, logfile._HeldImport) for f in sys.meta_path) == 1
+
+
+def test_library_thread_tracebacks_and_late_records_go_to_the_log(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(logfile, "_cli", True)
+    hooks = sys.excepthook, sys.unraisablehook
+
+    def callback_on_a_closed_loop():  # what tensorstore's completion callback prints
+        try:
+            raise RuntimeError("Event loop is closed")
+        except RuntimeError:
+            sys.excepthook(*sys.exc_info())
+
+    try:
+        with logfile.library_logs_to_file(tmp_path):
+            thread = threading.Thread(target=callback_on_a_closed_loop)
+            thread.start()
+            thread.join()
+        # After the run, as asyncio does at garbage collection or at exit.
+        logging.getLogger("asyncio").error("Future exception was never retrieved")
+    finally:
+        while logfile._after:
+            logfile._after.pop()()
+    assert (sys.excepthook, sys.unraisablehook) == hooks
+    assert capfd.readouterr().err == ""
+    log = rundir.log_path(tmp_path).read_text()
+    assert "RuntimeError: Event loop is closed" in log
+    assert "asyncio: Future exception was never retrieved" in log
+
+
+def test_warnings_of_the_package_are_one_line_and_the_libraries_go_to_the_log(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(warnings, "showwarning", logfile._show_warning)
+    ours = str(Path(logfile.__file__).parent / "loop.py")
+    with logfile.library_logs_to_file(tmp_path):
+        warnings.warn_explicit("checkpoint at step 8\ncannot be restored", UserWarning, ours, 86)
+        warnings.warn_explicit("a deprecated call", FutureWarning, "/lib/site/x.py", 3)
+    assert capsys.readouterr().err == "warning: checkpoint at step 8 cannot be restored\n"
+    log = rundir.log_path(tmp_path).read_text()
+    assert "py.warnings: FutureWarning at /lib/site/x.py:3: a deprecated call" in log
+
+
+def test_a_log_on_a_full_disk_never_hides_the_runs_error(tmp_path, capfd):
+    """The library log shares the disk the run filled: its records and its last buffer are
+    dropped, and the run's own error is the one raised."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (writes fail with ENOSPC)")
+    rundir.log_path(tmp_path).symlink_to("/dev/full")
+
+    class SaveFailed(Exception):
+        pass
+
+    with pytest.raises(SaveFailed), logfile.library_logs_to_file(tmp_path):
+        for _ in range(100):  # more than one buffer
+            logging.getLogger("orbax").error("a failed write of the save " + "x" * 200)
+        raise SaveFailed
+    assert capfd.readouterr().err == ""
