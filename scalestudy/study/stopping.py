@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
+from scalestudy.train import logfile
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -177,6 +178,7 @@ def worker_init(parent: int, stop: Any, grace_s: float = 300.0) -> None:
     Terminal Ctrl-C reaches every process of the foreground group; the study decides, so a
     worker ignores SIGINT outside the training loop."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # workers share a GPU
+    logfile.quiet_terminal()  # a worker's library output goes to its runs' logs, as the study's
     _worker.update(parent=parent, stop=stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
