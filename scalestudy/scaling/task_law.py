@@ -35,17 +35,31 @@ from scalestudy.scaling.table import RunTable, ScalingDataError
 TASK_FORMS = ("auto", "chinchilla3", "chinchilla3_noE", "kaplan_n", "kaplan_d", "kaplan_c")
 SIGMOID = "acc = b + a / (1 + exp(k (L_t - L0)))"
 FLAT_ACC = 0.02  # accuracies spanning less than this cannot place a sigmoid
+# A task's groups get laws of their own up to this many (each costs a bootstrap of both steps).
+MAX_GROUPS = 8
 
 
-def task_names(table: RunTable, loss_metric: str = "task_loss", acc_metric: str = "acc"):
-    """Tasks with both a task-loss and an accuracy column (`eval/<task>/<metric>`)."""
+def task_names(
+    table: RunTable,
+    loss_metric: str = "task_loss",
+    acc_metric: str = "acc",
+    max_groups: int = MAX_GROUPS,
+) -> list[str]:
+    """Tasks with both a task-loss and an accuracy column (`eval/<task>/<metric>`), and the
+    groups of a task with at most `max_groups` of them (`eval/<task>/<group>/<metric>`, named
+    `<task>/<group>`: the synthetic probes, say, but not BLiMP's 67 paradigms)."""
     names = []
     for col in table.extra:
         parts = col.split("/")
-        is_loss = len(parts) == 3 and parts[0] == "eval" and parts[2] == loss_metric
-        if is_loss and f"eval/{parts[1]}/{acc_metric}" in table.extra:
-            names.append(parts[1])
-    return sorted(names)
+        is_loss = len(parts) in (3, 4) and parts[0] == "eval" and parts[-1] == loss_metric
+        name = "/".join(parts[1:-1])
+        if is_loss and f"eval/{name}/{acc_metric}" in table.extra:
+            names.append(name)
+    groups: dict[str, int] = {}
+    for name in names:
+        if "/" in name:
+            groups[name.split("/")[0]] = groups.get(name.split("/")[0], 0) + 1
+    return sorted(n for n in names if "/" not in n or groups[n.split("/")[0]] <= max_groups)
 
 
 def sigmoid(L: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -297,7 +311,8 @@ def fit_task_laws(
 
 def task_loss_from_examples(logprob_gold, n_units_gold) -> float:
     """A task's task loss from per-example scores: the mean over examples of the correct
-    answer's negative log-likelihood per unit (tokens, or bytes for a tokenizer-free one)."""
+    answer's negative log-likelihood per unit. The evaluator's `eval/<task>/task_loss` is this
+    with bytes as the unit (each record's gold choice: `logprob` over `bytes`)."""
     lp = np.asarray(logprob_gold, dtype=np.float64)
     n = np.asarray(n_units_gold, dtype=np.float64)
     if lp.shape != n.shape or not lp.size or (n <= 0).any():
