@@ -43,6 +43,9 @@ def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
     # Matched comparisons name what is held equal; one seed gives no between-run interval.
     assert "## Matched comparisons" in report and "Held equal: " in report
     assert "not a between-run interval" in report
+    # Two sizes are too few for a task law, and the report says so.
+    assert "## Zero-shot task laws" in report
+    assert "task law of synthetic_probes, synthetic_probes/friend_name" in report
     assert all(r["data_seed"] == 0 and r["loss_tokens"] for r in runs)
     assert any((out / "figures").glob("*.png")) and (out / "report.html").is_file()
     assert (out / "fits.json").is_file()
