@@ -117,7 +117,7 @@ def fig_task_law(t: RunTable, fits: dict, cell: str | None = None):
         _task_loss_panel(ax_l, sub, task, fit, m["task_loss"], style)
         _accuracy_panel(ax_a, sub, task, fit, m, style)
     fig.suptitle(f"task laws: {cell}", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 1.0 - 0.25 / len(fitted)))  # room for the title
     return fig
 
 
