@@ -2,6 +2,9 @@
 
 - multiple choice: `acc` (argmax of the sum), `acc_norm` (argmax of the sum divided by the
   choice's length in characters), as the public harnesses define them;
+- multiple choice and last word: `task_loss`, the correct continuation's negative
+  log-likelihood in nats per UTF-8 byte, averaged over examples (the quantity a task law's
+  first step fits; per byte, so that it compares across vocabularies);
 - last word (LAMBADA): `acc` (greedy exact match of all target tokens) and `ppl`
   (exp of minus the mean per-example log-likelihood) from the same pass;
 - text: `loss` (nats per token), `ppl`, `bpb` (bits per UTF-8 byte, comparable across
@@ -67,6 +70,33 @@ def choice_metrics(
     out[f"{prefix}/n"] = len(examples)
     # Expected accuracy of a uniform random guess, so that every table can show chance.
     out[f"{prefix}/chance"] = float(np.mean([1.0 / len(ex.choices) for ex in examples]))
+    return out
+
+
+def continuation_bytes(task: Task, choice: str) -> int:
+    """UTF-8 bytes of a scored continuation: the task's delimiter and the choice, as scored."""
+    return len((task.delimiter + choice).encode("utf-8"))
+
+
+def task_loss_metrics(
+    task: Task, examples: list[Example], scored: Scored, prefix: str
+) -> dict[str, float]:
+    """`<prefix>/task_loss`: the mean over examples of the gold continuation's negative
+    log-likelihood per UTF-8 byte (nats); per group too (`<prefix>/<group>/task_loss`) when
+    groups differ. Every example counts once, whatever the task's accuracy aggregate."""
+    nll, groups = [], []
+    pair = 0
+    for ex in examples:
+        gold = pair + ex.gold
+        nll.append(-float(scored.logprob[gold]) / continuation_bytes(task, ex.choices[ex.gold]))
+        groups.append(ex.group)
+        pair += len(ex.choices)
+    nll_E, groups_E = np.asarray(nll, dtype=np.float64), np.asarray(groups)
+    out = {f"{prefix}/task_loss": float(nll_E.mean())}
+    names = sorted(set(groups))
+    if len(names) > 1:
+        for g in names:
+            out[f"{prefix}/{g}/task_loss"] = float(nll_E[groups_E == g].mean())
     return out
 
 

@@ -21,7 +21,13 @@ from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.evaluate.budget import fit_pairs, text_lengths
 from scalestudy.evaluate.examples import Task
-from scalestudy.evaluate.metrics import Scored, choice_metrics, last_word_metrics, text_metrics
+from scalestudy.evaluate.metrics import (
+    Scored,
+    choice_metrics,
+    last_word_metrics,
+    task_loss_metrics,
+    text_metrics,
+)
 from scalestudy.evaluate.pairs import limit_examples, text_windows, tokenize_pairs
 from scalestudy.evaluate.records import example_records, window_records
 from scalestudy.evaluate.results import write_examples, write_results
@@ -79,6 +85,7 @@ def evaluate_task(
             out = last_word_metrics(scored, prefix)
         else:
             out = choice_metrics(task, examples, scored, prefix)
+        out |= task_loss_metrics(task, examples, scored, prefix)
         if records is not None:
             records += example_records(task, examples, scored, fitted)
     out[f"{prefix}/truncated"] = truncated

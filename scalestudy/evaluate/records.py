@@ -14,15 +14,15 @@ import numpy as np
 
 from scalestudy.evaluate.budget import Fitted
 from scalestudy.evaluate.examples import Example, Task
-from scalestudy.evaluate.metrics import Scored
+from scalestudy.evaluate.metrics import Scored, continuation_bytes
 
 
-def _choice(text: str, delimiter: str, lp: float, n: int, greedy: bool) -> dict[str, Any]:
+def _choice(task: Task, text: str, lp: float, n: int, greedy: bool) -> dict[str, Any]:
     return {
         "text": text,
         "logprob": float(lp),
         "tokens": int(n),
-        "bytes": len((delimiter + text).encode("utf-8")),
+        "bytes": continuation_bytes(task, text),
         "chars": len(text),
         "greedy": bool(greedy),
     }
@@ -38,7 +38,7 @@ def example_records(
         k = len(ex.choices)
         sl = slice(pair, pair + k)
         choices = [
-            _choice(c, task.delimiter, lp, n, g)
+            _choice(task, c, lp, n, g)
             for c, lp, n, g in zip(
                 ex.choices,
                 scored.logprob[sl],

@@ -16,11 +16,10 @@ import numpy as np
 
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling.figstyle import cell_style, cell_styles  # noqa: F401 (public names)
-from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.plot_allocation import fig_allocation, fig_isoflops
 from scalestudy.scaling.report import loss_at_compute
 from scalestudy.scaling.table import RunTable
-from scalestudy.scaling.task_law import sigmoid
+from scalestudy.scaling.task_law_plots import task_law_figures
 
 
 def fig_loss_vs_compute(t: RunTable, fits: dict):
@@ -220,67 +219,6 @@ def fig_residuals(t: RunTable, fits: dict):
     return fig
 
 
-def fig_task_law(t: RunTable, fits: dict, rows: int = 4):
-    """Task laws, one row per fitted (cell, task): task loss observed against the law's
-    prediction by N, and accuracy against task loss with the sigmoid and the backtest."""
-    laws = fits.get("task_laws", {})
-    m = laws.get("metrics", {})
-    fitted = [
-        (cell, task, fit)
-        for cell, tasks in laws.get("cells", {}).items()
-        for task, fit in tasks.items()
-        if "skipped" not in fit
-    ][:rows]
-    if not fitted:
-        return None
-    fig, axs = plt.subplots(len(fitted), 2, figsize=(10, 4 * len(fitted)), squeeze=False)
-    for (ax_l, ax_a), (cell, task, fit) in zip(axs, fitted):
-        sub = t.subset(cell)
-        idx = [sub.run_id.index(r) for r in fit["runs"]]
-        L = sub.extra[f"eval/{task}/{m['task_loss']}"][idx]
-        acc = sub.extra[f"eval/{task}/{m['accuracy']}"][idx]
-        form = get_form(fit["task_loss"]["form"])
-        cols = {"N": sub.N[idx], "D": sub.D[idx], "C": sub.C[idx]}
-        x = np.log(np.stack([cols[v] for v in form.inputs]))
-        pred = np.exp(form.predict(np.array([fit["task_loss"]["theta"]]), x)[0][0])
-        style = fs.cell_style(cell)
-        ax_l.scatter(cols["N"], L, label="observed", edgecolor="k", lw=0.3, **style)
-        ax_l.scatter(cols["N"], pred, marker="x", color="k", label=fit["task_loss"]["formula"])
-        fs.axes(ax_l, "parameters N", f"task loss ({m['task_loss']})")
-        ax_l.set_title(f"{cell} / {task}: task loss", fontsize=9)
-        fs.legend(ax_l, 6)
-        p = [fit["accuracy"]["params"][k]["value"] for k in ("L0", "k", "a", "b")]
-        grid = np.linspace(L.min() * 0.9, L.max() * 1.1, 200)
-        ax_a.scatter(L, acc, edgecolor="k", lw=0.3, label="runs", **style)
-        ax_a.plot(grid, sigmoid(grid, np.array(p)), color="k", lw=1.0, label="sigmoid fit")
-        bt = fit.get("backtest")
-        if bt and "skipped" not in bt:
-            ci = bt["predicted_ci"]
-            yerr = None if ci is None else [[bt["predicted"] - ci[0]], [ci[1] - bt["predicted"]]]
-            ax_a.errorbar(
-                [bt["task_loss_predicted"]],
-                [bt["predicted"]],
-                yerr=yerr,
-                fmt="D",
-                color="r",
-                capsize=3,
-                label=f"backtest: predicted at N = {bt['N']:.3g} (error {bt['error']:+.3f})",
-            )
-            ax_a.scatter(
-                [bt["task_loss_observed"]],
-                [bt["observed"]],
-                marker="*",
-                s=120,
-                color="r",
-                label="held-out largest size, observed",
-            )
-        fs.axes(ax_a, f"task loss ({m['task_loss']})", f"accuracy ({m['accuracy']})", logy=False)
-        ax_a.set_xscale("linear")
-        ax_a.set_title(f"{cell} / {task}: accuracy from task loss", fontsize=9)
-        fs.legend(ax_a, 6)
-    return fig
-
-
 FIGURES = {
     "loss_vs_compute": (fig_loss_vs_compute, True),  # (draw, needs compute)
     "isoflops": (fig_isoflops, False),
@@ -288,7 +226,6 @@ FIGURES = {
     "optimal_allocation": (fig_allocation, True),
     "zero_shot_vs_compute": (fig_zero_shot, True),
     "residuals": (fig_residuals, False),
-    "task_law": (fig_task_law, False),
 }
 
 
@@ -305,4 +242,4 @@ def make_all_plots(table: RunTable, fits: dict, out_dir: str | Path) -> list[Pat
         fig = draw(table, fits)
         if fig is not None:
             paths += fs.save(fig, out, name)
-    return paths
+    return paths + task_law_figures(table, fits, out)

@@ -35,17 +35,31 @@ from scalestudy.scaling.table import RunTable, ScalingDataError
 TASK_FORMS = ("auto", "chinchilla3", "chinchilla3_noE", "kaplan_n", "kaplan_d", "kaplan_c")
 SIGMOID = "acc = b + a / (1 + exp(k (L_t - L0)))"
 FLAT_ACC = 0.02  # accuracies spanning less than this cannot place a sigmoid
+# A task's groups get laws of their own up to this many (each costs a bootstrap of both steps).
+MAX_GROUPS = 8
 
 
-def task_names(table: RunTable, loss_metric: str = "task_loss", acc_metric: str = "acc"):
-    """Tasks with both a task-loss and an accuracy column (`eval/<task>/<metric>`)."""
+def task_names(
+    table: RunTable,
+    loss_metric: str = "task_loss",
+    acc_metric: str = "acc",
+    max_groups: int = MAX_GROUPS,
+) -> list[str]:
+    """Tasks with both a task-loss and an accuracy column (`eval/<task>/<metric>`), and the
+    groups of a task with at most `max_groups` of them (`eval/<task>/<group>/<metric>`, named
+    `<task>/<group>`: the synthetic probes, say, but not BLiMP's 67 paradigms)."""
     names = []
     for col in table.extra:
         parts = col.split("/")
-        is_loss = len(parts) == 3 and parts[0] == "eval" and parts[2] == loss_metric
-        if is_loss and f"eval/{parts[1]}/{acc_metric}" in table.extra:
-            names.append(parts[1])
-    return sorted(names)
+        is_loss = len(parts) in (3, 4) and parts[0] == "eval" and parts[-1] == loss_metric
+        name = "/".join(parts[1:-1])
+        if is_loss and f"eval/{name}/{acc_metric}" in table.extra:
+            names.append(name)
+    groups: dict[str, int] = {}
+    for name in names:
+        if "/" in name:
+            groups[name.split("/")[0]] = groups.get(name.split("/")[0], 0) + 1
+    return sorted(n for n in names if "/" not in n or groups[n.split("/")[0]] <= max_groups)
 
 
 def sigmoid(L: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -57,33 +71,44 @@ def sigmoid(L: np.ndarray, p: np.ndarray) -> np.ndarray:
         return b + a / (1.0 + np.exp(k * (np.asarray(L) - L0)))
 
 
-def fit_sigmoid(L_P, acc_P, w_P, chance: float | None) -> np.ndarray:
-    """(L0, k, a, b) by weighted least squares; b = chance when given; k >= 0, a, b in [0, 1]."""
+def fit_sigmoid(L_P, acc_P, w_P, chance: float | None, start=None) -> np.ndarray:
+    """(L0, k, a, b) by weighted least squares; b = chance when given; k >= 0, a, b in [0, 1].
+
+    From a grid of starting points, or from `start` alone (a bootstrap resample starts from
+    the point fit: nine starts per resample made the bootstrap the slowest part of a report).
+    """
     L_P, acc_P, w_P = (np.asarray(v, dtype=np.float64) for v in (L_P, acc_P, w_P))
     keep = w_P > 0
     L, acc, sw = L_P[keep], acc_P[keep], np.sqrt(w_P[keep])
     spread = max(float(np.ptp(L)), 1e-3)
     b0 = chance if chance is not None else float(acc.min())
     best = None
-    for L0 in np.percentile(L, [25.0, 50.0, 75.0]):
-        for k in (1.0 / spread, 4.0 / spread, 16.0 / spread):
-            if chance is None:
-                x0 = [L0, k, max(float(acc.max()) - b0, 1e-3), b0]
-                lo, hi = [-np.inf, 0.0, 0.0, 0.0], [np.inf, np.inf, 1.0, 1.0]
+    if start is None:
+        starts = [
+            (L0, k, max(float(acc.max()) - b0, 1e-3), b0)
+            for L0 in np.percentile(L, [25.0, 50.0, 75.0])
+            for k in (1.0 / spread, 4.0 / spread, 16.0 / spread)
+        ]
+    else:
+        starts = [tuple(np.asarray(start, dtype=np.float64))]
+    for L0, k, a0, b_start in starts:
+        if chance is None:
+            x0 = [L0, k, a0, b_start]
+            lo, hi = [-np.inf, 0.0, 0.0, 0.0], [np.inf, np.inf, 1.0, 1.0]
 
-                def resid(q):
-                    return sw * (sigmoid(L, q) - acc)
-            else:
-                x0 = [L0, k, max(float(acc.max()) - b0, 1e-3)]
-                lo, hi = [-np.inf, 0.0, 0.0], [np.inf, np.inf, 1.0]
+            def resid(q):
+                return sw * (sigmoid(L, q) - acc)
+        else:
+            x0 = [L0, k, a0]
+            lo, hi = [-np.inf, 0.0, 0.0], [np.inf, np.inf, 1.0]
 
-                def resid(q):
-                    return sw * (sigmoid(L, [*q, chance]) - acc)
+            def resid(q):
+                return sw * (sigmoid(L, [*q, chance]) - acc)
 
-            x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
-            r = least_squares(resid, x0, bounds=(lo, hi))
-            if best is None or r.cost < best.cost:
-                best = r
+        x0 = np.clip(x0, np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+        r = least_squares(resid, x0, bounds=(lo, hi))
+        if best is None or r.cost < best.cost:
+            best = r
     p = best.x if chance is None else np.append(best.x, chance)
     return np.asarray(p, dtype=np.float64)
 
@@ -127,7 +152,7 @@ def _two_steps(form, x, L, acc, counts_RP, chance, s):
             fit_delta(form, s.huber_delta),
             s.top_k,
         )
-        sig_R = np.array([fit_sigmoid(L, acc, w, chance) for w in counts_RP])
+        sig_R = np.array([fit_sigmoid(L, acc, w, chance, start=sig) for w in counts_RP])
     return theta, sig, theta_R, sig_R
 
 
@@ -297,7 +322,8 @@ def fit_task_laws(
 
 def task_loss_from_examples(logprob_gold, n_units_gold) -> float:
     """A task's task loss from per-example scores: the mean over examples of the correct
-    answer's negative log-likelihood per unit (tokens, or bytes for a tokenizer-free one)."""
+    answer's negative log-likelihood per unit. The evaluator's `eval/<task>/task_loss` is this
+    with bytes as the unit (each record's gold choice: `logprob` over `bytes`)."""
     lp = np.asarray(logprob_gold, dtype=np.float64)
     n = np.asarray(n_units_gold, dtype=np.float64)
     if lp.shape != n.shape or not lp.size or (n <= 0).any():

@@ -93,7 +93,9 @@ def wilson(k: float, n: float, z: float = Z95) -> tuple[float, float]:
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # Around p itself: at p = 1 (or 0) rounding can leave the bound a hair inside p, and a
+    # negative error bar stops matplotlib.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def logistic_slope(

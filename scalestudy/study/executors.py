@@ -37,10 +37,12 @@ def _finished_summary(workdir: Path, steps: int) -> dict | None:
 
 
 def _default_train(cfg: Any, workdir: Path) -> dict:
+    """Train and evaluate one run; its per-example scores go to its own directory, as those
+    of `scalestudy eval` do (evaluate/results.py)."""
     from scalestudy.evaluate import rank
     from scalestudy.train import loop
 
-    return loop.train(cfg, workdir, eval_fn=rank.make_eval_fn(cfg))
+    return loop.train(cfg, workdir, eval_fn=rank.make_eval_fn(cfg, workdir))
 
 
 def _needs_eval(cfg: Any, summary: dict) -> bool:

@@ -19,8 +19,8 @@ from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.plots import make_all_plots
 from scalestudy.scaling.report import write_json
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
-from scalestudy.scaling.task_law import fit_task_laws, task_names
 from scalestudy.study.registry import load_curves, load_runs
+from scalestudy.study.task_laws import study_task_laws
 
 REGISTRY_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 
@@ -140,11 +140,7 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
     except ScalingDataError as e:
         warnings.warn(f"fit: {e}; fitting the laws the data support instead", stacklevel=2)
         fits = fit_cells(table, replace(settings, laws=("auto",)))
-    if task_names(table):
-        try:
-            fits["task_laws"] = fit_task_laws(table, settings, holdout_largest=True)
-        except ScalingDataError as e:
-            fits["task_laws"] = {"skipped": str(e)}
+    fits["task_laws"] = study_task_laws(table, settings)
     write_json(fits, Path(out) / "fits.json")
     return fits, make_all_plots(table, fits, Path(out) / "figures")
 
@@ -156,13 +152,9 @@ def fmt(x: Any, spec: str = ".3g") -> str:
     return format(x, spec)
 
 
-def _iv(ci) -> str:
-    return f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
-
-
 def fits_lines(fits: dict[str, Any]) -> list[str]:
     """The report's fits: per cell and law the fitted formula and each parameter with its
-    bootstrap interval; then the task laws and their backtests, when fitted."""
+    bootstrap interval (the task laws have a section of their own: `task_laws.section`)."""
     if not fits.get("cells"):
         return []
     data = fits.get("data", {})
@@ -191,49 +183,4 @@ def fits_lines(fits: dict[str, Any]) -> list[str]:
             flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
             warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
             lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
-    return lines + _task_law_lines(fits.get("task_laws"))
-
-
-def _task_law_lines(laws: dict[str, Any] | None) -> list[str]:
-    """Task laws: per cell and task, both steps and the backtest of the largest size."""
-    if not laws:
-        return []
-    if "skipped" in laws:
-        return ["", f"Task laws were not fitted: {laws['skipped']}"]
-    m = laws["metrics"]
-    lines = [
-        "",
-        f"**Task laws** ({laws['method']}; task loss `{m['task_loss']}`, accuracy "
-        f"`{m['accuracy']}`). Backtest: fitted on every size but the largest, then the "
-        "largest size's accuracy predicted; error = predicted - observed.",
-        "",
-        "| cell | task | task-loss law | accuracy from task loss | backtest (largest N) |",
-        "|---|---|---|---|---|",
-    ]
-    for cell, tasks in laws["cells"].items():
-        for task, fit in tasks.items():
-            if "skipped" in fit:
-                lines.append(f"| {cell} | {task} | skipped: {fit['skipped']} | | |")
-                continue
-            cols = []
-            for step in ("task_loss", "accuracy"):
-                part = fit[step]
-                params = "; ".join(
-                    f"{k} = {fmt(p['value'])}{_iv(p.get('ci'))}" for k, p in part["params"].items()
-                )
-                flags = " / ".join(part["flags"])
-                cols.append(
-                    f"{part['formula']}: {params}" + (f" **flagged**: {flags}" if flags else "")
-                )
-            bt = fit.get("backtest") or {}
-            if "skipped" in bt or not bt:
-                cols.append(bt.get("skipped", "-"))
-            else:
-                cols.append(
-                    f"N = {fmt(bt['N'])}: predicted {bt['predicted']:.3f}"
-                    f"{_iv(bt['predicted_ci'])}, observed {bt['observed']:.3f}"
-                    f"{_iv(bt.get('observed_ci'))}, error {bt['error']:+.3f}{_iv(bt['error_ci'])}"
-                )
-            cells = " | ".join(c.replace("|", "/") for c in cols)
-            lines.append(f"| {cell} | {task} | {cells} |")
     return lines

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
-from scalestudy.study import comparisons
+from scalestudy.study import comparisons, task_laws
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
@@ -265,6 +265,7 @@ def render_markdown(
     )
     if fits or notes:
         lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
+    lines += task_laws.section(fits)
     if figures:
         lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
     if loss_tokens is not None:

@@ -342,7 +342,7 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
     if evaluate and cfg.eval.tasks:
         from scalestudy.evaluate.rank import make_eval_fn
 
-        eval_fn = make_eval_fn(cfg)
+        eval_fn = make_eval_fn(cfg, out)
         before = (read_lineage(out) or {}).get("eval_before")
         if before is None:  # the parent zero-shot with the very same tasks, prompts, lengths
             before = _evaluate_parent(cfg, record, eval_fn)

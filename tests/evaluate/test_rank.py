@@ -177,6 +177,40 @@ def test_acc_and_acc_norm_definitions(shared_data: Path) -> None:
     assert out["arc_easy/acc_norm"] == np.mean(
         [np.argmin(b / c) for b, c in zip(nbytes, chars)] == gold
     )
+    # Task loss is per byte: a model paying 2 nats on every byte has task loss 2, whatever
+    # the answers' lengths.
+    assert out["arc_easy/task_loss"] == pytest.approx(2.0)
+
+
+def test_task_loss_is_the_gold_nll_per_byte_of_the_example_files(built, tmp_path: Path) -> None:
+    from scalestudy.evaluate.results import write_examples
+    from scalestudy.scaling.task_law import task_loss_from_examples
+
+    cfg, model, params, scorer = built
+    task = load_task("synthetic_probes")
+    records: dict[str, list[dict]] = {}
+    out = rank.evaluate_params(
+        cfg, model, params, tasks=[task], max_examples=6, scorer=scorer, records=records
+    )
+    write_examples(tmp_path, 3, records)
+    rows = _read_jsonl(examples_path(tmp_path, 3, "synthetic_probes"))
+    golds = [r["choices"][r["gold"]] for r in rows]
+    per_byte = np.array(
+        [-g["logprob"] / len((task.delimiter + g["text"]).encode("utf-8")) for g in golds]
+    )
+    assert out["synthetic_probes/task_loss"] == pytest.approx(per_byte.mean(), rel=1e-12)
+    assert out["synthetic_probes/task_loss"] == pytest.approx(
+        task_loss_from_examples([g["logprob"] for g in golds], [g["bytes"] for g in golds])
+    )
+    groups = sorted({r["group"] for r in rows})
+    assert len(groups) == 5
+    for g in groups:
+        mine = per_byte[[r["group"] == g for r in rows]]
+        assert out[f"synthetic_probes/{g}/task_loss"] == pytest.approx(mine.mean(), rel=1e-12)
+    # An untrained model pays about log(vocab) nats per byte on the answer.
+    assert (
+        0.5 * math.log(cfg.model.vocab_size) < per_byte.mean() < 2 * math.log(cfg.model.vocab_size)
+    )
 
 
 def test_last_word_and_text_metrics(tmp_path: Path) -> None:
@@ -190,6 +224,8 @@ def test_last_word_and_text_metrics(tmp_path: Path) -> None:
     assert out["lw/acc"] == 0.5
     assert out["lw/ppl"] == pytest.approx(math.exp(2.0))  # exp(-mean per-example loglik)
     assert out["lw/ppl_token"] == pytest.approx(math.exp(4.0 / 8))
+    # The delimiter's byte is scored too: " bc" is 3 bytes, " efgh" 5.
+    assert out["lw/task_loss"] == pytest.approx((1.0 / 3 + 3.0 / 5) / 2)
     text = tmp_path / "t.txt"
     text.write_text("hello world, " * 20)
     windows = ExperimentConfig(eval={"inputs_length": 8, "targets_length": 16})

@@ -123,7 +123,7 @@ def test_cli_task_law_backtest_table_json_and_figure(tmp_path, capsys):
 
     from scalestudy.cli import main
     from scalestudy.scaling.io import load_table
-    from scalestudy.scaling.plots import fig_task_law
+    from scalestudy.scaling.task_law_plots import fig_task_law
 
     t = _task_table(noise=0.003)
     path = tmp_path / "runs.csv"
@@ -144,3 +144,17 @@ def test_cli_task_law_backtest_table_json_and_figure(tmp_path, capsys):
     assert main(["fit", str(path), "--holdout-largest"]) == 2
     assert "add --task-law" in capsys.readouterr().err
     assert main(["fit", str(path), "--task-law", "--task-form", "quadratic"]) == 2
+
+
+def test_task_names_take_a_tasks_groups_up_to_a_limit():
+    from scalestudy.scaling.task_law import task_names
+
+    t = _task_table(sizes=3)
+    ones = np.ones(len(t.N))
+    for g in ("a", "b", "c"):
+        t.extra[f"eval/mc/{g}/task_loss"] = ones
+        t.extra[f"eval/mc/{g}/acc"] = ones
+    t.extra["eval/mc/field/syntax/acc"] = ones  # a breakdown without a task loss
+    t.extra["eval/lone/task_loss"] = ones  # a task loss without an accuracy
+    assert task_names(t) == ["mc", "mc/a", "mc/b", "mc/c"]
+    assert task_names(t, max_groups=2) == ["mc"]  # BLiMP's 67 paradigms stay out

@@ -51,6 +51,14 @@ def test_wilson_matches_scipy(k, n):
     assert zp.wilson(k, n) == pytest.approx((ref.low, ref.high), abs=1e-6)
 
 
+def test_wilson_interval_holds_the_proportion_itself():
+    # Every answer right (or wrong): rounding once put the upper bound below 1.0.
+    for n in range(1, 1001):
+        assert zp.wilson(n, n)[1] == 1.0 and zp.wilson(0, n)[0] == 0.0
+        lo, hi = zp.wilson(n // 3, n)
+        assert lo <= (n // 3) / n <= hi
+
+
 def test_logistic_slope_equals_a_per_example_maximum_likelihood_fit():
     scores = zp.task_scores(_runs(0.8))
     rows = [s for s in scores if s.cell == "x/flm"]

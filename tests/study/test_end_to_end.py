@@ -1,5 +1,9 @@
 """The main job in miniature: `scalestudy study` trains, evaluates, fits, plots and reports."""
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from scalestudy import cli
@@ -23,12 +27,25 @@ def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
     for r in runs:
         assert r["flops"] == pytest.approx(r["steps"] * r["batch_size"] * r["flops_per_example"])
     assert {c["run_id"] for c in load_curves(out)} == {r["run_id"] for r in runs}
+    # Every run keeps its per-example scores in its own directory, and the registry's task
+    # loss is their gold answers' mean negative log-likelihood per byte.
+    for r in runs:
+        files = list(Path(r["workdir"]).glob("eval_examples/step_*/synthetic_probes.jsonl"))
+        assert [f.parent.name for f in files] == [f"step_{r['steps']}"]
+        rows = [json.loads(line) for line in files[0].read_text().splitlines()]
+        gold = [x["choices"][x["gold"]] for x in rows]
+        per_byte = np.mean([-g["logprob"] / len((" " + g["text"]).encode()) for g in gold])
+        assert r["eval/synthetic_probes/task_loss"] == pytest.approx(per_byte, rel=1e-9)
+        assert np.isfinite(r["eval/synthetic_probes/pronoun/task_loss"])
     report = (out / "report.md").read_text()
     assert "Equal parameters" in report and "Equal compute" in report
     assert "not comparable" in report
     # Matched comparisons name what is held equal; one seed gives no between-run interval.
     assert "## Matched comparisons" in report and "Held equal: " in report
     assert "not a between-run interval" in report
+    # Two sizes are too few for a task law, and the report says so.
+    assert "## Zero-shot task laws" in report
+    assert "task law of synthetic_probes, synthetic_probes/friend_name" in report
     assert all(r["data_seed"] == 0 and r["loss_tokens"] for r in runs)
     assert any((out / "figures").glob("*.png")) and (out / "report.html").is_file()
     assert (out / "fits.json").is_file()

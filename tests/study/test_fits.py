@@ -94,38 +94,87 @@ def test_registry_directories_that_cannot_be_read_are_refused(tmp_path):
         registry_table([{"run_id": "r", "loss": 1.0}], [], DataSettings(curve_points="finished"))
 
 
-def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_report(tmp_path):
-    from scalestudy.study.fits import fit_study, fits_lines
-
+def _task_rows(cell: str, sizes: int, groups: tuple[str, ...] = ()) -> list[dict]:
+    """Runs of one cell at `sizes` sizes whose task loss and accuracy follow known laws: task
+    `mc` and its groups `mc/<g>` (each group a little harder)."""
+    arch, objective = cell.split("/")
     rows = []
-    for i, n in enumerate(np.geomspace(1e5, 1e7, 6)):
-        task_loss = 0.5 + 30.0 / n**0.3
-        acc = 0.25 + 0.7 / (1.0 + np.exp(6.0 * (task_loss - 1.2)))
-        rows.append(
-            {
-                "run_id": f"r{i}",
-                "arch": "causal_decoder",
-                "objective": "flm",
-                "params_total": n * 1.1,
-                "params_non_embedding": n,
-                "positions": 1e7,
-                "tokens": 1e7,
-                "flops": 6 * n * 1e7,
-                "loss": 2.0 + 10.0 / n**0.2,
-                "eval/mc/task_loss": task_loss,
-                "eval/mc/acc": acc,
-                "eval/mc/chance": 0.25,
-                "eval/mc/n": 500,
-            }
-        )
-    fit = SimpleNamespace(laws=("kaplan_n",), n_kind="non_embedding", c_kind="counted")
-    study = SimpleNamespace(fit=SimpleNamespace(**vars(fit), bootstrap=10, seed=0))
-    fits, figures = fit_study(study, tmp_path, rows, [])
-    law = fits["task_laws"]["cells"]["causal_decoder/flm"]["mc"]
+    for i, n in enumerate(np.geomspace(1e5, 1e7, 6)[:sizes]):
+        row = {
+            "run_id": f"{cell}-{i}",
+            "arch": arch,
+            "objective": objective,
+            "params_total": n * 1.1,
+            "params_non_embedding": n,
+            "positions": 1e7,
+            "tokens": 1e7,
+            "flops": 6 * n * 1e7,
+            "loss": 2.0 + 10.0 / n**0.2,
+        }
+        for j, name in enumerate(("mc", *(f"mc/{g}" for g in groups))):
+            task_loss = 0.5 + 0.1 * j + 30.0 / n**0.3
+            row[f"eval/{name}/task_loss"] = task_loss
+            row[f"eval/{name}/acc"] = 0.25 + 0.7 / (1.0 + np.exp(6.0 * (task_loss - 1.2)))
+            row[f"eval/{name}/chance"] = 0.25
+            row[f"eval/{name}/n"] = 500
+        rows.append(row)
+    return rows
+
+
+def _settings(bootstrap: int = 4):
+    from scalestudy.scaling.laws import FitSettings
+
+    return FitSettings(data=DataSettings(n_kind="non_embedding"), bootstrap=bootstrap)
+
+
+def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_report(tmp_path):
+    from scalestudy.scaling.task_law_plots import task_law_figures
+    from scalestudy.study.task_laws import (
+        MIN_SIZES_BACKTEST,
+        MIN_SIZES_FIT,
+        section,
+        study_task_laws,
+    )
+
+    rows = _task_rows("causal_decoder/flm", 6, groups=("a",))
+    rows += _task_rows("noncausal_decoder/plm", MIN_SIZES_FIT)
+    rows += _task_rows("encoder_decoder/mlm", MIN_SIZES_FIT - 1)
+    s = _settings()
+    table = registry_table(rows, [], s.data)
+    fits = {"cells": {"any": {}}, "settings": {"bootstrap": 4}}
+    fits["task_laws"] = study_task_laws(table, s)
+    cells = fits["task_laws"]["cells"]
+    assert sorted(cells["causal_decoder/flm"]) == ["mc", "mc/a"]  # groups fitted too
+    law = cells["causal_decoder/flm"]["mc/a"]
     assert law["task_loss"]["form"] == "kaplan_n"  # one D for every size: a law in N
     bt = law["backtest"]
     assert bt["N"] == pytest.approx(1e7) and abs(bt["error"]) < 0.05
-    assert any(p.name == "task_law.png" for p in figures)
-    text = "\n".join(fits_lines(fits))
-    assert "**Task laws**" in text and f"error {bt['error']:+.3f}" in text
-    assert (tmp_path / "fits.json").exists()
+    # Four sizes fit a law but leave too few for the backtest; three fit nothing.
+    assert "skipped" in cells["noncausal_decoder/plm"]["mc"]["backtest"]
+    assert "skipped" not in cells["noncausal_decoder/plm"]["mc"]
+    assert "at least 4 runs" in cells["encoder_decoder/mlm"]["mc"]["skipped"]
+    names = {p.name for p in task_law_figures(table, fits, tmp_path)}
+    assert names == {
+        f"task_law_{c}.{ext}"
+        for c in ("causal_decoder_flm", "noncausal_decoder_plm")
+        for ext in ("png", "svg")
+    }
+    text = "\n".join(section(fits))
+    assert "## Zero-shot task laws" in text and "nats per UTF-8 byte" in text
+    assert f"a law needs {MIN_SIZES_FIT} sizes and its backtest {MIN_SIZES_BACKTEST}" in text
+    assert f"| causal_decoder/flm | mc/a | 1e+07 | {bt['observed']:.3f}" in text
+    assert f"{bt['error']:+.3f}" in text and "over 2 backtest(s)" in text
+    assert "- noncausal_decoder/plm, backtest of mc: too few sizes" in text
+    assert "- encoder_decoder/mlm, task law of mc: 3 run(s)" in text
+
+
+def test_a_study_without_task_losses_says_why_it_has_no_task_laws():
+    from scalestudy.study.task_laws import section, study_task_laws
+
+    rows = _task_rows("causal_decoder/flm", 5)
+    for r in rows:
+        del r["eval/mc/task_loss"]
+    s = _settings(0)
+    fits = {"cells": {"any": {}}, "task_laws": study_task_laws(registry_table(rows, [], s.data), s)}
+    text = "\n".join(section(fits))
+    assert "Task laws were not fitted: no run has a task loss" in text
