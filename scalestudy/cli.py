@@ -131,6 +131,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_study(args: argparse.Namespace) -> int:
+    if args.status:  # read the registry only: runs, status, lineage
+        from scalestudy.study.status import status_table
+
+        print(status_table(args.out))
+        return 0
     _join_job()
     from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
@@ -234,6 +239,18 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from scalestudy.train.aot import compile_plan
 
+    if (args.config is None) == (args.spec is None):
+        raise ScalestudyError("compile: give --config FILE (one run) or --spec STUDY (every shape)")
+    if args.spec:  # every shape of the study: pretraining and the stages after it
+        from scalestudy.study.compile_plan import compile_study
+
+        plans = compile_study(args.spec, args.overrides, args.topology)
+        if args.json:
+            print(json.dumps(plans, indent=2, default=str))
+        for plan in [] if args.json else plans:
+            _print(plan, False)
+            print()
+        return 0
     cfg = load_config(args.config, args.overrides)
     _print(compile_plan(cfg, topology=args.topology), args.json)
     return 0
@@ -324,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
+    p.add_argument("--status", action="store_true", help="list the runs in --out; train none")
     p.add_argument(
         "--workers",
         type=cli_args.positive_int,
@@ -379,7 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_bench)
 
     p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
-    _add_config_args(p)
+    _add_config_args(p, required=False)
+    p.add_argument("--spec", default=None, help="a study spec: plan every shape it trains")
     p.add_argument(
         "--topology", default=None, help="TPU: v4:4x4x8, v4-256, v5e-8 (default: local devices)"
     )

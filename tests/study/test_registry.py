@@ -257,3 +257,28 @@ def test_a_registry_from_a_newer_version_is_refused_in_one_line(tmp_path):
     conn.close()
     with pytest.raises(RegistryError, match="newer scalestudy"):
         load_runs(path)
+
+
+def test_study_status_lists_stage_runs_with_their_lineage(tmp_path, capsys):
+    from scalestudy import cli
+
+    _old_registry(tmp_path / "registry.sqlite")
+    with Registry(tmp_path / "registry.sqlite") as reg:
+        reg.add_runs(
+            [
+                {**ROW, "run_id": "ad", "name": "old-adapt", "stage": "adapt"},
+                {**ROW, "run_id": "sc", "name": "old-scratch", "stage": "scratch"},
+            ]
+        )
+        reg.update("ad", parent_run_id="old", parent_step=4)
+        reg.update("sc", matches_run_id="ad")
+        reg.update("old", name="old-run")
+    spec = tmp_path / "no-such-spec.yaml"  # --status reads the registry only
+    assert cli.main(["study", "--spec", str(spec), "--out", str(tmp_path), "--status"]) == 0
+    lines = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines() if ln}
+    assert lines["old-run"][1:4] == ["old", "done", "-"]
+    assert lines["old-adapt"][1:6] == ["ad", "pending", "adapt", "old-run", "(4)"]
+    assert lines["old-scratch"][3:] == ["scratch", "-", "ad"]
+    assert lines["3"][:2] == ["3", "runs:"]
+    assert cli.main(["study", "--spec", str(spec), "--out", str(tmp_path / "x"), "--status"]) == 2
+    assert "no study registry" in capsys.readouterr().err
