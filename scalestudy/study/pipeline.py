@@ -25,6 +25,7 @@ from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
 from scalestudy.study.spec import StudySpec
 from scalestudy.train import rundir
+from scalestudy.train.loop import Preempted
 
 TABLE = wang_report.TABLE
 # Summary counts that run on from the parent in a stage run (the loop counts from step 0);
@@ -114,7 +115,8 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
             )
             total = run.planned_flops + adapted.planned_flops
             scratch_name = f"{run.dirname}-scratch-{cfg.model.arch}-{cfg.objective.name}"
-            s_cfg = scratch_config(cfg, total, f"{cfg.name}-scratch")
+            s_name = f"{run.cfg.name}-scratch-{cfg.model.arch}-{cfg.objective.name}"
+            s_cfg = scratch_config(cfg, total, s_name)
             scratch = StageRun(
                 "scratch", scratch_name, None, s_cfg, s_cfg.train.steps, None, run, "scratch", via
             )
@@ -238,7 +240,10 @@ def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: boo
             reg.mark_running(r.run_id)
             try:
                 summary = _run_one(r, where)
-            except BaseException as e:
+            except (Preempted, KeyboardInterrupt) as e:  # checkpointed: resumed next time
+                reg.update(r.run_id, status="interrupted", error=str(e) or "interrupted")
+                raise
+            except Exception as e:
                 reg.mark_failed(r.run_id, f"{type(e).__name__}: {e}")
                 raise
             reg.finish(r.run_id, _own_counts(summary, r.parent), rundir.read_metrics(where))

@@ -22,15 +22,22 @@ def status_table(out: str | Path) -> str:
     with Registry(path, create=False) as reg:
         rows = reg.runs(stages=True)
         counts = reg.status_counts()
-    names = {r["run_id"]: r["name"] for r in rows}
-    head = f"{'run':<72} {'id':<12} {'status':<11} {'stage':<8} {'parent (step)':<60} matches"
-    lines = [head, "-" * len(head)]
+    names = {r["run_id"]: r["name"] or r["run_id"] for r in rows}
+    lineage = {}
     for r in rows:
         parent = r.get("parent_run_id")
-        lineage = f"{names.get(parent, parent)} ({r['parent_step']})" if parent else "-"
+        lineage[r["run_id"]] = (
+            f"{names.get(parent, parent)} ({r['parent_step']})" if parent else "-"
+        )
+    w = max(len(n) for n in ["run", *names.values()])
+    p = max(len(text) for text in ["parent (step)", *lineage.values()])
+    head = f"{'run':<{w}} {'id':<12} {'status':<11} {'stage':<8} {'parent (step)':<{p}} matches"
+    lines = [head, "-" * len(head)]
+    for r in rows:
         lines.append(
-            f"{r['name'] or '':<72} {r['run_id']:<12} {r['status'] or '':<11} "
-            f"{r.get('stage') or '-':<8} {lineage:<60} {r.get('matches_run_id') or '-'}"
+            f"{names[r['run_id']]:<{w}} {r['run_id']:<12} {r['status'] or '':<11} "
+            f"{r.get('stage') or '-':<8} {lineage[r['run_id']]:<{p}} "
+            f"{r.get('matches_run_id') or '-'}"
         )
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     lines.append(f"{len(rows)} runs: {summary}")

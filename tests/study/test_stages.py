@@ -11,13 +11,16 @@ from scalestudy.config import load_config
 from scalestudy.errors import ConfigError
 from scalestudy.study import stages
 from scalestudy.train import rundir
+from scalestudy.train.loop import Preempted
 
 TINY = [
     "model.d_model=32",
     "model.d_ff=64",
     "model.n_heads=2",
     "model.n_layers=2",
-    "model.position=rope",  # causal and non-causal relative-bias tables differ in shape
+    # rope: the default relative bias (`mirrored`) gives the non-causal decoder a table half
+    # the causal one lacks; Wang et al.'s single table is tested on its own below.
+    "model.position=rope",
     "model.dtype=float32",
     "objective.inputs_length=24",
     "objective.targets_length=8",
@@ -420,3 +423,31 @@ def test_lineage_under_relative_bias_needs_wangs_single_table():
             else:
                 with pytest.raises(stages.StageError, match="rel_prefix_buckets=causal"):
                     stages._check_same_parameters(parent, new)
+
+
+@pytest.mark.parametrize(
+    "error,status",
+    [(Preempted("SIGTERM received", 15), "interrupted"), (ValueError("broken"), "failed")],
+    ids=["signal", "error"],
+)
+def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
+    tmp_path: Path, monkeypatch, error, status
+):
+    """The registry row of a stage run says what happened to it; the runs after it stay
+    pending, and the plan's rows are all there before any trains."""
+    from scalestudy.study import pipeline, sweep
+    from scalestudy.study.registry import load_runs
+
+    study = sweep.load_study(SMOKE, SMOKE_TINY)
+    runs = sweep.expand(study, SMOKE.parent)
+
+    def stop(r, where):
+        raise error
+
+    monkeypatch.setattr(pipeline, "_run_one", stop)
+    with pytest.raises(type(error)):
+        pipeline.run(study, SMOKE.parent, tmp_path, runs)
+    rows = load_runs(tmp_path, stages=True)
+    assert [r["status"] for r in rows] == [status] + ["pending"] * 9
+    assert rows[0]["stage"] == "adapt" and rows[0]["error"]
+    assert load_runs(tmp_path) == []  # no pretraining row was touched (none was planned here)
