@@ -16,6 +16,7 @@ this one does not know is refused with one line.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -130,7 +131,11 @@ def migrate(conn: sqlite3.Connection) -> None:
     have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
     missing = [(c, kind) for c, kind in RUN_COLUMNS.items() if c not in have]
     (version,) = conn.execute("PRAGMA user_version").fetchone()
-    if not missing and version == SCHEMA_VERSION:
+    if not missing:
+        # On read-only storage the registry stays readable as it is: its columns are all there.
+        with contextlib.suppress(sqlite3.OperationalError):
+            if version < SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         return
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -53,7 +53,7 @@ _PUBLISHED_KEYS = {"source", "benchmarks", "cells", "adapted", "equal_tokens"}
 
 
 def read_published(path: str | Path) -> dict[str, Any]:
-    """A file of published numbers (`configs/studies/wang2022_published.yaml`): every score a
+    """A file of published numbers (`configs/studies/published/wang2022.yaml`): every score a
     mapping of benchmark -> number plus `from` (the table it was typed from); ConfigError
     naming the first entry that is not."""
     data = read_yaml(path)
