@@ -173,19 +173,12 @@ def plan_table(runs: list[StageRun]) -> str:
 def registry_row(r: StageRun, study: str, out: Path) -> dict[str, Any]:
     """The registry row planned for a stage run: the pretrained run's size and seed, its own
     steps and FLOPs, and its lineage."""
-    p = r.pretrained
-    as_run = sweep.PlannedRun(
+    as_run = dataclasses.replace(
+        r.pretrained,
         run_id=r.run_id,
         cfg=r.cfg,
-        size=p.size,
-        size_index=p.size_index,
-        budget=p.budget,
-        seed=p.seed,
-        matching=p.matching,
         params=counting.count_params(r.cfg.model),
         flops=counting.flops(r.cfg),
-        variant=p.variant,
-        context=p.context,
     )
     row = as_run.row(study, Path(out) / "stages" / r.name)
     row |= {
