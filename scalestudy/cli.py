@@ -153,7 +153,9 @@ def _cmd_study(args: argparse.Namespace) -> int:
             from scalestudy.decoder_only import run as decoder_only
 
             decoder_only.run(study, runs, Path(args.out))
-        if study.stages is not None:  # adaptation and finetuning after pretraining
+        if study.stages is not None and args.collect:  # collecting never trains
+            print("stages after pretraining: not run by --collect; run without it to train them")
+        elif study.stages is not None:  # adaptation and finetuning after pretraining
             from scalestudy.study import pipeline
 
             pipeline.run(study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run)

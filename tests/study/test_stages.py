@@ -451,3 +451,16 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
     assert [r["status"] for r in rows] == [status] + ["pending"] * 9
     assert rows[0]["stage"] == "adapt" and rows[0]["error"]
     assert load_runs(tmp_path) == []  # no pretraining row was touched (none was planned here)
+
+
+def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypatch, capsys):
+    """`--collect` records cluster-trained runs and never trains: not the stages either."""
+    from scalestudy.cli import main
+    from scalestudy.study import pipeline, sweep
+
+    study = sweep.load_study(SMOKE, SMOKE_TINY)
+    monkeypatch.setattr(sweep, "run_study", lambda *a, **k: (study, []))
+    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("stages trained"))
+    out = str(tmp_path / "out")
+    assert main(["study", "--spec", str(SMOKE), "--out", out, "--collect", *SMOKE_TINY]) == 0
+    assert "not run by --collect" in capsys.readouterr().out
