@@ -56,7 +56,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=commands.cmd_eval)
 
     p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
-    _add_config_args(p)
+    _add_config_args(p, required=False)
+    p.add_argument("--spec", default=None, help="a study spec: plan every shape it trains")
     p.add_argument(
         "--topology", default=None, help="TPU: v4:4x4x8, v4-256, v5e-8 (default: local devices)"
     )
@@ -79,6 +80,7 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="expand and validate, do not train")
+    p.add_argument("--status", action="store_true", help="list the runs in --out; train none")
     p.add_argument(
         "--workers",
         type=cli_args.positive_int,

@@ -133,6 +133,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
+    if args.status:  # read the registry only: runs, status, lineage
+        from scalestudy.study.status import status_table
+
+        print(status_table(args.out))
+        return 0
     _join_job()
     from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
@@ -150,7 +155,9 @@ def cmd_study(args: argparse.Namespace) -> int:
             from scalestudy.decoder_only import run as decoder_only
 
             decoder_only.run(study, runs, Path(args.out))
-        if study.stages is not None:  # adaptation and finetuning after pretraining
+        if study.stages is not None and args.collect:  # collecting never trains
+            print("stages after pretraining: not run by --collect; run without it to train them")
+        elif study.stages is not None:  # adaptation and finetuning after pretraining
             from scalestudy.study import pipeline
 
             pipeline.run(study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run)
@@ -236,6 +243,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from scalestudy.train.aot import compile_plan
 
+    if (args.config is None) == (args.spec is None):
+        raise ScalestudyError("compile: give --config FILE (one run) or --spec STUDY (every shape)")
+    if args.spec:  # every shape of the study: pretraining and the stages after it
+        from scalestudy.study.compile_plan import compile_study
+
+        plans = compile_study(args.spec, args.overrides, args.topology)
+        if args.json:
+            print(json.dumps(plans, indent=2, default=str))
+        for plan in [] if args.json else plans:
+            _print(plan, False)
+            print()
+        return 0
     cfg = load_config(args.config, args.overrides)
     _print(compile_plan(cfg, topology=args.topology), args.json)
     return 0

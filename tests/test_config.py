@@ -128,6 +128,10 @@ def _validate_any(path: Path) -> object:
     from scalestudy.yamlio import read_yaml, validate
 
     kind = path.relative_to(CONFIGS).parts[0]
+    if kind == "studies" and "published" in path.parts:  # published numbers, not specs
+        from scalestudy.study.wang_report import read_published
+
+        return read_published(path)
     if kind == "studies":
         return load_study(path)
     if kind == "tasks":

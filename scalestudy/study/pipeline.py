@@ -1,42 +1,70 @@
 """A study's stages after pretraining, from its spec: pretrain -> adapt -> finetune -> evaluate.
 
 `plan` lists every stage run of a spec's `stages:` (`StagesSpec`): each adaptation of the
-pretrained runs of its `from_cell`, then finetuning of every pretrained and adapted run. Stage
-runs live in `<out>/stages/<name>`, beside the pretrained runs in `<out>/runs`. `run` trains
-what is missing (each stage resumes like any run) and writes `<out>/wang_table.md`: per
-pretrained run, the zero-shot average on the finetuning's held-out tasks after pretraining,
-after finetuning, and for each adaptation after adapting and after adapting + finetuning, each
-with a 95% interval, beside the published numbers when the spec names a file of them.
+pretrained runs of its `from_cell`; beside each adaptation a run from scratch on the adapted
+run's architecture and objective whose training FLOPs equal the adapted run's total
+(pretraining + adaptation), rounded to a whole step; then finetuning of every pretrained,
+adapted and from-scratch run. Stage runs live in `<out>/stages/<name>`, beside the pretrained
+runs in `<out>/runs`, and are rows of the study registry with their lineage (stage, parent
+run id and step; a run from scratch names the adapted run it matches). `run` trains what is
+missing (each stage resumes like any run) and writes `<out>/wang_table.md`
+(`study/wang_report.py`).
 """
 
 from __future__ import annotations
 
-import json
-import math
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.study import stages, sweep
+from scalestudy.models import counting
+from scalestudy.study import stages, sweep, wang_report
+from scalestudy.study.lock import study_lock
+from scalestudy.study.registry import Registry
 from scalestudy.study.spec import StudySpec
-from scalestudy.yamlio import read_yaml
+from scalestudy.train import rundir
+from scalestudy.train.loop import Preempted
 
-TABLE = "wang_table.md"
+TABLE = wang_report.TABLE
+# Summary counts that run on from the parent in a stage run (the loop counts from step 0);
+# the registry holds a stage run's own share.
+_CUMULATIVE = ("tokens", "positions", "flops", "flops_6nd", "document_tokens", "loss_tokens")
 
 
 @dataclass(frozen=True)
 class StageRun:
     """One planned stage run: its stage, directory name, parent directory and config."""
 
-    stage: str  # "adapt" or "finetune"
+    stage: str  # "adapt", "scratch" or "finetune"
     name: str
-    parent: Path
+    parent: Path | None  # None for a run from scratch
     cfg: ExperimentConfig
-    extra_steps: int
-    settings: stages.AdaptConfig | stages.FinetuneConfig
-    pretrained: str  # the pretrained run's directory name (the table's row)
-    cell: str  # the pretrained run's "arch/objective"
-    via: str = ""  # "arch/objective" of the adaptation in between, if any
+    extra_steps: int  # the steps this stage trains (all of them for a run from scratch)
+    settings: stages.AdaptConfig | stages.FinetuneConfig | None
+    pretrained: sweep.PlannedRun  # the pretrained run it descends from (the table's row)
+    # What the run (for finetune: its parent) is: "pretrained", "adapted" or "scratch".
+    role: str = "pretrained"
+    via: str = ""  # "arch/objective" of the adaptation involved, if any
+    parent_run_id: str | None = None
+    parent_step: int | None = None
+    matches: str | None = None  # a run from scratch: the adapted run's name
+
+    @property
+    def run_id(self) -> str:
+        return self.cfg.hash()
+
+    @property
+    def cell(self) -> str:
+        """The pretrained run's "arch/objective"."""
+        return f"{self.pretrained.arch}/{self.pretrained.objective}"
+
+    @property
+    def planned_flops(self) -> float:
+        """Training FLOPs of this stage's own steps."""
+        per_example = counting.flops(self.cfg)["flops_per_example"]
+        return self.extra_steps * self.cfg.train.batch_size * per_example
 
 
 def _finetune_settings(study: StudySpec, spec_dir: Path) -> stages.FinetuneConfig | None:
@@ -49,9 +77,19 @@ def _finetune_settings(study: StudySpec, spec_dir: Path) -> stages.FinetuneConfi
     return ft.replace(mixture=str(mixture))
 
 
+def scratch_config(adapted: ExperimentConfig, total_flops: float, name: str) -> ExperimentConfig:
+    """The adapted run's config trained from scratch for the whole step count whose FLOPs come
+    nearest `total_flops` (the adapted run's pretraining + adaptation)."""
+    per_step = counting.flops(adapted)["flops_per_example"] * adapted.train.batch_size
+    steps = max(1, round(total_flops / per_step))
+    train = adapted.train.replace(steps=steps, init_from=None, init_step=None)
+    return adapted.replace(name=name, train=train)
+
+
 def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) -> list[StageRun]:
-    """Every stage run of the spec, in the order they can run (adaptations before the
-    finetuning of what they produce); `runs`: the study's expansion when already made."""
+    """Every stage run of the spec, in the order they can run (adaptations and their runs from
+    scratch before the finetuning of what they produce); `runs`: the study's expansion when
+    already made."""
     from scalestudy.data import prompted
 
     if study.stages is None:
@@ -63,21 +101,32 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
     for run in runs if runs is not None else sweep.expand(study, spec_dir):
         parent = out / "runs" / run.dirname
         steps = run.cfg.train.steps
-        parents = [(parent, run.cfg, "")]
-        cell = f"{run.arch}/{run.objective}"
+        # (directory, config, role, via, run id) of every run to finetune
+        parents = [(parent, run.cfg, "pretrained", "", run.run_id)]
         for ad in study.stages.adapt:
             if tuple(ad.from_cell) != (run.arch, run.objective):
                 continue
             cfg = stages.adapt_config(run.cfg, parent, steps, ad)
+            via = f"{cfg.model.arch}/{cfg.objective.name}"
             name = f"{run.dirname}-adapt-{cfg.model.arch}-{cfg.objective.name}"
             extra = cfg.train.steps - steps
-            planned.append(StageRun("adapt", name, parent, cfg, extra, ad, run.dirname, cell))
-            via = f"{cfg.model.arch}/{cfg.objective.name}"
-            parents.append((out / "stages" / name, cfg, via))
+            adapted = StageRun(
+                "adapt", name, parent, cfg, extra, ad, run, "adapted", via, run.run_id, steps
+            )
+            total = run.planned_flops + adapted.planned_flops
+            scratch_name = f"{run.dirname}-scratch-{cfg.model.arch}-{cfg.objective.name}"
+            s_name = f"{run.cfg.name}-scratch-{cfg.model.arch}-{cfg.objective.name}"
+            s_cfg = scratch_config(cfg, total, s_name)
+            scratch = StageRun(
+                "scratch", scratch_name, None, s_cfg, s_cfg.train.steps, None, run, "scratch", via
+            )
+            planned += [adapted, dataclasses.replace(scratch, matches=name)]
+            parents.append((out / "stages" / name, cfg, "adapted", via, adapted.run_id))
+            parents.append((out / "stages" / scratch_name, s_cfg, "scratch", via, s_cfg.hash()))
         if ft is None or mixture is None:
             continue
         held = tuple(sorted({t.eval_task for t in mixture.held_out_tasks if t.eval_task}))
-        for pdir, pcfg, via in parents:
+        for pdir, pcfg, role, via, pid in parents:
             cfg = stages.finetune_config(
                 pcfg,
                 pdir,
@@ -87,113 +136,122 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
                 None,
                 tuple(ft.eval_tasks) or held,
             )
-            name = f"{pdir.name}-ft"
             extra = cfg.train.steps - pcfg.train.steps
-            planned.append(StageRun("finetune", name, pdir, cfg, extra, ft, run.dirname, cell, via))
+            planned.append(
+                StageRun(
+                    "finetune",
+                    f"{pdir.name}-ft",
+                    pdir,
+                    cfg,
+                    extra,
+                    ft,
+                    run,
+                    role,
+                    via,
+                    pid,
+                    pcfg.train.steps,
+                )
+            )
     return planned
 
 
 def plan_table(runs: list[StageRun]) -> str:
-    """What `--dry-run` prints for the stages: each run's parent, steps, tokens and FLOPs."""
-    from scalestudy.models import counting
-
+    """What `--dry-run` prints for the stages: each run's steps, tokens and FLOPs."""
     head = f"{'stage':<9} {'run':<90} {'steps':>7} {'tokens':>10} {'FLOPs':>9}"
     lines = [head, "-" * len(head)]
-    total = 0.0
     for r in runs:
-        counts = counting.flops(r.cfg)
-        examples = r.extra_steps * r.cfg.train.batch_size
-        tokens = examples * counts["positions_per_example"]
-        flops = examples * counts["flops_per_example"]
-        total += flops
-        lines.append(f"{r.stage:<9} {r.name:<90} {r.extra_steps:>7} {tokens:>10.3g} {flops:>9.2e}")
+        positions = counting.flops(r.cfg)["positions_per_example"]
+        tokens = r.extra_steps * r.cfg.train.batch_size * positions
+        lines.append(
+            f"{r.stage:<9} {r.name:<90} {r.extra_steps:>7} {tokens:>10.3g} {r.planned_flops:>9.2e}"
+        )
+    total = sum(r.planned_flops for r in runs)
     lines.append(f"{len(runs)} stage runs, {total:.3e} training FLOPs in all")
     return "\n".join(lines)
 
 
+def registry_row(r: StageRun, study: str, out: Path) -> dict[str, Any]:
+    """The registry row planned for a stage run: the pretrained run's size and seed, its own
+    steps and FLOPs, and its lineage."""
+    as_run = dataclasses.replace(
+        r.pretrained,
+        run_id=r.run_id,
+        cfg=r.cfg,
+        params=counting.count_params(r.cfg.model),
+        flops=counting.flops(r.cfg),
+    )
+    row = as_run.row(study, Path(out) / "stages" / r.name)
+    row |= {
+        "name": r.name,
+        "steps": r.extra_steps,
+        "planned_flops": r.planned_flops,
+        "stage": r.stage,
+        "parent_run_id": r.parent_run_id,
+        "parent_step": r.parent_step,
+    }
+    return row
+
+
+def _own_counts(summary: dict[str, Any], parent: Path | None) -> dict[str, Any]:
+    """A stage run's summary with the counts it carried on from its parent taken out."""
+    before = rundir.read_summary(parent) if parent is not None else None
+    if not before:
+        return summary
+    own = dict(summary)
+    for key in _CUMULATIVE:
+        if isinstance(own.get(key), int | float) and isinstance(before.get(key), int | float):
+            own[key] = own[key] - before[key]
+    return own
+
+
 def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: bool = False) -> None:
     """Plan (and unless `dry_run`, run) the stages after the study's pretraining `runs`; paths
-    in the spec are relative to `spec_dir`."""
-    planned = plan(study, Path(spec_dir), Path(out), runs)
+    in the spec are relative to `spec_dir`. Holds the study lock; records every stage run in
+    the registry with its lineage."""
+    out = Path(out)
+    planned = plan(study, Path(spec_dir), out, runs)
     if not planned:
         return
+    published = None  # read now: a bad file is one line before anything trains
+    if study.stages.published:
+        published = wang_report.read_published(Path(spec_dir) / study.stages.published)
     print(f"study {study.name}: {len(planned)} stage runs after pretraining")
     if dry_run:
         print(plan_table(planned))
         return
-    for r in planned:
-        where = Path(out) / "stages" / r.name
-        prepare = stages.prepare_adapt if r.stage == "adapt" else stages.prepare_finetune
-        cfg, record = prepare(r.parent, where, settings=r.settings)
-        record["pretrained"], record["via"] = r.pretrained, r.via
-        stages.run_stage(cfg, record, where, evaluate=r.stage == "finetune")
-    published = None
-    if study.stages.published:
-        published = read_yaml(Path(spec_dir) / study.stages.published)
-    text = table(planned, Path(out), published)
-    (Path(out) / TABLE).write_text(text)
+    with study_lock(out), Registry(out / sweep.REGISTRY_NAME) as reg:
+        reg.add_runs(registry_row(r, study.name, out) for r in planned)
+        matches = {r.name: r.run_id for r in planned if r.stage == "adapt"}
+        for r in planned:
+            if r.matches:
+                reg.update(r.run_id, matches_run_id=matches[r.matches])
+        done = {row["run_id"] for row in reg.runs("done", stages=True)}
+        for r in planned:
+            where = out / "stages" / r.name
+            if r.run_id in done and rundir.read_summary(where) is not None:
+                continue
+            reg.mark_running(r.run_id)
+            try:
+                summary = _run_one(r, where)
+            except (Preempted, KeyboardInterrupt) as e:  # checkpointed: resumed next time
+                reg.update(r.run_id, status="interrupted", error=str(e) or "interrupted")
+                raise
+            except Exception as e:
+                reg.mark_failed(r.run_id, f"{type(e).__name__}: {e}")
+                raise
+            reg.finish(r.run_id, _own_counts(summary, r.parent), rundir.read_metrics(where))
+        runs_by_id = {row["run_id"]: row for row in reg.runs(stages=True)}
+    text = wang_report.render(planned, out, runs_by_id, published)
+    (out / TABLE).write_text(text)
     print(text)
 
 
-# ----------------------------------------------------------------------------- the table
-
-
-def average(evals: dict | None, tasks: tuple[str, ...]) -> tuple[float, float] | None:
-    """(mean accuracy over `tasks`, half-width of its 95% interval), from per-task acc and n
-    (binomial errors of independent tasks); None when any task is missing."""
-    if not evals or not tasks:
-        return None
-    accs, var = [], 0.0
-    for t in tasks:
-        acc, n = evals.get(f"{t}/acc"), evals.get(f"{t}/n")
-        if acc is None or not n:
-            return None
-        accs.append(acc)
-        var += acc * (1 - acc) / n
-    return sum(accs) / len(accs), 1.96 * math.sqrt(var) / len(accs)
-
-
-def _fmt(value: tuple[float, float] | None) -> str:
-    return "-" if value is None else f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
-
-
-def table(planned: list[StageRun], out: Path, published: dict | None = None) -> str:
-    """The Wang-layout table of a finished pipeline (markdown)."""
-    rows: dict[str, dict] = {}
-    for r in planned:
-        if r.stage != "finetune":
-            continue
-        record = stages.read_lineage(out / "stages" / r.name) or {}
-        summary_path = out / "stages" / r.name / "summary.json"
-        after = json.loads(summary_path.read_text()).get("eval") if summary_path.exists() else None
-        tasks = tuple(r.cfg.eval.tasks)
-        row = rows.setdefault(r.pretrained, {"cell": r.cell, "adapted": []})
-        before, ft = average(record.get("eval_before"), tasks), average(after, tasks)
-        if r.via:
-            row["adapted"].append((r.via, before, ft))
-        else:
-            row |= {"pretrain": before, "finetune": ft, "tasks": tasks}
-    cells = (published or {}).get("cells", {})
-    source = (published or {}).get("source", "")
-    lines = [
-        "| pretrained run | cell | pretrain | + finetune | adapted to | adapted | adapted + "
-        f"finetune | paper pretrain | paper + finetune |{f' ({source})' if source else ''}",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, row in rows.items():
-        paper = cells.get(row["cell"], {})
-        adapted = row["adapted"] or [("", None, None)]
-        for via, before, ft in adapted:
-            lines.append(
-                f"| {name} | {row['cell']} | {_fmt(row.get('pretrain'))} | "
-                f"{_fmt(row.get('finetune'))} | {via or '-'} | {_fmt(before) if via else '-'} | "
-                f"{_fmt(ft) if via else '-'} | {paper.get('pretrain', '-')} | "
-                f"{paper.get('finetune', '-')} |"
-            )
-    tasks = next((r.get("tasks") for r in rows.values() if r.get("tasks")), ())
-    lines.append("")
-    lines.append(
-        f"Zero-shot accuracy (%) averaged over {', '.join(tasks) or 'the held-out tasks'}; "
-        "± the half-width of a 95% binomial interval."
-    )
-    return "\n".join(lines) + "\n"
+def _run_one(r: StageRun, where: Path) -> dict[str, Any]:
+    if r.stage == "scratch":
+        record = {"stage": "scratch", "parent": None, "parent_step": None, "matches": r.matches}
+        return stages.run_stage(r.cfg, record, where, evaluate=False)
+    prepare = stages.prepare_adapt if r.stage == "adapt" else stages.prepare_finetune
+    cfg, record = prepare(r.parent, where, settings=r.settings)
+    record |= {"pretrained": r.pretrained.dirname, "role": r.role, "via": r.via}
+    record |= {"parent_run_id": r.parent_run_id}
+    return stages.run_stage(cfg, record, where, evaluate=r.stage == "finetune")

@@ -3,22 +3,14 @@
 Crash safety: the database runs in WAL mode with synchronous=FULL and every change is one
 transaction, so a study killed at any instant (even with SIGKILL) leaves a consistent file;
 a run caught mid-training is simply still `running` and is resumed on the next invocation.
-
-Tables
-- runs:    one row per run (id = ExperimentConfig.hash()), its resolved config, cell, size,
-           matching numbers (total / non-embedding parameters, stack shape, FLOPs), status,
-           timestamps and final losses.
-- finals:  (run_id, name, value) final scalars, notably `eval/<task>/<metric>`.
-- metrics: (run_id, step, name, value) copied from the run's metrics.jsonl.
+The tables and their migrations are in `study/registry_schema.py`; this module writes and
+reads them. Rows of stage runs (adaptation, finetuning, runs from scratch matched to them)
+carry their lineage and are left out of pretraining queries unless asked for.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import math
-import os
-import socket
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -26,79 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalestudy.errors import ScalestudyError
-
-# `interrupted`: stopped by a signal after saving a checkpoint (resumed by the next run).
-STATUSES = ("pending", "running", "done", "failed", "interrupted")
-
-# Columns of `runs` besides the id, in order; numbers are REAL/INTEGER, the rest TEXT.
-RUN_COLUMNS: dict[str, str] = {
-    "study": "TEXT",
-    "name": "TEXT",
-    "arch": "TEXT",
-    "objective": "TEXT",
-    "size": "TEXT",
-    "size_index": "INTEGER",
-    "budget": "TEXT",
-    "seed": "INTEGER",
-    "matching": "TEXT",
-    "status": "TEXT",
-    "workdir": "TEXT",
-    "config": "TEXT",
-    "d_model": "INTEGER",
-    "n_layers": "INTEGER",
-    "n_encoder_layers": "INTEGER",
-    "n_heads": "INTEGER",
-    "d_ff": "INTEGER",
-    "params_total": "INTEGER",
-    "params_non_embedding": "INTEGER",
-    "params_embedding": "INTEGER",
-    "flops_per_token": "REAL",
-    "flops_per_example": "REAL",
-    "positions_per_example": "INTEGER",
-    "batch_size": "INTEGER",
-    "steps": "INTEGER",
-    "planned_flops": "REAL",
-    "tokens": "REAL",
-    "positions": "REAL",
-    "flops": "REAL",
-    "flops_6nd": "REAL",
-    # What the run consumed (summary.json): document tokens read, loss-bearing tokens.
-    "document_tokens": "REAL",
-    "loss_tokens": "REAL",
-    # Planned at expansion (study/matching.py): document tokens, and inference cost as
-    # forward FLOPs per generated token at `inference_context` cached tokens.
-    "planned_document_tokens": "REAL",
-    "inference_flops_per_token": "REAL",
-    "inference_context": "INTEGER",
-    "data_seed": "INTEGER",
-    "loss": "REAL",
-    "train_loss": "REAL",
-    "best_val_loss": "REAL",
-    "wall_time_s": "REAL",
-    "created_at": "REAL",
-    "started_at": "REAL",
-    "finished_at": "REAL",
-    "error": "TEXT",
-}
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS runs (
-  run_id TEXT PRIMARY KEY,
-  {", ".join(f"{k} {t}" for k, t in RUN_COLUMNS.items())}
-);
-CREATE TABLE IF NOT EXISTS finals (
-  run_id TEXT NOT NULL, name TEXT NOT NULL, value REAL, PRIMARY KEY (run_id, name)
-);
-CREATE TABLE IF NOT EXISTS metrics (
-  run_id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL, value REAL,
-  PRIMARY KEY (run_id, step, name)
-);
-"""
-
-
-class RegistryError(ScalestudyError):
-    """The registry file is missing, unreadable or not a scalestudy registry."""
+from scalestudy.study.registry_schema import RUN_COLUMNS, STATUSES, RegistryError, connect
 
 
 def _number(value: Any) -> float | None:
@@ -117,17 +37,7 @@ class Registry:
         if not create and not self.path.is_file():
             raise RegistryError(f"no study registry at {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.executescript(_SCHEMA)
-            have = {r[1] for r in self._conn.execute("PRAGMA table_info(runs)")}
-            for column, kind in RUN_COLUMNS.items():  # a registry written by an older version
-                if column not in have:
-                    self._conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
-        except sqlite3.DatabaseError as e:
-            raise RegistryError(f"{self.path}: not a usable SQLite registry ({e})") from None
+        self._conn = connect(self.path)
         self._conn.row_factory = sqlite3.Row
 
     def close(self) -> None:
@@ -247,12 +157,19 @@ class Registry:
 
     # ------------------------------------------------------------------ reads
 
-    def runs(self, status: str | None = None) -> list[dict[str, Any]]:
-        """Run rows (plain dicts) in insertion order, optionally of one status."""
-        q = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY rowid"
-        return [dict(r) for r in self._conn.execute(q, (status,) if status else ())]
+    def runs(self, status: str | None = None, *, stages: bool = False) -> list[dict[str, Any]]:
+        """Run rows (plain dicts) in insertion order, optionally of one status; pretraining
+        runs only unless `stages` (then stage runs too, after their parents)."""
+        where = [] if stages else ["stage IS NULL"]
+        if status:
+            where.append("status = ?")
+        q = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        return [
+            dict(r) for r in self._conn.execute(q + " ORDER BY rowid", (status,) if status else ())
+        ]
 
     def status_counts(self) -> dict[str, int]:
+        """How many runs (pretraining and stage runs) have each status."""
         rows = self._conn.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")
         return {s: n for s, n in rows}
 
@@ -270,89 +187,15 @@ class Registry:
         return out
 
 
-# ----------------------------------------------------------------------------- study lock
-
-LOCK_NAME = "study.lock"
-
-
-class StudyLockError(ScalestudyError):
-    """Another process is running the same study directory."""
-
-
-@contextmanager
-def study_lock(out: str | Path) -> Iterator[dict[str, Any]]:
-    """Hold `<out>/study.lock` while a study runs there; yields the holder record.
-
-    The lock is an flock on the file (released by the kernel when the holder dies, however it
-    dies) plus a record naming the holder (pid, host, start time). A second process refuses,
-    naming the holder. A lock left by a dead process on this host is taken over. A record
-    left by another host, whose liveness cannot be checked from here, is refused: the message
-    says which file to delete once that job is known to be gone. Released: the record is
-    emptied (the file stays, so no process can lock a file that another just unlinked).
-    """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise StudyLockError(f"--out {out} is a file; give a directory (created when missing)")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        text = ""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = path.read_text(errors="replace").strip()
-            raise StudyLockError(_held_message(out, path, text)) from None
-        text = path.read_text(errors="replace").strip()
-        if text:  # a record without a live flock: the holder is gone, or on another host
-            try:
-                holder = json.loads(text)
-            except json.JSONDecodeError:
-                holder = {}
-            here = socket.gethostname()
-            # On this host the free flock proves the holder dead: take the lock over.
-            if holder.get("host", here) != here:
-                raise StudyLockError(
-                    _held_message(out, path, text)
-                    + f". It cannot be checked from {here}: once that job is gone, delete {path}"
-                )
-        me = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "started_at": time.time(),
-        }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
-        os.fsync(fd)
-        try:
-            yield {**me, "took_over": json.loads(text) if text.startswith("{") else None}
-        finally:
-            os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)  # releases the flock
-
-
-def _held_message(out: Path, path: Path, text: str) -> str:
-    try:
-        h = json.loads(text)
-        who = f"pid {h['pid']} on {h['host']}, started {h['started']}"
-    except (json.JSONDecodeError, KeyError, TypeError):
-        who = f"a process that left no record in {path}"
-    return (
-        f"the study directory {out} is in use by {who}; two processes on one directory would "
-        "train every run twice and collide on checkpoint files. Wait for it to finish (or "
-        "stop it), or use another --out"
-    )
-
-
 def _registry_path(path: str | Path) -> Path:
     path = Path(path)
     return path / "registry.sqlite" if path.is_dir() else path
 
 
-def load_runs(path: str | Path) -> list[dict[str, Any]]:
-    """Every run of a study (a registry file or a study directory) as flat dicts.
+def load_runs(path: str | Path, *, stages: bool = False) -> list[dict[str, Any]]:
+    """Every pretraining run of a study (a registry file or a study directory) as flat dicts;
+    with `stages`, the stage runs too (their lineage in `stage`, `parent_run_id`,
+    `parent_step`, `matches_run_id`).
 
     Keys: run_id, study, arch, objective, size, seed, status, params_total,
     params_non_embedding, flops_per_token, tokens, positions, flops, flops_6nd, loss (final
@@ -361,7 +204,7 @@ def load_runs(path: str | Path) -> list[dict[str, Any]]:
     with Registry(_registry_path(path), create=False) as reg:
         finals = reg.finals()
         out = []
-        for row in reg.runs():
+        for row in reg.runs(stages=stages):
             row.pop("config", None)
             row.update(
                 {k: v for k, v in finals.get(row["run_id"], {}).items() if k.startswith("eval/")}

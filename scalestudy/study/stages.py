@@ -39,21 +39,25 @@ class StageError(ScalestudyError):
 
 
 class FinetuneConfig(Frozen):
-    """Multitask prompted finetuning. Defaults: Wang et al. (2022) section 3.4 follow T0's
-    finetuning (Sanh et al. 2021); numbers marked unverified were not checked against the
-    papers' text here and should be before a pod run."""
+    """Multitask prompted finetuning. Defaults: Wang et al. (2022, arXiv:2204.05832v1) follow
+    T0's finetuning (Sanh et al. 2021); each default names where it is stated. The optimizer
+    (Adafactor, decay_rate 0.8) and z-loss (1e-4) are the parent's, restored with its state,
+    as in their Table 2."""
 
     mixture: str | None = None  # a prompted mixture YAML (configs/prompted/*.yaml)
     arch: Arch | None = None  # refuse a parent of another architecture
-    tokens: float = Field(13e9, gt=0)  # Wang et al.: 13B finetuning tokens (unverified)
+    # Wang et al. Table 2: 10,000 steps of 1,310,720 tokens ("13 billion tokens", section 3.3).
+    tokens: float = Field(10_000 * 1_310_720, gt=0)
     steps: int | None = Field(None, ge=1)  # overrides `tokens`
-    batch_size: int = Field(1024, ge=1)  # T0 (unverified)
-    inputs_length: int = Field(1024, ge=1)  # T0 (unverified)
-    targets_length: int = Field(256, ge=1)  # T0 (unverified)
-    learning_rate: float = Field(1e-3, gt=0)  # T0: Adafactor, constant 1e-3 (unverified)
-    schedule: Literal["constant", "rsqrt", "linear", "cosine"] = "constant"
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)  # T0 (unverified)
-    pack: bool = True  # T0 packs examples (unverified)
+    # T0 (Sanh et al. 2021, model card "Training details"): 1,024 sequences of inputs 1,024
+    # and targets 256 tokens, i.e. Wang et al.'s 1,310,720 tokens per batch (Table 2).
+    batch_size: int = Field(1024, ge=1)
+    inputs_length: int = Field(1024, ge=1)
+    targets_length: int = Field(256, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)  # Wang et al. Table 2: "fixed, 0.001"
+    schedule: Literal["constant", "rsqrt", "linear", "cosine"] = "constant"  # ditto
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)  # Wang et al. Table 2 (and appendix E.3)
+    pack: bool = True  # T0 model card: "we use packing to combine multiple training examples"
     eval_tasks: Tuple = ()  # default: the mixture's held-out tasks with an `eval_task`
     eval_prompts: Literal["harness", "promptsource"] = "promptsource"  # T0: every template
 
@@ -70,9 +74,10 @@ class AdaptConfig(Frozen):
     arch: Arch | None = None  # the adapted model's architecture (default: the parent's)
     objective: ObjectiveName  # the adapted objective
     # Extra training as a fraction of the parent's steps (same batch and rows, so the same
-    # fraction of its processed positions). Wang et al. adapt for a fraction of the
-    # pretraining budget; 0.1 is unverified.
-    fraction: float = Field(0.1, gt=0.0)
+    # fraction of its processed positions). Wang et al. section 5: non-causal MLM adaptation
+    # of the 168B-token causal FLM model for 51B tokens (their language-modeling adaptation
+    # is reported as a loss curve, with no fixed budget).
+    fraction: float = Field(51 / 168, gt=0.0)
     steps: int | None = Field(None, ge=1)  # overrides `fraction`
     expect_arch: Arch | None = None  # refuse a parent of another architecture
 
@@ -289,6 +294,15 @@ def _check_same_parameters(parent_cfg: ExperimentConfig, cfg: ExperimentConfig) 
 
     old, new = shapes(parent_cfg), shapes(cfg)
     for name in sorted(old.keys() | new.keys()):
+        if old.get(name) != new.get(name) and "relpos" in name:
+            raise StageError(
+                f"cannot adapt a {parent_cfg.model.arch} run to {cfg.model.arch} with "
+                "model.rel_prefix_buckets='mirrored': the non-causal decoder's mirrored bias "
+                f"table has a half for future keys that the causal one lacks ({name} is "
+                f"{old.get(name)} vs {new.get(name)}); train both with "
+                "model.rel_prefix_buckets=causal (Wang et al.'s decoder-only layout, one table "
+                "for both masks), or model.position rope or none"
+            )
         if old.get(name) != new.get(name):
             raise StageError(
                 f"cannot adapt a {parent_cfg.model.arch} run to {cfg.model.arch}: parameter "

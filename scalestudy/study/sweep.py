@@ -23,7 +23,8 @@ from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
 from scalestudy.study import cluster, executors, ladder, report
 from scalestudy.study import matching as matched
-from scalestudy.study.registry import Registry, study_lock
+from scalestudy.study.lock import study_lock
+from scalestudy.study.registry import Registry
 from scalestudy.study.spec import BudgetConfig, StudySpec
 from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
 

@@ -12,13 +12,8 @@ import time
 import pytest
 
 from scalestudy.study import sweep
-from scalestudy.study.registry import (
-    LOCK_NAME,
-    Registry,
-    StudyLockError,
-    load_curves,
-    load_runs,
-)
+from scalestudy.study.lock import LOCK_NAME, StudyLockError
+from scalestudy.study.registry import Registry, load_curves, load_runs
 from scalestudy.train import rundir
 
 ROW = {
@@ -190,8 +185,100 @@ def test_a_lock_from_another_host_is_refused_and_the_cli_says_so(tmp_path, tiny_
 
 LOCK_HOLDER = """
 import sys, time
-from scalestudy.study.registry import study_lock
+from scalestudy.study.lock import study_lock
 with study_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)
 """
+
+
+# The `runs` columns of a registry written before lineage existed (schema 1, user_version 0).
+OLD_COLUMNS = """study TEXT, name TEXT, arch TEXT, objective TEXT, size TEXT, size_index INTEGER,
+budget TEXT, seed INTEGER, matching TEXT, status TEXT, workdir TEXT, config TEXT,
+params_total INTEGER, params_non_embedding INTEGER, steps INTEGER, tokens REAL, flops REAL,
+loss REAL, error TEXT"""
+
+
+def _old_registry(path):
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        f"""CREATE TABLE runs (run_id TEXT PRIMARY KEY, {OLD_COLUMNS});
+        CREATE TABLE finals (run_id TEXT NOT NULL, name TEXT NOT NULL, value REAL,
+          PRIMARY KEY (run_id, name));
+        CREATE TABLE metrics (run_id TEXT NOT NULL, step INTEGER NOT NULL, name TEXT NOT NULL,
+          value REAL, PRIMARY KEY (run_id, step, name));
+        INSERT INTO runs (run_id, study, arch, objective, size, size_index, seed, status,
+          params_total, steps, loss) VALUES ('old', 't', 'causal_decoder', 'flm', 'xs', 0, 0,
+          'done', 10, 4, 2.5);
+        INSERT INTO finals VALUES ('old', 'eval/probe/acc', 0.75);
+        INSERT INTO metrics VALUES ('old', 4, 'train/loss', 2.4);"""
+    )
+    conn.commit()
+    conn.close()
+
+
+def test_an_old_schema_registry_stays_readable_and_gains_lineage_columns(tmp_path):
+    from scalestudy.study.registry_schema import SCHEMA_VERSION
+
+    path = tmp_path / "registry.sqlite"
+    _old_registry(path)
+    [run] = load_runs(path)  # read as it is: the missing columns are added, empty
+    assert (run["run_id"], run["status"], run["loss"], run["eval/probe/acc"]) == (
+        "old",
+        "done",
+        2.5,
+        0.75,
+    )
+    assert run["stage"] is None and run["parent_run_id"] is None and run["parent_step"] is None
+    assert [c["loss"] for c in load_curves(path)] == [2.4]
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    conn.close()
+    with Registry(path, create=False) as reg:  # and writable: a stage run with its lineage
+        reg.add_runs([{**ROW, "run_id": "ft", "stage": "finetune", "parent_run_id": "old"}])
+        reg.update("ft", parent_step=4)
+        assert [r["run_id"] for r in reg.runs()] == ["old"]  # pretraining queries: unchanged
+        stage = reg.runs(stages=True)[1]
+        assert (stage["stage"], stage["parent_run_id"], stage["parent_step"]) == (
+            "finetune",
+            "old",
+            4,
+        )
+    assert [r["run_id"] for r in load_runs(path, stages=True)] == ["old", "ft"]
+
+
+def test_a_registry_from_a_newer_version_is_refused_in_one_line(tmp_path):
+    from scalestudy.study.registry_schema import SCHEMA_VERSION, RegistryError
+
+    path = tmp_path / "registry.sqlite"
+    _old_registry(path)
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(RegistryError, match="newer scalestudy"):
+        load_runs(path)
+
+
+def test_study_status_lists_stage_runs_with_their_lineage(tmp_path, capsys):
+    from scalestudy import cli
+
+    _old_registry(tmp_path / "registry.sqlite")
+    with Registry(tmp_path / "registry.sqlite") as reg:
+        reg.add_runs(
+            [
+                {**ROW, "run_id": "ad", "name": "old-adapt", "stage": "adapt"},
+                {**ROW, "run_id": "sc", "name": "old-scratch", "stage": "scratch"},
+            ]
+        )
+        reg.update("ad", parent_run_id="old", parent_step=4)
+        reg.update("sc", matches_run_id="ad")
+        reg.update("old", name="old-run")
+    spec = tmp_path / "no-such-spec.yaml"  # --status reads the registry only
+    assert cli.main(["study", "--spec", str(spec), "--out", str(tmp_path), "--status"]) == 0
+    lines = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines() if ln}
+    assert lines["old-run"][1:4] == ["old", "done", "-"]
+    assert lines["old-adapt"][1:6] == ["ad", "pending", "adapt", "old-run", "(4)"]
+    assert lines["old-scratch"][3:] == ["scratch", "-", "ad"]
+    assert lines["3"][:2] == ["3", "runs:"]
+    assert cli.main(["study", "--spec", str(spec), "--out", str(tmp_path / "x"), "--status"]) == 2
+    assert "no study registry" in capsys.readouterr().err

@@ -11,13 +11,16 @@ from scalestudy.config import load_config
 from scalestudy.errors import ConfigError
 from scalestudy.study import stages
 from scalestudy.train import rundir
+from scalestudy.train.loop import Preempted
 
 TINY = [
     "model.d_model=32",
     "model.d_ff=64",
     "model.n_heads=2",
     "model.n_layers=2",
-    "model.position=rope",  # causal and non-causal relative-bias tables differ in shape
+    # rope: the default relative bias (`mirrored`) gives the non-causal decoder a table half
+    # the causal one lacks; Wang et al.'s single table is tested on its own below.
+    "model.position=rope",
     "model.dtype=float32",
     "objective.inputs_length=24",
     "objective.targets_length=8",
@@ -231,15 +234,29 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
 
     study = load_study(SMOKE, SMOKE_TINY)
     planned = pipeline.plan(study, SMOKE.parent, tmp_path / "out")
-    assert [r.stage for r in planned] == ["adapt", "finetune", "finetune"] * 2
+    assert [r.stage for r in planned] == ["adapt", "scratch", *["finetune"] * 3] * 2
     adapt = [r for r in planned if r.stage == "adapt"]
     assert {(r.cfg.model.arch, r.cfg.objective.name) for r in adapt} == {
         ("causal_decoder", "flm"),
         ("noncausal_decoder", "mlm"),
     }
     assert all(r.extra_steps == 1 and r.cfg.train.steps == 5 for r in adapt)  # 0.25 x 4
+    # Wang et al.'s decoder-only relative bias (one table for both masks): the adaptations
+    # keep every parameter of their parents.
+    assert all(r.cfg.model.position == "relative_bias" for r in planned)
+    parents = {r.name: r.pretrained.cfg for r in adapt}
+    for r in adapt:
+        stages._check_same_parameters(parents[r.name], r.cfg)
+    for s in (r for r in planned if r.stage == "scratch"):  # same FLOPs as pretrain + adapt
+        a = next(r for r in adapt if r.name == s.matches)
+        assert s.parent is None and s.cfg.train.init_from is None
+        assert (s.cfg.model, s.cfg.objective) == (a.cfg.model, a.cfg.objective)
+        total = a.pretrained.planned_flops + a.planned_flops
+        per_step = s.planned_flops / s.extra_steps
+        assert abs(s.planned_flops - total) <= per_step / 2
     ft_parents = {r.parent.name for r in planned if r.stage == "finetune"}
-    assert {r.name for r in adapt} <= ft_parents  # adapted runs are finetuned too
+    scratch = {r.name for r in planned if r.stage == "scratch"}
+    assert {r.name for r in adapt} | scratch <= ft_parents  # adapted runs are finetuned too
     assert (
         main(
             [
@@ -254,7 +271,7 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
         )
         == 0
     )
-    assert "6 stage runs" in capsys.readouterr().out
+    assert "10 stage runs" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
 
 
@@ -262,24 +279,54 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
 def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: Path):
     from scalestudy.cli import main
     from scalestudy.study import pipeline
+    from scalestudy.study.registry import load_runs
 
     out = tmp_path / "out"
     assert main(["study", "--spec", str(SMOKE), "--out", str(out), *SMOKE_TINY]) == 0
-    rows = [
-        line.split(" | ")
-        for line in (out / pipeline.TABLE).read_text().splitlines()
-        if line.startswith("| wang2022_smoke")
-    ]
+    text = (out / pipeline.TABLE).read_text()
+    table = text.split("## ")[0].splitlines()
+    rows = [line.split(" | ") for line in table if line.startswith("| wang2022_smoke")]
     assert len(rows) == 2
     for cells in rows:  # pretrain, + finetune, adapted, adapted + finetune: all measured
         assert all("±" in cells[i] for i in (2, 3, 5, 6)), cells
-    for stage in (out / "stages").iterdir():
-        summary = json.loads((stage / "summary.json").read_text())
-        assert summary["lineage"]["parent_step"] in (4, 5)
+    # The paper's numbers (EAI / T0) beside: causal FLM after pretraining, after finetuning,
+    # adapted to non-causal MLM and finetuned; non-causal MLM after finetuning only.
+    assert "| 44.2 / 42.4 | 50.4 / 51.4 | 52.3 / 54.9 |" in text
+    assert "| - | 51.0 / 55.2 | - |" in text
+
+    # Lineage in the registry, as in each stage run's summary; pretraining queries see the
+    # pretrained runs only.
+    pretrained = {r["run_id"]: r for r in load_runs(out)}
+    assert len(pretrained) == 2 and all(r["stage"] is None for r in pretrained.values())
+    runs = {r["run_id"]: r for r in load_runs(out, stages=True)}
+    assert all(r["status"] == "done" for r in runs.values()) and len(runs) == 12
+    by_stage = {s: [r for r in runs.values() if r["stage"] == s] for s in ("adapt", "scratch")}
+    for a in by_stage["adapt"]:
+        assert a["parent_run_id"] in pretrained and a["parent_step"] == 4 and a["steps"] == 1
+    for r in runs.values():
+        if r["stage"] in ("adapt", "finetune"):  # parent_step: where the parent finished
+            p = runs[r["parent_run_id"]]
+            assert r["parent_step"] == p["steps"] + (p["parent_step"] or 0)
+        if r["stage"]:
+            lineage = json.loads((Path(r["workdir"]) / "summary.json").read_text())["lineage"]
+            assert lineage["parent_step"] == r["parent_step"]
+
+    # Adapted vs from scratch at equal total compute: the scratch run's measured FLOPs equal
+    # the adapted run's parent's + its own within half a step of the scratch run.
+    assert "## Adapted vs from scratch at equal total compute" in text
+    for s in by_stage["scratch"]:
+        a = runs[s["matches_run_id"]]
+        total = pretrained[a["parent_run_id"]]["flops"] + a["flops"]
+        assert abs(s["flops"] / total - 1) <= 0.5 / s["steps"]
+        p = pretrained[a["parent_run_id"]]
+        cell = f"{p['arch']}/{p['objective']}"
+        row = next(line for line in text.splitlines() if line.startswith(f"| {cell} | {a['arch']}"))
+        assert f"| {s['flops'] / total:.4f} |" in row and "one seed" in row
+    assert "## Stage runs" in text
 
 
 def test_the_table_average_and_its_interval():
-    from scalestudy.study.pipeline import average
+    from scalestudy.study.wang_report import average
 
     evals = {"a/acc": 0.5, "a/n": 100, "b/acc": 0.8, "b/n": 25}
     mean, half = average(evals, ("a", "b"))
@@ -289,11 +336,11 @@ def test_the_table_average_and_its_interval():
 
 
 def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path):
-    from scalestudy.study import pipeline
+    from scalestudy.study import pipeline, wang_report
     from scalestudy.study.sweep import load_study
 
     planned = pipeline.plan(load_study(SMOKE, SMOKE_TINY), SMOKE.parent, tmp_path)
-    scores = iter([0.30, 0.40, 0.50, 0.60, 0.70, 0.80, 0.90, 0.20])
+    scores = iter([0.30, 0.40, 0.50, 0.60, 0.11, 0.12, 0.70, 0.80, 0.90, 0.20, 0.13, 0.14])
     for r in planned:
         if r.stage != "finetune":
             continue
@@ -306,20 +353,114 @@ def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path
         (where / "summary.json").write_text(
             json.dumps({"eval": {"synthetic_probes/acc": after, "synthetic_probes/n": 100}})
         )
-    published = {"cells": {"causal_decoder/flm": {"pretrain": 44.0, "finetune": 55.0}}}
-    lines = pipeline.table(planned, tmp_path, published).splitlines()
+    published = {
+        "cells": {"causal_decoder/flm": {"pretrain": 44.0, "finetune": {"eai": 55.0, "t0": 5}}},
+        "adapted": {"causal_decoder/flm -> noncausal_decoder/mlm": {"finetune": {"eai": 1.5}}},
+    }
+    lines = wang_report.table(planned, tmp_path, published).splitlines()
     causal = next(line for line in lines if ".causal_decoder.flm." in line).split(" | ")
-    # pretrain, + finetune, adapted to, adapted, adapted + finetune, paper, paper
-    assert [c.split(" ±")[0] for c in causal[2:9]] == [
+    # pretrain, + finetune, adapted to, adapted, adapted + finetune, paper (3 columns); the run
+    # from scratch (0.11, 0.12) is not a row of this table
+    assert [c.split(" ±")[0] for c in causal[2:10]] == [
         "30.0",
         "40.0",
         "noncausal_decoder/mlm",
         "50.0",
         "60.0",
         "44.0",
-        "55.0 |",
+        "55.0 / 5",
+        "1.5 / - |",
     ]
     noncausal = next(line for line in lines if ".noncausal_decoder.mlm." in line)
     assert "| 70.0 ± 9.0 | 80.0 ± 7.8 | causal_decoder/flm | 90.0 ± 5.9 | 20.0 ± 7.8 |" in (
         noncausal
     )
+
+
+def test_adapted_vs_scratch_is_paired_by_seed_with_an_interval(tmp_path: Path):
+    """Two seeds: the comparison's Δ is the mean of the per-seed differences, with a t
+    interval over the two seeds; the FLOPs ratio is the registry's."""
+    from scalestudy.study import pipeline, wang_report
+    from scalestudy.study.sweep import load_study
+
+    study = load_study(SMOKE, [*SMOKE_TINY, "seeds=[0,1]", "cells=[[causal_decoder,flm]]"])
+    planned = [r for r in pipeline.plan(study, SMOKE.parent, tmp_path) if r.stage != "finetune"]
+    losses = {("adapt", 0): 2.0, ("adapt", 1): 2.2, ("scratch", 0): 2.5, ("scratch", 1): 2.9}
+    runs = {}
+    for r in planned:
+        runs[r.run_id] = {"flops": r.planned_flops, "loss": losses[r.stage, r.pretrained.seed]}
+        runs[r.pretrained.run_id] = {"flops": r.pretrained.planned_flops}
+    records = wang_report.equal_compute(planned, tmp_path, runs)
+    assert sorted(r["seed"] for r in records) == [0, 1]
+    for rec in records:
+        assert rec["ratio"] == pytest.approx(rec["scratch_flops"] / rec["adapted_flops"])
+    [row] = [line for line in wang_report.equal_compute_lines(records) if "| 2 |" in line]
+    d = np.array([2.0 - 2.5, 2.2 - 2.9])
+    half = 12.706 * d.std(ddof=1) / np.sqrt(2)  # t(0.975, 1 df)
+    assert f"{d.mean():+.3f} [{d.mean() - half:+.3f}, {d.mean() + half:+.3f}]" in row
+
+
+def test_lineage_under_relative_bias_needs_wangs_single_table():
+    """Causal <-> non-causal adaptation with relative position bias keeps every parameter
+    under Wang et al.'s layout (rel_prefix_buckets=causal) and is refused, naming the fix,
+    under the mirrored one."""
+    tiny = [t for t in TINY if not t.startswith("model.position")]
+    for buckets, ok in (("causal", True), ("mirrored", False)):
+        cfg = load_config(
+            None, [*tiny, "model.position=relative_bias", f"model.rel_prefix_buckets={buckets}"]
+        )
+        for src, src_obj, dst, obj in (
+            ("causal_decoder", "flm", "noncausal_decoder", "mlm"),
+            ("noncausal_decoder", "mlm", "causal_decoder", "flm"),
+        ):
+            parent = cfg.replace(
+                model=cfg.model.replace(arch=src), objective=cfg.objective.replace(name=src_obj)
+            )
+            ad = stages.AdaptConfig(arch=dst, objective=obj, steps=1)
+            new = stages.adapt_config(parent, Path("parent"), 4, ad)
+            if ok:
+                stages._check_same_parameters(parent, new)
+            else:
+                with pytest.raises(stages.StageError, match="rel_prefix_buckets=causal"):
+                    stages._check_same_parameters(parent, new)
+
+
+@pytest.mark.parametrize(
+    "error,status",
+    [(Preempted("SIGTERM received", 15), "interrupted"), (ValueError("broken"), "failed")],
+    ids=["signal", "error"],
+)
+def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
+    tmp_path: Path, monkeypatch, error, status
+):
+    """The registry row of a stage run says what happened to it; the runs after it stay
+    pending, and the plan's rows are all there before any trains."""
+    from scalestudy.study import pipeline, sweep
+    from scalestudy.study.registry import load_runs
+
+    study = sweep.load_study(SMOKE, SMOKE_TINY)
+    runs = sweep.expand(study, SMOKE.parent)
+
+    def stop(r, where):
+        raise error
+
+    monkeypatch.setattr(pipeline, "_run_one", stop)
+    with pytest.raises(type(error)):
+        pipeline.run(study, SMOKE.parent, tmp_path, runs)
+    rows = load_runs(tmp_path, stages=True)
+    assert [r["status"] for r in rows] == [status] + ["pending"] * 9
+    assert rows[0]["stage"] == "adapt" and rows[0]["error"]
+    assert load_runs(tmp_path) == []  # no pretraining row was touched (none was planned here)
+
+
+def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypatch, capsys):
+    """`--collect` records cluster-trained runs and never trains: not the stages either."""
+    from scalestudy.cli import main
+    from scalestudy.study import pipeline, sweep
+
+    study = sweep.load_study(SMOKE, SMOKE_TINY)
+    monkeypatch.setattr(sweep, "run_study", lambda *a, **k: (study, []))
+    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("stages trained"))
+    out = str(tmp_path / "out")
+    assert main(["study", "--spec", str(SMOKE), "--out", out, "--collect", *SMOKE_TINY]) == 0
+    assert "not run by --collect" in capsys.readouterr().out
