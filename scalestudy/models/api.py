@@ -143,11 +143,7 @@ class Model:
         denom = jnp.maximum(tokens, 1.0)
         ce = (w_BL * ce_BL).sum() / denom
         zl = z_loss * (w_BL * lse_BL**2).sum() / denom
-        # The target is the argmax when its logit reaches the maximum: one more reduction over
-        # the vocabulary, where argmax costs a pass of its own (ties, which argmax would break
-        # towards the lowest id, count as correct).
-        max_BL = jax.lax.stop_gradient(logits_BLV).max(axis=-1)
-        correct_BL = (target_logit_BL >= max_BL).astype(jnp.float32)
+        correct_BL = (jnp.argmax(logits_BLV, axis=-1) == targets_BL).astype(jnp.float32)
         positions = (_segments(batch, "decoder", targets_BL) > 0).sum()
         if self.cfg.arch == "encoder_decoder":
             enc_tokens = jnp.asarray(batch["encoder_input_tokens"])

@@ -215,12 +215,13 @@ class Run:
         return self.totals["wall_time_s"] + time.perf_counter() - self.t_start
 
     def steps_in_call(self, t: int) -> int:
-        """train.steps_per_call steps from `t` in one call when none but the last logs, runs a
-        hook or stops, on one process (JAX's preemption sync point is checked every step)."""
+        """Steps from `t` to run in one call: train.steps_per_call when none of them but the
+        last is a log step, a hook's step or the stop (on one process), else 1."""
         k, every = self.program.steps_per_call, self.cfg.train.log_every
+        if k == 1 or t + k - 1 > self.stop or self.processes > 1:
+            return 1  # several processes: JAX's preemption sync point is checked every step
         inner = range(t, t + k - 1)
-        single = k == 1 or t + k - 1 > self.stop or self.processes > 1
-        return 1 if single or any(s % every == 0 or self.hooks.due(s) for s in inner) else k
+        return 1 if any(s % every == 0 or self.hooks.due(s) for s in inner) else k
 
     def dispatch(self, t: int, n: int = 1) -> None:
         """Start steps `t .. t + n - 1` on the device in one call; write the previous log
@@ -233,8 +234,8 @@ class Run:
             batch = self.program.shard_batch(batches[0])
             self.state, step_metrics = self.program.train_step(self.state, batch)
         else:
-            batch = self.program.shard_batches(batches)
-            self.state, step_metrics = self.program.multi_step(self.state, batch)
+            stacked = self.program.shard_batches(batches)
+            self.state, step_metrics = self.program.multi_step(self.state, stacked)
         t += n - 1
         log = t % self.cfg.train.log_every == 0 or t == self.stop
         row = self.metrics.push(t, step_metrics, log=log)
