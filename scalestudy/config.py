@@ -314,6 +314,9 @@ class TrainConfig(Frozen):
     steps: int = Field(100, ge=1)
     batch_size: int = Field(8, ge=1)  # global, in sequences
     microbatches: int = Field(1, ge=1)  # gradient accumulation inside the step
+    # Optimizer steps per compiled call (a scan over stacked batches; same losses): pays off
+    # when a step is so small that dispatch and per-call overheads show (train/step.py).
+    steps_per_call: int = Field(1, ge=1)
     seed: int = 0
     z_loss: float = Field(1e-4, ge=0.0)
     log_every: int = Field(10, ge=1)

@@ -136,14 +136,14 @@ def _check_tasks(names: Any) -> None:
     for name in names:
         head, sep, _ = str(name).partition(":")
         known = (
-            name == "synthetic_probes"
+            name in ("synthetic_probes", "blimp")
             or name in TASK_REGISTRY
-            or (sep and head in ("text", "tfds", *TASK_REGISTRY))
+            or (sep and head in ("text", "tfds", "blimp", *TASK_REGISTRY))
             or str(name).endswith((".yaml", ".yml"))
             or ("/" in str(name) and head in TFDS_NAMES)
         )
         if not known:
-            accepted = ["synthetic_probes", *TASK_REGISTRY, "NAME:PATH", "text:PATH"]
+            accepted = ["synthetic_probes", *TASK_REGISTRY, "blimp", "NAME:PATH", "text:PATH"]
             accepted += ["tfds:NAME", "FILE.yaml"]
             raise ConfigError(f"tasks: unknown task {name!r}; accepted: {', '.join(accepted)}")
 

@@ -168,6 +168,7 @@ class Run:
         tc = cfg.train
         self.stop = min(tc.steps, tc.stop_after_steps or tc.steps)
         index, count = distributed.process_layout()
+        self.processes = count
         self.train_it = pipeline.make_iterator(
             cfg, "train", process_index=index, process_count=count
         )
@@ -226,15 +227,33 @@ class Run:
         """Seconds this run has taken over all its invocations, up to now."""
         return self.totals["wall_time_s"] + time.perf_counter() - self.t_start
 
-    def dispatch(self, t: int) -> None:
-        """Start step `t` on the device; write the previous log step's row."""
-        batch = self.program.shard_batch(next(self.train_it))
-        self.documents += self.train_it.last_document_tokens
-        self.state, step_metrics = self.program.train_step(self.state, batch)
+    def steps_in_call(self, t: int) -> int:
+        """Steps from `t` to run in one call: train.steps_per_call when none of them but the
+        last is a log step, a hook's step or the stop (on one process), else 1."""
+        k, every = self.program.steps_per_call, self.cfg.train.log_every
+        if k == 1 or t + k - 1 > self.stop or self.processes > 1:
+            return 1  # several processes: JAX's preemption sync point is checked every step
+        inner = range(t, t + k - 1)
+        return 1 if any(s % every == 0 or self.hooks.due(s) for s in inner) else k
+
+    def dispatch(self, t: int, n: int = 1) -> None:
+        """Start steps `t .. t + n - 1` on the device in one call; write the previous log
+        step's row."""
+        batches = []
+        for _ in range(n):
+            batches.append(next(self.train_it))
+            self.documents += self.train_it.last_document_tokens
+        if n == 1:
+            batch = self.program.shard_batch(batches[0])
+            self.state, step_metrics = self.program.train_step(self.state, batch)
+        else:
+            stacked = self.program.shard_batches(batches)
+            self.state, step_metrics = self.program.multi_step(self.state, stacked)
+        t += n - 1
         log = t % self.cfg.train.log_every == 0 or t == self.stop
         row = self.metrics.push(t, step_metrics, log=log)
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(n)
             if row is not None:
                 self.bar.set_postfix(
                     loss=f"{row['train/loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}"
@@ -319,15 +338,18 @@ def _loop(run: Run, stop_requested: Any) -> tuple[int, int | None, float]:
     t_loop = time.perf_counter()
     aside0 = run.timing["eval_s"] + run.timing["checkpoint_s"]
     done, signum = run.stop, None
-    for t in range(run.start + 1, run.stop + 1):
+    t = run.start + 1
+    while t <= run.stop:
         signum = stop_requested(t - 1)
         if signum is not None:
             done = t - 1
             break
         run.ckpt.poll()  # a failed asynchronous save stops the run here, not later
-        run.dispatch(t)
-        if t != run.stop and run.hooks.due(t):
-            run.run_hooks(t)
+        n = run.steps_in_call(t)
+        run.dispatch(t, n)
+        t += n
+        if t - 1 != run.stop and run.hooks.due(t - 1):
+            run.run_hooks(t - 1)
     run.metrics.flush(done)
     aside = run.timing["eval_s"] + run.timing["checkpoint_s"] - aside0
     return done, signum, time.perf_counter() - t_loop - aside

@@ -16,6 +16,12 @@ from scalestudy.train import rundir
 from scalestudy.train.tensorboard import EventWriter
 
 
+def _newest(value: Any) -> float:
+    """The last step's value of a metric: itself for one step, the last entry of a metric
+    stacked over the steps of one call (train.steps_per_call)."""
+    return float(np.asarray(value).reshape(-1)[-1])
+
+
 def _plain(value: Any) -> Any:
     """A JSON-able Python scalar from a numpy/jax scalar (NaN stays NaN)."""
     if isinstance(value, np.ndarray | np.generic | jax.Array):
@@ -98,6 +104,8 @@ class DeferredMetrics:
     can run ahead: the loop pushes step t's metrics after dispatching it and flushes those of
     an earlier step. Every step's token counts go into `totals`; log steps also become a
     metrics.jsonl row. A non-finite loss raises NonFiniteMetric when it reaches the host.
+    The metrics pushed at a step may be stacked over several steps ending at it (one call of
+    `Program.multi_step`); the row then holds the last of them, the totals count them all.
     """
 
     def __init__(self, writer: MetricsWriter, totals: dict, flops_per_step: float, clock: Any):
@@ -111,8 +119,9 @@ class DeferredMetrics:
         self.logged: dict[str, Any] = {}  # the latest value of every metric written
 
     def push(self, step: int, metrics: Any, *, log: bool) -> dict[str, Any] | None:
-        """Queue the device metrics of the step just dispatched; then write the previous log
-        step's row (its step is done by now, this one is queued behind it) and return it."""
+        """Queue the device metrics of the step (or steps ending at `step`) just dispatched;
+        then write the previous log step's row (its step is done by now, this one is queued
+        behind it) and return it."""
         self.pending.append((step, metrics))
         self.last = metrics
         row = self.flush(self.to_log[0]) if self.to_log is not None else None
@@ -126,14 +135,17 @@ class DeferredMetrics:
         ready = [p for p in self.pending if p[0] <= upto]
         self.pending = [p for p in self.pending if p[0] > upto]
         counts = jax.device_get([(m["step_tokens"], m["step_positions"]) for _, m in ready])
-        for tokens, positions in counts:
-            self.totals["tokens"] += float(tokens)
-            self.totals["positions"] += float(positions)
+        for tokens, positions in counts:  # added one step at a time, as floats, in order
+            for t, p in zip(np.ravel(tokens), np.ravel(positions), strict=True):
+                self.totals["tokens"] += float(t)
+                self.totals["positions"] += float(p)
         if self.to_log is None or self.to_log[0] > upto:
             return None
         step, metrics = self.to_log
         self.to_log = None
-        row = {k: float(v) for k, v in jax.device_get(metrics).items() if not k.startswith("step_")}
+        row = {
+            k: _newest(v) for k, v in jax.device_get(metrics).items() if not k.startswith("step_")
+        }
         if not math.isfinite(row["train/loss"]):
             raise NonFiniteMetric(row["train/loss"], step)
         row |= {
@@ -151,7 +163,7 @@ class DeferredMetrics:
         """Raise NonFiniteMetric when the newest dispatched step's loss is not finite (waits
         for that step)."""
         if self.last is not None:
-            loss = float(jax.device_get(self.last["train/loss"]))
+            loss = _newest(jax.device_get(self.last["train/loss"]))
             if not math.isfinite(loss):
                 raise NonFiniteMetric(loss, step)
 

@@ -28,6 +28,7 @@ SAFE_ON_RESUME: tuple[str, ...] = (
     "train.async_checkpoint",
     "train.stop_after_steps",
     "train.progress",
+    "train.steps_per_call",  # how steps are grouped into calls, not what they compute
     "train.init_from",  # only used before the run has checkpoints of its own
     "train.init_step",
     "eval.",  # evaluation reads the parameters, never changes them

@@ -6,6 +6,12 @@ microbatch)`. Gradients over `k` microbatches are accumulated inside the compile
 `lax.scan`; each microbatch contributes `loss * tokens`, so the result is the gradient of
 the mean over all loss-bearing tokens of the global batch, as with one big batch.
 
+With `train.steps_per_call: k > 1` the program also holds `multi_step`, which runs k train
+steps in one call (`lax.scan` of the same step over k stacked batches): a small model's step
+is short enough that the per-call costs (dispatch, argument handling, waking the thread pool)
+are a visible share of it. The scan body is the step itself, so losses and parameters equal
+those of k single calls (tests/train/test_steps_per_call.py).
+
 `build_program(cfg, example_batch)` returns a `Program` of compiled functions for one
 (config, shapes, mesh); equal inputs in the same process reuse the compiled program.
 """
@@ -133,6 +139,18 @@ def make_train_step(
     return train_step
 
 
+def make_multi_step(
+    train_step: Callable[[State, Batch], tuple[State, dict[str, jax.Array]]],
+) -> Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]:
+    """`(state, batches) -> (state, metrics)`: one train step per leading index of `batches`
+    ([k, B, ...] features), in order; each metric gains a leading axis of k steps."""
+
+    def multi_step(state: State, batches: Batch) -> tuple[State, dict[str, jax.Array]]:
+        return jax.lax.scan(train_step, state, batches)
+
+    return multi_step
+
+
 def make_eval_step(cfg: ExperimentConfig, model: Model) -> Callable[[Any, Batch], dict]:
     """`(params, batch) -> sums` of loss, ce and accuracy weighted by tokens, and tokens."""
 
@@ -158,6 +176,9 @@ class Program:
     train_step: Any  # (State, Batch) -> (State, metrics); donates the state
     eval_step: Any  # (params, Batch) -> sums
     compile_s: float
+    # (State, stacked Batch [k, B, ...]) -> (State, metrics [k]); None when k is 1.
+    multi_step: Any = None
+    steps_per_call: int = 1
 
     def init(self, seed: int) -> State:
         """A fresh state: parameters from `seed`, dropout keys from `seed` too."""
@@ -165,6 +186,11 @@ class Program:
 
     def shard_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         return sharding.shard_batch(self.mesh, dict(batch))
+
+    def shard_batches(self, batches: list[Mapping[str, np.ndarray]]) -> dict[str, jax.Array]:
+        """`steps_per_call` host batches stacked into [k, B, ...] global arrays for
+        `multi_step` (rows split over the mesh as `shard_batch` splits them)."""
+        return _shard_stacked(self.mesh, batches)
 
 
 def enable_compilation_cache() -> None:
@@ -210,6 +236,22 @@ def tune_host_allocator() -> dict[str, int]:
     return applied
 
 
+def _stacked_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(None, *sharding.batch_sharding(mesh).spec))
+
+
+def _shard_stacked(
+    mesh: jax.sharding.Mesh, batches: list[Mapping[str, np.ndarray]]
+) -> dict[str, jax.Array]:
+    stacked_sh = _stacked_sharding(mesh)
+    out = {}
+    for name in batches[0]:
+        local = np.stack([np.asarray(b[name]) for b in batches])
+        global_shape = (local.shape[0], local.shape[1] * jax.process_count(), *local.shape[2:])
+        out[name] = jax.make_array_from_process_local_data(stacked_sh, local, global_shape)
+    return out
+
+
 _PROGRAMS: OrderedDict[str, Program] = OrderedDict()
 _MAX_PROGRAMS = 8
 
@@ -220,6 +262,7 @@ def _program_key(cfg: ExperimentConfig, shapes: dict, mesh: jax.sharding.Mesh) -
         cfg.optim.model_dump_json(),
         cfg.train.steps,
         cfg.train.microbatches,
+        cfg.train.steps_per_call,
         cfg.train.z_loss,
         sorted(shapes.items()),
         tuple(mesh.shape.items()),
@@ -292,12 +335,27 @@ def build_program(
 
     # The seed is an argument, so runs that differ only in seed share one program.
     init = jax.jit(lambda s: _init_state(model, tx, s), out_shardings=state_sh)
+    one_step = make_train_step(cfg, model, tx, schedule, mesh)
     train_step = jax.jit(
-        make_train_step(cfg, model, tx, schedule, mesh),
+        one_step,
         in_shardings=(state_sh, batch_sh),
         out_shardings=(state_sh, replicated),
         donate_argnums=0,
     )
+    k = cfg.train.steps_per_call
+    multi_step = None
+    if k > 1:
+        stacked_sh = _stacked_sharding(mesh)
+        multi_step = jax.jit(
+            make_multi_step(one_step),
+            in_shardings=(state_sh, stacked_sh),
+            out_shardings=(state_sh, replicated),
+            donate_argnums=0,
+        )
+        abstract_stacked = {
+            name: jax.ShapeDtypeStruct((k, *shape), dtype, sharding=stacked_sh)
+            for name, (shape, dtype) in shapes.items()
+        }
     eval_step = jax.jit(
         make_eval_step(cfg, model),
         in_shardings=(param_sh, batch_sh),
@@ -309,6 +367,8 @@ def build_program(
             init = init.lower(seed).compile()
             train_step = train_step.lower(abstract, abstract_batch).compile()
             eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
+            if multi_step is not None:
+                multi_step = multi_step.lower(abstract, abstract_stacked).compile()
     program = Program(
         model=model,
         mesh=mesh,
@@ -320,6 +380,8 @@ def build_program(
         train_step=train_step,
         eval_step=eval_step,
         compile_s=time.perf_counter() - t0,
+        multi_step=multi_step,
+        steps_per_call=k,
     )
     if compile:
         _PROGRAMS[key] = program
