@@ -326,3 +326,10 @@ def _forward(
 def build_model(cfg: ModelConfig) -> Model:
     """The model for `cfg` (architecture from `cfg.arch`)."""
     return Model(cfg)
+
+
+def stack_depths(cfg: ModelConfig) -> dict[str, int]:
+    """The model's layer stacks as {the config field setting its depth: that depth}."""
+    if cfg.arch == "encoder_decoder":
+        return {"n_layers": cfg.n_layers, "n_encoder_layers": cfg.encoder_layers}
+    return {"n_layers": cfg.n_layers}

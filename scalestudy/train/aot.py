@@ -29,6 +29,7 @@ from scalestudy.data.batches import empty_features
 from scalestudy.data.objectives import feature_lengths
 from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
+from scalestudy.models.api import stack_depths
 from scalestudy.models.decoder import scanned
 from scalestudy.train import chips, roofline, sharding, step
 
@@ -168,24 +169,27 @@ def _compile(cfg: ExperimentConfig, devices: list) -> tuple[Any, Any, step.Progr
 
 def unrolled_costs(cfg: ExperimentConfig, devices: list) -> dict[str, Any]:
     """Per-device costs (`roofline.program_costs`) of the step at `cfg`'s depth, from the same
-    program unrolled at one and two layers per stack, extrapolated linearly in depth (XLA's
-    cost analysis counts a scanned loop body once)."""
-    m = cfg.model
-    target = (m.n_layers, m.encoder_layers) if m.is_encoder_decoder else (m.n_layers,)
-    depths = [(1,) * len(target)] + [
-        tuple(2 if j == i else 1 for j in range(len(target))) for i in range(len(target))
+    program unrolled at one layer per stack and at two layers in each stack in turn,
+    extrapolated linearly in depth (XLA's cost analysis counts a scanned loop body once)."""
+    stacks = stack_depths(cfg.model)
+    target = tuple(stacks.values())
+    depths = [(1,) * len(stacks)] + [
+        tuple(2 if j == i else 1 for j in range(len(stacks))) for i in range(len(stacks))
     ]
     costs = []
     for depth in depths:
-        layers = {"n_layers": depth[0], "scan_layers": False, "remat": m.remat}
-        if m.is_encoder_decoder:
-            layers["n_encoder_layers"] = depth[1]
-        probe = cfg.replace(model={**m.model_dump(), **layers})
+        layers = {**dict(zip(stacks, depth, strict=True)), "scan_layers": False}
+        probe = cfg.replace(model={**cfg.model.model_dump(), **layers})
         compiled, mesh, _ = _compile(probe, devices)
         if isinstance(compiled, str):
             raise ScalestudyError(f"compile: a {depth}-layer probe of the step did not fit")
-        costs.append(roofline.program_costs(compiled, mesh.size))
+        costs.append(_costs(compiled, mesh))
     return roofline.extrapolate(costs, depths, target)
+
+
+def _costs(compiled: Any, mesh: Any) -> dict[str, Any]:
+    devices = list(mesh.devices.flat)
+    return roofline.program_costs(compiled, devices, chips.chip(devices[0].device_kind))
 
 
 def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str, Any]:
@@ -229,14 +233,13 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
     # XLA counts one device's share of the step, and a scanned loop body once: the costs of
     # a scanned program come from its unrolled probes.
     scan = scanned(cfg.model)
-    costs = unrolled_costs(cfg, devices) if scan else roofline.program_costs(compiled, mesh.size)
+    costs = unrolled_costs(cfg, devices) if scan else _costs(compiled, mesh)
     out["scanned"] = scan
     out["xla_flops_per_step"] = costs["flops"] * mesh.size
     out["counted_flops_per_step"] = counted
     out["xla_over_counted"] = round(out["xla_flops_per_step"] / counted, 3)
-    limits = roofline.chip_limits(kind)
-    if limits is not None:
-        out["roofline"] = roofline.estimate(costs, limits, counted, mesh.size)
+    if entry is not None and entry.ici_link_bytes_per_s is not None:
+        out["roofline"] = roofline.estimate(costs, entry, counted, mesh.size)
     # The compiler's own estimate; negative or absent where it has none.
     out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
     out["bytes_per_chip"] = {"state": state, **sizes, "total": total}

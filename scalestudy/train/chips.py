@@ -21,31 +21,50 @@ import jax.numpy as jnp
 @dataclasses.dataclass(frozen=True)
 class Chip:
     """Datasheet figures of one accelerator: dense peak FLOP/s per JAX device by compute
-    dtype and memory (HBM) per JAX device."""
+    dtype, memory (HBM) per JAX device and its bandwidth, and (TPU) the chip's inter-chip
+    interconnect: bidirectional bandwidth over all its ports, and the number of ports (two per
+    torus dimension)."""
 
     name: str
     peak_bf16: float
     peak_fp32: float
     hbm_gib: float
+    hbm_bytes_per_s: float
+    ici_bytes_per_s: float | None = None  # bidirectional, all ports together
+    ici_ports: int | None = None
+
+    @property
+    def ici_link_bytes_per_s(self) -> float | None:
+        """One port, one direction: the bidirectional total over ports and directions."""
+        if self.ici_bytes_per_s is None or not self.ici_ports:
+            return None
+        return self.ici_bytes_per_s / (2 * self.ici_ports)
 
 
 # Matched against `jax.Device.device_kind` by substring, first match wins (so "v5 lite"
 # precedes "v5"). TPU float32 matmuls run as bfloat16 passes at default precision, so the
 # bfloat16 peak is the TPU's only peak; GPU float32 is the TF32 tensor-core peak, which
 # JAX's default matmul precision uses. A v4/v5p JAX device is one chip (megacore).
+# Sources, TPU: the Cloud TPU system architecture pages (docs.cloud.google.com/tpu/docs/v4,
+# .../v5e, .../v5p, .../v6e): peak bf16, HBM capacity and bandwidth, bidirectional ICI per chip
+# and ICI ports (v5e 400 GB/s over 4, v5p 1200 GB/s over 6, v6e 800 GB/s over 4). The v4 page
+# gives no per-chip ICI figure, only "all-reduce bandwidth per Pod 1.1 PB/s" over 4096 chips;
+# on v5e that pod figure per chip (51.2 TB/s / 256) is half the per-chip bidirectional one, so
+# v4's is taken as 2 x 1.1e15 / 4096 over its 6 ports (45 GB/s per port and direction).
+# GPU: the vendors' datasheets (HBM bandwidth; NVLink is not modelled).
 CHIPS: tuple[tuple[str, Chip], ...] = (
-    ("TPU v4", Chip("TPU v4", 275e12, 275e12, 32)),
-    ("TPU v5 lite", Chip("TPU v5e", 197e12, 197e12, 16)),
-    ("TPU v5e", Chip("TPU v5e", 197e12, 197e12, 16)),
-    ("TPU v5p", Chip("TPU v5p", 459e12, 459e12, 95)),
-    ("TPU v5", Chip("TPU v5p", 459e12, 459e12, 95)),
-    ("TPU v6 lite", Chip("TPU v6e", 918e12, 918e12, 32)),
-    ("TPU v6e", Chip("TPU v6e", 918e12, 918e12, 32)),
-    ("A100-SXM4-40GB", Chip("A100 SXM 40GB", 312e12, 156e12, 40)),
-    ("A100", Chip("A100 SXM", 312e12, 156e12, 80)),
-    ("H100 PCIe", Chip("H100 PCIe", 756e12, 378e12, 80)),
-    ("H100", Chip("H100 SXM", 989e12, 495e12, 80)),
-    ("H200", Chip("H200 SXM", 989e12, 495e12, 141)),
+    ("TPU v4", Chip("TPU v4", 275e12, 275e12, 32, 1.2e12, 2 * 1.1e15 / 4096, 6)),
+    ("TPU v5 lite", Chip("TPU v5e", 197e12, 197e12, 16, 8.19e11, 4.0e11, 4)),
+    ("TPU v5e", Chip("TPU v5e", 197e12, 197e12, 16, 8.19e11, 4.0e11, 4)),
+    ("TPU v5p", Chip("TPU v5p", 459e12, 459e12, 95, 2.765e12, 1.2e12, 6)),
+    ("TPU v5", Chip("TPU v5p", 459e12, 459e12, 95, 2.765e12, 1.2e12, 6)),
+    ("TPU v6 lite", Chip("TPU v6e", 918e12, 918e12, 32, 1.638e12, 8.0e11, 4)),
+    ("TPU v6e", Chip("TPU v6e", 918e12, 918e12, 32, 1.638e12, 8.0e11, 4)),
+    ("A100-SXM4-40GB", Chip("A100 SXM 40GB", 312e12, 156e12, 40, 1.555e12)),
+    ("A100", Chip("A100 SXM", 312e12, 156e12, 80, 2.039e12)),
+    ("H100 PCIe", Chip("H100 PCIe", 756e12, 378e12, 80, 2.0e12)),
+    ("H100", Chip("H100 SXM", 989e12, 495e12, 80, 3.35e12)),
+    ("H200", Chip("H200 SXM", 989e12, 495e12, 141, 4.8e12)),
 )
 
 

@@ -1,22 +1,29 @@
 """A roofline estimate of a compiled train step: how fast it could run on a TPU slice.
 
 From the compiled program itself: per-device FLOPs and HBM bytes from XLA's cost analysis,
-and the bytes each collective (all-gather, reduce-scatter, all-reduce, all-to-all,
-collective-permute) moves, read from the compiled HLO text with its replica groups. With a
-chip's datasheet peaks these give three lower bounds on the step time:
+and every collective (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute)
+read from the compiled HLO text with its replica groups. With the chip's datasheet
+(`chips.CHIPS`) these give three lower bounds on the step time:
 
 - compute: FLOPs / peak FLOP/s;
 - memory: bytes accessed / HBM bandwidth;
-- communication: bytes sent per device / ICI bandwidth, assuming each collective runs as a
-  ring over one torus axis that uses that axis's two links (one each way), a collective moving
-  (n - 1) / n of the full array per device (all-gather, reduce-scatter, all-to-all) or twice
-  that (all-reduce), and collective-permute its result once.
+- communication: each collective moves the least a bandwidth-optimal algorithm must move
+  through one device, (n - 1) / n of the array for all-gather, reduce-scatter and all-to-all
+  and twice that for all-reduce, its result for collective-permute. A group of devices spread
+  over k torus axes of the slice (from the chips' coordinates) receives over the 2k ports of
+  those axes (both neighbours on each axis, as on a torus with wraparound), each at the
+  datasheet's bandwidth per port and direction. Collectives on different axes overlap; those
+  on one axis queue: the time is the busiest axis's bytes over its two ports.
 
-The estimate is the largest of the three (perfect overlap of the others), so it is an upper
-bound on speed and on MFU: a measured MFU sits below it. XLA's cost analysis counts a loop body
-once, so for scanned layers the costs are taken from the same program unrolled at one and two
-layers per stack and extrapolated linearly in depth (layers are identical: exact up to
-fusion choices); `aot.compile_plan` does that.
+Each kind of collective appears in the compiled HLO several times (the asynchronous start,
+its continuations and done are cloned into separate computations), so one channel id counts
+once. The estimate is the largest of the three times (perfect overlap of the others) and
+never beats the slice's peak on the counted model FLOPs: a lower bound on step time, so an
+upper bound on MFU, which a measured MFU sits below. Where the optimistic choices bite: the
+ports of an axis without wraparound (small slices) are counted as if it had it, and routes
+over the axes a group does not span are not used. XLA's cost analysis counts a loop body once,
+so for scanned layers the costs come from the same program unrolled at one and two layers per
+stack, extrapolated linearly in depth (`aot.unrolled_costs`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
+
+from scalestudy.train.chips import Chip
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 _LINE = re.compile(
@@ -33,41 +45,27 @@ _LINE = re.compile(
 _ARRAY = re.compile(r"\b(pred|[a-z]+\d+)\[([\d,]*)\]")
 _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
 _ITEMSIZE |= {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+# Bytes through one device, in units of the collective's array (n devices per group).
+_TRAFFIC = {"all-reduce": lambda n: 2 * (n - 1) / n, "collective-permute": lambda n: 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
-class ChipLimits:
-    """Datasheet peaks of one TPU chip (one JAX device with megacore)."""
+class Collective:
+    """One collective of a compiled program: its kind, the bytes of the array it is defined
+    over (the gathered result, the scattered operand, the reduced or exchanged array) and its
+    groups of device positions (logical ids, the order of the mesh's devices)."""
 
-    name: str
-    flops_per_s: float  # dense bfloat16
-    hbm_bytes_per_s: float
-    ici_link_bytes_per_s: float  # one link, one direction
+    kind: str
+    array_bytes: int
+    groups: np.ndarray  # [groups, devices per group]
 
-
-# Sources: Cloud TPU system architecture pages (docs.cloud.google.com/tpu/docs/v4, .../v5e,
-# .../v5p, .../v6e) for peak bf16 FLOP/s and HBM bandwidth; per-link ICI bandwidth from the
-# same pages where they give it per chip (v5e: 400 GB/s bidirectional over 4 ports -> 50 GB/s
-# per link and direction) and otherwise from "How to Scale Your Model", part 2, TPU
-# specifications table (jax-ml.github.io/scaling-book/tpus): v4 4.5e10, v5p 9e10, v6e 9e10
-# bytes/s per link and direction.
-TPU_LIMITS: tuple[tuple[str, ChipLimits], ...] = (
-    ("TPU v4", ChipLimits("TPU v4", 275e12, 1.2e12, 4.5e10)),
-    ("TPU v5 lite", ChipLimits("TPU v5e", 197e12, 8.19e11, 5.0e10)),
-    ("TPU v5e", ChipLimits("TPU v5e", 197e12, 8.19e11, 5.0e10)),
-    ("TPU v5p", ChipLimits("TPU v5p", 459e12, 2.765e12, 9.0e10)),
-    ("TPU v5", ChipLimits("TPU v5p", 459e12, 2.765e12, 9.0e10)),
-    ("TPU v6 lite", ChipLimits("TPU v6e", 918e12, 1.64e12, 9.0e10)),
-    ("TPU v6e", ChipLimits("TPU v6e", 918e12, 1.64e12, 9.0e10)),
-)
-
-
-def chip_limits(device_kind: str) -> ChipLimits | None:
-    """The datasheet limits of a TPU device kind (first substring match), or None."""
-    for key, entry in TPU_LIMITS:
-        if key.lower() in device_kind.lower():
-            return entry
-    return None
+    @property
+    def bytes_per_device(self) -> float:
+        """The least bytes a bandwidth-optimal algorithm moves through one device."""
+        n = self.groups.shape[1]
+        if n <= 1:
+            return 0.0
+        return _TRAFFIC.get(self.kind, lambda n: (n - 1) / n)(n) * self.array_bytes
 
 
 def _bytes(shape: str) -> int:
@@ -77,49 +75,112 @@ def _bytes(shape: str) -> int:
     )
 
 
-def _group_size(line: str, n_devices: int) -> int:
-    """Devices per replica group of one collective (all devices when the line says none)."""
-    if m := re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line):
-        sizes = {a: int(n) for a, n in re.findall(r"'(\w+)'=(\d+)", m[1])}
-        return math.prod(sizes[a] for a in re.findall(r"'(\w+)'", m[2]))
-    if m := re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line):
-        return int(m[2])
-    if m := re.search(r"replica_groups=\{\{([^}]*)\}", line):
-        return len(m[1].split(","))
-    return n_devices
+def _iota(dims: str, perm: str | None) -> np.ndarray:
+    """XLA's iota device list: arange over `dims`, transposed by `perm`."""
+    shape = [int(d) for d in dims.split(",")]
+    ids = np.arange(math.prod(shape)).reshape(shape)
+    return ids.transpose([int(p) for p in perm.split(",")]) if perm else ids
 
 
-def collective_bytes(hlo_text: str, n_devices: int) -> dict[str, float]:
-    """Bytes one device sends per step for each collective kind (see the module doc)."""
-    out = dict.fromkeys(COLLECTIVES, 0.0)
+def replica_groups(line: str, n_devices: int) -> np.ndarray:
+    """Device positions of each replica group of one collective's HLO line, [groups, size]
+    (one group of every device when the line names none)."""
+    if m := re.search(r"source_target_pairs=\{(\{[\d,{}]*\})\}", line):
+        return np.array([[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", m[1])])
+    if m := re.search(r"replica_groups=mesh\[([^\]]*)\]", line):
+        axes = re.findall(r"'(\w+)'=(\d+)", m[1])
+        sizes = [int(n) for _, n in axes]
+        rest = line[m.end() :]
+        ids = np.arange(math.prod(sizes))
+        if d := re.match(r", device_ids=\(?\[([\d,]+)\](?:T\(([\d,]+)\))?", rest):
+            ids = _iota(d[1], d[2]).reshape(-1)
+        ids = ids.reshape(sizes)
+        named = re.match(r"(?:, device_ids=\S+)? \{([^}]*)\}", rest)
+        inside = re.findall(r"'(\w+)'", named[1]) if named else [a for a, _ in axes]
+        order = [i for i, (a, _) in enumerate(axes) if a not in inside]
+        order += [[a for a, _ in axes].index(a) for a in inside]
+        size = math.prod(sizes[[a for a, _ in axes].index(a)] for a in inside)
+        return ids.transpose(order).reshape(-1, size)
+    if m := re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line):
+        return _iota(m[3], m[4]).reshape(int(m[1]), int(m[2]))
+    if m := re.search(r"replica_groups=\{(\{[\d,{}]*\})\}", line):
+        groups = [[int(i) for i in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", m[1])]
+        if groups and len({len(g) for g in groups}) == 1:
+            return np.array(groups)
+    return np.arange(n_devices).reshape(1, n_devices)
+
+
+def parse_collectives(hlo_text: str, n_devices: int) -> list[Collective]:
+    """Every collective of a compiled program's HLO text, each channel once."""
+    out, seen = [], set()
     for line in hlo_text.splitlines():
         m = _LINE.search(line)
+        if m is None and "/*" in line:  # long tuples carry /*index=N*/ comments
+            m = _LINE.search(line := re.sub(r"/\*.*?\*/", "", line))
         if m is None:
             continue
         op, shape = m["op"], m["shape"]
+        if channel := re.search(r"channel_id=(\d+)", line):
+            if (op, channel[1]) in seen:
+                continue
+            seen.add((op, channel[1]))
         arrays = _ARRAY.findall(shape)
         if m["start"] and op in ("all-gather", "collective-permute") and len(arrays) > 1:
-            # Async starts return (operands..., results...): count the results.
+            # Async starts return (operands..., results...): the results count.
             half = arrays[len(arrays) // 2 :] if op == "all-gather" else arrays[1:2]
             shape = " ".join(f"{d}[{s}]" for d, s in half)
-        n = _group_size(line, n_devices)
+        groups = replica_groups(line, n_devices)
         size = _bytes(shape)
         if op == "reduce-scatter":
-            size *= n  # the result is one shard of the reduced array
-        share = (n - 1) / n if n > 1 else 0.0
-        factor = {"all-reduce": 2 * share, "collective-permute": 1.0}.get(op, share)
-        out[op] += factor * size
+            size *= groups.shape[1]  # the result is one shard of the reduced array
+        out.append(Collective(op, size, groups))
     return out
 
 
-def program_costs(compiled: Any, n_devices: int) -> dict[str, Any]:
-    """Per-device FLOPs, HBM bytes accessed and collective bytes of a compiled program."""
+def spanned_axes(group: Sequence[int], coords: Sequence[Sequence[int]] | None, dims: int):
+    """The torus axes along which the chips of one group lie (all `dims` axes when the
+    devices have no coordinates)."""
+    if coords is None:
+        return tuple(range(dims))
+    points = np.array([coords[i] for i in group])
+    return tuple(int(a) for a in np.flatnonzero(points.max(axis=0) != points.min(axis=0)))
+
+
+def device_coords(devices: Sequence[Any]) -> list[tuple[int, ...]] | None:
+    """Torus coordinates of `devices` (logical id order), or None where they have none."""
+    coords = [getattr(d, "coords", None) for d in devices]
+    if any(c is None for c in coords):
+        return None
+    return [tuple(int(x) for x in c) for c in coords]
+
+
+def communication(collectives: list[Collective], coords, dims: int) -> dict[str, Any]:
+    """Bytes per device by collective kind, and by torus axis: each collective's bytes are
+    spread evenly over the axes its groups span."""
+    kinds = dict.fromkeys(COLLECTIVES, 0.0)
+    axes: dict[str, float] = {}
+    for c in collectives:
+        sent = c.bytes_per_device
+        if not sent:
+            continue
+        kinds[c.kind] += sent
+        spanned = spanned_axes(c.groups[0], coords, dims) or tuple(range(dims))
+        for a in spanned:
+            axes[str(a)] = axes.get(str(a), 0.0) + sent / len(spanned)
+    return {"collectives": kinds, "axis_bytes": axes}
+
+
+def program_costs(compiled: Any, devices: Sequence[Any], chip: Chip | None) -> dict[str, Any]:
+    """Per-device FLOPs, HBM bytes accessed and collective bytes (by kind and by torus axis)
+    of a compiled program over `devices`, in the mesh's device order."""
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
+    dims = (chip.ici_ports or 2) // 2 if chip is not None else 1
+    collectives = parse_collectives(compiled.as_text(), len(devices))
     return {
         "flops": float(cost.get("flops", 0.0)),
         "bytes": float(cost.get("bytes accessed", 0.0)),
-        "collectives": collective_bytes(compiled.as_text(), n_devices),
+        **communication(collectives, device_coords(devices), dims),
     }
 
 
@@ -135,27 +196,30 @@ def extrapolate(costs: list[dict[str, Any]], depths: list[tuple[int, ...]], targ
             total += (target[stack] - base_depth[stack]) * (pick(c) - pick(base))
         return total
 
+    axes = sorted({a for c in costs for a in c["axis_bytes"]})
     return {
         "flops": combine(lambda c: c["flops"]),
         "bytes": combine(lambda c: c["bytes"]),
         "collectives": {k: combine(lambda c, k=k: c["collectives"][k]) for k in COLLECTIVES},
+        "axis_bytes": {a: combine(lambda c, a=a: c["axis_bytes"].get(a, 0.0)) for a in axes},
     }
 
 
 def estimate(
-    costs: dict[str, Any], limits: ChipLimits, counted_flops: float, n_devices: int
+    costs: dict[str, Any], chip: Chip, counted_flops: float, n_devices: int
 ) -> dict[str, Any]:
     """Compute, memory and communication times per step, the dominant bound, the estimated
     step time and MFU (model FLOPs `counted_flops` of the whole step over the slice's peak)."""
-    compute_s = costs["flops"] / limits.flops_per_s
-    memory_s = costs["bytes"] / limits.hbm_bytes_per_s
-    comm_s = sum(costs["collectives"].values()) / (2 * limits.ici_link_bytes_per_s)
+    compute_s = costs["flops"] / chip.peak_bf16
+    memory_s = costs["bytes"] / chip.hbm_bytes_per_s
+    busiest = max(costs["axis_bytes"].values(), default=0.0)
+    comm_s = busiest / (2 * chip.ici_link_bytes_per_s) if busiest else 0.0
     times = {"compute": compute_s, "memory": memory_s, "communication": comm_s}
     bound = max(times, key=times.get)
     # No program runs the model's FLOPs faster than the slice's peak, whatever XLA counted.
-    step_s = max(times[bound], counted_flops / (n_devices * limits.flops_per_s))
+    step_s = max(times[bound], counted_flops / (n_devices * chip.peak_bf16))
     return {
-        "chip": limits.name,
+        "chip": chip.name,
         "compute_s": float(f"{compute_s:.4g}"),
         "memory_s": float(f"{memory_s:.4g}"),
         "communication_s": float(f"{comm_s:.4g}"),
@@ -164,5 +228,5 @@ def estimate(
         },
         "bound": bound,
         "est_step_s": float(f"{step_s:.4g}"),
-        "est_mfu": round(counted_flops / (step_s * n_devices * limits.flops_per_s), 4),
+        "est_mfu": round(counted_flops / (step_s * n_devices * chip.peak_bf16), 4),
     }

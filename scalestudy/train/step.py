@@ -101,7 +101,10 @@ def make_train_step(
         tokens = jax.lax.stop_gradient(aux["tokens"])
         sums = {"loss": loss * tokens, **{m: aux[m] * tokens for m in _SUMMED[1:]}}
         sums = jax.lax.stop_gradient(sums)
-        return loss * tokens, {**sums, "tokens": tokens, "positions": aux["positions"]}
+        # One batch: the mean loss's gradient directly, so no pass divides every gradient by
+        # the token count afterwards (microbatches sum token-weighted gradients, then divide).
+        objective = loss if k == 1 else loss * tokens
+        return objective, {**sums, "tokens": tokens, "positions": aux["positions"]}
 
     grad_fn = jax.grad(weighted_loss, has_aux=True)
 
@@ -122,7 +125,8 @@ def make_train_step(
             micro = _split_microbatches(batch, k, mesh)
             (grads, sums), _ = jax.lax.scan(body, (zeros, sums0), (micro, jnp.arange(k)))
         denom = jnp.maximum(sums["tokens"], 1.0)
-        grads = jax.tree.map(lambda g: g / denom, grads)
+        if k > 1:
+            grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         params = optax.apply_updates(params, updates)
         metrics = {f"train/{m}": sums[m] / denom for m in _SUMMED}
