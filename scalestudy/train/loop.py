@@ -18,7 +18,6 @@ import contextlib
 import signal
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,40 +75,6 @@ def _progress_bar(cfg: ExperimentConfig, start: int, stop: int) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=stop, initial=start, desc=cfg.name, unit="step", dynamic_ncols=True)
-
-
-def _restore(
-    cfg: ExperimentConfig, ckpt: checkpoint.Checkpointer, program: step.Program
-) -> tuple[tuple[Any, dict, int] | None, bool]:
-    """((state, saved data dict, step) from this run, else from `train.init_from`, else None;
-    whether it came from this run)."""
-    restored = recovery.restore(ckpt, program.abstract_state)
-    if restored is not None:
-        return restored, True
-    if cfg.train.init_from is not None:
-        source = saved.checkpoint_dir(Path(cfg.train.init_from))
-        if not source.is_dir():
-            raise checkpoint.CheckpointError(
-                f"train.init_from={cfg.train.init_from!r}: no checkpoints directory there"
-            )
-        other = checkpoint.Checkpointer(source, read_only=True)
-        restored = recovery.restore(other, program.abstract_state, step=cfg.train.init_step)
-        if restored is None:
-            raise checkpoint.CheckpointError(f"train.init_from: no checkpoint in {source}")
-    return restored, False
-
-
-def _warn_missing_rows(workdir: Path, start: int, expected: int | None) -> None:
-    """Say when metrics.jsonl holds fewer training rows up to `start` than were written
-    (`expected`, counted in the checkpoint; None for checkpoints that did not count)."""
-    have = sum("train/loss" in row for row in rundir.read_metrics(workdir))
-    if expected is not None and have < expected:
-        warnings.warn(
-            f"{rundir.metrics_path(workdir)} lacks {expected - have} of the {expected} "
-            f"training rows logged up to step {start} (lost before they reached the disk); "
-            f"the run resumes, and the rows after step {start} will be complete",
-            stacklevel=2,
-        )
 
 
 def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None) -> dict[str, Any]:
@@ -210,7 +175,7 @@ class Run:
         if self.primary:
             rundir.truncate_metrics_after(self.workdir, self.start)
             if self.resumed:
-                _warn_missing_rows(self.workdir, self.start, self.totals.get("train_rows"))
+                recovery.warn_missing_rows(self.workdir, self.start, self.totals.get("train_rows"))
         self.writer = metrics.MetricsWriter(self.workdir, active=self.primary)
         per_step = self.cfg.train.batch_size * counting.flops(self.cfg)["flops_per_example"]
         self.metrics = metrics.DeferredMetrics(self.writer, self.totals, per_step, self.wall_time)
@@ -306,7 +271,7 @@ class Run:
 
 def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict[str, Any]:
     run = Run(cfg, workdir, eval_fn)
-    run.start_from(*_restore(cfg, run.ckpt, run.program))
+    run.start_from(*recovery.restore_run(cfg, run.ckpt, run.program.abstract_state))
     finished = rundir.read_summary(workdir)
     if run.start >= run.stop and finished is not None:  # already done: at most the eval to add
         run.ckpt.close()

@@ -17,12 +17,14 @@ import json
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from scalestudy.train import distributed, rundir
+from scalestudy.config import ExperimentConfig
+from scalestudy.train import distributed, rundir, saved
 from scalestudy.train.checkpoint import (
     ITEMS,
     Checkpointer,
@@ -198,3 +200,37 @@ def set_aside(directory: Path, step: int) -> Path:
         shutil.rmtree(dst)  # an older copy of the same corrupt step
     shutil.move(src, dst)
     return dst
+
+
+def restore_run(
+    cfg: ExperimentConfig, ckpt: Checkpointer, abstract_state: Any
+) -> tuple[tuple[Any, dict, int] | None, bool]:
+    """((state, saved data dict, step) from this run, else from `train.init_from`, else None;
+    whether it came from this run)."""
+    restored = restore(ckpt, abstract_state)
+    if restored is not None:
+        return restored, True
+    if cfg.train.init_from is not None:
+        source = saved.checkpoint_dir(Path(cfg.train.init_from))
+        if not source.is_dir():
+            raise CheckpointError(
+                f"train.init_from={cfg.train.init_from!r}: no checkpoints directory there"
+            )
+        other = Checkpointer(source, read_only=True)
+        restored = restore(other, abstract_state, step=cfg.train.init_step)
+        if restored is None:
+            raise CheckpointError(f"train.init_from: no checkpoint in {source}")
+    return restored, False
+
+
+def warn_missing_rows(workdir: Path, start: int, expected: int | None) -> None:
+    """Say when metrics.jsonl holds fewer training rows up to `start` than were written
+    (`expected`, counted in the checkpoint; None for checkpoints that did not count)."""
+    have = sum("train/loss" in row for row in rundir.read_metrics(workdir))
+    if expected is not None and have < expected:
+        warnings.warn(
+            f"{rundir.metrics_path(workdir)} lacks {expected - have} of the {expected} "
+            f"training rows logged up to step {start} (lost before they reached the disk); "
+            f"the run resumes, and the rows after step {start} will be complete",
+            stacklevel=2,
+        )
