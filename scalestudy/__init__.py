@@ -2,9 +2,25 @@
 
 import glob as _glob
 import os as _os
+from importlib import metadata as _metadata
 
-# libtpu takes a host-wide lock file when any process loads it, so a CPU-only process (a
-# study, a test) would make every other process that compiles for a TPU topology fail. On a
-# host without TPU devices there is no chip to protect: let every process load the compiler.
+
+def _gpu_plugin_installed() -> bool:
+    for dist in _metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(("jax-cuda", "jax-rocm")):
+            return True
+    return False
+
+
 if not _glob.glob("/dev/accel*") and not _glob.glob("/dev/vfio/[0-9]*"):
+    # No TPU chip on this host. libtpu takes a host-wide lock file when any process loads it, so
+    # a CPU-only process (a study, a test) would make every other process that compiles for a
+    # TPU topology fail: let every process load the compiler.
     _os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # With libtpu installed (the `tpu` extra), JAX would otherwise initialise it as a backend
+    # and libtpu would print its failed search for a chip on every process's terminal. Without
+    # a GPU plugin either, the CPU is the only backend there is. (Compiling for a TPU topology
+    # needs no TPU backend: `compile --topology` runs on the CPU platform.)
+    if "JAX_PLATFORMS" not in _os.environ and not _gpu_plugin_installed():
+        _os.environ["JAX_PLATFORMS"] = "cpu"

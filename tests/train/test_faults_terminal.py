@@ -17,9 +17,9 @@ from scalestudy.train import logfile, loop, rundir, saved
 
 
 def _user_env() -> dict[str, str]:
-    """The environment of a user who has not chosen a TensorFlow log level (the test session
-    sets one)."""
-    drop = (logfile.TF_LOG_LEVEL, logfile.TF_LOG_LEVEL_DEFAULTED)
+    """The environment of a user who has chosen neither a TensorFlow log level nor JAX's
+    platforms (the test session sets both)."""
+    drop = (logfile.TF_LOG_LEVEL, logfile.TF_LOG_LEVEL_DEFAULTED, "JAX_PLATFORMS")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
@@ -46,6 +46,26 @@ def _flip_bytes(path, n=16):
 
 
 # ----------------------------------------------------------------------------- the command line
+
+
+def test_a_host_without_accelerators_keeps_jax_off_libtpu():
+    """With the `tpu` extra installed, a host without TPU chips (and no GPU plugin) gets the CPU
+    platform, so libtpu never prints its search for a chip; a user's own choice stands."""
+    import glob
+
+    import scalestudy
+
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        pytest.skip("this host has TPU chips")
+    if scalestudy._gpu_plugin_installed():
+        pytest.skip("a GPU plugin is installed: JAX chooses between GPU and CPU itself")
+    probe = "import os, scalestudy; print(os.environ['JAX_PLATFORMS'])"
+    env = _user_env()
+    chosen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert chosen.stdout.strip() == "cpu", chosen.stderr
+    env["JAX_PLATFORMS"] = "cpu,tpu"
+    kept = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert kept.stdout.strip() == "cpu,tpu", kept.stderr
 
 
 def test_a_config_error_is_the_only_output(tiny_cfg, tmp_path):
