@@ -94,7 +94,7 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         _after.pop()()
     handler = _handler(path)
     _write_held(handler)
-    restore = _route(handler)
+    restore, swap = _route(handler)
     _active.append(handler)
     try:
         yield path
@@ -103,10 +103,13 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         # Futures of a failed save that nobody retrieved log their exception when collected:
         # collect them while their records still go to the file.
         gc.collect()
-        restore()
+        if _cli:  # the process ends soon; what the libraries say until then is the run's.
+            # Swapped, never unrouted in between: a failed save's threads are still talking.
+            swap(_handler(path, delay=True))
+            _after.append(restore)
+        else:
+            restore()
         handler.close()
-        if _cli:  # the process ends soon; what the libraries say until then is the run's
-            _after.append(_route(_handler(path, delay=True)))
 
 
 def _write_held(handler: logging.Handler) -> None:
@@ -118,9 +121,12 @@ def _write_held(handler: logging.Handler) -> None:
         handler.flush()
 
 
-def _route(handler: logging.Handler) -> Callable[[], None]:
+def _route(
+    handler: logging.Handler,
+) -> tuple[Callable[[], None], Callable[[logging.Handler], None]]:
     """Point the library loggers and the thread traceback hooks at `handler`; returns what
-    undoes it."""
+    undoes it, and what points them at another handler instead."""
+    current = [handler]
     propagate = {}
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
@@ -150,12 +156,19 @@ def _route(handler: logging.Handler) -> Callable[[], None]:
     def restore() -> None:
         for name, was in propagate.items():
             logger = logging.getLogger(name)
-            logger.removeHandler(handler)
+            logger.removeHandler(current[0])
             logger.propagate = was
         if (sys.excepthook, sys.unraisablehook) == (excepthook, unraisablehook):
             sys.excepthook, sys.unraisablehook = hooks
 
-    return restore
+    def swap(new: logging.Handler) -> None:
+        for name in propagate:
+            logger = logging.getLogger(name)
+            logger.addHandler(new)  # added before the old one goes: no record finds neither
+            logger.removeHandler(current[0])
+        current[0] = new
+
+    return restore, swap
 
 
 def quiet_terminal() -> None:
