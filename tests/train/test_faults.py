@@ -47,6 +47,30 @@ def straight(tiny_cfg, tmp_path_factory):
     return losses(workdir)
 
 
+def settle(path, quiet_s: float = 1.0, limit_s: float = 30.0) -> None:
+    """Wait until nothing under `path` has changed for `quiet_s`: a save that failed on a full
+    disk leaves tensorstore writes in flight in this process, and a resume in the same process
+    would otherwise race them over the failed step's temporary directory."""
+    import gc
+
+    def state():
+        seen = []
+        for p in path.rglob("*"):
+            with contextlib.suppress(OSError):  # a file the writers just removed
+                seen.append((str(p), p.stat().st_size))
+        return sorted(seen)
+
+    gc.collect()
+    deadline = time.monotonic() + limit_s
+    before = state()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = state()
+        if now == before:
+            return
+        before = now
+
+
 def remount_read_only(path) -> None:
     """Remount the small disk read-only. The kernel refuses while a file on it is open for
     writing; a library's writer from an earlier run may still be closing (a background thread
@@ -147,6 +171,7 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     assert "intact (steps [4])" in message
     assert max(r["step"] for r in rundir.read_metrics(run)) <= 12  # the next boundary at most
     assert saved.latest_step(run) == 4
+    settle(run / "checkpoints")  # the failed save's writer threads outlive the error
     (small_disk / "filler").unlink()
     with (run / rundir.METRICS).open("a") as f:
         f.write('{"step": 13, "train/lo')  # what a full disk or a power cut leaves
