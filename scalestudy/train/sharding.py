@@ -218,7 +218,8 @@ def logical_to_mesh_spec(axes: tuple[str | None, ...]) -> PartitionSpec:
     return linen_spmd.logical_to_mesh_axes(tuple(axes), AXIS_RULES)
 
 
-def _is_axes(x: Any) -> bool:
+def is_axes(x: Any) -> bool:
+    """A tuple of logical axis names (None for a dimension without one): a leaf of an axes tree."""
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
@@ -227,7 +228,7 @@ def param_shardings(mesh: Mesh, param_axes_tree: Any) -> Any:
     return jax.tree.map(
         lambda axes: NamedSharding(mesh, logical_to_mesh_spec(axes)),
         param_axes_tree,
-        is_leaf=_is_axes,
+        is_leaf=is_axes,
     )
 
 
@@ -241,7 +242,7 @@ def optimizer_state_shardings(
     state leaf's path (optax states hold copies of the parameter tree).
     """
     flat_params = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
-    flat_axes = jax.tree.leaves(param_axes_tree, is_leaf=_is_axes)
+    flat_axes = jax.tree.leaves(param_axes_tree, is_leaf=is_axes)
     by_path = {
         tuple(path): (leaf.shape, axes)
         for (path, leaf), axes in zip(flat_params, flat_axes, strict=True)

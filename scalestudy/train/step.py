@@ -44,21 +44,17 @@ Batch = Mapping[str, jax.Array]
 _SUMMED = ("loss", "ce", "z_loss", "accuracy")
 
 
-def _is_axes(x: Any) -> bool:
-    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
-
-
 def decay_mask(param_axes: Any) -> Any:
     """True for matrices (two or more axes besides a scanned `layers` axis), False otherwise."""
     return jax.tree.map(
-        lambda axes: sum(a != "layers" for a in axes) >= 2, param_axes, is_leaf=_is_axes
+        lambda axes: sum(a != "layers" for a in axes) >= 2, param_axes, is_leaf=sharding.is_axes
     )
 
 
 def stacked_mask(param_axes: Any) -> Any:
     """True for parameters stacked along a leading `layers` axis (scanned layers)."""
     return jax.tree.map(
-        lambda axes: bool(axes) and axes[0] == "layers", param_axes, is_leaf=_is_axes
+        lambda axes: bool(axes) and axes[0] == "layers", param_axes, is_leaf=sharding.is_axes
     )
 
 
