@@ -2,7 +2,8 @@
 
 Reads flat run records (a study registry's rows: `arch`, `objective`, `size`, `flops`,
 `params_*` and `eval/<task>/<metric>` or, for a task with parts such as the synthetic probes,
-`eval/<task>/<part>/<metric>`); every part with a recorded `n` is a task of its own here.
+`eval/<task>/<part>/<metric>`); every part with a recorded `n` is a task of its own here, up
+to `MAX_PARTS` parts per task.
 
 - `fig_task_accuracy`: a panel per task, accuracy against training compute per cell, Wilson
   95% intervals from the task's example count, and the task's chance line (1 / choices).
@@ -26,6 +27,7 @@ import numpy as np
 from scalestudy.scaling import figstyle as fs
 
 Z95 = 1.959964
+MAX_PARTS = 12  # parts of one task drawn as panels of their own
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,15 @@ def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
         if not run.get("flops"):
             continue
         keys = [k for k in run if k.startswith("eval/") and k.endswith("/acc")]
-        parted = {k.split("/")[1] for k in keys if k.count("/") == 3}
+        n_parts: dict[str, int] = defaultdict(int)
+        for k in keys:
+            if k.count("/") == 3 and run.get(k.removesuffix("acc") + "n"):
+                n_parts[k.split("/")[1]] += 1
+        parted = {task for task, count in n_parts.items() if count <= MAX_PARTS}
+        # A task with more parts than panels (BLiMP's 67 paradigms) is one task here; its
+        # breakdown has a section of its own. Tag breakdowns (eval/<task>/<tag>/<value>/acc)
+        # never count as tasks.
+        keys = [k for k in keys if k.count("/") == 2 or k.split("/")[1] in parted]
         for key in keys:
             parts = key.split("/")
             if run[key] is None or (len(parts) == 3 and parts[1] in parted):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import itertools
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -323,6 +324,11 @@ def finalize(study: StudySpec, out: Path) -> Path:
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
 
     text += report_section(done, out)
+    from scalestudy.study import blimp_report
+
+    data_dir = study.base.get("eval", {}).get("data_dir") or os.environ.get("SCALESTUDY_EVAL_DIR")
+    if blimp_lines := blimp_report.section(done, blimp_report.reference_dir(study.tasks, data_dir)):
+        text += "\n" + "\n".join(blimp_lines)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(render_html(text))
     print(f"report: {out / 'report.md'}")
