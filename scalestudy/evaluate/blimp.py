@@ -45,7 +45,9 @@ def load_blimp(path: str | Path, name: str = "blimp") -> Task:
             if not good.strip() or not bad.strip():
                 raise row.error("empty sentence in a minimal pair")
             terms[uid] = row.get("linguistics_term", str)
-            fields[uid] = row.get("field", str)
+            # The release spells one field two ways ("syntax_semantics" in most files,
+            # "syntax/semantics" in principle_A_case_2); a "/" would also split the metric key.
+            fields[uid] = row.get("field", str).replace("/", "_")
             examples.append(pair_example(good, bad, uid))
     info = {"group_tags": {"term": terms, "field": fields}}
     return Task(name, "choice", tuple(examples), str(path), "acc", delimiter="", info=info)

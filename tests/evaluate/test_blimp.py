@@ -130,3 +130,13 @@ def test_full_release_and_the_papers_numbers(shared_data: Path, tmp_path: Path) 
     assert "| overall | overall |" in blimp.format_table(rows)
     table = blimp.write_reference_table(results, root, tmp_path / "blimp.md")
     assert json.loads(table.with_suffix(".json").read_text()) == rows
+
+
+def test_field_names_are_one_spelling_and_key_safe(shared_data: Path) -> None:
+    """The release spells syntax_semantics two ways; both are one field, and no tag value holds
+    a "/" (it would split `blimp/field/<field>/acc` into a deeper key)."""
+    task = load_task("blimp", shared_data / "eval")
+    fields = set(task.info["group_tags"]["field"].values())
+    assert fields == {"morphology", "semantics", "syntax", "syntax_semantics"}
+    terms = set(task.info["group_tags"]["term"].values())
+    assert not any("/" in t for t in terms)
