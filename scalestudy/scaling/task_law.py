@@ -5,8 +5,9 @@ Compute-Efficient Model Ladders") and of Llama 3's downstream prediction:
 1. task loss L_t, the normalised negative log-likelihood of the correct answer (per task,
    `eval/<task>/task_loss` by default), as a scaling law in N and D (`chinchilla3`, as Bhagia
    et al.) or in N, D or C alone (`kaplan_*`); `auto` takes chinchilla3 where N and D each
-   take 3 or more values and L_t(N) = (N_c/N)^alpha_N + E otherwise (a ladder at fixed
-   tokens); fitted like the loss laws (the same objective and starting grids);
+   take 3 or more values independently of each other and L_t(N) = (N_c/N)^alpha_N + E
+   otherwise (a ladder at fixed tokens, or at a fixed ratio of tokens to parameters);
+   fitted like the loss laws (the same objective and starting grids);
 2. accuracy as a sigmoid of task loss: acc = b + a / (1 + exp(k (L_t - L0))), with b fixed at
    the task's chance accuracy when the table records it (`eval/<task>/chance`), else fitted.
 Intervals come from one bootstrap over runs that refits both steps, so a prediction carries
@@ -60,6 +61,17 @@ def task_names(
         if "/" in name:
             groups[name.split("/")[0]] = groups.get(name.split("/")[0], 0) + 1
     return sorted(n for n in names if "/" not in n or groups[n.split("/")[0]] <= max_groups)
+
+
+def varies_independently(N: np.ndarray, D: np.ndarray, max_corr: float = 0.99) -> bool:
+    """Whether N and D each take 3 or more values and are not tied to each other: a ladder at
+    a fixed ratio of tokens to parameters (D = r N) has log D a linear function of log N, and
+    a law in N and D is then not identifiable, only one in N."""
+    ok = np.isfinite(N) & np.isfinite(D) & (N > 0) & (D > 0)
+    logN, logD = np.log(N[ok]), np.log(D[ok])
+    if min(np.unique(np.round(v, 9)).size for v in (logN, logD)) < 3:
+        return False
+    return abs(float(np.corrcoef(logN, logD)[0, 1])) < max_corr
 
 
 def sigmoid(L: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -179,8 +191,7 @@ def fit_task(
     if form_name not in TASK_FORMS:
         raise ScalingDataError(f"task-law form {form_name!r}; accepted: {', '.join(TASK_FORMS)}")
     if form_name == "auto":
-        distinct = [np.unique(v[np.isfinite(v)]).size for v in (table.N, table.D)]
-        form_name = "chinchilla3" if min(distinct) >= 3 else "kaplan_n"
+        form_name = "chinchilla3" if varies_independently(table.N, table.D) else "kaplan_n"
     form = get_form(form_name)
     idx, x, L, acc = _points(table, task, form, loss_metric, acc_metric)
     n_params = len(form.params)

@@ -158,3 +158,24 @@ def test_task_names_take_a_tasks_groups_up_to_a_limit():
     t.extra["eval/lone/task_loss"] = ones  # a task loss without an accuracy
     assert task_names(t) == ["mc", "mc/a", "mc/b", "mc/c"]
     assert task_names(t, max_groups=2) == ["mc"]  # BLiMP's 67 paradigms stay out
+
+
+def test_auto_form_needs_n_and_d_to_vary_independently():
+    """A ladder at a fixed ratio of tokens to parameters (D = 20 N) varies N and D together:
+    a law in N and D is not identifiable there, so `auto` fits the law in N alone; it must
+    still recover the task loss's exponent in N (the D term is a power of N too)."""
+    from scalestudy.scaling.task_law import varies_independently
+
+    N = np.geomspace(2.5e4, 8e5, 6)
+    assert not varies_independently(N, 20 * N)
+    grid = _task_table()
+    assert varies_independently(grid.N, grid.D)
+    assert not varies_independently(N, np.full(6, 1e9))  # fixed tokens
+    L = TASK["E"] + TASK["A"] / N ** TASK["alpha"]  # D's term folded into N's: same exponent
+    acc = sigmoid(L, SIG)
+    extra = {"eval/mc/task_loss": L, "eval/mc/acc": acc, "eval/mc/n": np.full(6, 1000.0)}
+    table = RunTable([f"r{i}" for i in range(6)], ["all"] * 6, N, 20 * N, 120 * N * N, L, extra)
+    fit = fit_task_laws(table, FitSettings(bootstrap=0))["cells"]["all"]["mc"]
+    assert fit["task_loss"]["formula"] == "L_t = (N_c/N)^alpha_N + E"
+    got = {k: v["value"] for k, v in fit["task_loss"]["params"].items()}
+    assert got["alpha_N"] == pytest.approx(TASK["alpha"], rel=1e-2)
