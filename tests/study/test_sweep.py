@@ -27,13 +27,18 @@ def test_smoke_spec_has_every_cell_and_six_sizes_for_flm_and_plm():
     assert all(len(s) >= 6 for c, s in sizes.items() if c[1] != "mlm")
     assert all(len(s) >= 3 for s in sizes.values())
     # One sequence/batch shape for the whole study (compiled steps differ only by size), but
-    # for the encoder-decoder's PLM rows, which hold L = I + T positions in each stack.
+    # for the encoder-decoder's PLM rows, which hold L = I + T positions in each stack; that
+    # cell has its own shorter pieces and larger batch (cell_base), and each of its stacks
+    # reads as many positions per step as a decoder-only batch.
     same = [r for r in runs if (r.arch, r.objective) != ("encoder_decoder", "plm")]
     assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in same}) == 1
-    L = runs[0].cfg.objective.decoder_length
-    assert (
-        all(r.flops["positions_per_example"] == 2 * L for r in runs if r not in same)
-        and same[0].flops["positions_per_example"] == L
+    L, batch = same[0].cfg.objective.decoder_length, same[0].cfg.train.batch_size
+    assert same[0].flops["positions_per_example"] == L
+    ed = [r for r in runs if r not in same]
+    assert len(ed) == 6 and all(
+        r.flops["positions_per_example"] == 2 * r.cfg.objective.decoder_length
+        and r.flops["positions_per_example"] * r.cfg.train.batch_size == 2 * L * batch
+        for r in ed
     )
     sizes = [r.size_index for r in runs]
     assert sizes == sorted(sizes)  # size-major
@@ -105,6 +110,26 @@ def test_cell_sizes_train_a_cell_at_only_the_sizes_named(tiny_spec):
         _expand(tiny_spec, ["ladder.cell_sizes={noncausal_decoder/plm: [s]}"])
     with pytest.raises(ConfigError, match="'arch/objective' with a non-empty list"):
         _expand(tiny_spec, ["ladder.cell_sizes={encoder_decoder: [s]}"])
+
+
+def test_cell_base_changes_only_the_cell_it_names(tiny_spec):
+    over = "cell_base={encoder_decoder/mlm: {optim: {learning_rate: 0.02}, train: {batch_size: 4}}}"
+    runs = _expand(tiny_spec, [over, "base.optim.learning_rate=0.004"])
+    plain = {r.run_id: r for r in _expand(tiny_spec, ["base.optim.learning_rate=0.004"])}
+    for r in runs:
+        if r.arch == "encoder_decoder":
+            assert (r.cfg.optim.learning_rate, r.cfg.train.batch_size) == (0.02, 4)
+            assert r.run_id not in plain
+        else:  # other cells keep their configs, so their runs (ids) are the same
+            assert r.run_id in plain and r.cfg == plain[r.run_id].cfg
+    scaled = _expand(
+        tiny_spec, [over, "ladder.lr_scaling=inverse_width", "ladder.lr_reference_width=16"]
+    )
+    # The cell's own rate is the one the ladder scales by width.
+    lrs = {(r.cfg.model.d_model, r.cfg.optim.learning_rate) for r in scaled if r.arch[0] == "e"}
+    assert lrs == {(16, 0.02), (32, 0.01)}
+    with pytest.raises(ConfigError, match="cell_base: 'noncausal_decoder/plm' is not a cell"):
+        _expand(tiny_spec, ["cell_base={noncausal_decoder/plm: {train: {batch_size: 4}}}"])
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
