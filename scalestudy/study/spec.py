@@ -274,6 +274,9 @@ class StudySpec(Frozen):
     )
     # Inline ExperimentConfig keys, merged over base_config.
     base: dict = Field(default_factory=dict)
+    # ExperimentConfig keys merged over `base` for one cell's runs: {"arch/objective": {...}};
+    # a spec states why each cell differs (study/sweep.py checks the cell names).
+    cell_base: dict[str, dict] = Field(default_factory=dict)
     archs: Tuple = ARCHS
     objectives: Tuple = OBJECTIVES
     cells: Tuple = ()  # [[arch, objective], ...]; empty: every valid cell of archs x objectives

@@ -180,6 +180,10 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             f"objectives={list(study.objectives)}"
         )
     sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
+    for key in study.cell_base:
+        if tuple(key.split("/")) not in grid:
+            accepted = ", ".join(f"{a}/{o}" for a, o in grid)
+            raise ConfigError(f"cell_base: {key!r} is not a cell of the study ({accepted})")
     context = matched.context_for(study, base)
     runs: list[PlannedRun] = []
     for (i, rung), (tag, compute), seed in itertools.product(
@@ -204,16 +208,17 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                     ModelConfig, {**model.model_dump(), **variant.model}, f"variant {vname}"
                 )
             name = ".".join(p for p in (arch, objective, vname, rung.name, tag, f"s{seed}") if p)
+            cell_base = deep_merge(base, dict(study.cell_base.get(f"{arch}/{objective}", {})))
             data = deep_merge(
-                base,
+                cell_base,
                 {
                     "name": f"{study.name}.{name}",
                     "model": model.model_dump(),
                     "objective": {"name": objective},
                     "train": {"seed": seed},
                     # A seed replicates the whole run: data order too (seed 0: the base's).
-                    "data": {"seed": base.get("data", {}).get("seed", 0) + seed},
-                    "optim": {"learning_rate": _learning_rate(study, base, shape)},
+                    "data": {"seed": cell_base.get("data", {}).get("seed", 0) + seed},
+                    "optim": {"learning_rate": _learning_rate(study, cell_base, shape)},
                 },
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")

@@ -1,11 +1,11 @@
 """The encoder-decoder prefix LM is scored in the form it was trained on (smoke settings).
 
-The smoke study's encoder-decoder PLM probes sit near chance while its decoder-only cells
-learn them; docs/results-smoke.md shows why (the cross-attention path is not yet used at the
-smoke budget). This pins the part that is not the cause: a training example of that cell,
-scored as a (context, continuation) pair by the scorer's own path, is laid out exactly as
-training laid it out (no end marker on either side, decoder starting from id 0 at position 0,
-loss on every continuation token).
+With 128-byte pieces at lr 5e-3 the smoke study's encoder-decoder PLM probes sat near chance
+while its decoder-only cells learnt them; docs/results-smoke.md shows why (the cross-attention
+path was not yet used at the smoke budget). This pins the part that is not the cause: a
+training example of that cell, scored as a (context, continuation) pair by the scorer's own
+path, is laid out exactly as training laid it out (no end marker on either side, decoder
+starting from id 0 at position 0, loss on every continuation token).
 """
 
 from __future__ import annotations

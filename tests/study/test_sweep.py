@@ -107,6 +107,26 @@ def test_cell_sizes_train_a_cell_at_only_the_sizes_named(tiny_spec):
         _expand(tiny_spec, ["ladder.cell_sizes={encoder_decoder: [s]}"])
 
 
+def test_cell_base_changes_only_the_cell_it_names(tiny_spec):
+    over = "cell_base={encoder_decoder/mlm: {optim: {learning_rate: 0.02}, train: {batch_size: 4}}}"
+    runs = _expand(tiny_spec, [over, "base.optim.learning_rate=0.004"])
+    plain = {r.run_id: r for r in _expand(tiny_spec, ["base.optim.learning_rate=0.004"])}
+    for r in runs:
+        if r.arch == "encoder_decoder":
+            assert (r.cfg.optim.learning_rate, r.cfg.train.batch_size) == (0.02, 4)
+            assert r.run_id not in plain
+        else:  # other cells keep their configs, so their runs (ids) are the same
+            assert r.run_id in plain and r.cfg == plain[r.run_id].cfg
+    scaled = _expand(
+        tiny_spec, [over, "ladder.lr_scaling=inverse_width", "ladder.lr_reference_width=16"]
+    )
+    # The cell's own rate is the one the ladder scales by width.
+    lrs = {(r.cfg.model.d_model, r.cfg.optim.learning_rate) for r in scaled if r.arch[0] == "e"}
+    assert lrs == {(16, 0.02), (32, 0.01)}
+    with pytest.raises(ConfigError, match="cell_base: 'noncausal_decoder/plm' is not a cell"):
+        _expand(tiny_spec, ["cell_base={noncausal_decoder/plm: {train: {batch_size: 4}}}"])
+
+
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_every_study_spec_validates(path, capsys):
     sweep.run_study(path, Path("unused"), dry_run=True)
