@@ -130,6 +130,7 @@ def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[dict[str, Any
 
     rows: list[dict[str, Any]] = []
     floors: dict[int, float] = {}
+    bags: dict[tuple[int, str], float] = {}  # the bag floor: non-causal decoders only
     before = _previous_cpu(out)
     for run, configs in plan(study, spec_dir, out):
         for budget in sorted(configs, reverse=True):  # the stable run first: branches need it
@@ -140,6 +141,9 @@ def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[dict[str, Any
             summary = summary or loop.train(cfg, where)
             if run.seed not in floors and cfg.data.source == "order":
                 floors[run.seed] = order_floor.validation_floor(cfg)
+            bag = (run.seed, run.arch) if run.arch == "noncausal_decoder" else None
+            if bag and bag not in bags and cfg.data.source == "order":
+                bags[bag] = order_floor.validation_bag_floor(cfg)
             rows.append(
                 {
                     "arch": run.arch,
@@ -148,6 +152,7 @@ def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[dict[str, Any
                     "budget": budget,
                     "val_loss": summary["final_val_loss"],
                     "floor": floors.get(run.seed),
+                    "bag_floor": bags.get((run.seed, run.arch)),
                     "params": run.params["total"],
                     "wall_s": summary.get("wall_time_s"),
                     "cpu_s": cpu if cpu is not None else time.process_time() - cpu0,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalestudy.decoder_only import nope_budgets
+from scalestudy.decoder_only import nope_budgets, order_floor
 from scalestudy.errors import ConfigError
 from scalestudy.train.optim import make_schedule
 
@@ -87,3 +87,39 @@ def test_budgets_off_the_steps_per_call_grid_are_refused(tmp_path):
     study = nope_budgets.load_sweep(SPEC, ["experiments.budgets.steps=[123,1000]"])
     with pytest.raises(ConfigError, match=r"multiples of train\.steps_per_call"):
         nope_budgets.plan(study, SPEC.parent, tmp_path)
+
+
+def test_the_command_trains_each_budget_once_and_reports_the_calls(tmp_path, monkeypatch, capsys):
+    """The command end to end with the trainer replaced by a stand-in whose losses have a
+    known gap: NoPE costs the non-causal decoder 0.5 at every budget and the causal one 0.2 at
+    125 steps, halving per doubling. A second invocation trains nothing."""
+    from scalestudy.train import loop, rundir
+
+    trained = []
+
+    def fake_train(cfg, workdir):
+        steps, arch, seed = cfg.train.steps, cfg.model.arch, cfg.train.seed
+        nope = cfg.model.position == "none"
+        gap = 0.5 if arch == "noncausal_decoder" else 0.2 * 125 / steps
+        wobble = 0.002 * ((seed * 31 + steps) % 7 - 3) / 3  # differs by seed and budget
+        loss = 0.42 + 0.01 * seed + (gap + wobble if nope else 0.0)
+        assert (cfg.train.init_from is None) == (steps == 1000)
+        trained.append((arch, nope, seed, steps))
+        summary = {"final_val_loss": loss, "steps": steps, "complete": True, "wall_time_s": 1.0}
+        workdir.mkdir(parents=True)
+        rundir.write_summary(workdir, summary)
+        return summary
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    monkeypatch.setattr(order_floor, "validation_floor", lambda cfg: 0.41)  # tested on its own
+    monkeypatch.setattr(order_floor, "validation_bag_floor", lambda cfg: 0.81)
+    args = ["--spec", str(SPEC), "--out", str(tmp_path), "seeds=[0,1,2]"]
+    assert nope_budgets.main(args) == 0
+    assert len(trained) == 2 * 2 * 3 * 4 == len(set(trained))
+    report = (tmp_path / nope_budgets.REPORT_NAME).read_text()
+    sections = report.split("## ")
+    noncausal = next(s for s in sections if s.startswith("noncausal_decoder\n"))
+    causal = next(s for s in sections if s.startswith("causal_decoder\n"))
+    assert "a final-loss effect" in noncausal and "optimisation-speed effect" in causal
+    assert "Bag floor" in report
+    assert nope_budgets.main(args) == 0 and len(trained) == 48  # nothing trained again
