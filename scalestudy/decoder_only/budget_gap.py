@@ -20,7 +20,8 @@ The call, after Holm's correction over every test of the report:
 - "speed": the trend closes the gap and the asymptote is not distinguishable from 0 while its
   whole interval lies closer to 0 than the gap at the largest budget;
 - "no gap": no budget's gap and no asymptote is distinguishable from 0;
-- "not distinguishable": anything else (the intervals cannot tell these apart).
+- "not distinguishable": anything else (the intervals cannot tell these apart);
+- "one seed": no call, since one seed gives no between-run interval.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def _significant(summary: dict) -> bool:
 
 def call(result: dict[str, Any]) -> str:
     """The verdict of one analysed comparison (its summaries carry Holm-adjusted p)."""
+    if len(result["seeds"]) < 2:
+        return "one seed"
     last = result["by_budget"][-1]["mean"]
     sign = 1.0 if last >= 0 else -1.0
     trend, inf = result["trend"], result["asymptote"]
@@ -146,6 +149,7 @@ CALLS = {
     "asymptote",
     "speed": "an optimisation-speed effect: the gap closes towards 0 with training",
     "no gap": "no gap at these budgets",
+    "one seed": "no call: one seed gives no between-run interval",
     "not distinguishable": "not distinguishable: the intervals cannot tell a closing gap from "
     "a lasting one",
 }

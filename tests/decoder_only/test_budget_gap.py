@@ -62,9 +62,11 @@ def test_no_gap_is_called_no_gap():
 
 
 def test_one_seed_gives_no_interval_and_no_call():
-    call, r = _call(_curves(final, seeds=1, noise=0.0))
+    r_gaps = _curves(final, seeds=1, noise=0.0)
+    call, r = _call(r_gaps)
     assert r["by_budget"][0]["low"] is None and r["asymptote"]["p"] is None
-    assert call == "no gap"  # nothing can be distinguishable from one seed
+    assert call == "one seed"  # no between-run interval, so no call
+    assert "no call: one seed" in budget_gap.render(budget_gap.analyse({"x": r_gaps}))
 
 
 def test_holm_runs_over_every_comparison_and_budget():
