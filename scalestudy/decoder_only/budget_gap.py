@@ -10,9 +10,9 @@ the unit of replication; every interval is a t-interval over the seeds common to
 - Its asymptote, the gap left after unlimited training: where the trend shows the gap closing
   (unadjusted p < 0.05), each seed's gap fitted as `gap(b) = inf + c * (b / b_max) ** -alpha`
   with `alpha` profiled (least squares over `ALPHAS`) on the seeds' mean curve, then `inf`
-  and `c` per seed by linear least squares; otherwise each seed's mean gap over the budgets
-  (a gap that shows no sign of closing is taken at its level rather than extrapolated along
-  a power law the data do not show). Intervals are conditional on that choice.
+  and `c` per seed by linear least squares; otherwise each seed's gap at the largest budget
+  (a gap that shows no sign of closing is taken where training left it, not extrapolated
+  along a power law the data do not show). Intervals are conditional on that choice.
 
 The call, after Holm's correction over every test of the report:
 - "final loss": the asymptote is distinguishable from 0 and the trend does not close the gap;
@@ -96,9 +96,9 @@ def analyse_one(gaps: dict[tuple[int, int], float]) -> dict[str, Any]:
         fits = [np.linalg.lstsq(x, row, rcond=None)[0] for row in g]
         out["alpha"], out["model"] = alpha, "power"
         out["asymptote"] = t_summary([float(f[0]) for f in fits])
-    else:  # no sign of closing: the gap's level over the budgets is its asymptote
-        out["alpha"], out["model"] = None, "constant"
-        out["asymptote"] = t_summary([float(row.mean()) for row in g])
+    else:  # no sign of closing: the gap stays at least where the largest budget left it
+        out["alpha"], out["model"] = None, "last"
+        out["asymptote"] = t_summary([float(row[-1]) for row in g])
     return out
 
 
@@ -179,7 +179,7 @@ def render(results: dict[str, Any]) -> str:
         alpha = (
             f"power law, alpha {r['alpha']:.2f}"
             if r["alpha"] is not None
-            else "the gap's level: no sign of closing"
+            else "no sign of closing: the gap at the largest budget"
         )
         lines += [
             "",

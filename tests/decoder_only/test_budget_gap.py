@@ -95,11 +95,12 @@ def test_the_report_shows_each_call_with_its_n():
 
 def test_a_lasting_gap_is_not_extrapolated_along_a_power_law_its_noise_suggests():
     """A constant gap measured with seed noise shows no sign of closing, so its asymptote is
-    its level, not an extrapolation of the noise (which called it not distinguishable)."""
+    the gap where training left it, not an extrapolation of the noise (which called it not
+    distinguishable)."""
     for seed in range(5):
         call, r = _call(_curves(final, seeds=3, noise=0.03, seed=seed))
         assert call == "final loss", r
-        assert r["model"] == "constant"
+        assert r["model"] == "last"
 
 
 def test_gaps_equal_across_seeds_are_exact_not_significant_by_rounding():
