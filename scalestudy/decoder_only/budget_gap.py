@@ -148,7 +148,7 @@ CALLS = {
     "both": "slower optimisation and a final-loss effect: the gap narrows towards a nonzero "
     "asymptote",
     "speed": "an optimisation-speed effect: the gap closes towards 0 with training",
-    "no gap": "no gap at these budgets",
+    "no gap": "no gap distinguishable at these budgets",
     "one seed": "no call: one seed gives no between-run interval",
     "not distinguishable": "not distinguishable: the intervals cannot tell a closing gap from "
     "a lasting one",
