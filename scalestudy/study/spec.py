@@ -255,12 +255,25 @@ class RankOverTrainingConfig(Frozen):
     examples: int = Field(8, ge=1)
 
 
+class BudgetSweepConfig(Frozen):
+    """A variant against a reference at several budgets, each a finished schedule: one
+    warmup-stable-decay run per run of the study, cooldown branches for the smaller budgets
+    (decoder_only/nope_budgets.py)."""
+
+    steps: Annotated[tuple[int, ...], Field(strict=False, min_length=2)]  # increasing
+    cooldown_fraction: float = Field(0.2, gt=0.0, lt=1.0)  # of each budget
+    reference: str  # variant names
+    treatment: str
+    interaction: Annotated[tuple[str, ...], Field(strict=False)] = ()  # (A, B): B's gap - A's
+
+
 class DecoderOnlyConfig(Frozen):
     """The "why decoder-only" experiments run after a study's training (decoder_only/)."""
 
     inference: InferenceCostConfig | None = None
     comparisons: Annotated[tuple[ComparisonConfig, ...], Field(strict=False)] = ()
     rank: RankOverTrainingConfig | None = None
+    budgets: BudgetSweepConfig | None = None
 
 
 class StudySpec(Frozen):
