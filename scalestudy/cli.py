@@ -145,6 +145,7 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--peer", default="auto", help="peer: auto (nanodo if importable), minimal, nanodo"
     )
+    p.add_argument("--profile", default=None, help="peer: also trace both steps into this folder")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=commands.cmd_bench)
 

@@ -206,7 +206,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if args.config
             else preset_config(args.preset, args.seq, overrides)
         )
-        _print(bench_peer(cfg, steps=args.steps, which=args.peer), args.json)
+        out = bench_peer(cfg, steps=args.steps, which=args.peer, profile_dir=args.profile)
+        profile = out.pop("profile_ms_per_step", None) if not args.json else None
+        _print(out, args.json)
+        for kind, sides in (profile or {}).items():  # ms per step of each side, by kind
+            print(f"{kind:<48}" + "".join(f"  {side} {ms:>10}" for side, ms in sides.items()))
         return 0
     if args.what == "data":
         from scalestudy.bench.data import bench as bench_fn

@@ -13,13 +13,14 @@ Both run the same batch (the decoder features of our pipeline at the config's le
 the same counted FLOPs (checked by `peer_flops`, which counts from the peer's own parameter
 shapes, not from our counting module). They are timed alternately in one process, a block
 of steps each, and the median of the blocks is reported, so a shared machine's load drifts
-into both alike.
+into both alike; each block's wall time and the process's CPU time are both reported.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from scalestudy.bench.profile import profile_step
 from scalestudy.config import ExperimentConfig
 from scalestudy.data import pipeline
 from scalestudy.errors import ConfigError
@@ -196,10 +198,18 @@ def peer_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return type(cfg).model_validate(apply_overrides(cfg.model_dump(), PEER_SHAPE))
 
 
-def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = "auto"):
+def bench_peer(
+    cfg: ExperimentConfig,
+    steps: int,
+    rounds: int = 5,
+    which: str = "auto",
+    profile_dir: Path | None = None,
+):
     """Step time and tokens/s of our train step and the peer's at `cfg`'s shape (made the
     peer's), alternating blocks of `steps` steps for `rounds` rounds; medians, and the ratio
-    peer / ours of the reported step times (above 1: ours is faster)."""
+    peer / ours of the reported step times (above 1: ours is faster). With `profile_dir`,
+    each side's `steps` steps are then traced there and "profile" gives, per kind of
+    operation (`bench/profile.py`), each side's milliseconds per step."""
     cfg = peer_config(cfg)
     which = resolve_peer(which)
     peer_step, peer_state, peer_fpe = make_peer(cfg, which)  # a missing peer fails first
@@ -210,19 +220,21 @@ def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = 
     ours_fpe = counting.flops(cfg)["flops_per_example"]
     tokens = float(np.sum(batch["decoder_loss_weights"]))
 
-    def run_ours(state: Any) -> tuple[Any, float]:
-        t = time.perf_counter()
+    def timed(step_fn: Any, state: Any, batch_: Any) -> tuple[Any, tuple[float, float]]:
+        """`steps` steps; (wall, CPU) seconds per step. CPU time counts every thread of this
+        process, and only one side runs at a time, so it is that side's work, which other
+        jobs on a shared machine slow far less than its wall time."""
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(steps):
-            state, out = program.train_step(state, ours_batch)
+            state, out = step_fn(state, batch_)
         jax.block_until_ready(out)
-        return state, (time.perf_counter() - t) / steps
+        return state, ((time.perf_counter() - t) / steps, (time.process_time() - c) / steps)
 
-    def run_peer(state: Any) -> tuple[Any, float]:
-        t = time.perf_counter()
-        for _ in range(steps):
-            state, loss = peer_step(state, peer_batch)
-        jax.block_until_ready(loss)
-        return state, (time.perf_counter() - t) / steps
+    def run_ours(state: Any) -> tuple[Any, tuple[float, float]]:
+        return timed(program.train_step, state, ours_batch)
+
+    def run_peer(state: Any) -> tuple[Any, tuple[float, float]]:
+        return timed(peer_step, state, peer_batch)
 
     t = time.perf_counter()
     peer_state, first_loss = peer_step(peer_state, peer_batch)  # compile + warm-up
@@ -235,11 +247,21 @@ def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = 
         ours_s.append(s)
         peer_state, s = run_peer(peer_state)
         peer_s.append(s)
-    _, last_loss = peer_step(peer_state, peer_batch)
-    # The ratio is computed from the reported (rounded) times, so a reader recomputing it
+    peer_state, last_loss = peer_step(peer_state, peer_batch)
+    profile = None
+    if profile_dir is not None:
+        shape = {"vocab": cfg.model.vocab_size, "d_ff": cfg.model.d_ff}
+        _, ours_prof = profile_step(
+            program.train_step, ours_state, ours_batch, steps, Path(profile_dir) / "ours", **shape
+        )
+        _, peer_prof = profile_step(
+            peer_step, peer_state, peer_batch, steps, Path(profile_dir) / which, **shape
+        )
+        profile = {k: {"ours": ours_prof[k], which: peer_prof[k]} for k in ours_prof}
+    # The ratios are computed from the reported (rounded) times, so a reader recomputing one
     # from the table gets the same number up to its own rounding.
-    ours_ms = round(1e3 * statistics.median(ours_s), 3)
-    peer_ms = round(1e3 * statistics.median(peer_s), 3)
+    ours_ms, ours_cpu_ms = (round(1e3 * statistics.median(t), 3) for t in zip(*ours_s))
+    peer_ms, peer_cpu_ms = (round(1e3 * statistics.median(t), 3) for t in zip(*peer_s))
     return {
         "peer": which,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
@@ -257,9 +279,13 @@ def bench_peer(cfg: ExperimentConfig, steps: int, rounds: int = 5, which: str = 
         "ours_tokens_per_s": round(tokens / ours_ms * 1e3),
         "peer_tokens_per_s": round(tokens / peer_ms * 1e3),
         "ratio_peer_over_ours_step_time": round(peer_ms / ours_ms, 3),
+        "ours_step_cpu_ms": ours_cpu_ms,
+        "peer_step_cpu_ms": peer_cpu_ms,
+        "ratio_peer_over_ours_cpu_time": round(peer_cpu_ms / ours_cpu_ms, 3),
         "ours_compile_s": round(program.compile_s, 2),
         "peer_compile_s": round(peer_compile_s, 2),
         "peer_loss_first_last": [round(float(first_loss), 4), round(float(last_loss), 4)],
         "rounds": rounds,
         "steps_per_round": steps,
+        **({"profile_ms_per_step": profile} if profile else {}),
     }

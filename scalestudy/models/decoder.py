@@ -40,6 +40,7 @@ from scalestudy.models.layers import (
     constrain,
     dropout,
     param,
+    project,
 )
 from scalestudy.models.masks import MaskSpec
 
@@ -334,5 +335,5 @@ def output_logits(model: Decoder | nnx.Module, x_BLD: jax.Array) -> jax.Array:
         logits_BLV = model.embed.attend(x_BLD) / jnp.sqrt(float(cfg.d_model))
     else:
         w_DV = model.logits[...].astype(cfg.dtype)
-        logits_BLV = jnp.einsum("BLD,DV->BLV", x_BLD, w_DV, preferred_element_type=jnp.float32)
+        logits_BLV = project("BLD,DV->BLV", x_BLD, w_DV, jnp.float32)
     return constrain(logits_BLV, ("batch", "length", "vocab"))

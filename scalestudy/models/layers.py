@@ -11,9 +11,10 @@ may attend to whom.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +123,40 @@ def param(
     return nnx.Param(value, out_sharding=axes)
 
 
+def project(spec: str, x: jax.Array, w: jax.Array, out_dtype: Any = None) -> jax.Array:
+    """`jnp.einsum(spec, x, w)` ("inputs,weight->outputs"), whose weight gradient contracts
+    (inputs, cotangent) in that order.
+
+    Used where the cotangent is elementwise work over a wide output (the feed-forward
+    activation's derivative, the softmax's over the vocabulary). Differentiated as usual,
+    XLA's CPU backend fuses that work into a transposed write of the [B*L, wide] cotangent, a
+    strided pass that took about a quarter of a small decoder's step; with the inputs first
+    it transposes the narrower inputs instead (docs/performance.md, "Profile"). The same
+    products and sums, in another order."""
+    return _project(spec, out_dtype, x, w)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _project(spec: str, out_dtype: Any, x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.einsum(spec, x, w, preferred_element_type=out_dtype)
+
+
+def _project_fwd(spec: str, out_dtype: Any, x: jax.Array, w: jax.Array) -> tuple:
+    return _project(spec, out_dtype, x, w), (x, w)
+
+
+def _project_bwd(spec: str, out_dtype: Any, res: tuple, g: jax.Array) -> tuple:
+    x, w = res
+    ins, out = spec.split("->")
+    x_axes, w_axes = ins.split(",")
+    dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", g, w, preferred_element_type=out_dtype)
+    dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x, g, preferred_element_type=out_dtype)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_project.defvjp(_project_fwd, _project_bwd)
+
+
 class RMSNorm(nnx.Module):
     """T5 layer norm: scale only, no mean subtraction, no bias; computed in float32."""
 
@@ -150,7 +185,7 @@ class Embed(nnx.Module):
     def attend(self, x_BLD: jax.Array) -> jax.Array:
         """Logits against the embedding table, in float32."""
         table_VD = self.table[...].astype(self.dtype)
-        return jnp.einsum("BLD,VD->BLV", x_BLD, table_VD, preferred_element_type=jnp.float32)
+        return project("BLD,VD->BLV", x_BLD, table_VD, jnp.float32)
 
 
 def rope(x_BLHK: jax.Array, positions_BL: jax.Array, base: float = 10000.0) -> jax.Array:
@@ -273,9 +308,7 @@ class MLP(nnx.Module):
         self, x_BLD: jax.Array, rng: jax.Array | None = None, deterministic: bool = True
     ) -> jax.Array:
         dt = self.dtype
-        up = lambda w: checkpoint_name(
-            jnp.einsum("BLD,DF->BLF", x_BLD, w[...].astype(dt)), MLP_HIDDEN
-        )
+        up = lambda w: checkpoint_name(project("BLD,DF->BLF", x_BLD, w[...].astype(dt)), MLP_HIDDEN)
         h_BLF = self.act(up(self.wi_0))
         if self.gated:
             h_BLF = h_BLF * up(self.wi_1)
