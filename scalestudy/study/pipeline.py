@@ -8,7 +8,8 @@ adapted and from-scratch run. Stage runs live in `<out>/stages/<name>`, beside t
 runs in `<out>/runs`, and are rows of the study registry with their lineage (stage, parent
 run id and step; a run from scratch names the adapted run it matches). `run` trains what is
 missing (each stage resumes like any run) and writes `<out>/wang_table.md`
-(`study/wang_report.py`).
+(`study/wang_report.py`). On a cluster, `launch` submits the stage runs in `tiers` after
+pretraining, each task trains one (`run_named`), and `collect` records them.
 """
 
 from __future__ import annotations
