@@ -142,6 +142,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         print(status_table(args.out))
         return 0
     _join_job()
+    if args.stage_run and (args.collect or args.dry_run):
+        raise ScalestudyError(
+            "--stage-run trains one stage run: give it without --collect/--dry-run"
+        )
     if args.stage_run:  # one stage run, as a cluster task after its parent's job
         from scalestudy.study import pipeline
         from scalestudy.train.loop import Preempted

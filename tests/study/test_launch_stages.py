@@ -187,6 +187,8 @@ def test_a_stage_run_that_is_not_planned_or_has_no_parent_is_one_line(tmp_path, 
     assert main([*argv, first.name]) == 2  # its parent was never trained
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(first.parent) in err[0], err
+    assert main([*argv, first.name, "--collect"]) == 2
+    assert "without --collect/--dry-run" in capsys.readouterr().err
     assert not (out / "stages").exists()
 
 
