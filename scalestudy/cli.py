@@ -90,6 +90,11 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--collect", action="store_true", help="record cluster-trained runs; never train"
     )
+    p.add_argument(
+        "--stage-run",
+        metavar="NAME",
+        help="train one stage run (its parent finished); a cluster task",
+    )
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
     p.set_defaults(fn=commands.cmd_study)
 

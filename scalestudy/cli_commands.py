@@ -44,9 +44,12 @@ def _print_results(compute: Callable[[], dict], as_json: bool) -> int:
 
 
 def _join_job() -> None:
-    """Join a multi-host job when the environment says this is one (train/sharding.py)."""
+    """Join a multi-host job when the environment says this is one (train/sharding.py), with
+    the TPU compiler's flags set first (train/aot.py)."""
+    from scalestudy.train.aot import set_compiler_flags
     from scalestudy.train.sharding import initialize_distributed
 
+    set_compiler_flags()
     initialize_distributed()
 
 
@@ -139,6 +142,23 @@ def cmd_study(args: argparse.Namespace) -> int:
         print(status_table(args.out))
         return 0
     _join_job()
+    if args.stage_run and (args.collect or args.dry_run):
+        raise ScalestudyError(
+            "--stage-run trains one stage run: give it without --collect/--dry-run"
+        )
+    if args.stage_run:  # one stage run, as a cluster task after its parent's job
+        from scalestudy.study import pipeline
+        from scalestudy.train.loop import Preempted
+
+        try:
+            summary = pipeline.run_named(
+                Path(args.spec), Path(args.out), args.stage_run, args.overrides
+            )
+        except Preempted as e:  # checkpoint saved: the task requeues itself and resumes
+            print(f"stopped: {e}", file=sys.stderr)
+            return 128 + e.signum
+        _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, False)
+        return 0
     from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
 
@@ -155,8 +175,14 @@ def cmd_study(args: argparse.Namespace) -> int:
             from scalestudy.decoder_only import run as decoder_only
 
             decoder_only.run(study, runs, Path(args.out))
-        if study.stages is not None and args.collect:  # collecting never trains
-            print("stages after pretraining: not run by --collect; run without it to train them")
+        if study.stages is not None and args.collect:  # records stage runs; never trains
+            from scalestudy.study import executors, pipeline
+
+            if missing := pipeline.collect(study, Path(args.spec).parent, Path(args.out), runs):
+                raise executors.StudyRunError(
+                    f"{len(missing)} stage run(s) are not complete (listed above); collecting "
+                    "never trains: re-submit their jobs, then collect again"
+                )
         elif study.stages is not None:  # adaptation and finetuning after pretraining
             from scalestudy.study import pipeline
 
@@ -265,7 +291,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from scalestudy.study.sweep import launch
+    from scalestudy.study.pipeline import launch
 
     print(launch(Path(args.spec), args.executor, Path(args.out), submit=args.submit))
     return 0

@@ -61,9 +61,8 @@ export SCALESTUDY_DISTRIBUTED=auto
 # srun kills its step when it gets SIGTERM itself, so the warning goes to the step's tasks:
 # `scalestudy train` then saves a checkpoint and exits $exit_sigterm.
 trap 'scancel --signal=TERM "$$TASK" || true' TERM
-# Trains (resuming from RUN_DIR's checkpoints), then evaluates zero-shot on the run's mesh.
-srun --kill-on-bad-exit=1 $scalestudy train --eval --config "$$RUN_DIR/config.yaml" \\
-  --workdir "$$RUN_DIR" &
+# Trains the task's run (resuming from its checkpoints), then evaluates it zero-shot on its mesh.
+srun --kill-on-bad-exit=1 $command &
 step=$$!
 # A trapped signal interrupts `wait`: wait until the step has really ended, then take its
 # exit status (bash keeps it for `wait` even once the step has been reaped).
@@ -177,24 +176,38 @@ def write_run_configs(runs: list, out: Path) -> Path:
     return listing
 
 
-def render_slurm(study: StudySpec, spec: Path, runs: list, out: Path) -> tuple[str, str]:
-    """(array script, collect script) for a study's runs."""
+def _common(study: StudySpec, out: Path, job_name: str) -> dict:
     s = study.slurm
     extra = [f"#SBATCH --partition={s.partition}"] if s.partition else []
     extra += [f"#SBATCH --account={s.account}"] if s.account else []
     extra += [f"#SBATCH --mem={s.mem}"] if s.mem else []
-    common = {
-        "study": study.name,
+    return {
+        "study": job_name,
         "out": shlex.quote(str(out.resolve())),
         "extra_sbatch": "\n".join(extra),
         "setup": "\n".join(s.setup),
         "scalestudy": s.scalestudy,
     }
-    array = Template(SLURM_TEMPLATE).substitute(
+
+
+def render_slurm(study: StudySpec, spec: Path, runs: list, out: Path) -> tuple[str, str]:
+    """(array script, collect script) for a study's runs."""
+    common = _common(study, out, study.name)
+    # Trains (resuming from RUN_DIR's checkpoints), then evaluates zero-shot on the run's mesh.
+    command = f'{study.slurm.scalestudy} train --eval --config "$RUN_DIR/config.yaml" \\\n'
+    command += '  --workdir "$RUN_DIR"'
+    array = _array(study, common, out / "study.sbatch", out / "runs.txt", len(runs), command)
+    collect = Template(SLURM_COLLECT).substitute(common, spec=shlex.quote(str(spec.resolve())))
+    return array, collect
+
+
+def _array(study: StudySpec, common: dict, script: Path, listing: Path, n: int, command: str):
+    s = study.slurm
+    return Template(SLURM_TEMPLATE).substitute(
         common,
-        n_runs=len(runs),
-        script=shlex.quote(str(out / "study.sbatch")),
-        last_index=len(runs) - 1,
+        n_runs=n,
+        script=shlex.quote(str(script)),
+        last_index=n - 1,
         throttle=f"%{s.max_parallel}" if s.max_parallel else "",
         nodes=s.nodes,
         gpus=f"#SBATCH --gpus-per-node={s.gpus_per_node}\n" if s.gpus_per_node else "",
@@ -202,14 +215,35 @@ def render_slurm(study: StudySpec, spec: Path, runs: list, out: Path) -> tuple[s
         time=s.time,
         grace=s.signal_seconds,
         exit_sigterm=EXIT_SIGTERM,
-        runs_list=shlex.quote(str(out.resolve() / "runs.txt")),
+        runs_list=shlex.quote(str(listing.resolve())),
+        command=command,
     )
-    collect = Template(SLURM_COLLECT).substitute(common, spec=shlex.quote(str(spec.resolve())))
-    return array, collect
 
 
-def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
-    """A bash script: create (or reuse) the TPU VM, train and evaluate every run, collect."""
+def render_slurm_stages(
+    study: StudySpec, spec: Path, tiers: list[list], out: Path
+) -> list[tuple[str, str]]:
+    """(file name, array script) per group of stage runs (`pipeline.tiers`): one task per
+    stage run, `scalestudy study --stage-run NAME`; writes each group's list of directories."""
+    s = study.slurm
+    scripts = []
+    spec_q, out_q = shlex.quote(str(spec.resolve())), shlex.quote(str(out.resolve()))
+    # The task's run is named by its directory's last part; the parent's run is on disk.
+    command = (
+        f'{s.scalestudy} study --spec {spec_q} --out {out_q} --stage-run "$(basename "$RUN_DIR")"'
+    )
+    for k, group in enumerate(tiers, start=1):
+        listing = out / f"stages{k}.txt"
+        listing.write_text("".join(f"{(out / 'stages' / r.name).resolve()}\n" for r in group))
+        common = _common(study, out, f"{study.name}-stages{k}")
+        name = f"stages{k}.sbatch"
+        scripts.append((name, _array(study, common, out / name, listing, len(group), command)))
+    return scripts
+
+
+def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path, stage_runs: list = ()) -> str:
+    """A bash script: create (or reuse) the TPU VM, train and evaluate every run, then every
+    stage run (`stage_runs`, parents first), collect."""
     t = study.tpu
     q = shlex.quote
     location = [f"--zone={t.zone}"] + ([f"--project={t.project}"] if t.project else [])
@@ -247,6 +281,14 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
         ]
         label = f"run {run.cfg.name.split('.', 1)[-1]}"
         lines.append(f"  on_slice {q(label)} all {q(' && '.join(train))}")
+    for r in stage_runs:  # after their parents: a failed parent fails them in one line
+        train = [
+            *head,
+            "export SCALESTUDY_DISTRIBUTED=auto",
+            f"{t.scalestudy} study --spec {q(str(spec))} --out {q(str(out))} "
+            f"--stage-run {q(r.name)}",
+        ]
+        lines.append(f"  on_slice {q(f'{r.stage} {r.name}')} all {q(' && '.join(train))}")
     collect = [
         *head,
         f"{t.scalestudy} study --collect --spec {q(str(spec))} --out {q(str(out))}",
@@ -255,7 +297,7 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
         fields,
         study=study.name,
         zone=t.zone,
-        n_runs=len(runs),
+        n_runs=len(runs) + len(stage_runs),
         location=" ".join(q(a) for a in location),
         create=create,
         prepare=q(" && ".join(prepare)),
@@ -265,9 +307,18 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path) -> str:
 
 
 def launch(
-    study: StudySpec, spec: Path, runs: list, executor: str, out: Path, *, submit: bool
+    study: StudySpec,
+    spec: Path,
+    runs: list,
+    executor: str,
+    out: Path,
+    *,
+    submit: bool,
+    stage_tiers: list[list] = (),
 ) -> str:
-    """Write run configs and the executor's script under `out`; submit it if asked."""
+    """Write run configs and the executor's scripts under `out`; submit them if asked.
+    `stage_tiers`: the stage runs after pretraining, grouped as `pipeline.tiers` does; each
+    group runs once the one before it (the first: pretraining) has succeeded."""
     if executor not in ("slurm", "tpu"):
         raise LaunchError(
             f"executor: got {executor!r}; accepted: slurm, tpu (local: `scalestudy study`)"
@@ -280,27 +331,48 @@ def launch(
     write_run_configs(runs, out)
     if executor == "slurm":
         array, collect = render_slurm(study, spec, runs, out)
+        staged = render_slurm_stages(study, spec, [t for t in stage_tiers if t], out)
         (out / "slurm").mkdir(exist_ok=True)
         (out / "study.sbatch").write_text(array)
         (out / "collect.sbatch").write_text(collect)
-        text = array + "\n# --- collect.sbatch (submitted after the array) ---\n" + collect
+        text = array
+        for name, script in staged:
+            (out / name).write_text(script)
+            text += f"\n# --- {name} (submitted after the job before it succeeded) ---\n{script}"
+        text += "\n# --- collect.sbatch (submitted after every job above ended) ---\n" + collect
         if submit:
-            job = _submit(["sbatch", "--parsable", str(out / "study.sbatch")])
-            done = _submit(
-                [
-                    "sbatch",
-                    "--parsable",
-                    f"--dependency=afterany:{job}",
-                    str(out / "collect.sbatch"),
-                ]
-            )
-            text += f"\n# submitted: array job {job}, collect job {done}"
+            text += "\n# submitted: " + _submit_slurm(out, [n for n, _ in staged])
         return text
-    script = render_tpu(study, spec, runs, out)
+    script = render_tpu(study, spec, runs, out, [r for tier in stage_tiers for r in tier])
     (out / "study_tpu.sh").write_text(script)
     if submit:  # runs for the whole study: its progress goes straight to the terminal
         _submit(["bash", str(out / "study_tpu.sh")], capture=False)
     return script
+
+
+def _submit_slurm(out: Path, stage_scripts: list[str]) -> str:
+    """Submit the pretraining array, each stage array after the one before it succeeded
+    (`afterok`: every task of that array completed; a failure cancels the rest of the chain),
+    and the collect job once every job has ended. Returns what was submitted."""
+    job = _submit(["sbatch", "--parsable", str(out / "study.sbatch")])
+    jobs, said = [job], [f"array job {job}"]
+    for name in stage_scripts:
+        job = _submit(
+            [
+                "sbatch",
+                "--parsable",
+                f"--dependency=afterok:{job}",
+                "--kill-on-invalid-dep=yes",
+                str(out / name),
+            ]
+        )
+        jobs.append(job)
+        said.append(f"{name.removesuffix('.sbatch')} job {job}")
+    after = ":".join(jobs)
+    done = _submit(
+        ["sbatch", "--parsable", f"--dependency=afterany:{after}", str(out / "collect.sbatch")]
+    )
+    return ", ".join([*said, f"collect job {done}"])
 
 
 def _submit(cmd: list[str], capture: bool = True) -> str:

@@ -8,7 +8,8 @@ adapted and from-scratch run. Stage runs live in `<out>/stages/<name>`, beside t
 runs in `<out>/runs`, and are rows of the study registry with their lineage (stage, parent
 run id and step; a run from scratch names the adapted run it matches). `run` trains what is
 missing (each stage resumes like any run) and writes `<out>/wang_table.md`
-(`study/wang_report.py`).
+(`study/wang_report.py`). On a cluster, `launch` submits the stage runs in `tiers` after
+pretraining, each task trains one (`run_named`), and `collect` records them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.config import ExperimentConfig
+from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.study import stages, sweep, wang_report
+from scalestudy.study import cluster, executors, stages, sweep, wang_report
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
 from scalestudy.study.spec import StudySpec
@@ -204,6 +206,26 @@ def _own_counts(summary: dict[str, Any], parent: Path | None) -> dict[str, Any]:
     return own
 
 
+def _add_rows(reg: Registry, planned: list[StageRun], study: StudySpec, out: Path) -> None:
+    reg.add_runs(registry_row(r, study.name, out) for r in planned)
+    matches = {r.name: r.run_id for r in planned if r.stage == "adapt"}
+    for r in planned:
+        if r.matches:
+            reg.update(r.run_id, matches_run_id=matches[r.matches])
+
+
+def _write_table(
+    study: StudySpec, spec_dir: Path, planned: list[StageRun], out: Path, reg: Registry
+) -> None:
+    published = None
+    if study.stages.published:
+        published = wang_report.read_published(Path(spec_dir) / study.stages.published)
+    runs_by_id = {row["run_id"]: row for row in reg.runs(stages=True)}
+    text = wang_report.render(planned, out, runs_by_id, published)
+    (out / TABLE).write_text(text)
+    print(text)
+
+
 def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: bool = False) -> None:
     """Plan (and unless `dry_run`, run) the stages after the study's pretraining `runs`; paths
     in the spec are relative to `spec_dir`. Holds the study lock; records every stage run in
@@ -212,19 +234,14 @@ def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: boo
     planned = plan(study, Path(spec_dir), out, runs)
     if not planned:
         return
-    published = None  # read now: a bad file is one line before anything trains
-    if study.stages.published:
-        published = wang_report.read_published(Path(spec_dir) / study.stages.published)
+    if study.stages.published:  # read now: a bad file is one line before anything trains
+        wang_report.read_published(Path(spec_dir) / study.stages.published)
     print(f"study {study.name}: {len(planned)} stage runs after pretraining")
     if dry_run:
         print(plan_table(planned))
         return
     with study_lock(out), Registry(out / sweep.REGISTRY_NAME) as reg:
-        reg.add_runs(registry_row(r, study.name, out) for r in planned)
-        matches = {r.name: r.run_id for r in planned if r.stage == "adapt"}
-        for r in planned:
-            if r.matches:
-                reg.update(r.run_id, matches_run_id=matches[r.matches])
+        _add_rows(reg, planned, study, out)
         done = {row["run_id"] for row in reg.runs("done", stages=True)}
         for r in planned:
             where = out / "stages" / r.name
@@ -240,10 +257,79 @@ def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: boo
                 reg.mark_failed(r.run_id, f"{type(e).__name__}: {e}")
                 raise
             reg.finish(r.run_id, _own_counts(summary, r.parent), rundir.read_metrics(where))
-        runs_by_id = {row["run_id"]: row for row in reg.runs(stages=True)}
-    text = wang_report.render(planned, out, runs_by_id, published)
-    (out / TABLE).write_text(text)
-    print(text)
+        _write_table(study, spec_dir, planned, out, reg)
+
+
+def tiers(planned: list[StageRun]) -> list[list[StageRun]]:
+    """The stage runs grouped by what they wait for (what a cluster launch submits as one
+    job each): the first group needs only the pretrained runs (adaptations, runs from
+    scratch, finetuning of pretrained runs), each later one the group before it (finetuning
+    of adapted and from-scratch runs)."""
+    level: dict[str, int] = {}
+    for r in planned:  # plan order: a stage run's parent comes before it
+        parent = r.parent.name if r.parent is not None else None
+        level[r.name] = level[parent] + 1 if parent in level else 0
+    groups: list[list[StageRun]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
+    for r in planned:
+        groups[level[r.name]].append(r)
+    return groups
+
+
+def run_named(spec: Path, out: Path, name: str, overrides: list[str] | tuple = ()) -> dict:
+    """Train (or resume, or find finished) the one stage run `name` of a study: what a cluster
+    task runs once the run's parent has finished. It touches neither the registry nor the
+    study lock (tasks run side by side); `study --collect` records it afterwards."""
+    spec = Path(spec)
+    study = sweep.load_study(spec, overrides)
+    planned = {r.name: r for r in plan(study, spec.parent, Path(out))}
+    if name not in planned:
+        accepted = ", ".join(planned) if planned else "none: the spec has no stages"
+        raise ConfigError(
+            f"--stage-run {name!r} is not a stage run of study {study.name}; accepted: {accepted}"
+        )
+    return _run_one(planned[name], Path(out) / "stages" / name)
+
+
+def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
+    """Render (and with `submit`, submit) the cluster jobs of a study: pretraining, then each
+    group of stage runs (`tiers`) once its parents' job succeeded, then the collect step.
+    Returns the scripts' text."""
+    spec = Path(spec)
+    study = sweep.load_study(spec)
+    runs = sweep.expand(study, spec.parent)
+    groups = tiers(plan(study, spec.parent, Path(out), runs))
+    return cluster.launch(study, spec, runs, executor, Path(out), submit=submit, stage_tiers=groups)
+
+
+def collect(study: StudySpec, spec_dir: Path, out: Path, runs: list) -> list[str]:
+    """Record the stage runs that cluster jobs finished (with their lineage) in the registry
+    and write the table over the complete ones; trains and evaluates nothing. Returns one line
+    per stage run that is not complete."""
+    out = Path(out)
+    planned = plan(study, Path(spec_dir), out, runs)
+    if not planned:
+        return []
+    problems = []
+    with study_lock(out), Registry(out / sweep.REGISTRY_NAME) as reg:
+        _add_rows(reg, planned, study, out)
+        done = {row["run_id"] for row in reg.runs("done", stages=True)}
+        for r in planned:
+            where = out / "stages" / r.name
+            summary = executors._finished_summary(where, r.cfg.train.steps)
+            if summary is None:
+                started, why = executors._unfinished(where, r.cfg.train.steps)
+                if started:
+                    reg.mark_failed(r.run_id, why)
+                else:
+                    reg.update(r.run_id, status="pending", error=why)
+                problems.append(f"{r.name}: {why}")
+            elif r.run_id not in done:
+                reg.finish(r.run_id, _own_counts(summary, r.parent), rundir.read_metrics(where))
+        print(f"stages: {len(planned) - len(problems)} of {len(planned)} stage runs complete")
+        for line in problems:
+            print(f"  not complete: {line}")
+        _write_table(study, spec_dir, planned, out, reg)
+    return problems
 
 
 def _run_one(r: StageRun, where: Path) -> dict[str, Any]:

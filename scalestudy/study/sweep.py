@@ -21,7 +21,7 @@ from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
 from scalestudy.evaluate.tasks import TFDS_NAMES
 from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
-from scalestudy.study import cluster, executors, ladder, report
+from scalestudy.study import executors, ladder, report
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
@@ -382,11 +382,3 @@ def run_study(
             "them; finished runs are kept"
         )
     return study, runs
-
-
-def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
-    """Render (and with `submit`, submit) the cluster jobs of a study; returns the script."""
-    spec = Path(spec)
-    study = load_study(spec)
-    runs = expand(study, spec.parent)
-    return cluster.launch(study, spec, runs, executor, Path(out), submit=submit)

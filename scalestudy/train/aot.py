@@ -90,6 +90,28 @@ def resolve_topology(name: str) -> tuple[str, int]:
     raise TopologyError(f"--topology {name!r} is not a TPU topology; accepted: {_ACCEPTED}")
 
 
+# libtpu emits code on fibers whose default stack is too small for the convolution emitter's
+# search over window configurations on some attention shapes: Wang et al.'s finetuning step
+# with dropout (the attention probabilities' dropout keeps the reference attention, whose
+# [B, H, L, S] products at 1,280 positions trigger it) crashed the compiler with a stack
+# overflow. A 1 MiB fiber stack compiles it. The same compiler jits the step on a TPU VM, so
+# the commands that train set it too (cli_commands._join_job).
+COMPILER_FLAGS = ("--fibers_default_thread_stack_size=1048576",)
+
+
+def libtpu_init_args(current: str = "") -> str:
+    """`LIBTPU_INIT_ARGS` with `COMPILER_FLAGS` added, each unless `current` sets it already."""
+    given = {arg.split("=", 1)[0] for arg in current.split()}
+    added = [flag for flag in COMPILER_FLAGS if flag.split("=", 1)[0] not in given]
+    return " ".join([*added, current]).strip()
+
+
+def set_compiler_flags() -> None:
+    """Add `COMPILER_FLAGS` to this process's `LIBTPU_INIT_ARGS`; libtpu reads it once, when
+    first loaded, so call this before anything touches a TPU backend."""
+    os.environ["LIBTPU_INIT_ARGS"] = libtpu_init_args(os.environ.get("LIBTPU_INIT_ARGS", ""))
+
+
 def tpu_devices(name: str) -> list:
     """Compile-only devices of a TPU topology (one per chip)."""
     topo, chips = resolve_topology(name)
@@ -102,6 +124,7 @@ def tpu_devices(name: str) -> list:
     # Compiling needs no TPU, so no exclusive hold on one: other processes on this host may
     # have loaded libtpu too.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    set_compiler_flags()
     from jax.experimental import topologies
 
     try:

@@ -65,3 +65,83 @@ def test_compile_wants_one_of_config_and_spec(capsys):
 
     assert main(["compile"]) == 2
     assert "give --config FILE (one run) or --spec STUDY" in capsys.readouterr().err
+
+
+def test_the_tpu_compiler_gets_a_larger_fiber_stack_unless_one_is_given():
+    from scalestudy.train.aot import COMPILER_FLAGS, libtpu_init_args
+
+    (flag,) = COMPILER_FLAGS
+    assert libtpu_init_args("") == flag
+    assert libtpu_init_args("--xla_foo=1").split() == [flag, "--xla_foo=1"]
+    own = "--fibers_default_thread_stack_size=4194304 --xla_foo=1"
+    assert libtpu_init_args(own) == own  # the user's own value wins
+
+
+@pytest.mark.slow
+def test_the_finetuning_step_with_dropout_compiles_on_cpu():
+    """Wang et al.'s finetuning dropout (0.1 on embeddings, residual branches, feed-forward
+    hidden units and attention probabilities) in the planned finetuning step, scanned."""
+    import jax
+
+    from scalestudy.train import aot
+
+    overrides = [*TINY, "base.model.scan_layers=true", "stages.finetune.dropout=0.1"]
+    shapes = study_shapes(STUDIES / "wang2022_smoke.yaml", overrides)
+    ft = [s for s in shapes if s["stage"] == "finetune"]
+    assert ft and all(s["cfg"].model.dropout == 0.1 for s in ft)
+    assert all(s["cfg"].model.dropout == 0.0 for s in shapes if s not in ft)
+    compiled, _, _ = aot._compile(ft[0]["cfg"], jax.devices())
+    assert not isinstance(compiled, str), compiled
+    assert "threefry" in compiled.as_text()  # the dropout masks are drawn in the step
+
+
+# The smallest program known to overflow libtpu 0.0.42's code-emitting fiber stack without
+# aot.COMPILER_FLAGS: two layers of Wang et al.'s decoder at their finetuning shape on v4-256
+# (1,024 rows of 1,280 tokens, data 2 x fsdp 16 x tensor 4) with dropout on the attention
+# probabilities. In a subprocess: a compiler crash is a signal, not an exception.
+WANG_FINETUNE_STEP = """
+import os, sys
+os.environ["JAX_PLATFORMS"] = "cpu"
+from scalestudy.config import load_config
+from scalestudy.train import aot
+cfg = load_config(sys.argv[1], sys.argv[2:])
+compiled, mesh, _ = aot._compile(cfg, aot.tpu_devices("v4-256"))
+assert not isinstance(compiled, str), compiled[:300]
+print("compiled", dict(mesh.shape), compiled.memory_analysis().temp_size_in_bytes)
+"""
+
+
+@pytest.mark.slow
+def test_the_wang_finetuning_step_with_dropout_compiles_for_a_tpu_pod():
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("no TPU compiler (libtpu, the `tpu` extra) installed")
+    config = STUDIES.parent / "models" / "wang2022_xxl_decoder.yaml"
+    overrides = [
+        "model.n_layers=2",
+        "model.dtype=bfloat16",
+        "model.scan_layers=true",
+        "model.remat=full",
+        "model.dropout=0.1",
+        "mesh.data=-1",
+        "mesh.fsdp=16",
+        "mesh.tensor=4",
+        "train.batch_size=1024",
+        "objective.name=plm",
+        "objective.plm_split=fit",
+        "objective.inputs_length=1024",
+        "objective.targets_length=256",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
+    done = subprocess.run(
+        [sys.executable, "-c", WANG_FINETUNE_STEP, str(config), *overrides],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiled {'data': 2, 'fsdp': 16, 'tensor': 4}" in done.stdout

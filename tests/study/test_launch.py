@@ -56,7 +56,7 @@ def test_rendered_scripts_pass_bash_n_and_shellcheck(spec, tmp_path):
         out = tmp_path / f"{executor}{len(overrides)}"
         _render(path, out, executor, overrides)
         names = ["study.sbatch", "collect.sbatch"] if executor == "slurm" else ["study_tpu.sh"]
-        scripts += [out / n for n in names]
+        scripts += [out / n for n in names] + sorted(out.glob("stages*.sbatch"))
     scripts += sorted((REPO / "launch").glob("*.sh"))
     for script in scripts:
         done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

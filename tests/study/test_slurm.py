@@ -377,3 +377,69 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
         f"SLURM study wall time {wall:.0f} s: submit to SIGTERM {t_kill - t0:.0f} s, to requeue "
         f"{t_requeued - t0:.0f} s"
     )
+
+
+FAKE_SCALESTUDY = """#!/bin/bash
+# Stands in for `scalestudy` in the jobs: logs when each command starts and ends.
+echo "start $(date +%s.%N) $*" >> "$FAKE_LOG"
+sleep 1
+code=0
+[[ -n "${FAKE_FAIL:-}" && "$*" == *"$FAKE_FAIL"* ]] && code=1
+echo "end $(date +%s.%N) $*" >> "$FAKE_LOG"
+exit "$code"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [False, True])
+def test_stage_jobs_start_after_their_parents_jobs_succeeded(
+    slurm, tmp_path, monkeypatch, capsys, fail
+):
+    """Stage arrays wait for the job before them (`afterok`); a failed pretraining run cancels
+    them, and the collect job still runs. Every command is a stand-in that sleeps a second."""
+    from tests.study.test_launch_stages import staged_spec
+
+    fake = tmp_path / "fake_scalestudy"
+    fake.write_text(FAKE_SCALESTUDY)
+    fake.chmod(0o755)
+    spec = staged_spec(tmp_path, scalestudy=str(fake), cpus_per_task=1, time="00:10:00")
+    out = tmp_path / "study"
+    log = tmp_path / "fake.log"
+    runs = sweep.expand(sweep.load_study(spec), spec.parent)
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_FAIL", f"{runs[0].dirname}/config.yaml" if fail else "")
+    monkeypatch.chdir(slurm.root)
+    argv = ["launch", "--spec", str(spec), "--executor", "slurm", "--out", str(out), "--submit"]
+    assert cli.main(argv) == 0
+    submitted = re.search(r"# submitted: (.*)", capsys.readouterr().out).group(1)
+    assert len(re.findall(r"job \d+", submitted)) == 4  # pretraining, two stage groups, collect
+
+    def collected() -> bool:
+        return log.exists() and any(
+            "--collect" in ln and ln.startswith("end") for ln in _lines(log)
+        )
+
+    _until(collected, 300, "the collect job did not run", slurm, out)
+    events = [ln.split(" ", 2) for ln in _lines(log)]
+    times = {}
+    for what, when, args in events:
+        kind = "collect" if "--collect" in args else "stage" if "--stage-run" in args else "run"
+        level = 0
+        if kind == "stage":
+            name = args.rsplit(" ", 1)[-1]
+            level = 2 if name.endswith("-ft") and ("-adapt-" in name or "-scratch-" in name) else 1
+        times.setdefault((kind, level, what), []).append(float(when))
+    assert len(times[("run", 0, "start")]) == len(runs)
+    if fail:  # the stage jobs were cancelled, never started; collect ran after the runs
+        assert not any(k[0] == "stage" for k in times)
+    else:
+        assert len(times[("stage", 1, "start")]) == 6 and len(times[("stage", 2, "start")]) == 4
+        assert min(times[("stage", 1, "start")]) >= max(times[("run", 0, "end")])
+        assert min(times[("stage", 2, "start")]) >= max(times[("stage", 1, "end")])
+    last = max(t for (kind, _, what), ts in times.items() if kind != "collect" for t in ts)
+    assert times[("collect", 0, "start")][0] >= last
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()

@@ -454,13 +454,16 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
 
 
 def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypatch, capsys):
-    """`--collect` records cluster-trained runs and never trains: not the stages either."""
+    """`--collect` records cluster-trained runs and never trains: not the stages either (the
+    stage runs missing here are listed, and the command fails)."""
     from scalestudy.cli import main
     from scalestudy.study import pipeline, sweep
 
     study = sweep.load_study(SMOKE, SMOKE_TINY)
-    monkeypatch.setattr(sweep, "run_study", lambda *a, **k: (study, []))
+    runs = sweep.expand(study, SMOKE.parent)
+    monkeypatch.setattr(sweep, "run_study", lambda *a, **k: (study, runs))
     monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("stages trained"))
+    monkeypatch.setattr(pipeline, "_run_one", lambda *a, **k: pytest.fail("a stage trained"))
     out = str(tmp_path / "out")
-    assert main(["study", "--spec", str(SMOKE), "--out", out, "--collect", *SMOKE_TINY]) == 0
-    assert "not run by --collect" in capsys.readouterr().out
+    assert main(["study", "--spec", str(SMOKE), "--out", out, "--collect", *SMOKE_TINY]) == 2
+    assert "0 of 10 stage runs complete" in capsys.readouterr().out

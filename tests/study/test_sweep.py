@@ -6,7 +6,7 @@ import pytest
 
 from scalestudy.config import load_config
 from scalestudy.errors import ConfigError
-from scalestudy.study import sweep
+from scalestudy.study import pipeline, sweep
 
 counting = pytest.importorskip("scalestudy.models.counting")
 
@@ -144,7 +144,7 @@ def test_bad_specs_name_the_problem(tiny_spec):
 
 def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     out = tmp_path / "study"
-    text = sweep.launch(tiny_spec, "slurm", out, submit=False)
+    text = pipeline.launch(tiny_spec, "slurm", out, submit=False)
     assert "#SBATCH --array=0-3" in text
     assert "scalestudy train --eval --config" in text and "study --collect --spec" in text
     listed = (out / "runs.txt").read_text().split()
@@ -152,7 +152,7 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     runs = _expand(tiny_spec)
     for run, workdir in zip(runs, listed):
         assert load_config(Path(workdir) / "config.yaml").hash() == run.run_id
-    tpu = sweep.launch(tiny_spec, "tpu", out, submit=False)
+    tpu = pipeline.launch(tiny_spec, "tpu", out, submit=False)
     assert "gcloud compute tpus queued-resources create" in tpu
     assert tpu.count("train --eval --config") == 4 and tpu.count(" all 'cd ") == 5
     assert "launch --spec" in tpu  # workers write the run configs themselves
