@@ -40,6 +40,7 @@ __all__ = [
     "document_tokens_per_row",
     "empty_features",
     "make_iterator",
+    "prompted_lengths",
     "scoring_batch",
     "size_scoring_rows",
     "write_decoder",
@@ -81,6 +82,16 @@ def document_tokens_per_row(cfg: ExperimentConfig) -> float:
 # Scoring row lengths are rounded up to a multiple of this, so tasks of similar lengths share
 # a shape (and a compiled program).
 SCORING_ROUND = 8
+
+
+def prompted_lengths(cfg: ExperimentConfig) -> tuple[int, int, bool]:
+    """(input tokens, target tokens, whether they share one row) a prompted example is cut to:
+    a decoder-only row holds inputs_length + targets_length positions for prompt and target
+    together; the encoder-decoder's encoder reads inputs_length, its decoder targets_length."""
+    obj = cfg.objective
+    if cfg.model.is_encoder_decoder:
+        return obj.inputs_length, obj.targets_length, False
+    return obj.decoder_length, obj.targets_length, True
 
 
 def _round_up(n: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.data import prompted
+from scalestudy.data import pipeline, prompted
 from scalestudy.data.prompted import PromptedMixture, mixture_name, task_name
 
 
@@ -36,9 +36,8 @@ def register_mixture(mixture: PromptedMixture, cfg: ExperimentConfig) -> str:
     """Register one seqio Task per training task and their Mixture (examples-proportional
     rates capped at `rate_cap`); returns the Mixture's name, for `data.seqio_task`.
 
-    Lengths come from `cfg`: decoder-only rows hold inputs_length + targets_length positions
-    shared by prompt and target; the encoder-decoder's encoder inputs_length, its decoder
-    targets_length. The held-out check runs first, so a held-out task is never registered.
+    Lengths come from `cfg` through `pipeline.prompted_lengths`. The held-out check runs
+    first, so a held-out task is never registered.
     """
     import seqio
     import tensorflow as tf
@@ -47,11 +46,7 @@ def register_mixture(mixture: PromptedMixture, cfg: ExperimentConfig) -> str:
 
     prompted.check_mixture(mixture)
     features = output_features(cfg.data)
-    obj = cfg.objective
-    if cfg.model.is_encoder_decoder:
-        fit = fit_lengths(obj.inputs_length, obj.targets_length, shared_row=False)
-    else:
-        fit = fit_lengths(obj.decoder_length, obj.targets_length, shared_row=True)
+    fit = fit_lengths(*pipeline.prompted_lengths(cfg))
     rates = {}
     for task in mixture.train_tasks:
 

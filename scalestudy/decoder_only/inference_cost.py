@@ -38,7 +38,7 @@ import numpy as np
 
 from scalestudy.config import ModelConfig
 from scalestudy.models import counting
-from scalestudy.models.api import build_model
+from scalestudy.models.api import build_model, prompt_layout
 from scalestudy.study.spec import InferenceCostConfig
 
 SERIES = (
@@ -76,12 +76,11 @@ def _reply(params: Any, extend: Callable, cache: Any, token_B: jax.Array, r: int
 def _prefill_flops_run(mcfg: ModelConfig, length: int, room: int) -> tuple[float, float]:
     """FLOPs `Model.prefill` then `room - 1` single steps run for a `length`-token prompt: every
     query attends over the whole cache (the positions read plus the room)."""
-    if mcfg.is_encoder_decoder:  # the decoder's cache holds `0` and the room
-        first = counting.encoding_flops(mcfg, length) + counting.decode_flops(mcfg, 1, room, length)
-        return first, (room - 1) * counting.decode_flops(mcfg, 1, room, length)
-    read = length + 1
-    first = counting.decode_flops(mcfg, read, room)
-    return first, (room - 1) * counting.decode_flops(mcfg, 1, read + room - 1)
+    encoded, read, slots = prompt_layout(mcfg, length, room)
+    first = counting.decode_flops(mcfg, read, slots - read, encoded)
+    if encoded:
+        first += counting.encoding_flops(mcfg, encoded)
+    return first, (room - 1) * counting.decode_flops(mcfg, 1, slots - 1, encoded)
 
 
 def measure(model_cfg: ModelConfig, cfg: InferenceCostConfig, seed: int = 0) -> list[dict]:

@@ -12,7 +12,7 @@ knows the three architectures apart:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -333,3 +333,28 @@ def stack_depths(cfg: ModelConfig) -> dict[str, int]:
     if cfg.arch == "encoder_decoder":
         return {"n_layers": cfg.n_layers, "n_encoder_layers": cfg.encoder_layers}
     return {"n_layers": cfg.n_layers}
+
+
+class PromptLayout(NamedTuple):
+    """How `Model.prefill` reads a prompt: `encoded` positions through the encoder (0: none),
+    `read` decoder positions in its first call, `slots` in the decoder's cache."""
+
+    encoded: int
+    read: int
+    slots: int
+
+
+def prompt_layout(cfg: ModelConfig, length: int, room: int) -> PromptLayout:
+    """The layout `Model.prefill` gives a `length`-token prompt with `room` slots to decode
+    into: decoder-only models read `0, prompt` into a cache of them plus the room; the
+    encoder-decoder encodes the prompt and its decoder cache holds `0` and the room."""
+    if cfg.arch == "encoder_decoder":
+        return PromptLayout(encoded=length, read=1, slots=1 + room)
+    return PromptLayout(encoded=0, read=1 + length, slots=1 + length + room)
+
+
+def is_compatible_adaptation(parent: ModelConfig, arch: str) -> bool:
+    """Whether a run of `parent` can go on as a model of architecture `arch` with the same
+    parameter tree: the two decoder-only architectures share one (position tables aside,
+    which a comparison of `abstract_params` settles); the encoder-decoder shares with neither."""
+    return (arch == "encoder_decoder") == (parent.arch == "encoder_decoder")

@@ -7,10 +7,10 @@ A flag is a string `"<kind>: <reason>"`; kinds:
 - `span`: a rule on what the law says, not on how it is written: the interval of an exponent
   wider than the exponent itself, of E (a loss) wider than `MAX_SPAN_DEX` orders of
   magnitude, or of the law's predicted loss anywhere within the data wider than
-  `MAX_PRED_SPAN` of the prediction. Coefficients (A, B, N_c, ...) are not judged by their
-  own intervals: a coefficient is the law's value far outside the data (N_c = exp(a/alpha)
-  explodes when alpha is small even when alpha is tight), so its interval says nothing
-  about the fit;
+  `MAX_PRED_SPAN` of the prediction (called unbounded from `UNBOUNDED_PRED_SPAN` times it).
+  Coefficients (A, B, N_c, ...) are not judged by their own intervals: a coefficient is the
+  law's value far outside the data (N_c = exp(a/alpha) explodes when alpha is small even
+  when alpha is tight), so its interval says nothing about the fit;
 - `sign`: bootstrap resamples that disagree on the sign of an exponent;
 - `outliers`: points whose residual is far outside the others' (robust z-score, with a floor
   on the spread so that a near-perfect fit of a few points does not flag a 5% residual);
@@ -28,11 +28,15 @@ A flag is a string `"<kind>: <reason>"`; kinds:
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy import stats
 
 MAX_SPAN_DEX = 2.0  # an interval of E wider than this many decades
 MAX_PRED_SPAN = 0.2  # a predicted loss's interval wider than this share of the prediction
+# An interval this many times the prediction is bootstrap fits running off, not a width.
+UNBOUNDED_PRED_SPAN = 100.0
 BOUND_REL = 1e-3  # E below this share of the lowest observed loss sits on its bound 0
 OUTLIER_Z = 5.0  # robust z-score (median absolute deviation) of an outlying residual
 # The smallest residual spread the z-score divides by (log loss): a few runs on a near-perfect
@@ -226,20 +230,32 @@ def fit_flags(resid_P, x_P, N_J, D_J, what: str = "log X", in_n_and_d: bool = Fa
 
 def prediction_span_flag(pred_P: np.ndarray, samples_RP: np.ndarray, ci: float, x_P, what: str):
     """'span' flag when the law's predicted loss at some data point has an interval (over the
-    bootstrap fits `samples_RP`) wider than MAX_PRED_SPAN of the prediction `pred_P`."""
+    bootstrap fits `samples_RP`) wider than MAX_PRED_SPAN of the prediction `pred_P`; an
+    interval UNBOUNDED_PRED_SPAN times the prediction or wider is called unbounded."""
     s = np.asarray(samples_RP, dtype=float)
     if s.ndim != 2 or len(s) < 2:
         return []
-    with np.errstate(invalid="ignore"):
-        lo, hi = np.nanpercentile(
-            np.where(np.isfinite(s), s, np.nan), [50 * (1 - ci), 50 * (1 + ci)], axis=0
-        )
-    rel = (hi - lo) / np.abs(pred_P)
-    if not np.isfinite(rel).any() or np.nanmax(rel) <= MAX_PRED_SPAN:
+    # A bootstrap fit whose prediction overflowed lies beyond every finite one: it is kept, at
+    # the largest float, so an interval reaching it is unbounded; failed fits (NaN) are dropped.
+    big = np.finfo(float).max
+    with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a point where every fit failed
+        lo, hi = np.nanpercentile(np.clip(s, -big, big), [50 * (1 - ci), 50 * (1 + ci)], axis=0)
+        rel = (hi - lo) / np.abs(pred_P)
+    rel = np.where(np.isnan(rel), -np.inf, rel)  # a point without finished fits says nothing
+    if not (rel > MAX_PRED_SPAN).any():
         return []
-    i = int(np.nanargmax(rel))
+    i = int(np.argmax(rel))
+    where = f"at {what} = {_g(float(x_P[i]))}"
+    why = "the runs do not determine the law even within their range"
+    if rel[i] >= UNBOUNDED_PRED_SPAN:
+        reach = "past the largest float" if hi[i] >= big else _g(hi[i])
+        return [
+            f"span: the law's predicted loss {where} has an unbounded {ci:.0%} interval around "
+            f"{_g(float(pred_P[i]))} (bootstrap fits reach {reach}): {why}"
+        ]
     return [
-        f"span: the law's predicted loss at {what} = {_g(float(x_P[i]))} has a {ci:.0%} interval "
+        f"span: the law's predicted loss {where} has a {ci:.0%} interval "
         f"[{_g(lo[i])}, {_g(hi[i])}] around {_g(float(pred_P[i]))}, {rel[i]:.0%} of it (more "
-        f"than {MAX_PRED_SPAN:.0%}): the runs do not determine the law even within their range"
+        f"than {MAX_PRED_SPAN:.0%}): {why}"
     ]

@@ -13,7 +13,11 @@ Saves are asynchronous (the device-to-host copy blocks, the writing does not) an
 orbax writes into a temporary directory and renames it when complete, so an interrupted save
 never looks like a checkpoint. A save that fails (disk full, unwritable directory) raises
 `CheckpointWriteError` naming the step and the cause at that save, or for an asynchronous
-save at the next `poll()`/`wait()`, i.e. the next step boundary.
+save at the next `poll()`/`wait()`, i.e. the next step boundary. Before it raises, the failed
+save is over: orbax's writer threads are joined, the writes they left in flight (tensorstore
+finishes the other arrays of a failed batch on its own threads) have stopped touching the
+disk, and the failed step's temporary directory is removed, so the same process can resume,
+remount or exit at once.
 
 Restoring through damage is train/recovery.py; reading a finished run (its config, its
 parameters) is train/saved.py. Nothing is deleted except by the keep-last-N / keep-every-K
@@ -42,7 +46,7 @@ from orbax.checkpoint.checkpoint_managers import (
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ScalestudyError
-from scalestudy.train import distributed
+from scalestudy.train import checkpoint_writers, distributed
 
 ITEMS = ("params", "train", "data", "config")
 # Written into each step directory once its save is complete: sha256 of every file in it.
@@ -265,6 +269,9 @@ class Checkpointer:
                     f"checkpoint saving failed at step {self._failed}"
                 ) from None
             self._failed = step
+            with contextlib.suppress(Exception):  # orbax re-raises the failure it already gave
+                self._manager.wait_until_finished()
+            checkpoint_writers.settle_failed_save(self.directory, step)
             try:
                 self._manager.reload()
                 kept = self.all_steps()

@@ -220,3 +220,19 @@ def test_training_and_cached_decoding_run_one_block_class(arch, scan, monkeypatc
     # The cached decoder runs the training decoder's blocks (cross-attention included).
     cross = arch == "encoder_decoder"
     assert {c for kind, c in calls if kind == "cached"} == {cross}
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder", "encoder_decoder"])
+def test_prompt_layout_is_what_prefill_builds(arch):
+    from scalestudy.models.api import prompt_layout
+
+    model = build_model(tiny(arch))
+    params = model.abstract_params()
+    for length, room in ((5, 1), (7, 4)):
+        prompt = jax.ShapeDtypeStruct((2, length), jnp.int32)
+        logits, cache = jax.eval_shape(lambda p, x, r=room: model.prefill(p, x, r), params, prompt)
+        encoded, read, slots = prompt_layout(model.cfg, length, room)
+        assert logits.shape == (2, read, VOCAB)
+        assert cache.k_NBSHK.shape[2] == slots
+        crossed = 0 if cache.cross_k_NBSHK is None else cache.cross_k_NBSHK.shape[2]
+        assert crossed == encoded

@@ -325,3 +325,18 @@ def test_t5x_prefix_buckets_make_gpt_and_unilm_differ_only_by_the_mask(tiny_cfg,
     np.testing.assert_array_equal(np.asarray(nc.apply(params, plain)), c.apply(params, plain))
     diff = np.abs(np.asarray(nc.apply(params, prefixed)) - c.apply(params, prefixed)).max()
     assert diff > 1e-3
+
+
+def test_an_adaptation_is_compatible_exactly_when_the_parameter_trees_match(tiny_cfg):
+    from scalestudy.models.api import is_compatible_adaptation
+
+    archs = ("causal_decoder", "noncausal_decoder", "encoder_decoder")
+
+    def shapes(arch):
+        params = build_model(tiny_cfg(arch, position="rope")).abstract_params()
+        return jax.tree.map(lambda x: x.shape, params)
+
+    for parent in archs:
+        for arch in archs:
+            same = shapes(parent) == shapes(arch)
+            assert is_compatible_adaptation(tiny_cfg(parent), arch) == same, (parent, arch)

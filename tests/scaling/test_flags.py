@@ -194,3 +194,36 @@ def test_residuals_that_curve_flag_a_misspecified_form():
     flags = _fit("kaplan_n_noE", _table(N, 20 * N, loss))["flags"]
     assert any(f.startswith("misfit: the residuals trend or curve along log N") for f in flags)
     assert "misfit" not in _kinds(_fit("kaplan_n", _table(N, 20 * N, loss)))
+
+
+def test_a_prediction_interval_that_runs_off_is_called_unbounded_not_a_percentage():
+    from scalestudy.scaling.flags import MAX_PRED_SPAN, prediction_span_flag
+
+    rng = np.random.default_rng(5)
+    x_P, pred_P = np.array([1e5, 1e6]), np.array([3.0, 2.0])
+    tight_R = pred_P * np.exp(rng.normal(0, 0.01, (200, 2)))
+    assert prediction_span_flag(pred_P, tight_R, 0.95, x_P, "N") == []
+
+    # A wide but bounded interval: its ends (as numpy's percentiles give them) and its share.
+    wide_R = tight_R.copy()
+    wide_R[:, 1] = pred_P[1] * np.exp(rng.normal(0, 0.3, 200))
+    [flag] = prediction_span_flag(pred_P, wide_R, 0.95, x_P, "N")
+    lo, hi = np.percentile(wide_R[:, 1], [2.5, 97.5])
+    share = (hi - lo) / pred_P[1]
+    assert share > MAX_PRED_SPAN
+    assert f"at N = 1e+06 has a 95% interval [{lo:.3g}, {hi:.3g}] around 2, {share:.0%}" in flag
+
+    # A tenth of the bootstrap fits run off to 1e15 (what printed "454984388109619776%").
+    runaway_R = tight_R.copy()
+    runaway_R[:20, 1] = 9e15
+    [flag] = prediction_span_flag(pred_P, runaway_R, 0.95, x_P, "N")
+    assert (
+        "at N = 1e+06 has an unbounded 95% interval around 2 (bootstrap fits reach 9e+15)" in flag
+    )
+    assert "%" not in flag.replace("95%", "")
+
+    # Overflowed fits (inf) count as beyond every finite one; failed fits (NaN) are dropped.
+    runaway_R[:20, 1] = np.inf
+    runaway_R[:, 0] = np.nan
+    [flag] = prediction_span_flag(pred_P, runaway_R, 0.95, x_P, "N")
+    assert "unbounded 95% interval" in flag and "reach past the largest float" in flag

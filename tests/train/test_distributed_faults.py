@@ -7,7 +7,6 @@ resume must continue the uninterrupted run."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,23 +16,7 @@ import pytest
 from scalestudy.config import load_config, to_yaml
 from scalestudy.train import logfile, rundir, saved
 
-OVERRIDES = [
-    "model.d_model=32",
-    "model.n_layers=2",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.dtype=float32",
-    "objective.inputs_length=24",
-    "objective.targets_length=8",
-    "train.steps=6",
-    "train.batch_size=16",
-    "train.log_every=1",
-    "train.eval_batches=1",
-    "train.checkpoint_every=3",
-    "train.progress=false",
-    "mesh.data=4",
-    "mesh.fsdp=2",
-]
+from .two_process import OVERRIDES, free_port, process_env
 
 # Run by each process in place of `python -m scalestudy.cli`, after an optional prelude.
 MAIN = "import sys\nfrom scalestudy import cli\nsys.exit(cli.main())\n"
@@ -67,29 +50,16 @@ def _losses(workdir: Path) -> dict[int, float]:
     return {r["step"]: r["train/loss"] for r in rundir.read_metrics(workdir) if "train/loss" in r}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_processes(workdir: Path, *more: str, prelude: str = "") -> list[tuple[int, list[str]]]:
     """`scalestudy train` on two processes of one job, as a user runs it (no TensorFlow log
     level of their own); (exit status, stderr lines) of each. Fails if they do not end."""
     config = workdir.parent / f"{workdir.name}.yaml"
     config.write_text(to_yaml(load_config(None, [*OVERRIDES, *more])))
     drop = (logfile.TF_LOG_LEVEL, logfile.TF_LOG_LEVEL_DEFAULTED)
-    port = _free_port()
+    port = free_port()
     procs = []
     for pid in range(2):
-        env = {k: v for k, v in os.environ.items() if k not in drop}
-        env |= {
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-            "JAX_PLATFORMS": "cpu",
-            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
-            "SCALESTUDY_NUM_PROCESSES": "2",
-            "SCALESTUDY_PROCESS_ID": str(pid),
-        }
+        env = {k: v for k, v in os.environ.items() if k not in drop} | process_env(pid, port)
         command = [sys.executable, "-c", prelude + MAIN, "train", "--config", str(config)]
         procs.append(
             subprocess.Popen(

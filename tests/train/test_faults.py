@@ -1,7 +1,6 @@
 """Faults on one host: a changed config, a full or read-only disk, a torn metrics line, a
 run directory that is a file. Each must stop with one clear error and lose nothing."""
 
-import contextlib
 import errno
 import json
 import os
@@ -18,7 +17,16 @@ import pytest
 from scalestudy import cli
 from scalestudy.config import to_yaml
 from scalestudy.models.api import build_model
-from scalestudy.train import checkpoint, loop, metrics, resume, rundir, saved, step
+from scalestudy.train import (
+    checkpoint,
+    checkpoint_writers,
+    loop,
+    metrics,
+    resume,
+    rundir,
+    saved,
+    step,
+)
 
 
 def losses(workdir):
@@ -47,50 +55,15 @@ def straight(tiny_cfg, tmp_path_factory):
     return losses(workdir)
 
 
-def settle(path, quiet_s: float = 1.0, limit_s: float = 30.0) -> None:
-    """Wait until nothing under `path` has changed for `quiet_s`: a save that failed on a full
-    disk leaves tensorstore writes in flight in this process, and a resume in the same process
-    would otherwise race them over the failed step's temporary directory."""
-    import gc
-
-    def state():
-        seen = []
-        for p in path.rglob("*"):
-            with contextlib.suppress(OSError):  # a file the writers just removed
-                seen.append((str(p), p.stat().st_size))
-        return sorted(seen)
-
-    gc.collect()
-    deadline = time.monotonic() + limit_s
-    before = state()
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = state()
-        if now == before:
-            return
-        before = now
-
-
 def remount_read_only(path) -> None:
     """Remount the small disk read-only. The kernel refuses while a file on it is open for
-    writing; a library's writer from an earlier run may still be closing (a background thread
-    finishing, an object awaiting collection), so collect and retry for a while, and name the
-    open files if it never gets free."""
-    import gc
-
-    for _ in range(40):
-        gc.collect()
-        done = subprocess.run(["mount", "-o", "remount,ro", path], capture_output=True, text=True)
-        if done.returncode == 0:
-            return
-        time.sleep(0.25)
-    holders = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target.startswith(str(path)):
-                holders.append(target)
-    raise AssertionError(f"cannot remount {path} read-only: {done.stderr.strip()}; open: {holders}")
+    writing, so a failed save's writers that outlived its error would show here: name them."""
+    done = subprocess.run(["mount", "-o", "remount,ro", path], capture_output=True, text=True)
+    if done.returncode:
+        held = checkpoint_writers.open_files_under(path)
+        raise AssertionError(
+            f"cannot remount {path} read-only: {done.stderr.strip()}; open: {held}"
+        )
 
 
 def test_a_changed_config_is_refused_and_nothing_is_touched(tiny_cfg, straight, tmp_path):
@@ -171,7 +144,8 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     assert "intact (steps [4])" in message
     assert max(r["step"] for r in rundir.read_metrics(run)) <= 12  # the next boundary at most
     assert saved.latest_step(run) == 4
-    settle(run / "checkpoints")  # the failed save's writer threads outlive the error
+    # The failed save is over: nothing of it is left in flight or on the disk.
+    assert not list((run / "checkpoints").glob(f"*{checkpoint_writers.TMP_SUFFIX}*"))
     (small_disk / "filler").unlink()
     with (run / rundir.METRICS).open("a") as f:
         f.write('{"step": 13, "train/lo')  # what a full disk or a power cut leaves
@@ -186,13 +160,29 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
 
 def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypatch):
     """The same as the full disk above, anywhere: orbax's writer reports ENOSPC at step 8 the
-    way tensorstore does (a ValueError carrying the OS error code)."""
+    way tensorstore does (a ValueError carrying the OS error code) while another write of
+    that save is still in flight on a thread of its own, holding a file open. When the error
+    arrives that write is over and the failed step's temporary directory is gone."""
+    import threading
+
     import orbax.checkpoint as ocp
 
     real = ocp.CheckpointManager.save
+    writers = []
+
+    def write_slowly(path):
+        with path.open("wb") as f:
+            for _ in range(15):
+                f.write(b"\0" * 4096)
+                f.flush()
+                time.sleep(0.1)
 
     def full_at_8(self, step, *args, **kwargs):
         if step == 8:
+            tmp = tmp_path / "checkpoints" / f"8{checkpoint_writers.TMP_SUFFIX}" / "params"
+            tmp.mkdir(parents=True)
+            writers.append(threading.Thread(target=write_slowly, args=(tmp / "chunk",)))
+            writers[0].start()
             raise ValueError(
                 'RESOURCE_EXHAUSTED: Error writing "params": No space left on device '
                 "[os_error_code='28']"
@@ -202,6 +192,9 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
     monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_8)
     with pytest.raises(checkpoint.CheckpointWriteError) as error:
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
+    assert not writers[0].is_alive()
+    assert not list((tmp_path / "checkpoints").glob(f"*{checkpoint_writers.TMP_SUFFIX}*"))
+    assert checkpoint_writers.open_files_under(tmp_path / "checkpoints") == []
     assert str(error.value).startswith(
         "cannot write the checkpoint of step 8 to "
     ) and "[Errno 28] No space left on device. Earlier checkpoints are intact (steps [4])" in str(

@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,23 +20,7 @@ from scalestudy.train.loop import train
 from scalestudy.train.saved import latest_step
 from scalestudy.train.sharding import MeshError, initialize_distributed
 
-OVERRIDES = [
-    "model.d_model=32",
-    "model.n_layers=2",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.dtype=float32",
-    "objective.inputs_length=24",
-    "objective.targets_length=8",
-    "train.steps=6",
-    "train.batch_size=16",
-    "train.log_every=1",
-    "train.eval_batches=1",
-    "train.checkpoint_every=3",
-    "train.progress=false",
-    "mesh.data=4",
-    "mesh.fsdp=2",
-]
+from .two_process import OVERRIDES, free_port, process_env
 
 
 def _losses(workdir: Path) -> list[float]:
@@ -45,27 +28,14 @@ def _losses(workdir: Path) -> list[float]:
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(cfg, tmp_path: Path, workdir: Path) -> list[subprocess.Popen]:
     """`scalestudy train` in two local processes of four CPU devices each (one 8-device mesh)."""
     config = tmp_path / f"{workdir.name}.yaml"
     config.write_text(to_yaml(cfg))
-    port = _free_port()
+    port = free_port()
     procs = []
     for pid in range(2):
-        env = {
-            **os.environ,
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-            "JAX_PLATFORMS": "cpu",
-            "SCALESTUDY_COORDINATOR": f"127.0.0.1:{port}",
-            "SCALESTUDY_NUM_PROCESSES": "2",
-            "SCALESTUDY_PROCESS_ID": str(pid),
-        }
+        env = {**os.environ, **process_env(pid, port)}
         cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
         procs.append(
             subprocess.Popen(
