@@ -1,0 +1,93 @@
+"""Which pairs share a scoring call, and at what row shape.
+
+A task's fitted lengths (`budget.fit_pairs`) hold its longest pair; most pairs are far shorter
+(BLiMP's sentences average a third of its longest). Each pair is therefore scored in the
+shortest row of a short ladder of lengths that holds it whole (`bucket_length`), and shorter
+rows are scored more to a call: a call's rows times its row length stays within the positions
+of `rows` full-length rows, so memory never exceeds that of the one-shape layout, while the
+cost of each call (dispatch, argument handling) is paid over more pairs. Row counts are
+power-of-two multiples of the fewest rows per call, so a task compiles a handful of shapes.
+
+An encoder-decoder pair's shape is (encoder, decoder) length; the choices of one context (a
+run of pairs with the same input) share the shape of their longest choice, so that they land
+in the same call and their context is encoded once (`Scorer._distinct_contexts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scalestudy.evaluate.budget import Fitted
+
+SHORTEST_ROW = 8  # scoring row lengths are multiples of 8 (data.pipeline.SCORING_ROUND)
+
+
+def bucket_length(n: int, cap: int) -> int:
+    """The shortest length of the ladder 8, 16, 24, 32, 48, 64, 96, 128, ... (2^k and
+    1.5 x 2^k: above 16, under a third of a row is padding) that holds `n` positions, or
+    `cap` (the task's full row, which holds every pair) when that is shorter."""
+    length = SHORTEST_ROW
+    while length < n:
+        power_of_two = length & (length - 1) == 0
+        length = length * 3 // 2 if power_of_two and length >= 16 else 1 << length.bit_length()
+    return min(length, cap)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One scoring call: the pairs it scores (indices into the fitted pairs), the row
+    lengths (inputs, targets) it lays them out by, and its row count (at least the pairs; the
+    rest repeat a pair)."""
+
+    pairs: np.ndarray
+    lengths: tuple[int, int]
+    rows: int
+
+
+def _shapes(fitted: Fitted, encdec: bool) -> list[tuple[int, int]]:
+    """Per pair: the bucketed row lengths (inputs, targets) that hold it whole."""
+    n_in = np.array([len(x) for x in fitted.inputs], dtype=np.int64)
+    n_tgt = np.array([len(t) for t in fitted.targets], dtype=np.int64)
+    full_in, full_tgt = fitted.lengths
+    if not encdec:
+        # Decoder-only rows hold context and continuation in one stack of their sum.
+        rows = [bucket_length(int(n), full_in + full_tgt) for n in n_in + n_tgt]
+        return [(r - r // 2, r // 2) for r in rows]
+    # Runs of pairs with one context share the shape of their longest continuation.
+    starts = np.flatnonzero(
+        [i == 0 or fitted.inputs[i] != fitted.inputs[i - 1] for i in range(len(n_in))]
+    )
+    longest = np.repeat(np.maximum.reduceat(n_tgt, starts), np.diff([*starts, len(n_tgt)]))
+    # An empty context is read as a lone EOS (scoring_batch): one encoder position at least.
+    return [
+        (bucket_length(max(int(a), 1), full_in), bucket_length(int(b), full_tgt))
+        for a, b in zip(n_in, longest, strict=True)
+    ]
+
+
+def plan_calls(fitted: Fitted, *, encdec: bool, rows: int, bucketed: bool = True) -> list[Call]:
+    """The calls that score every pair of `fitted` once, `rows` rows (a multiple of the batch
+    shards) being the fewest per call. Unbucketed: every call has the fitted lengths and
+    `rows` rows, pairs in order (the reference layout)."""
+    n = len(fitted.inputs)
+    if not bucketed or not n:
+        return [
+            Call(np.arange(s, min(s + rows, n)), fitted.lengths, rows) for s in range(0, n, rows)
+        ]
+    shapes = _shapes(fitted, encdec)
+    budget = rows * sum(fitted.lengths)
+    calls = []
+    for shape in sorted(set(shapes)):
+        members = np.array([i for i, s in enumerate(shapes) if s == shape])
+        most = rows
+        while 2 * most * sum(shape) <= budget:
+            most *= 2
+        for start in range(0, len(members), most):
+            part = members[start : start + most]
+            size = rows
+            while size < len(part):  # a group's last call: the fewest rows that hold it
+                size *= 2
+            calls.append(Call(part, shape, size))
+    return calls
