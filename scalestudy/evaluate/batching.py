@@ -6,7 +6,8 @@ shortest row of a short ladder of lengths that holds it whole (`bucket_length`),
 rows are scored more to a call: a call's rows times its row length stays within the positions
 of `rows` full-length rows, so memory never exceeds that of the one-shape layout, while the
 cost of each call (dispatch, argument handling) is paid over more pairs. Row counts are
-power-of-two multiples of the fewest rows per call, so a task compiles a handful of shapes.
+power-of-two multiples of the fewest rows per call, and the pairs left over from a length's
+whole calls ride in the next, longer rows, so a task compiles a handful of shapes.
 
 An encoder-decoder pair's shape is (encoder, decoder) length; the choices of one context (a
 run of pairs with the same input) share the shape of their longest choice, so that they land
@@ -78,16 +79,24 @@ def plan_calls(fitted: Fitted, *, encdec: bool, rows: int, bucketed: bool = True
         ]
     shapes = _shapes(fitted, encdec)
     budget = rows * sum(fitted.lengths)
+    order = sorted(set(shapes))
     calls = []
-    for shape in sorted(set(shapes)):
-        members = np.array([i for i, s in enumerate(shapes) if s == shape])
+    carried = np.zeros(0, np.int64)
+    for k, shape in enumerate(order):
+        members = np.concatenate([carried, [i for i, s in enumerate(shapes) if s == shape]])
         most = rows
         while 2 * most * sum(shape) <= budget:
             most *= 2
-        for start in range(0, len(members), most):
-            part = members[start : start + most]
+        whole = len(members) // most
+        calls += [Call(members[c * most : (c + 1) * most], shape, most) for c in range(whole)]
+        carried = members[whole * most :].astype(np.int64)
+        following = order[k + 1] if k + 1 < len(order) else None
+        if following and following[0] >= shape[0] and following[1] >= shape[1]:
+            continue  # too few for a call of their own: they ride in the next, longer rows
+        if len(carried):
             size = rows
-            while size < len(part):  # a group's last call: the fewest rows that hold it
+            while size < len(carried):  # the fewest rows that hold them
                 size *= 2
-            calls.append(Call(part, shape, size))
+            calls.append(Call(carried, shape, size))
+        carried = np.zeros(0, np.int64)
     return calls
