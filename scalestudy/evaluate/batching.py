@@ -23,6 +23,10 @@ import numpy as np
 from scalestudy.evaluate.budget import Fitted
 
 SHORTEST_ROW = 8  # scoring row lengths are multiples of 8 (data.pipeline.SCORING_ROUND)
+# A row length gets a compiled program of its own only for this many whole calls; fewer pairs
+# ride in longer rows. On a CPU one compile costs about as much as a hundred small scoring
+# calls, and a step of the ladder saves a quarter to a half of a call.
+MIN_CALLS = 32
 
 
 def bucket_length(n: int, cap: int) -> int:
@@ -68,10 +72,13 @@ def _shapes(fitted: Fitted, encdec: bool) -> list[tuple[int, int]]:
     ]
 
 
-def plan_calls(fitted: Fitted, *, encdec: bool, rows: int, bucketed: bool = True) -> list[Call]:
+def plan_calls(
+    fitted: Fitted, *, encdec: bool, rows: int, bucketed: bool = True, min_calls: int = MIN_CALLS
+) -> list[Call]:
     """The calls that score every pair of `fitted` once, `rows` rows (a multiple of the batch
-    shards) being the fewest per call. Unbucketed: every call has the fitted lengths and
-    `rows` rows, pairs in order (the reference layout)."""
+    shards) being the fewest per call; a shorter row length is used only where it fills
+    `min_calls` whole calls. Unbucketed: every call has the fitted lengths and `rows` rows,
+    pairs in order (the reference layout)."""
     n = len(fitted.inputs)
     if not bucketed or not n:
         return [
@@ -87,11 +94,15 @@ def plan_calls(fitted: Fitted, *, encdec: bool, rows: int, bucketed: bool = True
         most = rows
         while 2 * most * sum(shape) <= budget:
             most *= 2
+        following = order[k + 1] if k + 1 < len(order) else None
+        longer = following is not None and following[0] >= shape[0] and following[1] >= shape[1]
         whole = len(members) // most
+        if longer and whole < min_calls:
+            carried = members.astype(np.int64)
+            continue  # too few to pay for a compile: all of them ride in the next rows
         calls += [Call(members[c * most : (c + 1) * most], shape, most) for c in range(whole)]
         carried = members[whole * most :].astype(np.int64)
-        following = order[k + 1] if k + 1 < len(order) else None
-        if following and following[0] >= shape[0] and following[1] >= shape[1]:
+        if longer:
             continue  # too few for a call of their own: they ride in the next, longer rows
         if len(carried):
             size = rows

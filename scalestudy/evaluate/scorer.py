@@ -22,7 +22,7 @@ import numpy as np
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.pipeline import scoring_batch
 from scalestudy.errors import ScalestudyError
-from scalestudy.evaluate.batching import plan_calls
+from scalestudy.evaluate.batching import MIN_CALLS, plan_calls
 from scalestudy.evaluate.budget import Fitted, fit_pairs, scoring_lengths
 from scalestudy.train import sharding
 
@@ -51,11 +51,18 @@ class Scorer:
     (`batching.plan_calls`; `bucketed=False`: every row at the task's full lengths)."""
 
     def __init__(
-        self, cfg: ExperimentConfig, model, params, *, mesh=None, bucketed: bool = True
+        self,
+        cfg: ExperimentConfig,
+        model,
+        params,
+        *,
+        mesh=None,
+        bucketed: bool = True,
+        min_calls: int = MIN_CALLS,
     ) -> None:
         self.cfg = scoring_config(cfg)
         self.encdec = cfg.model.is_encoder_decoder
-        self.bucketed = bucketed
+        self.bucketed, self.min_calls = bucketed, min_calls
         self.mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
         # Rows per call: eval.batch_size rounded up to a multiple of the batch shards.
         probe = self.mesh.devices.size
@@ -111,7 +118,14 @@ class Scorer:
         """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole."""
         n = len(fitted.inputs)
         lp, n_tok, correct = np.zeros(n), np.zeros(n, np.int32), np.zeros(n, bool)
-        for call in plan_calls(fitted, encdec=self.encdec, rows=self.rows, bucketed=self.bucketed):
+        plan = plan_calls(
+            fitted,
+            encdec=self.encdec,
+            rows=self.rows,
+            bucketed=self.bucketed,
+            min_calls=self.min_calls,
+        )
+        for call in plan:
             pad = np.full(
                 call.rows - len(call.pairs), call.pairs[0]
             )  # fill the shape: reuse a pair

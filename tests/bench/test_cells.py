@@ -69,5 +69,6 @@ def test_eval_bench_times_bucketed_rows_against_one_shape_and_they_agree():
     out = time_tasks(load_config(None, [*TINY, "eval.max_examples=6"]), rounds=1)
     assert out["pairs"] > 24 and out["same_predictions"]
     assert out["max_logprob_diff"] < 1e-4
-    assert 0 < out["bucketed/positions"] < out["one_shape/positions"]
+    # A task this small fills no shorter row's calls: never more positions than one shape.
+    assert 0 < out["bucketed/positions"] <= out["one_shape/positions"]
     assert out["bucketed/cpu_s"] > 0 and out["one_shape/cpu_s"] > 0

@@ -62,7 +62,7 @@ def test_plan_scores_every_pair_once_in_a_row_that_holds_it(arch: str) -> None:
     inputs, targets = pairs()
     fitted = fit_pairs(cfg, inputs, targets)
     encdec = cfg.model.is_encoder_decoder
-    calls = plan_calls(fitted, encdec=encdec, rows=4)
+    calls = plan_calls(fitted, encdec=encdec, rows=4, min_calls=1)
     scored = np.concatenate([c.pairs for c in calls])
     assert sorted(scored.tolist()) == list(range(len(inputs)))
     full = sum(fitted.lengths)
@@ -75,6 +75,11 @@ def test_plan_scores_every_pair_once_in_a_row_that_holds_it(arch: str) -> None:
                 assert max(n_in, 1) <= c.lengths[0] and n_tgt <= c.lengths[1]
             else:
                 assert n_in + n_tgt <= sum(c.lengths)
+    # By default a length fills its own calls or rides in longer rows: no more compiled
+    # shapes, and still every pair once.
+    default = plan_calls(fitted, encdec=encdec, rows=4)
+    assert sorted(np.concatenate([c.pairs for c in default]).tolist()) == list(range(len(inputs)))
+    assert len({(c.lengths, c.rows) for c in default}) <= len({(c.lengths, c.rows) for c in calls})
     # Shorter rows than the full one, and few shapes to compile.
     assert min(sum(c.lengths) for c in calls) < full
     assert len({(c.lengths, c.rows) for c in calls}) <= 12
@@ -91,7 +96,7 @@ def test_bucketed_scores_equal_the_one_shape_layout(arch: str) -> None:
     params = model.init(jax.random.key(3))
     inputs, targets = pairs(1)
     owner = np.arange(len(inputs))
-    bucketed = Scorer(cfg, model, params)
+    bucketed = Scorer(cfg, model, params, min_calls=1)  # a shape for every length
     reference = Scorer(cfg, model, params, bucketed=False)
     lp, n_tok, correct, cut = bucketed(inputs, targets, owner)
     lp_ref, n_ref, correct_ref, cut_ref = reference(inputs, targets, owner)
