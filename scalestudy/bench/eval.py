@@ -1,6 +1,9 @@
-"""Rank-classification throughput of each architecture, against its training forward pass."""
+"""Rank-classification throughput of each architecture, against its training forward pass,
+and the CPU cost of scoring the config's tasks with bucketed rows against one shape per task."""
 
 from __future__ import annotations
+
+import time
 
 import jax
 import numpy as np
@@ -10,7 +13,8 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.data.pipeline import scoring_batch
 from scalestudy.data.synthetic import probe_tasks
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.evaluate.rank import Scorer
+from scalestudy.evaluate.rank import Scorer, evaluate_params
+from scalestudy.evaluate.tasks import load_tasks
 from scalestudy.models.api import build_model
 from scalestudy.train import sharding
 
@@ -21,6 +25,7 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
     Without a config: the default model size with eval lengths 48+16. Each architecture is
     compiled once (not timed), then `steps` batches of eval.batch_size rows are timed, and
     the training forward pass over the same pairs; each side is the best of three timings.
+    Then `time_tasks` for each architecture over the config's eval.tasks.
     """
     cfg = cfg or ExperimentConfig()
     probes = probe_tasks(cfg.data.synthetic)["object_color"]  # 4 choices each
@@ -56,7 +61,54 @@ def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
             calls = -(-len(inputs) // scorer.rows)
             fwd = best_time(_call_n, calls, forward, scorer.params, full)
         out[f"{arch}/eval_over_forward"] = round(dt / fwd, 2)
+        out |= {f"{arch}/tasks/{k}": v for k, v in time_tasks(cell, model, rounds=1).items()}
     return out
+
+
+def time_tasks(
+    cfg: ExperimentConfig, model=None, *, data_dir: str | None = None, rounds: int = 2
+) -> dict[str, float | int | bool]:
+    """CPU seconds (every thread of this process) of scoring `cfg.eval.tasks` with
+    `evaluate_params`, bucketed rows against one shape per task, in one process: a first
+    round each (compiling included), then `rounds` alternating rounds (the least counts).
+    Also the positions and calls of one evaluation each way, and whether the two agree: the
+    largest difference of any choice's log-likelihood and whether every prediction is equal.
+    """
+    model = model or build_model(cfg.model)
+    params = model.init(jax.random.key(0))
+    tasks = load_tasks(cfg.eval, cfg.data.synthetic, None, data_dir)
+    ways = {"bucketed": True, "one_shape": False}
+    scorers = {w: Scorer(cfg, model, params, bucketed=b) for w, b in ways.items()}
+    cpu: dict[str, list[float]] = {w: [] for w in ways}
+    records: dict[str, dict[str, list[dict]]] = {}
+    for _ in range(rounds + 1):
+        for way, scorer in scorers.items():
+            records[way] = {}
+            start = time.process_time()
+            evaluate_params(cfg, model, params, tasks=tasks, scorer=scorer, records=records[way])
+            cpu[way].append(time.process_time() - start)
+    out: dict[str, float | int | bool] = {}
+    for way, scorer in scorers.items():
+        out[f"{way}/cpu_s_first"] = round(cpu[way][0], 2)
+        out[f"{way}/cpu_s"] = round(min(cpu[way][1:]), 2)
+        out[f"{way}/calls"] = scorer.calls // (rounds + 1)
+        out[f"{way}/positions"] = scorer.positions // (rounds + 1)
+    out["one_shape_over_bucketed"] = round(out["one_shape/cpu_s"] / out["bucketed/cpu_s"], 2)
+    a = [r for task in records["bucketed"].values() for r in task]
+    b = [r for task in records["one_shape"].values() for r in task]
+    out["pairs"] = sum(len(r.get("choices", [r])) for r in a)
+    out["max_logprob_diff"] = max(
+        (abs(x["logprob"] - y["logprob"]) for p, q in zip(a, b) for x, y in _choices(p, q)),
+        default=0.0,
+    )
+    out["same_predictions"] = all(p.get("pred") == q.get("pred") for p, q in zip(a, b))
+    return out
+
+
+def _choices(p: dict, q: dict) -> zip:
+    """Pairs of the per-choice records of two records of one example (a text window is its
+    own single choice)."""
+    return zip(p.get("choices", [p]), q.get("choices", [q]), strict=True)
 
 
 def _call_n(n: int, fn, *args: object) -> None:

@@ -3,7 +3,10 @@
 `bench(cfg, steps)` times compiled train steps on one fixed batch (the data pipeline is
 benchmarked separately) and reports step time, tokens/s and MFU against `chips.peak_flops`
 (the datasheet peak of the device kind for the compute dtype, or on CPU the measured matmul
-peak of the host). Presets make a figure reproducible: `scalestudy bench train --preset 25m`.
+peak of the host); on CPU also `mfu_cpu`, the step's counted FLOPs per CPU second against the
+host's matmul FLOPs per CPU second (`cpu_peak_flops`), which the load of other jobs moves far
+less than wall time. Steps run `train.steps_per_call` to a call, as in training. Presets make
+a figure reproducible: `scalestudy bench train --preset 25m`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from scalestudy.bench.cells import cells
 from scalestudy.config import ExperimentConfig, load_config
@@ -66,34 +71,69 @@ def preset_config(
     return load_config(None, (*PRESETS[name], *extra, *overrides))
 
 
+def cpu_peak_flops(sizes: tuple[int, ...] = (512, 1024), repeats: int = 3) -> float:
+    """Best float32 matmul FLOPs per CPU second (every thread of this process) on this host:
+    the peak a step's CPU time is measured against. Unlike FLOPs per wall second it does not
+    fall when other jobs share the cores (each core-second still does the same work)."""
+    best = 0.0
+    for n in sizes:
+        x = jnp.ones((n, n), jnp.float32)
+        matmul = jax.jit(lambda a: a @ a)
+        matmul(x).block_until_ready()
+        for _ in range(repeats):
+            start = time.process_time()
+            for _ in range(4):
+                matmul(x).block_until_ready()
+            best = max(best, 4 * 2 * n**3 / max(time.process_time() - start, 1e-9))
+    return best
+
+
 def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
-    """Step time, tokens/s and MFU of `steps` train steps of `cfg` on one fixed batch."""
+    """Step time (wall and CPU), tokens/s and MFU of `steps` train steps of `cfg` on one fixed
+    batch, `train.steps_per_call` steps to a compiled call as the training loop runs them
+    (`steps` rounded up to whole calls)."""
     batch = next(pipeline.make_iterator(cfg, "train"))
     program = step.build_program(cfg, batch)
-    state, device_batch = program.init(cfg.train.seed), program.shard_batch(batch)
+    state = program.init(cfg.train.seed)
+    k = program.steps_per_call if program.multi_step is not None else 1
+    if k > 1:
+        run, device_batch = program.multi_step, program.shard_batches([batch] * k)
+    else:
+        run, device_batch = program.train_step, program.shard_batch(batch)
     for _ in range(2):  # warm-up: first calls allocate
-        state, m = program.train_step(state, device_batch)
+        state, m = run(state, device_batch)
     jax.block_until_ready(m)
-    t = time.perf_counter()
-    for _ in range(steps):
-        state, m = program.train_step(state, device_batch)
+    calls = -(-steps // k)
+    steps = calls * k
+    t, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        state, m = run(state, device_batch)
     jax.block_until_ready(m)
-    seconds = time.perf_counter() - t
+    seconds, cpu_s = time.perf_counter() - t, time.process_time() - cpu
+    step_tokens, step_positions = (
+        float(np.mean(m[name])) for name in ("step_tokens", "step_positions")
+    )
     flops = steps * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     peak = chips.peak_flops(dtype=cfg.model.dtype)
+    out: dict[str, Any] = {}
     if "measured" in peak["source"]:
         # A shared CPU's speed drifts with its load: measure the peak again right after the
         # steps, and divide by the higher of the two (the lower, more honest MFU).
         again = chips.measured_peak_flops.__wrapped__()["flops_per_s"] * peak["devices"]
         peak["flops_per_s"] = max(peak["flops_per_s"], again)
+        # Also per CPU second, which other jobs on the cores change far less than wall time.
+        out["mfu_cpu"] = round(flops / cpu_s / cpu_peak_flops(), 4)
     return {
         "objective": cfg.objective.name,
         "params": counting.count_params(cfg.model)["total"],
+        "steps_per_call": k,
         "compile_s": round(program.compile_s, 2),
         "step_ms": round(1e3 * seconds / steps, 2),
-        "tokens_per_s": round(steps * float(m["step_tokens"]) / seconds),
-        "positions_per_s": round(steps * float(m["step_positions"]) / seconds),
+        "cpu_ms": round(1e3 * cpu_s / steps, 2),
+        "tokens_per_s": round(steps * step_tokens / seconds),
+        "positions_per_s": round(steps * step_positions / seconds),
         "mfu": round(chips.mfu(flops, seconds, peak["flops_per_s"]), 4),
+        **out,
         "peak_gflops": round(peak["flops_per_s"] / 1e9, 1),
     }
 

@@ -1,9 +1,15 @@
-"""Scoring token pairs with `Model.score` in fixed-shape, mesh-sharded batches.
+"""Scoring token pairs with `Model.score` in mesh-sharded batches of a few fixed shapes.
 
 `data.pipeline.scoring_batch` lays each (context, continuation) pair out as the architecture
 needs (causal: concatenation; non-causal: context as the bidirectional prefix; encoder-decoder:
 context to the encoder), and `Model.score` returns the sum of the continuation tokens'
 log-probabilities, their count, and whether greedy decoding would have produced every one.
+
+Rows are not all padded to a task's longest pair: each pair goes to the shortest row length of
+a short ladder (`bucket_length`) that holds it whole, and shorter rows are scored more to a
+call, so that a call costs about as many positions whatever its rows' length. Padding is
+masked, so a pair's score does not depend on its row's length or on the rows beside it
+(tested against one length for every row).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.pipeline import scoring_batch
 from scalestudy.errors import ScalestudyError
+from scalestudy.evaluate.batching import MIN_CALLS, plan_calls
 from scalestudy.evaluate.budget import Fitted, fit_pairs, scoring_lengths
 from scalestudy.train import sharding
 
@@ -40,22 +47,33 @@ def scoring_config(cfg: ExperimentConfig) -> ExperimentConfig:
 
 
 class Scorer:
-    """Scores token pairs with `Model.score` in fixed-shape, mesh-sharded batches."""
+    """Scores token pairs with `Model.score` in mesh-sharded batches of a few fixed shapes
+    (`batching.plan_calls`; `bucketed=False`: every row at the task's full lengths)."""
 
-    def __init__(self, cfg: ExperimentConfig, model, params, *, mesh=None) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        model,
+        params,
+        *,
+        mesh=None,
+        bucketed: bool = True,
+        min_calls: int = MIN_CALLS,
+    ) -> None:
         self.cfg = scoring_config(cfg)
+        self.encdec = cfg.model.is_encoder_decoder
+        self.bucketed, self.min_calls = bucketed, min_calls
         self.mesh = mesh if mesh is not None else sharding.make_mesh(cfg.mesh)
         # Rows per call: eval.batch_size rounded up to a multiple of the batch shards.
         probe = self.mesh.devices.size
-        shards = probe // sharding.batch_sharding(self.mesh).shard_shape((probe, 1))[0]
-        self.rows = -(-cfg.eval.batch_size // shards) * shards
-        # Distinct-context row counts (encoder-decoder): shards x 1, 2, 4, ... up to rows.
-        sizes = [shards * 2**i for i in range(self.rows.bit_length()) if shards * 2**i < self.rows]
-        self._context_sizes = [*sizes, self.rows]
+        self.shards = probe // sharding.batch_sharding(self.mesh).shard_shape((probe, 1))[0]
+        self.rows = -(-cfg.eval.batch_size // self.shards) * self.shards
         self._param_shardings = sharding.param_shardings(self.mesh, model.param_axes())
         self.set_params(params)
         self._score = jax.jit(model.score)
-        self.calls = 0
+        self._configs: dict[tuple[int, int], ExperimentConfig] = {}
+        self.calls = 0  # scoring calls made, and the positions (rows x length) they computed
+        self.positions = 0
 
     def set_params(self, params) -> None:
         """Score with `params` from now on (placed as the mesh's rules say; no recompile)."""
@@ -65,48 +83,64 @@ class Scorer:
         with sharding.axis_rules(self.mesh):
             out = self._score(self.params, sharding.shard_batch(self.mesh, batch))
         self.calls += 1
+        self.positions += sum(v.size for k, v in batch.items() if k.endswith("_input_tokens"))
         out = jax.device_get(out)
         return out["logprob"], out["n_tokens"], out["all_correct"]
 
-    def _distinct_contexts(self, batch: dict[str, np.ndarray], rows: np.ndarray) -> dict:
-        """The rows `rows` of `batch`; encoder features (where the batch has them) only once
-        per distinct context, with `pair_context` pointing each pair at its context.
+    def _distinct_contexts(self, batch: dict[str, np.ndarray]) -> dict:
+        """`batch` with its encoder features (where it has them) only once per distinct
+        context, and `pair_context` pointing each pair at its context.
 
-        Distinct contexts are padded (repeating the first) to the smallest of a few sizes, so
-        that a handful of compiled shapes serve every task.
+        Distinct contexts are padded (repeating the first) to the batch shards times a power
+        of two (or the batch's rows), so that a handful of compiled shapes serve every task.
         """
-        out = {k: v[rows] for k, v in batch.items() if not k.startswith("encoder_")}
+        out = {k: v for k, v in batch.items() if not k.startswith("encoder_")}
         encoder = sorted(k for k in batch if k.startswith("encoder_"))
         if not encoder:
             return out
-        rows_ctx = np.concatenate([batch[k][rows] for k in encoder], axis=1)
-        _, first, pair_context = np.unique(rows_ctx, axis=0, return_index=True, return_inverse=True)
-        size = next(s for s in self._context_sizes if s >= len(first))
-        keep = rows[np.concatenate([first, np.full(size - len(first), first[0])])]
+        rows = len(batch["decoder_input_tokens"])
+        contexts = np.concatenate([batch[k] for k in encoder], axis=1)
+        _, first, pair_context = np.unique(contexts, axis=0, return_index=True, return_inverse=True)
+        size = self.shards
+        while size < len(first):
+            size *= 2
+        keep = np.concatenate([first, np.full(min(size, rows) - len(first), first[0])])
         out |= {k: batch[k][keep] for k in encoder}
         out["pair_context"] = pair_context.reshape(-1).astype(np.int32)
         return out
 
+    def _lengths_config(self, lengths: tuple[int, int]) -> ExperimentConfig:
+        if lengths not in self._configs:
+            self._configs[lengths] = scoring_lengths(self.cfg, lengths)
+        return self._configs[lengths]
+
     def score(self, fitted: Fitted) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole."""
-        cfg = scoring_lengths(self.cfg, fitted.lengths)
         n = len(fitted.inputs)
-        outs: list[list[np.ndarray]] = [[], [], []]
-        for start in range(0, n, self.rows):
-            stop = min(start + self.rows, n)
-            pad = [start] * (self.rows - (stop - start))  # fill the fixed shape: reuse a pair
-            idx = [*range(start, stop), *pad]
+        lp, n_tok, correct = np.zeros(n), np.zeros(n, np.int32), np.zeros(n, bool)
+        plan = plan_calls(
+            fitted,
+            encdec=self.encdec,
+            rows=self.rows,
+            bucketed=self.bucketed,
+            min_calls=self.min_calls,
+        )
+        for call in plan:
+            pad = np.full(
+                call.rows - len(call.pairs), call.pairs[0]
+            )  # fill the shape: reuse a pair
+            idx = np.concatenate([call.pairs, pad])
             batch, n_cut = scoring_batch(
-                cfg, [fitted.inputs[i] for i in idx], [fitted.targets[i] for i in idx]
+                self._lengths_config(call.lengths),
+                [fitted.inputs[i] for i in idx],
+                [fitted.targets[i] for i in idx],
             )
             if n_cut:  # fit_pairs sized the rows; a cut here is a bug, never a silent result
-                raise ScalestudyError(f"scoring rows of {fitted.lengths} cut {n_cut} pairs")
-            part = self._run(self._distinct_contexts(batch, np.arange(self.rows)))
-            for acc, value in zip(outs, part, strict=True):
-                acc.append(np.asarray(value)[: stop - start])
-        if not n:
-            return np.zeros(0), np.zeros(0, np.int32), np.zeros(0, bool)
-        lp, n_tok, correct = (np.concatenate(o) for o in outs)
+                raise ScalestudyError(f"scoring rows of {call.lengths} cut {n_cut} pairs")
+            part = self._run(self._distinct_contexts(batch))
+            k = len(call.pairs)
+            for acc, value in zip((lp, n_tok, correct), part, strict=True):
+                acc[call.pairs] = np.asarray(value)[:k]
         return lp, n_tok, correct
 
     def __call__(

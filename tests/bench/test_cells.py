@@ -51,3 +51,24 @@ def test_train_bench_one_row_per_requested_arch():
     rows = {k for k, v in out.items() if isinstance(v, dict)}
     assert rows == {"causal_decoder", "encoder_decoder"}
     assert all(out[a]["mfu"] > 0 for a in rows)
+
+
+@pytest.mark.slow
+def test_train_bench_runs_steps_per_call_as_the_loop_does_with_cpu_time_mfu():
+    cfg = load_config(None, [*TINY, "train.steps_per_call=2"])
+    row = train.bench(cfg, steps=3, archs=("causal_decoder",))["causal_decoder"]
+    assert row["steps_per_call"] == 2
+    # Counted FLOPs over CPU time against the host's matmul FLOPs per CPU second: a tiny
+    # step on a CPU is far below the matmul peak, and never above it.
+    assert 0 < row["mfu_cpu"] < 1 and row["cpu_ms"] > 0
+
+
+def test_eval_bench_times_bucketed_rows_against_one_shape_and_they_agree():
+    from scalestudy.bench.eval import time_tasks
+
+    out = time_tasks(load_config(None, [*TINY, "eval.max_examples=6"]), rounds=1)
+    assert out["pairs"] > 24 and out["same_predictions"]
+    assert out["max_logprob_diff"] < 1e-4
+    # A task this small fills no shorter row's calls: never more positions than one shape.
+    assert 0 < out["bucketed/positions"] <= out["one_shape/positions"]
+    assert out["bucketed/cpu_s"] > 0 and out["one_shape/cpu_s"] > 0

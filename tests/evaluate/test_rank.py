@@ -113,7 +113,7 @@ def test_encoder_decoder_encodes_each_context_once_with_equal_scores() -> None:
     targets = [[30 + i, 40 + i % 3] for i in range(12)] + [[50], [50]]
     owner = np.repeat(np.arange(4), [4, 4, 4, 2])
     full, _ = scoring_batch(scorer.cfg, inputs, targets)
-    sent = scorer._distinct_contexts(full, np.arange(len(inputs)))
+    sent = scorer._distinct_contexts(full)
     assert len(sent["encoder_input_tokens"]) == 8 < len(inputs)  # 4 distinct, padded to 8
     np.testing.assert_array_equal(
         sent["encoder_input_tokens"][sent["pair_context"]], full["encoder_input_tokens"]
