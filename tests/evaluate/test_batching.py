@@ -13,24 +13,13 @@ from scalestudy.evaluate.budget import fit_pairs
 from scalestudy.evaluate.scorer import Scorer
 from scalestudy.models.api import build_model
 
+from .tiny_models import tiny as tiny_model
+
 ARCH_OBJECTIVE = {"causal_decoder": "flm", "noncausal_decoder": "plm", "encoder_decoder": "mlm"}
 
 
 def tiny(arch: str) -> ExperimentConfig:
-    return ExperimentConfig.model_validate(
-        {
-            "model": {
-                "arch": arch,
-                "d_model": 32,
-                "n_layers": 2,
-                "n_heads": 2,
-                "d_ff": 64,
-                "dtype": "float32",
-            },
-            "objective": {"name": ARCH_OBJECTIVE[arch], "inputs_length": 24, "targets_length": 8},
-            "eval": {"batch_size": 4},
-        }
-    )
+    return tiny_model(arch, ARCH_OBJECTIVE[arch], batch_size=4)
 
 
 def pairs(seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:

@@ -20,6 +20,8 @@ from scalestudy.evaluate.results import examples_path
 from scalestudy.evaluate.tasks import Task, load_task
 from scalestudy.models.api import build_model
 
+from .tiny_models import tiny as tiny_model
+
 DEFAULT = ExperimentConfig()
 ARCH_OBJECTIVE = {"causal_decoder": "flm", "noncausal_decoder": "plm", "encoder_decoder": "plm"}
 
@@ -29,20 +31,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def tiny(arch: str, **eval_cfg) -> ExperimentConfig:
-    return ExperimentConfig.model_validate(
-        {
-            "model": {
-                "arch": arch,
-                "d_model": 32,
-                "n_layers": 2,
-                "n_heads": 2,
-                "d_ff": 64,
-                "dtype": "float32",
-            },
-            "objective": {"name": ARCH_OBJECTIVE[arch], "inputs_length": 24, "targets_length": 8},
-            "eval": {"batch_size": 8, **eval_cfg},
-        }
-    )
+    return tiny_model(arch, ARCH_OBJECTIVE[arch], **eval_cfg)
 
 
 @pytest.fixture(scope="module", params=list(ARCH_OBJECTIVE))
