@@ -28,6 +28,7 @@ from pydantic import Field
 
 from scalestudy.config import Arch, ExperimentConfig, ObjectiveName
 from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.models import api
 from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, validate
 
@@ -262,7 +263,7 @@ def adapt_config(
 ) -> ExperimentConfig:
     """The adapted run's config: the parent's, with the new arch/objective and budget."""
     arch = ad.arch or parent_cfg.model.arch
-    if (arch == "encoder_decoder") != parent_cfg.model.is_encoder_decoder:
+    if not api.is_compatible_adaptation(parent_cfg.model, arch):
         raise StageError(
             f"cannot adapt a {parent_cfg.model.arch} run to {arch}: an encoder-decoder and a "
             "decoder-only model do not share parameters; adapt between causal_decoder and "
