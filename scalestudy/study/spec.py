@@ -119,6 +119,27 @@ class BudgetConfig(Frozen):
         return self
 
 
+class RepeatSeedsConfig(Frozen):
+    """Seeds trained only at some sizes, beside `seeds` (which every size trains): run-to-run
+    variation measured where runs are cheap, so a fit's `seed` flag has repeats to go on
+    without repeating the costly sizes."""
+
+    seeds: Tuple = ()
+    sizes: Tuple = ()  # size names of the ladder (study/sweep.py checks them)
+
+    @model_validator(mode="after")
+    def _check(self) -> RepeatSeedsConfig:
+        if bool(self.seeds) != bool(self.sizes):
+            raise ConfigError(
+                "repeat_seeds: give both seeds (a list of integers) and sizes (ladder size "
+                f"names), or neither; got seeds={list(self.seeds)}, sizes={list(self.sizes)}"
+            )
+        if not all(isinstance(s, int) for s in self.seeds):
+            raise ConfigError(f"repeat_seeds.seeds: a list of integers; got {list(self.seeds)!r}")
+        _check_unique("repeat_seeds.seeds", list(self.seeds))
+        return self
+
+
 class FitConfig(Frozen):
     """Scaling-law fits run at the end of a study (scalestudy.scaling)."""
 
@@ -300,6 +321,7 @@ class StudySpec(Frozen):
     # Context (tokens) inference cost is stated at; None: the objective's decoder length.
     inference_context: int | None = Field(None, ge=1)
     seeds: Tuple = (0,)
+    repeat_seeds: RepeatSeedsConfig = Field(default_factory=RepeatSeedsConfig)  # few sizes
     # Named variants (model-key overrides) of the cells; empty: each cell once, unchanged.
     variants: Annotated[tuple[VariantConfig, ...], Field(strict=False)] = ()
     experiments: DecoderOnlyConfig | None = None  # the decoder-only report's experiments
@@ -330,6 +352,11 @@ class StudySpec(Frozen):
         if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
             raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
         _check_unique("seeds", list(self.seeds))
+        both = set(self.seeds) & set(self.repeat_seeds.seeds)
+        if both:
+            raise ConfigError(
+                f"repeat_seeds.seeds: {sorted(both)} already in seeds (every size trains those)"
+            )
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ConfigError(f"variants: names must be unique; got {names}")

@@ -180,15 +180,21 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
             f"objectives={list(study.objectives)}"
         )
     sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
+    seeds_of = _size_seeds(study, [r.name for r in rungs])
     for key in study.cell_base:
         if tuple(key.split("/")) not in grid:
             accepted = ", ".join(f"{a}/{o}" for a, o in grid)
             raise ConfigError(f"cell_base: {key!r} is not a cell of the study ({accepted})")
     context = matched.context_for(study, base)
     runs: list[PlannedRun] = []
-    for (i, rung), (tag, compute), seed in itertools.product(
-        enumerate(rungs), ladder.budget_points(study.budget), study.seeds
-    ):
+    points = [
+        (i, rung, tag, compute, seed)
+        for (i, rung), (tag, compute) in itertools.product(
+            enumerate(rungs), ladder.budget_points(study.budget)
+        )
+        for seed in seeds_of[rung.name]
+    ]
+    for i, rung, tag, compute, seed in points:
         # A rung is a decoder-stack shape; the cell's architecture is applied by matching.
         keys = {k: v for k, v in rung.model.items() if k not in ("arch", "n_encoder_layers")}
         shape = validate(
@@ -266,6 +272,19 @@ def _cell_sizes(
             )
         out[cell] = given
     return out
+
+
+def _size_seeds(study: StudySpec, names: list[str]) -> dict[str, tuple[int, ...]]:
+    """The seeds each size trains: `seeds` everywhere, and `repeat_seeds.seeds` at its sizes
+    (checked against the ladder's size names)."""
+    repeat = study.repeat_seeds
+    given = tuple(str(n) for n in repeat.sizes)
+    unknown = [n for n in given if n not in names]
+    if unknown:
+        raise ConfigError(
+            f"repeat_seeds.sizes: {unknown} are not sizes of the ladder ({', '.join(names)})"
+        )
+    return {n: tuple(study.seeds) + (tuple(repeat.seeds) if n in given else ()) for n in names}
 
 
 def _cell_variants(study: StudySpec, grid: list[tuple[str, str]]) -> list[tuple[tuple, Any]]:

@@ -107,6 +107,24 @@ def test_cell_sizes_train_a_cell_at_only_the_sizes_named(tiny_spec):
         _expand(tiny_spec, ["ladder.cell_sizes={encoder_decoder: [s]}"])
 
 
+def test_repeat_seeds_add_seeds_at_only_the_sizes_named(tiny_spec):
+    runs = _expand(tiny_spec, ["repeat_seeds={seeds: [1, 2], sizes: [xs]}"])
+    plain = _expand(tiny_spec)
+    cells = {(r.arch, r.objective) for r in plain}
+    got = sorted({(r.size, r.seed) for r in runs})
+    assert got == [("s", 0), ("xs", 0), ("xs", 1), ("xs", 2)]
+    assert len(runs) == len(plain) + 2 * len(cells)
+    assert {r.run_id for r in plain} <= {r.run_id for r in runs}  # seed 0 runs unchanged
+    repeats = [r for r in runs if r.seed == 2]
+    assert all(r.cfg.train.seed == 2 and r.cfg.data.seed == 2 for r in repeats)
+    with pytest.raises(ConfigError, match=r"\['m'\] are not sizes of the ladder \(xs, s\)"):
+        _expand(tiny_spec, ["repeat_seeds={seeds: [1], sizes: [m]}"])
+    with pytest.raises(ConfigError, match=r"repeat_seeds.seeds: \[0\] already in seeds"):
+        _expand(tiny_spec, ["repeat_seeds={seeds: [0, 1], sizes: [xs]}"])
+    with pytest.raises(ConfigError, match="give both seeds"):
+        _expand(tiny_spec, ["repeat_seeds={seeds: [1]}"])
+
+
 def test_cell_base_changes_only_the_cell_it_names(tiny_spec):
     over = "cell_base={encoder_decoder/mlm: {optim: {learning_rate: 0.02}, train: {batch_size: 4}}}"
     runs = _expand(tiny_spec, [over, "base.optim.learning_rate=0.004"])
