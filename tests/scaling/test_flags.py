@@ -184,6 +184,14 @@ def test_a_single_seed_is_flagged_and_repeated_sizes_are_not():
     NN = np.repeat(N, 2)
     noisy = np.repeat(loss, 2) * np.exp(np.tile([0.01, -0.01], 6))
     assert "seed" not in _kinds(_fit("kaplan_n_noE", _table(NN, 20 * NN, noisy)))
+    # Seeds of one planned run count slightly different tokens (packing): still repeats.
+    D = 20 * N
+    DD = np.concatenate([D, D[:1] * 1.0002])
+    repeat = np.concatenate([loss, loss[:1] * 1.01])
+    assert "seed" not in _kinds(_fit("kaplan_n_noE", _table(np.append(N, N[0]), DD, repeat)))
+    # ... but a size trained at twice the tokens is another point, not a repeat.
+    twice = _table(np.append(N, N[0]), np.concatenate([D, D[:1] * 2]), repeat)
+    assert "seed" in _kinds(_fit("kaplan_n_noE", twice))
 
 
 def test_residuals_that_curve_flag_a_misspecified_form():
