@@ -54,7 +54,7 @@ def _fields(runs: list[dict[str, Any]]) -> list[str]:
 
 def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
     """Markdown lines of the BLiMP section for finished `runs` (none without BLiMP results)."""
-    scored = sorted(_scored(runs), key=lambda r: (_cell(r), _params(r)))
+    scored = sorted(_scored(runs), key=lambda r: (_cell(r), _params(r), r.get("seed") or 0))
     if not scored:
         return []
     fields = _fields(scored)
@@ -66,15 +66,15 @@ def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
         "0.5. Brackets: Wilson 95% intervals over the run's scored pairs (one run: not a "
         "between-seed interval).",
         "",
-        "| cell | size | N non-emb | pairs | overall [95%] | " + " | ".join(fields) + " |",
-        "|---|---|---|---|---|" + "---|" * len(fields),
+        "| cell | size | seed | N non-emb | pairs | overall [95%] | " + " | ".join(fields) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(fields),
     ]
     for r in scored:
         acc, n = float(r[f"eval/{TASK}/acc"]), int(r[f"eval/{TASK}/n"])
         lo, hi = wilson(acc * n, n)
         per_field = [r.get(f"eval/{TASK}/field/{f}/acc") for f in fields]
         lines.append(
-            f"| {_cell(r)} | {r.get('size', '')} | {_params(r):.3g} | {n} | "
+            f"| {_cell(r)} | {r.get('size', '')} | {r.get('seed', '')} | {_params(r):.3g} | {n} | "
             f"{acc:.3f} [{lo:.3f}, {hi:.3f}] | "
             + " | ".join("-" if a is None else f"{a:.3f}" for a in per_field)
             + " |"
