@@ -25,6 +25,7 @@ import numpy as np
 from scalestudy.scaling import allocation, frontier, resample
 from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
 from scalestudy.scaling.flags import (
+    SAME_POINT_REL,
     fit_flags,
     outlier_flags,
     outlier_points,
@@ -131,13 +132,28 @@ def _inputs(table: RunTable, form: Form):
     run = np.arange(len(table.loss))
     if len(form.inputs) == 1:
         # L(N) and L(D) describe models not limited by the other quantity (Kaplan et al.
-        # fit them near convergence): of runs sharing a value, keep the lowest loss.
-        key = np.round(x[0], 6)
-        run = np.array(
-            [min(np.flatnonzero(key == k), key=lambda j: table.loss[j]) for k in np.unique(key)]
-        )
+        # fit them near convergence): of runs sharing a value, keep the training length (the
+        # other quantity) with the lowest mean loss, and every seed of it, so that repeats
+        # weigh in as measurements and a lucky seed is not picked.
+        other = table.D if form.inputs[0] == "N" else table.N
+        run = _lowest_loss_runs(np.round(x[0], 6), np.log(other), np.log(table.loss))
         x = x[:, run]
     return x, np.log(table.loss[run]), run
+
+
+def _lowest_loss_runs(key_J: np.ndarray, other_J: np.ndarray, log_loss_J: np.ndarray):
+    """Indices of the runs kept for a law in one input: per value of `key_J`, the runs of the
+    group (values of `other_J` within SAME_POINT_REL of each other, seeds of one planned run)
+    whose mean log loss is lowest."""
+    keep: list[int] = []
+    for k in np.unique(key_J):
+        idx = np.flatnonzero(key_J == k)
+        o = np.nan_to_num(other_J[idx], nan=0.0)
+        order = np.argsort(o, kind="stable")
+        breaks = np.flatnonzero(np.diff(o[order]) > np.log1p(SAME_POINT_REL)) + 1
+        groups = [idx[g] for g in np.split(order, breaks)]
+        keep += min(groups, key=lambda g: float(np.mean(log_loss_J[g]))).tolist()
+    return np.array(sorted(keep))
 
 
 def _check_points(form: Form, x_VP: np.ndarray) -> None:
@@ -252,7 +268,10 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         finished = finished_curves(table) and len(table.curves) >= 2
         out["points_used"] = frontier.FINISHED_CURVES if finished else frontier.FINAL_POINTS
     elif len(form.inputs) == 1:
-        out["points_used"] = f"lowest loss per distinct {form.inputs[0]}"
+        out["points_used"] = (
+            f"per distinct {form.inputs[0]}, every run of the training length with the lowest "
+            "mean loss"
+        )
     if s.holdout > 0:
         out["holdout"] = resample.holdout(form, table, x, y, run, grid, s)
     if s.kfold:

@@ -319,3 +319,33 @@ def test_approach1_from_final_losses_at_shared_budgets(iso_table, true_params):
     assert fit["n_budgets"] == 5 and "final validation loss" in fit["points_used"]
     a_true = true_params["beta"] / (true_params["alpha"] + true_params["beta"])
     assert fit["params"]["a"]["value"] == pytest.approx(a_true, abs=0.1)
+
+
+def test_law_in_n_keeps_every_seed_of_the_best_budget_not_the_luckiest_run():
+    from scalestudy.scaling.forms import get_form
+    from scalestudy.scaling.laws import FitSettings, fit_form
+    from scalestudy.scaling.resample import run_counts
+    from scalestudy.scaling.table import RunTable
+
+    N = np.geomspace(1e4, 1e6, 6)
+    loss = (1e13 / N) ** 0.08
+    # Three seeds at the smallest size (their tokens differ slightly: packing), mean log loss
+    # on the law, and one run of another budget at that size.
+    seed_off = np.array([0.03, -0.02, -0.01])
+
+    def kept(other_off: float) -> list[str]:
+        Ns = np.concatenate([N, [N[0]] * 3])
+        Ds = np.concatenate([20 * N, 20 * N[0] * np.array([1.0002, 0.9999, 0.25])])
+        offs = np.concatenate([[seed_off[0]], np.zeros(5), seed_off[1:], [other_off]])
+        Ls = np.concatenate([loss, [loss[0]] * 3]) * np.exp(offs)
+        t = RunTable([f"r{i}" for i in range(9)], ["all"] * 9, Ns, Ds, 6 * Ns * Ds, Ls)
+        t.choices = {"c_kind": "6nd", "groups": []}
+        fit = fit_form(get_form("kaplan_n_noE"), t, run_counts(9, 0, 0), FitSettings(), 6.0)
+        return sorted(p["run"] for p in fit["residuals"]["points"])
+
+    rest = [f"r{i}" for i in range(1, 6)]
+    # The other budget's run is worse than the seeds' mean (0) but better than one seed: every
+    # seed is kept (the lowest single loss would have kept r6 alone).
+    assert kept(0.01) == sorted(["r0", "r6", "r7", *rest])
+    # Better than the seeds' mean: that budget is the size's point.
+    assert kept(-0.015) == sorted(["r8", *rest])
