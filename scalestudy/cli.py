@@ -61,6 +61,11 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--topology", default=None, help="TPU: v4:4x4x8, v4-256, v5e-8 (default: local devices)"
     )
+    p.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="report memory and fit only: no FLOPs or roofline (skips the cost probe compiles)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=commands.cmd_compile)
 

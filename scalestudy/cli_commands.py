@@ -278,7 +278,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.spec:  # every shape of the study: pretraining and the stages after it
         from scalestudy.study.compile_plan import compile_study
 
-        plans = compile_study(args.spec, args.overrides, args.topology)
+        plans = compile_study(args.spec, args.overrides, args.topology, not args.memory_only)
         if args.json:
             print(json.dumps(plans, indent=2, default=str))
         for plan in [] if args.json else plans:
@@ -286,7 +286,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print()
         return 0
     cfg = load_config(args.config, args.overrides)
-    _print(compile_plan(cfg, topology=args.topology), args.json)
+    _print(compile_plan(cfg, topology=args.topology, costs=not args.memory_only), args.json)
     return 0
 
 

@@ -63,13 +63,17 @@ def study_shapes(
 
 
 def compile_study(
-    spec: str | Path, overrides: list[str] | tuple[str, ...] = (), topology: str | None = None
+    spec: str | Path,
+    overrides: list[str] | tuple[str, ...] = (),
+    topology: str | None = None,
+    costs: bool = True,
 ) -> list[dict[str, Any]]:
-    """`train/aot.compile_plan` for every distinct shape of the study (see `study_shapes`)."""
+    """`train/aot.compile_plan` for every distinct shape of the study (see `study_shapes`);
+    `costs=False`: memory and fit only."""
     from scalestudy.train.aot import compile_plan
 
     plans = []
     for shape in study_shapes(spec, overrides):
         cfg = shape.pop("cfg")
-        plans.append({**shape, **compile_plan(cfg, topology=topology)})
+        plans.append({**shape, **compile_plan(cfg, topology=topology, costs=costs)})
     return plans

@@ -215,9 +215,15 @@ def _costs(compiled: Any, mesh: Any) -> dict[str, Any]:
     return roofline.program_costs(compiled, devices, chips.chip(devices[0].device_kind))
 
 
-def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str, Any]:
+def compile_plan(
+    cfg: ExperimentConfig, topology: str | None = None, costs: bool = True
+) -> dict[str, Any]:
     """Compile the train step of `cfg` for the local devices or a TPU `topology` and report
-    per-chip memory, XLA and counted FLOPs, and (TPU) a roofline step-time estimate."""
+    per-chip memory, XLA and counted FLOPs, and (TPU) a roofline step-time estimate.
+
+    `costs=False` reports memory and fit alone: no FLOPs, no roofline, and so none of the
+    unrolled probe programs a scanned stack's costs need (one more compile per layer stack
+    plus one), which is most of a plan's compile time for a deep scanned model."""
     if topology is None:
         devices = jax.devices()
         where = f"{len(devices)} local {devices[0].platform} devices"
@@ -252,18 +258,26 @@ def compile_plan(cfg: ExperimentConfig, topology: str | None = None) -> dict[str
     if entry is not None:
         out["hbm_gib_per_chip"] = entry.hbm_gib
         out["fits"] = total <= entry.hbm_gib * gib
+    out["scanned"] = scanned(cfg.model)
+    if costs:
+        out.update(_cost_report(cfg, compiled, mesh, devices, entry))
+        # The compiler's own estimate; negative or absent where it has none.
+        out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
+    out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
+    return out
+
+
+def _cost_report(
+    cfg: ExperimentConfig, compiled: Any, mesh: Any, devices: list, entry: chips.Chip | None
+) -> dict[str, Any]:
+    """XLA's FLOPs against the counted ones and, for a chip with ICI figures, the roofline."""
     counted = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     # XLA counts one device's share of the step, and a scanned loop body once: the costs of
     # a scanned program come from its unrolled probes.
-    scan = scanned(cfg.model)
-    costs = unrolled_costs(cfg, devices) if scan else _costs(compiled, mesh)
-    out["scanned"] = scan
-    out["xla_flops_per_step"] = costs["flops"] * mesh.size
+    costs = unrolled_costs(cfg, devices) if scanned(cfg.model) else _costs(compiled, mesh)
+    out: dict[str, Any] = {"xla_flops_per_step": costs["flops"] * mesh.size}
     out["counted_flops_per_step"] = counted
     out["xla_over_counted"] = round(out["xla_flops_per_step"] / counted, 3)
     if entry is not None and entry.ici_link_bytes_per_s is not None:
         out["roofline"] = roofline.estimate(costs, entry, counted, mesh.size)
-    # The compiler's own estimate; negative or absent where it has none.
-    out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
-    out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
     return out

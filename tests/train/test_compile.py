@@ -278,3 +278,50 @@ def test_roofline_sits_above_a_published_measured_mfu(name):
     counted = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     out = roofline.estimate(costs, chips.chip(devices[0].device_kind), counted, len(devices))
     assert measured <= out["est_mfu"] <= 1.0, out
+
+
+def test_memory_only_plan_reports_the_same_memory_without_the_cost_probes(monkeypatch, capsys):
+    import json
+    from pathlib import Path
+
+    from scalestudy.cli import main
+    from scalestudy.config import load_config
+
+    path = str(Path(__file__).parents[2] / "configs" / "models" / "tiny.yaml")
+    overrides = ["model.scan_layers=true", "model.n_layers=3", "mesh.fsdp=2"]
+    probed = []
+
+    def stand_in_probes(cfg, devices):
+        probed.append(cfg.model.n_layers)
+        return {"flops": 1.0}
+
+    monkeypatch.setattr(aot, "unrolled_costs", stand_in_probes)
+    full = aot.compile_plan(load_config(path, overrides), None)
+    assert probed == [3] and "xla_over_counted" in full  # a scanned plan's costs are probed
+    assert main(["compile", "--config", path, "--memory-only", "--json", *overrides]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert probed == [3]  # no probe this time
+    assert not {"xla_flops_per_step", "xla_over_counted", "roofline"} & out.keys()
+    assert out["scanned"] and out["mesh"] == full["mesh"]
+    assert out["bytes_per_chip"] == full["bytes_per_chip"]
+
+
+@pytest.mark.slow  # three CPU compiles: about 8 s of CPU on the loaded 2-core machine
+def test_a_lighter_remat_policy_compiles_to_temporaries_between_none_and_full(tiny_cfg):
+    # What XLA keeps after compiling, not only what the trace saves
+    # (tests/models/test_attention.py): a scanned stack, whose loop carries the saved
+    # residuals from the forward to the backward pass. (Unrolled on a CPU, XLA schedules the
+    # recomputation as it likes and the temporaries of all policies come out about equal.)
+    import jax
+
+    from scalestudy.models.api import build_model
+
+    cfg = tiny_cfg("causal_decoder", None, "model.scan_layers=true", "model.dropout=0.0")
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in aot.abstract_batch(cfg).items()}
+    temp = {}
+    for policy in ("none", "save_attention", "full"):
+        model = build_model(cfg.model.model_copy(update={"remat": policy}))
+        grad = jax.jit(jax.grad(lambda p, b, m=model: m.loss(p, b, None, deterministic=True)[0]))
+        compiled = grad.lower(model.abstract_params(), batch).compile()
+        temp[policy] = compiled.memory_analysis().temp_size_in_bytes
+    assert temp["none"] > temp["save_attention"] > temp["full"], temp
