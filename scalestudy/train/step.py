@@ -162,6 +162,22 @@ def make_eval_step(cfg: ExperimentConfig, model: Model) -> Callable[[Any, Batch]
     return eval_step
 
 
+class _CompiledOnFirstCall:
+    """A jitted step compiled, under the mesh's axis rules, when first called. With
+    `steps_per_call` > 1 the single step runs only where a log, hook or stop step breaks a
+    call, which many runs never meet; compiling it up front cost them a program each."""
+
+    def __init__(self, jitted: Any, mesh: jax.sharding.Mesh, *abstract_args: Any) -> None:
+        self.jitted, self.mesh, self.abstract_args = jitted, mesh, abstract_args
+        self.compiled = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is None:
+            with sharding.axis_rules(self.mesh):
+                self.compiled = self.jitted.lower(*self.abstract_args).compile()
+        return self.compiled(*args)
+
+
 @dataclasses.dataclass
 class Program:
     """Compiled functions and shardings for one (config, batch shapes, mesh)."""
@@ -365,7 +381,10 @@ def build_program(
     if compile:
         with sharding.axis_rules(mesh):
             init = init.lower(seed).compile()
-            train_step = train_step.lower(abstract, abstract_batch).compile()
+            if multi_step is None:
+                train_step = train_step.lower(abstract, abstract_batch).compile()
+            else:
+                train_step = _CompiledOnFirstCall(train_step, mesh, abstract, abstract_batch)
             eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
             if multi_step is not None:
                 multi_step = multi_step.lower(abstract, abstract_stacked).compile()

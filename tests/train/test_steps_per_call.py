@@ -1,10 +1,12 @@
 """Several optimizer steps per compiled call (train.steps_per_call): the same run, exactly."""
 
+from collections import OrderedDict
+
 import jax
 import numpy as np
 import pytest
 
-from scalestudy.train import loop, rundir, saved
+from scalestudy.train import loop, rundir, saved, step
 
 # Log and checkpoint every 4 steps, so that calls of 4 steps line up with every row and save.
 CADENCE = ("train.log_every=4", "train.checkpoint_every=4")
@@ -90,3 +92,18 @@ def test_calls_that_would_cross_a_log_step_run_one_step_each(tiny_cfg, one_per_c
     want = {r["step"]: r["train/loss"] for r in rows(ref_dir)}
     assert got[12] == want[12]
     assert_same_params(tmp_path, ref_dir)
+
+
+def test_a_run_whose_calls_line_up_never_compiles_the_single_step(tiny_cfg, monkeypatch, tmp_path):
+    """Every call of 4 steps ends on a log and checkpoint step: the single step, compiled only
+    when first called, stays uncompiled; one that breaks a call (above) compiles it."""
+    monkeypatch.setattr(step, "_PROGRAMS", OrderedDict())
+    cfg = tiny_cfg(
+        "causal_decoder", None, *CADENCE, "train.stop_after_steps=8", "train.steps_per_call=4"
+    )
+    loop.train(cfg, tmp_path / "lined_up")
+    (program,) = step._PROGRAMS.values()
+    assert program.train_step.compiled is None
+    odd = cfg.replace(train=cfg.train.replace(log_every=3, stop_after_steps=3))
+    loop.train(odd, tmp_path / "broken")
+    assert program.train_step.compiled is not None
