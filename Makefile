@@ -7,6 +7,8 @@ SPEC ?= configs/studies/smoke.yaml
 OUT ?= runs/smoke
 # Runs trained at a time (each in its own process): tiny CPU runs leave cores idle.
 WORKERS ?= 2
+# Test processes (pytest-xdist): compiles and Python are single-threaded, so one per core.
+TEST_WORKERS ?= 2
 
 .PHONY: study test install lint format clean
 
@@ -24,7 +26,7 @@ study: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -27,3 +27,45 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+# Running in parallel (`pytest -n 2`, pytest-xdist; `--dist loadgroup` is set in pyproject.toml):
+# one test at a time goes to whichever worker is free, except the groups below, which run
+# whole, in order, on one worker.
+SHARED_SCOPES = ("module", "class", "package")
+
+
+def _module_shares_fixtures(module) -> bool:
+    """Whether the test module defines a fixture wider than one test (a training run, a built
+    model): its tests run together so the fixture is made once, not once per worker."""
+    for obj in vars(module).values():
+        marker = getattr(obj, "_fixture_function_marker", None)
+        if marker is not None and marker.scope in SHARED_SCOPES:
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests that must not run at the same time as each other or that share an
+    expensive fixture, and, under xdist, start the slow ones first so that no worker ends the
+    run alone with a long test."""
+    shares: dict[str, bool] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if item.get_closest_marker("xdist_group") is not None or module is None:
+            continue
+        name = module.__name__
+        if name not in shares:
+            shares[name] = _module_shares_fixtures(module)
+        if shares[name]:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a plain run keeps the files' order
+
+    def unit(item: pytest.Item) -> str:
+        mark = item.get_closest_marker("xdist_group")
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name")) if mark else item.nodeid
+
+    slow_units = {unit(i) for i in items if i.get_closest_marker("slow") is not None}
+    items.sort(key=lambda i: unit(i) not in slow_units)  # stable: slow units first, in order

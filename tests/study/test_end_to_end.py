@@ -8,15 +8,24 @@ import pytest
 
 from scalestudy import cli
 from scalestudy.study.registry import load_curves, load_runs
+from tests.study.conftest import write_spec
 
 pytest.importorskip("scalestudy.train.loop")
 pytest.importorskip("scalestudy.scaling.plots")
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> tuple[Path, Path]:
+    """(spec, out) of the tiny study trained once by one process; both tests read it."""
+    spec = write_spec(tmp_path_factory.mktemp("spec") / "tiny.yaml")
+    out = tmp_path_factory.mktemp("one") / "study"
+    assert cli.main(["study", "--spec", str(spec), "--out", str(out)]) == 0
+    return spec, out
+
+
 @pytest.mark.slow
-def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
-    out = tmp_path / "study"
-    assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(out)]) == 0
+def test_tiny_study_end_to_end(one_process, capsys):
+    tiny_spec, out = one_process
     runs = load_runs(out)
     assert len(runs) == 4 and all(r["status"] == "done" for r in runs)
     for r in runs:
@@ -57,12 +66,12 @@ def test_tiny_study_end_to_end(tiny_spec, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_two_workers_train_the_same_runs_as_one(tiny_spec, tmp_path, capsys):
+def test_two_workers_train_the_same_runs_as_one(one_process, tmp_path, capsys):
     # Trained by two worker processes, each run's validation loss and probe accuracy are
-    # those of a one-process study.
-    one, two = tmp_path / "one", tmp_path / "two"
+    # those of a one-process study (the fit's bootstrap, skipped here, trains nothing).
+    tiny_spec, one = one_process
+    two = tmp_path / "two"
     argv = ["study", "--spec", str(tiny_spec), "fit.bootstrap=0"]
-    assert cli.main([*argv, "--out", str(one)]) == 0
     assert cli.main([*argv, "--out", str(two), "--workers", "2"]) == 0
     a = {r["run_id"]: r for r in load_runs(one)}
     b = {r["run_id"]: r for r in load_runs(two)}

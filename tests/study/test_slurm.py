@@ -29,6 +29,8 @@ from scalestudy.study import sweep
 from scalestudy.study.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
+# One cluster at a time: under `pytest -n 2` these tests run one after another on one worker.
+pytestmark = pytest.mark.xdist_group("slurm_cluster")
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
 
 SLURM_CONF = """ClusterName=scalestudy-test
