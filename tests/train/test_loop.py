@@ -164,7 +164,7 @@ def test_sigterm_leaves_a_resumable_checkpoint(tiny_cfg, straight, tmp_path):
     while not losses(tmp_path / "run") and time.time() < deadline and proc.poll() is None:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)  # a safety net under load, not a measurement
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "SIGTERM received: saved a checkpoint" in err
     stopped_at = saved.latest_step(tmp_path / "run")
