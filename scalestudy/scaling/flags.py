@@ -182,16 +182,28 @@ def training_flag(N_J: np.ndarray, D_J: np.ndarray) -> list[str]:
     ]
 
 
+def repeat_groups(log_VJ: np.ndarray) -> list[np.ndarray]:
+    """Runs as repeats of one point: index arrays, one per point. Runs whose every input (the
+    rows of `log_VJ`: log N, log D, ...) agrees within SAME_POINT_REL are one point trained
+    twice, and so are chains of such runs: seeds of one planned run read slightly different
+    token counts (documents pack into rows differently in another order)."""
+    x = np.asarray(log_VJ, dtype=float)
+    near_JJ = (np.abs(x[:, :, None] - x[:, None, :]) <= np.log1p(SAME_POINT_REL)).all(axis=0)
+    label = np.full(x.shape[1], -1)
+    for j in range(x.shape[1]):
+        stack, label[j] = ([j], j) if label[j] < 0 else ([], label[j])
+        while stack:
+            reached = np.flatnonzero(near_JJ[stack.pop()] & (label < 0))
+            label[reached] = j
+            stack += reached.tolist()
+    return [np.flatnonzero(label == g) for g in np.unique(label)]
+
+
 def seed_flag(N_J: np.ndarray, D_J: np.ndarray) -> list[str]:
-    """'seed' flag when no (N, D) was trained more than once. Runs whose N and D agree within
-    SAME_POINT_REL are one point trained twice: seeds of one planned run read slightly
-    different token counts (documents pack into rows differently in another order)."""
+    """'seed' flag when no (N, D) was trained more than once (`repeat_groups`)."""
     x = np.log(np.stack([N_J, D_J]).astype(float))
     x = x[:, np.isfinite(x).all(axis=0)]
-    if x.shape[1] < 2:
-        return []
-    near_JJ = (np.abs(x[:, :, None] - x[:, None, :]) <= np.log1p(SAME_POINT_REL)).all(axis=0)
-    if (near_JJ.sum(axis=1) > 1).any():
+    if x.shape[1] < 2 or any(len(g) > 1 for g in repeat_groups(x)):
         return []
     return [
         "seed: one run per size (a single seed): the intervals resample sizes, not seeds, "

@@ -25,13 +25,13 @@ import numpy as np
 from scalestudy.scaling import allocation, frontier, resample
 from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
 from scalestudy.scaling.flags import (
-    SAME_POINT_REL,
     fit_flags,
     outlier_flags,
     outlier_points,
     param_flags,
     points_flag,
     prediction_span_flag,
+    repeat_groups,
 )
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
@@ -142,16 +142,13 @@ def _inputs(table: RunTable, form: Form):
 
 
 def _lowest_loss_runs(key_J: np.ndarray, other_J: np.ndarray, log_loss_J: np.ndarray):
-    """Indices of the runs kept for a law in one input: per value of `key_J`, the runs of the
-    group (values of `other_J` within SAME_POINT_REL of each other, seeds of one planned run)
-    whose mean log loss is lowest."""
+    """Indices of the runs kept for a law in one input: per value of `key_J`, the runs that
+    repeat one value of `other_J` (`repeat_groups`: the seeds of one planned run) whose mean
+    log loss is lowest."""
     keep: list[int] = []
     for k in np.unique(key_J):
         idx = np.flatnonzero(key_J == k)
-        o = np.nan_to_num(other_J[idx], nan=0.0)
-        order = np.argsort(o, kind="stable")
-        breaks = np.flatnonzero(np.diff(o[order]) > np.log1p(SAME_POINT_REL)) + 1
-        groups = [idx[g] for g in np.split(order, breaks)]
+        groups = [idx[g] for g in repeat_groups(np.nan_to_num(other_J[idx], nan=0.0)[None])]
         keep += min(groups, key=lambda g: float(np.mean(log_loss_J[g]))).tolist()
     return np.array(sorted(keep))
 
