@@ -263,27 +263,24 @@ def _cell_sizes(
         if cell not in grid:
             accepted = ", ".join(f"{a}/{o}" for a, o in grid)
             raise ConfigError(f"ladder.cell_sizes: {key!r} is not a cell of the study ({accepted})")
-        given = tuple(str(n) for n in sizes)
-        unknown = [n for n in given if n not in names]
-        if unknown:
-            raise ConfigError(
-                f"ladder.cell_sizes[{key}]: {unknown} are not sizes of the ladder "
-                f"({', '.join(names)})"
-            )
-        out[cell] = given
+        out[cell] = _size_names(f"ladder.cell_sizes[{key}]", sizes, names)
     return out
+
+
+def _size_names(key: str, sizes: Any, names: list[str]) -> tuple[str, ...]:
+    """`sizes` of the spec's `key` as size names, each one of the ladder's `names`."""
+    given = tuple(str(n) for n in sizes)
+    unknown = [n for n in given if n not in names]
+    if unknown:
+        raise ConfigError(f"{key}: {unknown} are not sizes of the ladder ({', '.join(names)})")
+    return given
 
 
 def _size_seeds(study: StudySpec, names: list[str]) -> dict[str, tuple[int, ...]]:
     """The seeds each size trains: `seeds` everywhere, and `repeat_seeds.seeds` at its sizes
     (checked against the ladder's size names)."""
     repeat = study.repeat_seeds
-    given = tuple(str(n) for n in repeat.sizes)
-    unknown = [n for n in given if n not in names]
-    if unknown:
-        raise ConfigError(
-            f"repeat_seeds.sizes: {unknown} are not sizes of the ladder ({', '.join(names)})"
-        )
+    given = _size_names("repeat_seeds.sizes", repeat.sizes, names)
     return {n: tuple(study.seeds) + (tuple(repeat.seeds) if n in given else ()) for n in names}
 
 
