@@ -216,7 +216,10 @@ class LocalExecutor:
         pending: dict = {}
         try:
             with StopRequests(lambda signum: halt.set(), progress.bar.write) as stop:
-                for run, weight in zip(todo, weights, strict=True):
+                # Costliest first (longest-processing-time order): the last runs to start are
+                # the cheap ones, so the workers finish close together.
+                queue = sorted(zip(todo, weights, strict=True), key=lambda rw: -rw[0].planned_flops)
+                for run, weight in queue:
                     workdir = self.out / "runs" / run.dirname
                     if self._prepare(run, workdir, mark=False) is not None:
                         progress.end(weight)
