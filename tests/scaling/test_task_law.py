@@ -9,6 +9,7 @@ from scalestudy.scaling.task_law import (
     fit_sigmoid,
     fit_task_laws,
     sigmoid,
+    sigmoid_jacobian,
     task_loss_from_examples,
 )
 
@@ -43,6 +44,16 @@ def test_sigmoid_recovers_known_parameters_with_and_without_chance():
     w = np.ones_like(L)
     w[3] = 0.0
     np.testing.assert_allclose(fit_sigmoid(L, bad, w, 0.25), SIG, rtol=1e-4)
+
+
+def test_sigmoid_jacobian_equals_central_differences():
+    L = np.linspace(0.2, 3.0, 25)
+    for p in (SIG, np.array([2.5, 40.0, 0.3, 0.5]), np.array([0.9, 0.0, 1.0, 0.0])):
+        h = 1e-6
+        numeric = np.stack(
+            [(sigmoid(L, p + h * e) - sigmoid(L, p - h * e)) / (2 * h) for e in np.eye(4)], axis=1
+        )
+        np.testing.assert_allclose(sigmoid_jacobian(L, p), numeric, rtol=1e-6, atol=1e-8)
 
 
 def test_two_step_law_recovers_known_parameters():
