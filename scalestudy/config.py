@@ -93,6 +93,11 @@ class ModelConfig(Frozen):
     # (even layers forward, odd layers backward) instead of by head.
     attention: Literal["standard", "mixed", "mixed_layers"] = "standard"
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # Queries and keys RMS-normalised per head, each with a learnt scale [K], and the logits
+    # scaled by 1/sqrt(K) (Dehghani et al. 2023; Wortsman et al. 2023): bounds the attention
+    # logits, which lets small models train at higher learning rates. Left out of dumps (and
+    # run ids) while off.
+    qk_norm: bool = Field(False, exclude_if=lambda v: not v)
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # compute dtype
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     # Run the layer stack as a `lax.scan` (True), unrolled (False), or "auto": unrolled on a

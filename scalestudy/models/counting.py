@@ -24,7 +24,8 @@ from scalestudy.data.objectives import feature_lengths
 
 
 def _attention_params(cfg: ModelConfig) -> int:
-    return 4 * cfg.d_model * cfg.n_heads * cfg.head_dim  # q, k, v [D,H,K] and o [H,K,D]
+    # q, k, v [D,H,K] and o [H,K,D]; with qk_norm, the query and key scales [K]
+    return 4 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.head_dim * cfg.qk_norm
 
 
 def _mlp_params(cfg: ModelConfig) -> int:

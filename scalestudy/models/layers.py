@@ -199,6 +199,15 @@ def rope(x_BLHK: jax.Array, positions_BL: jax.Array, base: float = 10000.0) -> j
     return out.astype(x_BLHK.dtype)
 
 
+def _head_norm(x_BLHK: jax.Array, scale_K: jax.Array, factor: float) -> jax.Array:
+    """RMS normalisation over each head's K features (float32), times the learnt scale and a
+    constant `factor` (1/sqrt(K) for queries: T5 folds it into the query initialisation,
+    which a normalised query no longer carries)."""
+    x = x_BLHK.astype(jnp.float32)
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    return (x * (factor * scale_K.astype(jnp.float32))).astype(x_BLHK.dtype)
+
+
 class KV(NamedTuple):
     """One attention layer's decoding cache: keys and values [B, S, H, K] of S slots (after
     RoPE). `start` is the first slot a call writes its new keys and values into (self-
@@ -225,6 +234,10 @@ class Attention(nnx.Module):
         self.k = param(init, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
         self.v = param(init, (d, h, k), ("embed", "heads", "kv"), d**-0.5, pd)
         self.o = param(init, (h, k, d), ("heads", "kv", "embed"), (h * k) ** -0.5, pd)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_scale = param(init, (k,), ("kv",), 0.0, pd)
+            self.k_scale = param(init, (k,), ("kv",), 0.0, pd)
         self.dtype = cfg.dtype
         self.rope = cfg.position == "rope"
         self.dropout = cfg.dropout
@@ -235,6 +248,8 @@ class Attention(nnx.Module):
         dt = self.dtype
         k_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.k[...].astype(dt))
         v_BSHK = jnp.einsum("BSD,DHK->BSHK", kv_BSD, self.v[...].astype(dt))
+        if self.qk_norm:
+            k_BSHK = _head_norm(k_BSHK, self.k_scale[...], 1.0)
         return KV(k_BSHK, v_BSHK)
 
     def __call__(
@@ -257,6 +272,8 @@ class Attention(nnx.Module):
         dropout) are sown as `nnx.Intermediate` "probs_BHLS" (read them with `nnx.capture`)."""
         dt = self.dtype
         q_BLHK = jnp.einsum("BLD,DHK->BLHK", x_BLD, self.q[...].astype(dt))
+        if self.qk_norm:
+            q_BLHK = _head_norm(q_BLHK, self.q_scale[...], q_BLHK.shape[-1] ** -0.5)
         q_BLHK = constrain(q_BLHK, ("batch", "length", "heads", "kv"))
         fixed = cache is not None and cache.start is None
         k_BSHK, v_BSHK = cache[:2] if fixed else self.project_kv(kv_BSD)[:2]

@@ -47,6 +47,10 @@ def test_counted_params_equal_the_initialised_tree(compiled, tiny_cfg, arch):
         arch, activation="relu", d_kv=12, n_encoder_layers=3 if arch == "encoder_decoder" else None
     )
     assert counting.count_params(plain)["total"] == _tree_size(build_model(plain).abstract_params())
+    normed = tiny_cfg(arch, qk_norm=True, d_kv=12)
+    assert counting.count_params(normed)["total"] == _tree_size(
+        build_model(normed).abstract_params()
+    )
 
 
 @pytest.mark.parametrize("size", sorted(T5_1_1))

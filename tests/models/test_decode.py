@@ -93,8 +93,9 @@ def test_cached_equals_uncached_noncausal(attention):
     np.testing.assert_allclose(cached, full, atol=2e-5, rtol=2e-5)
 
 
-def test_cached_equals_uncached_encoder_decoder():
-    model = build_model(tiny("encoder_decoder", position="rope"))
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_cached_equals_uncached_encoder_decoder(qk_norm):
+    model = build_model(tiny("encoder_decoder", position="rope", qk_norm=qk_norm))
     params = _params(model)
     batch = make_batch(rows=2, length=10, src=12)
     full = np.asarray(model.apply(params, batch))

@@ -340,3 +340,32 @@ def test_an_adaptation_is_compatible_exactly_when_the_parameter_trees_match(tiny
         for arch in archs:
             same = shapes(parent) == shapes(arch)
             assert is_compatible_adaptation(tiny_cfg(parent), arch) == same, (parent, arch)
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(
+    compiled, tiny_cfg, make_batch_fn, arch
+):
+    """Normalised queries and keys: scaling a layer's query and key weights (self- and cross-
+    attention) leaves the logits unchanged, where plain attention's logits move."""
+    batch = make_batch_fn()
+
+    def scaled(params, factor):
+        def walk(tree):
+            return {
+                k: walk(v) if isinstance(v, dict) else v * factor if k in ("q", "k") else v
+                for k, v in tree.items()
+            }
+
+        return walk(params)
+
+    for qk_norm, moves in ((True, False), (False, True)):
+        _model, params, apply = compiled(tiny_cfg(arch, qk_norm=qk_norm))
+        base = np.asarray(apply(params, batch))
+        other = np.asarray(apply(scaled(params, 7.0), batch))
+        assert np.isfinite(other).all()
+        assert (np.abs(other - base).max() > 1e-2) == moves, (qk_norm, np.abs(other - base).max())
+    # The learnt scales start at one.
+    attn = compiled(tiny_cfg(arch, qk_norm=True))[1]["decoder"]["layers"]["self_attn"]
+    for name in ("q_scale", "k_scale"):
+        np.testing.assert_array_equal(np.asarray(attn[name]), 1.0)
