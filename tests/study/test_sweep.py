@@ -27,14 +27,17 @@ def test_smoke_spec_has_every_cell_and_six_sizes_for_flm_and_plm():
     assert all(len(s) >= 6 for c, s in sizes.items() if c[1] != "mlm")
     assert all(len(s) >= 3 for s in sizes.values())
     # One sequence/batch shape for the whole study (compiled steps differ only by size), but
-    # for the encoder-decoder's PLM rows, which hold L = I + T positions in each stack.
+    # for the encoder-decoder's PLM cell (its own `cell_base`): rows of L = I + T positions in
+    # each stack, each stack reading the positions per step of every other cell.
     same = [r for r in runs if (r.arch, r.objective) != ("encoder_decoder", "plm")]
     assert len({(r.flops["positions_per_example"], r.cfg.train.batch_size) for r in same}) == 1
-    L = runs[0].cfg.objective.decoder_length
-    assert (
-        all(r.flops["positions_per_example"] == 2 * L for r in runs if r not in same)
-        and same[0].flops["positions_per_example"] == L
-    )
+    step = same[0].flops["positions_per_example"] * same[0].cfg.train.batch_size
+    assert same[0].flops["positions_per_example"] == runs[0].cfg.objective.decoder_length
+    own = [r for r in runs if r not in same]
+    assert len(own) == 6
+    for r in own:
+        assert r.flops["positions_per_example"] == 2 * r.cfg.objective.decoder_length
+        assert r.cfg.objective.decoder_length * r.cfg.train.batch_size == step
     sizes = [r.size_index for r in runs]
     assert sizes == sorted(sizes)  # size-major
 
