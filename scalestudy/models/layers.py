@@ -165,9 +165,14 @@ class RMSNorm(nnx.Module):
         self.dtype = cfg.dtype
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
-        x = x_BLD.astype(jnp.float32)
-        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        x = _rms_normalize(x_BLD)
         return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def _rms_normalize(x: jax.Array) -> jax.Array:
+    """`x` in float32 divided by its root mean square over the last axis (T5's epsilon)."""
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
 class Embed(nnx.Module):
@@ -203,8 +208,7 @@ def _head_norm(x_BLHK: jax.Array, scale_K: jax.Array, factor: float) -> jax.Arra
     """RMS normalisation over each head's K features (float32), times the learnt scale and a
     constant `factor` (1/sqrt(K) for queries: T5 folds it into the query initialisation,
     which a normalised query no longer carries)."""
-    x = x_BLHK.astype(jnp.float32)
-    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+    x = _rms_normalize(x_BLHK)
     return (x * (factor * scale_K.astype(jnp.float32))).astype(x_BLHK.dtype)
 
 
