@@ -41,6 +41,13 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     _add_config_args(p, required=False)
     p.add_argument("--workdir", required=True)
     p.add_argument("--eval", action="store_true", help="then evaluate eval.tasks zero-shot")
+    p.add_argument(
+        "--members",
+        nargs="+",
+        default=None,
+        metavar="KEY=V1,V2",
+        help="train every combination as members of one program, each in WORKDIR/<member>",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=commands.cmd_train)
 

@@ -75,6 +75,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from scalestudy.train.loop import Preempted, train
 
     workdir = cli_args.run_dir(args.workdir, must_exist=False)
+    if args.members is not None:
+        return _train_members(args, workdir)
     cfg_path = args.config
     if cfg_path is None:
         resolved = rundir.config_path(workdir)
@@ -103,6 +105,68 @@ def cmd_train(args: argparse.Namespace) -> int:
     except OSError as e:  # a file the run needs cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    return 0
+
+
+def _train_members(args: argparse.Namespace, workdir: Path) -> int:
+    """`train --members`: one group, each member in its own `workdir/<member>` directory."""
+    from scalestudy.train import members, rundir
+    from scalestudy.train.group import train_group
+    from scalestudy.train.loop import Preempted
+
+    grid = members.parse_grid(args.members)
+    dirs = [workdir / name for name, _ in grid]
+    cfg_path = args.config
+    if cfg_path is None:  # resuming: the first member's recorded config, re-gridded
+        cfg_path = rundir.config_path(dirs[0])
+        if not cfg_path.is_file():
+            raise ScalestudyError(
+                f"--config not given and {cfg_path} does not exist; give --config FILE to "
+                "start the group, or the --workdir and --members of an existing group"
+            )
+    base = load_config(cfg_path, args.overrides)
+    cfgs = [
+        load_config(cfg_path, [*args.overrides, *ov, f"name={base.name}.{name}"])
+        for name, ov in grid
+    ]
+    members.check(cfgs)
+    _join_job()
+    from scalestudy.train import sharding
+
+    sharding.make_mesh(base.mesh, model=base.model, batch=base.train)
+    eval_fns = [None] * len(cfgs)
+    if args.eval:
+        from scalestudy.evaluate.rank import make_eval_fn
+
+        eval_fns = [make_eval_fn(c, d) for c, d in zip(cfgs, dirs)]
+    try:
+        results = train_group(cfgs, dirs, eval_fns)
+    except Preempted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except OSError as e:
+        raise ScalestudyError(str(e)) from None
+    rows = []
+    for cfg, d, result in zip(cfgs, dirs, results):
+        if isinstance(result, Exception):
+            rows.append({"name": cfg.name, "workdir": str(d), "error": str(result)})
+        else:
+            plain = {k: v for k, v in result.items() if not isinstance(v, dict)}
+            rows.append({"workdir": str(d), **plain})
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        for row in rows:
+            what = row.get("error") or f"final_val_loss {row.get('final_val_loss'):.4f}"
+            print(f"{row['workdir']}  {what}")
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        print(
+            f"error: {len(failed)} of {len(rows)} members stopped (listed above); the others "
+            "finished",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -69,12 +69,18 @@ def validate(run: Run, step: int) -> dict[str, float]:
     """Validation loss, cross-entropy and accuracy over the run's held-out batches."""
     t = time.perf_counter()
     sums = [run.program.eval_step(run.state["params"], b) for b in run.val_batches]
-    sums = jax.device_get(sums)
+    out = validation_metrics(run, jax.device_get(sums))
+    run.timing["eval_s"] += time.perf_counter() - t
+    return out
+
+
+def validation_metrics(run: Run, sums: list[dict[str, Any]]) -> dict[str, float]:
+    """The `val/...` metrics from the eval step's sums over the held-out batches (on the
+    host), and the best validation loss so far in the run's totals."""
     tokens = max(sum(float(s["tokens"]) for s in sums), 1.0)
     out = {f"val/{k}": sum(float(s[k]) for s in sums) / tokens for k in ("loss", "ce", "accuracy")}
     best = run.totals.get("best_val_loss")
     run.totals["best_val_loss"] = out["val/loss"] if best is None else min(best, out["val/loss"])
-    run.timing["eval_s"] += time.perf_counter() - t
     return out
 
 

@@ -83,7 +83,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     if workdir.exists() and not workdir.is_dir():
         raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
     try:
-        with _claim(workdir):
+        with claim(workdir):
             return _train(cfg, workdir, eval_fn)
     except OSError as e:  # a file could not be read or written: one line, checkpoints kept
         latest = None
@@ -97,7 +97,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
 
 
 @contextlib.contextmanager
-def _claim(workdir: Path) -> Iterator[None]:
+def claim(workdir: Path) -> Iterator[None]:
     """The run directory, created, locked by the primary process (a second `train` on it is
     refused naming the holder) and receiving the libraries' log output.
 
@@ -123,9 +123,14 @@ def _claim(workdir: Path) -> Iterator[None]:
 
 class Run:
     """A run in progress: its compiled program, train state, data, and the host-side tallies
-    (tokens, positions, wall time, best validation loss) that checkpoints carry along."""
+    (tokens, positions, wall time, best validation loss) that checkpoints carry along.
 
-    def __init__(self, cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None):
+    With `build=False` the run has no program of its own: it is a member of a group, whose
+    program trains it (train/group.py); `val_host` keeps its validation batches."""
+
+    def __init__(
+        self, cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None, *, build: bool = True
+    ):
         self.t_start = time.perf_counter()
         self.cfg, self.workdir = cfg, workdir
         self.primary = distributed.is_primary()  # one writer of run files on multi-host
@@ -138,25 +143,28 @@ class Run:
             cfg, "train", process_index=index, process_count=count
         )
         val_it = pipeline.make_iterator(cfg, "validation", process_index=index, process_count=count)
-        val_batches = [next(val_it) for _ in range(tc.eval_batches)]
-        self.program = step.build_program(cfg, val_batches[0])
-        self.val_batches = [self.program.shard_batch(b) for b in val_batches]
+        self.val_host = [next(val_it) for _ in range(tc.eval_batches)]
+        if build:
+            self.program = step.build_program(cfg, self.val_host[0])
+            self.val_batches = [self.program.shard_batch(b) for b in self.val_host]
         self.ckpt = checkpoint.Checkpointer(
             rundir.checkpoints_dir(workdir),
             keep_last=tc.keep_last,
             keep_every=tc.keep_every,
             async_save=tc.async_checkpoint,
         )
-        self.timing = {"compile_s": self.program.compile_s, "checkpoint_s": 0.0, "eval_s": 0.0}
+        compile_s = self.program.compile_s if build else 0.0
+        self.timing = {"compile_s": compile_s, "checkpoint_s": 0.0, "eval_s": 0.0}
         self.eval_fn = eval_fn
         self.row: dict[str, Any] = {}  # the hooks' metrics of the current step, not yet written
+        self.member_index: int | None = None  # a group's member: its index on the member axis
 
     def start_from(self, restored: tuple[Any, dict, int] | None, own: bool) -> None:
         """Take the restored (state, data state, step) (`own`: from this run's checkpoints,
         not `train.init_from`), or initialise at step 0."""
         self.resumed = restored is not None and own
         if restored is None:
-            self.state, self.start = self.program.init(self.cfg.train.seed), 0
+            self.state, self.start = self.fresh_state(), 0
             self.totals: dict[str, Any] = {"tokens": 0.0, "positions": 0.0, "wall_time_s": 0.0}
         else:
             self.state, data_state, self.start = restored
@@ -170,6 +178,10 @@ class Run:
         self.totals.setdefault("document_tokens", None if self.start else 0.0)
         self.documents = 0  # this process's document tokens not yet in the totals
 
+    def fresh_state(self) -> Any:
+        """The state of step 0, from the run's seed."""
+        return self.program.init(self.cfg.train.seed)
+
     def open_writers(self) -> None:
         """Metrics files, deferred metrics, hooks and progress bar for steps after `start`."""
         if self.primary:
@@ -178,7 +190,9 @@ class Run:
                 recovery.warn_missing_rows(self.workdir, self.start, self.totals.get("train_rows"))
         self.writer = metrics.MetricsWriter(self.workdir, active=self.primary)
         per_step = self.cfg.train.batch_size * counting.flops(self.cfg)["flops_per_example"]
-        self.metrics = metrics.DeferredMetrics(self.writer, self.totals, per_step, self.wall_time)
+        self.metrics = metrics.DeferredMetrics(
+            self.writer, self.totals, per_step, self.wall_time, self.member_index
+        )
         self.checkpointer = hooks.CheckpointHook(self.ckpt)
         self.checkpointer.last_saved = self.start
         self.hooks = hooks.Hooks()
@@ -275,25 +289,25 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
     finished = rundir.read_summary(workdir)
     if run.start >= run.stop and finished is not None:  # already done: at most the eval to add
         run.ckpt.close()
-        return _add_evaluation(run, finished)
+        return add_evaluation(run, finished)
     run.open_writers()
     try:
         with distributed.stop_requests(cfg.train.log_every) as stop_requested:
             done, signum, train_time = _loop(run, stop_requested)
             if signum is not None:
-                _preempted(run, done, signum)
+                raise_preempted(run, done, signum)
             final_eval = run.run_hooks(done, force=True)  # evaluation, then the last save
             t = time.perf_counter()
             run.ckpt.wait()
             run.timing["checkpoint_s"] += time.perf_counter() - t
     except metrics.NonFiniteMetric as e:
-        _nonfinite(run, e)
+        raise_nonfinite(run, e)
     except OSError:  # a run file could not be written; a save that failed first is older news
         run.ckpt.wait()
         raise
     finally:
         run.close(failing=sys.exc_info()[1] is not None)
-    return _summarise(run, done, train_time, final_eval)
+    return summarise(run, done, train_time, final_eval)
 
 
 def _loop(run: Run, stop_requested: Any) -> tuple[int, int | None, float]:
@@ -320,7 +334,7 @@ def _loop(run: Run, stop_requested: Any) -> tuple[int, int | None, float]:
     return done, signum, time.perf_counter() - t_loop - aside
 
 
-def _preempted(run: Run, done: int, signum: int) -> None:
+def raise_preempted(run: Run, done: int, signum: int) -> None:
     """Save step `done` (once) and stop with Preempted."""
     run.checkpointer(run, done)
     run.ckpt.wait()
@@ -337,7 +351,7 @@ def _preempted(run: Run, done: int, signum: int) -> None:
     )
 
 
-def _nonfinite(run: Run, e: metrics.NonFiniteMetric) -> None:
+def raise_nonfinite(run: Run, e: metrics.NonFiniteMetric) -> None:
     run.ckpt.wait()
     if run.resumed and run.checkpointer.last_saved == run.start:
         # No checkpoint since the restore: the restored state is the likelier culprit.
@@ -358,7 +372,7 @@ def _nonfinite(run: Run, e: metrics.NonFiniteMetric) -> None:
     ) from None
 
 
-def _summarise(run: Run, done: int, train_time: float, final_eval: dict) -> dict[str, Any]:
+def summarise(run: Run, done: int, train_time: float, final_eval: dict) -> dict[str, Any]:
     run.count_documents()
     run.totals["wall_time_s"] += time.perf_counter() - run.t_start
     summary = run_summary(
@@ -379,7 +393,7 @@ def _summarise(run: Run, done: int, train_time: float, final_eval: dict) -> dict
     return summary
 
 
-def _add_evaluation(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
+def add_evaluation(run: Run, summary: dict[str, Any]) -> dict[str, Any]:
     """A finished run: add the zero-shot evaluation when asked for and missing (on this
     run's mesh)."""
     if run.eval_fn is not None and not summary.get("eval"):

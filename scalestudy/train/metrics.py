@@ -106,10 +106,20 @@ class DeferredMetrics:
     metrics.jsonl row. A non-finite loss raises NonFiniteMetric when it reaches the host.
     The metrics pushed at a step may be stacked over several steps ending at it (one call of
     `Program.multi_step`); the row then holds the last of them, the totals count them all.
+    A member of a group (train/group.py) reads its own `member` index of metrics that carry
+    a leading member axis.
     """
 
-    def __init__(self, writer: MetricsWriter, totals: dict, flops_per_step: float, clock: Any):
+    def __init__(
+        self,
+        writer: MetricsWriter,
+        totals: dict,
+        flops_per_step: float,
+        clock: Any,
+        member: int | None = None,
+    ):
         self.writer, self.totals = writer, totals
+        self.member = member
         self.flops_per_step = flops_per_step
         self.clock = clock  # () -> the run's wall time so far
         self.throughput = Throughput()
@@ -135,7 +145,8 @@ class DeferredMetrics:
         ready = [p for p in self.pending if p[0] <= upto]
         self.pending = [p for p in self.pending if p[0] > upto]
         counts = jax.device_get([(m["step_tokens"], m["step_positions"]) for _, m in ready])
-        for tokens, positions in counts:  # added one step at a time, as floats, in order
+        # Added one step at a time, as floats, in order.
+        for tokens, positions in (map(self._own, pair) for pair in counts):
             for t, p in zip(np.ravel(tokens), np.ravel(positions), strict=True):
                 self.totals["tokens"] += float(t)
                 self.totals["positions"] += float(p)
@@ -144,7 +155,9 @@ class DeferredMetrics:
         step, metrics = self.to_log
         self.to_log = None
         row = {
-            k: _newest(v) for k, v in jax.device_get(metrics).items() if not k.startswith("step_")
+            k: _newest(self._own(v))
+            for k, v in jax.device_get(metrics).items()
+            if not k.startswith("step_")
         }
         if not math.isfinite(row["train/loss"]):
             raise NonFiniteMetric(row["train/loss"], step)
@@ -163,9 +176,13 @@ class DeferredMetrics:
         """Raise NonFiniteMetric when the newest dispatched step's loss is not finite (waits
         for that step)."""
         if self.last is not None:
-            loss = _newest(jax.device_get(self.last["train/loss"]))
+            loss = _newest(self._own(jax.device_get(self.last["train/loss"])))
             if not math.isfinite(loss):
                 raise NonFiniteMetric(loss, step)
+
+    def _own(self, value: Any) -> Any:
+        """This run's part of a host metric: all of it, or a member's index."""
+        return value if self.member is None else np.asarray(value)[self.member]
 
     def write(self, step: int, row: dict[str, Any]) -> dict[str, Any]:
         """Write a row at `step` and remember its values."""

@@ -30,14 +30,27 @@ from scalestudy.errors import ConfigError
 Schedule = Callable[[jax.Array | int], jax.Array]
 
 
-def _warmup_factor(step: jax.Array, warmup: int) -> jax.Array:
+def _concrete(*values: Any) -> bool:
+    """Whether every value is a Python number. A member of a group (train/members.py) gets
+    its differing hyperparameters as traced scalars, so the schedule cannot branch on them."""
+    return all(isinstance(v, int | float) for v in values)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return max(a, b) if _concrete(a, b) else jnp.maximum(a, b)
+
+
+def _warmup_factor(step: jax.Array, warmup: Any) -> jax.Array:
+    if not _concrete(warmup):
+        ramp = jnp.minimum(1.0, (step + 1.0) / jnp.maximum(warmup, 1))
+        return jnp.where(warmup > 0, ramp, 1.0)
     if warmup <= 0:
         return jnp.ones_like(step, jnp.float32)
     return jnp.minimum(1.0, (step + 1.0) / warmup)
 
 
-def _progress(step: jax.Array, start: int, length: int) -> jax.Array:
-    return jnp.clip((step - start) / max(length, 1), 0.0, 1.0)
+def _progress(step: jax.Array, start: Any, length: Any) -> jax.Array:
+    return jnp.clip((step - start) / _max(length, 1), 0.0, 1.0)
 
 
 def _decay(p: jax.Array, shape: str, final: float) -> jax.Array:
@@ -54,31 +67,41 @@ def _decay(p: jax.Array, shape: str, final: float) -> jax.Array:
 def cooldown_steps(cfg: OptimConfig, total_steps: int) -> int:
     """Length of the WSD cooldown for a run of `total_steps` updates."""
     if cfg.cooldown_steps is not None:
+        if not _concrete(cfg.cooldown_steps):
+            return jnp.minimum(cfg.cooldown_steps, total_steps)
         return min(cfg.cooldown_steps, total_steps)
+    if not _concrete(cfg.cooldown_fraction):
+        return jnp.maximum(1, jnp.round(cfg.cooldown_fraction * total_steps))
     return max(1, round(cfg.cooldown_fraction * total_steps))
 
 
-def make_schedule(cfg: OptimConfig, total_steps: int) -> Schedule:
-    """The learning-rate schedule of `cfg` for a run of `total_steps` updates."""
-    peak, warmup, final = cfg.learning_rate, cfg.warmup_steps, cfg.final_lr_fraction
+def _check_lengths(cfg: OptimConfig, total_steps: int, warmup: int, cooldown: int) -> None:
     if cfg.schedule in ("linear", "cosine", "wsd") and warmup >= total_steps:
         raise ConfigError(
             f"optim.warmup_steps={warmup} must be smaller than train.steps={total_steps} "
             f"for schedule {cfg.schedule!r}"
         )
-    cooldown = cooldown_steps(cfg, total_steps)
     if cfg.schedule == "wsd" and total_steps - cooldown < warmup:
         raise ConfigError(
             f"optim: the wsd cooldown ({cooldown} steps) overlaps the warmup "
             f"({warmup} steps) in a run of {total_steps} steps; shorten one of them"
         )
 
+
+def make_schedule(cfg: OptimConfig, total_steps: int) -> Schedule:
+    """The learning-rate schedule of `cfg` for a run of `total_steps` updates. Its numbers
+    may be traced scalars (a group's members); they are checked where they are concrete."""
+    peak, warmup, final = cfg.learning_rate, cfg.warmup_steps, cfg.final_lr_fraction
+    cooldown = cooldown_steps(cfg, total_steps)
+    if _concrete(warmup, cooldown):  # a member's own config was checked when it was planned
+        _check_lengths(cfg, total_steps, warmup, cooldown)
+
     def schedule(step: jax.Array | int) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
         if cfg.schedule == "constant":
             factor = _warmup_factor(step, warmup)
         elif cfg.schedule == "rsqrt":
-            w = max(warmup, 1)
+            w = _max(warmup, 1)
             factor = jnp.sqrt(w / jnp.maximum(step, w))
         elif cfg.schedule in ("linear", "cosine"):
             p = _progress(step, warmup, total_steps - warmup)

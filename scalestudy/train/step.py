@@ -162,7 +162,7 @@ def make_eval_step(cfg: ExperimentConfig, model: Model) -> Callable[[Any, Batch]
     return eval_step
 
 
-class _CompiledOnFirstCall:
+class CompiledOnFirstCall:
     """A jitted step compiled, under the mesh's axis rules, when first called. With
     `steps_per_call` > 1 the single step runs only where a log, hook or stop step breaks a
     call, which many runs never meet; compiling it up front cost them a program each."""
@@ -287,7 +287,7 @@ def _program_key(cfg: ExperimentConfig, shapes: dict, mesh: jax.sharding.Mesh) -
     return repr(parts)
 
 
-def _init_state(model: Model, tx: optax.GradientTransformation, seed: jax.Array) -> State:
+def init_state(model: Model, tx: optax.GradientTransformation, seed: jax.Array) -> State:
     key = jax.random.key(seed)
     init_key, dropout_key = jax.random.split(key)
     params = model.init(init_key)
@@ -337,7 +337,7 @@ def build_program(
     )
     param_sh = sharding.param_shardings(mesh, model.param_axes())
     seed = jax.ShapeDtypeStruct((), jnp.int32)
-    abstract = jax.eval_shape(lambda s: _init_state(model, tx, s), seed)
+    abstract = jax.eval_shape(lambda s: init_state(model, tx, s), seed)
     state_sh = state_shardings(mesh, abstract, model, param_sh)
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
@@ -350,7 +350,7 @@ def build_program(
     replicated = NamedSharding(mesh, PartitionSpec())
 
     # The seed is an argument, so runs that differ only in seed share one program.
-    init = jax.jit(lambda s: _init_state(model, tx, s), out_shardings=state_sh)
+    init = jax.jit(lambda s: init_state(model, tx, s), out_shardings=state_sh)
     one_step = make_train_step(cfg, model, tx, schedule, mesh)
     train_step = jax.jit(
         one_step,
@@ -384,7 +384,7 @@ def build_program(
             if multi_step is None:
                 train_step = train_step.lower(abstract, abstract_batch).compile()
             else:
-                train_step = _CompiledOnFirstCall(train_step, mesh, abstract, abstract_batch)
+                train_step = CompiledOnFirstCall(train_step, mesh, abstract, abstract_batch)
             eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
             if multi_step is not None:
                 multi_step = multi_step.lower(abstract, abstract_stacked).compile()
