@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
-from scalestudy.study import stopping
+from scalestudy.study import groups, stopping
 from scalestudy.study.registry import Registry
 from scalestudy.study.stopping import StopRequests, StudyInterrupted, signal_of
 from scalestudy.train import rundir
@@ -124,12 +124,20 @@ class LocalExecutor:
     an accelerator host keep one worker per device set."""
 
     def __init__(
-        self, registry: Registry, out: Path, *, train_fn: Any = None, workers: int = 1
+        self,
+        registry: Registry,
+        out: Path,
+        *,
+        train_fn: Any = None,
+        workers: int = 1,
+        members: int = 1,
     ) -> None:
         self.reg = registry
         self.out = Path(out)
         self.train_fn = train_fn or _default_train
         self.workers = workers
+        # Runs per program (study/groups.py); a study's own train_fn trains runs alone.
+        self.members = members if train_fn is None else 1
 
     def run(self, runs: list) -> list[str]:
         """Train every run not yet done; returns the names of runs that failed. A signal
@@ -147,44 +155,50 @@ class LocalExecutor:
         if not todo:
             return []
         total = sum(r.planned_flops for r in todo) or 1.0
-        weights = [0.5 / len(todo) + 0.5 * r.planned_flops / total for r in todo]
-        if self.workers > 1 and len(todo) > 1:
-            return self._run_parallel(todo, weights)
-        progress = _Progress(1.0, len(todo))
+        weight = {r.run_id: 0.5 / len(todo) + 0.5 * r.planned_flops / total for r in todo}
+        jobs = groups.plan(todo, self.members)
+        if self.members > 1:
+            print(groups.describe(jobs))
+        weights = [sum(weight[r.run_id] for r in job) for job in jobs]
+        if self.workers > 1 and len(jobs) > 1:
+            return self._run_parallel(jobs, weights)
+        progress = _Progress(1.0, len(jobs))
         failed: list[str] = []
         stopped: list[str] = []
         try:
             with StopRequests(write=progress.bar.write) as stop:
-                for i, run in enumerate(todo, 1):
+                for i, job in enumerate(jobs, 1):
                     if stop.poll() is not None:
                         break
-                    workdir = self.out / "runs" / run.dirname
+                    workdirs = [self.out / "runs" / run.dirname for run in job]
                     progress.start(
-                        i,
-                        run.cfg.name.split(".", 1)[-1],
-                        workdir,
-                        weights[i - 1],
-                        run.cfg.train.steps,
+                        i, _job_name(job), workdirs[0], weights[i - 1], job[0].cfg.train.steps
                     )
+                    live = [
+                        (run, w) for run, w in zip(job, workdirs) if self._prepare(run, w) is None
+                    ]
                     try:
-                        if self._prepare(run, workdir) is None:
+                        if live:
                             stop.running = True
-                            summary = self.train_fn(run.cfg, workdir)
+                            results = self._train(live)
                             stop.running = False
-                            self._record(run, workdir, summary)
+                            failed += self._record_all(live, results, progress.bar.write)
                     except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint was awaited
-                        self._interrupt(run, "stopped at once by a second Ctrl-C")
+                        for run, _ in live:
+                            self._interrupt(run, "stopped at once by a second Ctrl-C")
                         raise
                     except Exception as e:  # one bad run must not lose the rest of the study
                         if signal_of(e) is not None or stop.poll() is not None:
                             # Stopped by the signal, or failed on its way out (it resumes
                             # from its last checkpoint all the same).
-                            self._interrupt(run, _describe(e))
-                            stopped.append(run.cfg.name)
+                            for run, _ in live:
+                                self._interrupt(run, _describe(e))
+                                stopped.append(run.cfg.name)
                             stop.note(signal_of(e) or stop.signum)
                         else:
-                            self._fail(run, e, progress.bar.write)
-                            failed.append(run.cfg.name)
+                            for run, _ in live:
+                                self._fail(run, e, progress.bar.write)
+                                failed.append(run.cfg.name)
                     finally:
                         stop.running = False
                         progress.end(weights[i - 1])
@@ -195,13 +209,35 @@ class LocalExecutor:
             raise _interrupted(signum, stopped, self.reg.path)
         return failed
 
-    def _run_parallel(self, todo: list, weights: list[float]) -> list[str]:
-        """Train `todo` in worker processes, at most self.workers at a time."""
+    def _train(self, live: list[tuple[Any, Path]]) -> list:
+        """Train one job here: a run alone, or a group's members together."""
+        if len(live) == 1:
+            run, workdir = live[0]
+            return [self.train_fn(run.cfg, workdir)]
+        return groups.train_group([r.cfg for r, _ in live], [w for _, w in live])
+
+    def _record_all(self, live: list[tuple[Any, Path]], results: list, write: Any) -> list[str]:
+        """Record each run's summary, or its own failure (a member stopped alone); returns
+        the names of the failed runs."""
+        failed = []
+        for (run, workdir), result in zip(live, results, strict=True):
+            if isinstance(result, Exception):
+                detail = _describe(result)
+                self.reg.mark_failed(run.run_id, detail)
+                write(f"run {run.cfg.name} failed: {detail}")
+                failed.append(run.cfg.name)
+            else:
+                self._record(run, workdir, result)
+        return failed
+
+    def _run_parallel(self, jobs: list[list], weights: list[float]) -> list[str]:
+        """Train `jobs` (a run, or a group's members) in worker processes, at most
+        self.workers at a time."""
         import multiprocessing
         import os
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-        progress = _Progress(1.0, len(todo))
+        progress = _Progress(1.0, len(jobs))
         failed: list[str] = []
         stopped: list[str] = []
         finished = 0
@@ -216,50 +252,71 @@ class LocalExecutor:
         pending: dict = {}
         try:
             with StopRequests(lambda signum: halt.set(), progress.bar.write) as stop:
-                # Costliest first (longest-processing-time order): the last runs to start are
+                # Costliest first (longest-processing-time order): the last jobs to start are
                 # the cheap ones, so the workers finish close together.
-                queue = sorted(zip(todo, weights, strict=True), key=lambda rw: -rw[0].planned_flops)
-                for run, weight in queue:
-                    workdir = self.out / "runs" / run.dirname
-                    if self._prepare(run, workdir, mark=False) is not None:
+                queue = sorted(
+                    zip(jobs, weights, strict=True),
+                    key=lambda jw: -sum(r.planned_flops for r in jw[0]),
+                )
+                for job, weight in queue:
+                    workdirs = [self.out / "runs" / run.dirname for run in job]
+                    live = [
+                        (run, w)
+                        for run, w in zip(job, workdirs)
+                        if self._prepare(run, w, mark=False) is None
+                    ]
+                    if not live:
                         progress.end(weight)
                         continue
-                    future = pool.submit(stopping.train_in_worker, self.train_fn, run.cfg, workdir)
-                    pending[future] = (run, workdir, weight)
+                    if len(live) == 1:
+                        fn, args = self.train_fn, (live[0][0].cfg, live[0][1])
+                    else:
+                        fn, args = (
+                            groups.train_group,
+                            ([r.cfg for r, _ in live], [w for _, w in live]),
+                        )
+                    future = pool.submit(stopping.train_in_worker, fn, *args)
+                    pending[future] = (live, weight)
                 marked: set = set()
                 while pending:
                     done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                    for future, (run, _, _) in pending.items():  # handed to a worker
+                    for future, (live, _) in pending.items():  # handed to a worker
                         if future not in marked and (future.running() or future.done()):
-                            self.reg.mark_running(run.run_id)
+                            for run, _ in live:
+                                self.reg.mark_running(run.run_id)
                             marked.add(future)
                     if stop.poll() is not None:
                         halt.set()
                     for future in done:
-                        run, workdir, weight = pending.pop(future)
+                        live, weight = pending.pop(future)
                         finished += 1
                         try:
                             result = future.result()
                             if result == stopping.NOT_STARTED:
-                                self.reg.update(run.run_id, status="pending", started_at=None)
+                                for run, _ in live:
+                                    self.reg.update(run.run_id, status="pending", started_at=None)
                             else:
-                                self._record(run, workdir, result)
-                        except Exception as e:  # one bad run must not lose the others
-                            if signal_of(e) is not None or stop.signum is not None:
-                                self._interrupt(run, _describe(e))
-                                stopped.append(run.cfg.name)
-                            else:
-                                self._fail(run, e, progress.bar.write)
-                                failed.append(run.cfg.name)
-                        name = run.cfg.name.split(".", 1)[-1]
-                        progress.bar.set_description(f"[{finished}/{len(todo)}] {name}")
+                                results = result if len(live) > 1 else [result]
+                                failed += self._record_all(live, results, progress.bar.write)
+                        except Exception as e:  # one bad job must not lose the others
+                            for run, _ in live:
+                                if signal_of(e) is not None or stop.signum is not None:
+                                    self._interrupt(run, _describe(e))
+                                    stopped.append(run.cfg.name)
+                                else:
+                                    self._fail(run, e, progress.bar.write)
+                                    failed.append(run.cfg.name)
+                        progress.bar.set_description(
+                            f"[{finished}/{len(jobs)}] {_job_name([r for r, _ in live])}"
+                        )
                         progress.end(weight)
                 signum = stop.poll()
         except BaseException:  # a second Ctrl-C, or the study itself failed: no waiting
             for process in multiprocessing.active_children():
                 process.kill()
-            for run, _, _ in pending.values():
-                self._interrupt(run, "stopped at once; resumes from its last checkpoint")
+            for live, _ in pending.values():
+                for run, _ in live:
+                    self._interrupt(run, "stopped at once; resumes from its last checkpoint")
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         finally:
@@ -294,6 +351,11 @@ class LocalExecutor:
         detail = _describe(error)
         self.reg.mark_failed(run.run_id, detail + "\n" + traceback.format_exc())
         write(f"run {run.cfg.name} failed: {detail}")
+
+
+def _job_name(job: list) -> str:
+    name = job[0].cfg.name.split(".", 1)[-1]
+    return name if len(job) == 1 else f"{name} (+{len(job) - 1} members)"
 
 
 def _describe(error: BaseException) -> str:

@@ -19,6 +19,7 @@ from scalestudy.config import (
 )
 from scalestudy.errors import ConfigError
 from scalestudy.schema import Frozen, Tuple
+from scalestudy.study import groups
 from scalestudy.study.stages import StagesSpec
 
 _COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -330,6 +331,9 @@ class StudySpec(Frozen):
     slurm: SlurmConfig = SlurmConfig()
     tpu: TpuConfig = TpuConfig()
     stages: StagesSpec | None = None  # adaptation and finetuning after pretraining
+    # Runs that differ only in seeds or optimizer numbers train as members of one program
+    # (study/groups.py): "auto" (up to 8 per group), a most per group, or 1 (each alone).
+    members: Literal["auto"] | int = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
@@ -357,6 +361,7 @@ class StudySpec(Frozen):
             raise ConfigError(
                 f"repeat_seeds.seeds: {sorted(both)} already in seeds (every size trains those)"
             )
+        groups.cap(self.members)  # an error naming the accepted values
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ConfigError(f"variants: names must be unique; got {names}")

@@ -21,7 +21,7 @@ from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
 from scalestudy.evaluate.tasks import TFDS_NAMES
 from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
-from scalestudy.study import executors, ladder, report
+from scalestudy.study import executors, groups, ladder, report
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
@@ -372,6 +372,11 @@ def run_study(
     print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
     if dry_run:
         print(plan_table(runs))
+        jobs = groups.plan(runs, groups.cap(study.members))
+        print(f"members: {groups.describe(jobs)}")
+        for job in (j for j in jobs if len(j) > 1):
+            names = ", ".join(r.cfg.name.split(".", 1)[-1] for r in job)
+            print(f"  one program: {names}")
         return study, runs
     out = Path(out)
     with study_lock(out):  # one process per study directory
@@ -381,7 +386,13 @@ def run_study(
             if collect:
                 missing = executors.collect(reg, out, runs)
             else:
-                executor = executors.LocalExecutor(reg, out, train_fn=train_fn, workers=workers)
+                executor = executors.LocalExecutor(
+                    reg,
+                    out,
+                    train_fn=train_fn,
+                    workers=workers,
+                    members=groups.cap(study.members),
+                )
                 failed = executor.run(runs)
         report.finalize(study, out)
     if collect and missing:

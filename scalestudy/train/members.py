@@ -15,6 +15,7 @@ The loop that trains a group, with one run directory per member, is train/group.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,6 +75,15 @@ def differences(cfgs: Sequence[ExperimentConfig]) -> dict[str, list[Any]]:
         for k in keys
         if any(f.get(k) != flats[0].get(k) for f in flats)
     }
+
+
+def program_key(cfg: ExperimentConfig) -> str:
+    """What a run shares with every member of its group: its config less the member keys
+    (with adafactor, weight decay stays: it decides that optimizer's structure)."""
+    free = set(MEMBER_KEYS)
+    if cfg.optim.name == "adafactor":
+        free.discard("optim.weight_decay")
+    return json.dumps({k: v for k, v in flat(cfg).items() if k not in free}, sort_keys=True)
 
 
 def program_difference(cfgs: Sequence[ExperimentConfig]) -> str | None:

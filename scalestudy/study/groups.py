@@ -1,0 +1,79 @@
+"""A study's runs grouped as members of one program (train/members.py).
+
+Runs that share every key but the member keys (seeds, learning rate and the optimizer's other
+numbers) train together, at most `members` at a time; each stays a run of its own (its run
+directory, its registry row). `study.members: auto` groups up to `AUTO_MEMBERS` runs; `1`
+trains every run alone. A study given its own `train_fn` trains every run alone (the group
+trainer is the package's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scalestudy.errors import ConfigError
+
+# `members: auto`: on a CPU a group of 8 costs ~6-7x one run's step (README, Performance),
+# so larger groups save little more; on an accelerator, small models are launch-bound and
+# gain more, so a spec there may give a larger number.
+AUTO_MEMBERS = 8
+
+
+def cap(members: Any) -> int:
+    """The most runs one group may hold for a spec's `members` ("auto" or a count >= 1)."""
+    if members == "auto":
+        return AUTO_MEMBERS
+    from scalestudy.train.members import MAX_MEMBERS
+
+    if isinstance(members, bool) or not isinstance(members, int) or not 1 <= members <= MAX_MEMBERS:
+        raise ConfigError(
+            f"members: got {members!r}; accepted: auto, or a number of runs per group from 1 "
+            f"(every run alone) to {MAX_MEMBERS}"
+        )
+    return members
+
+
+def plan(runs: list, most: int) -> list[list]:
+    """`runs` as groups of at most `most` that can share one program, in the order of each
+    group's first run (so a study's size-major order is kept)."""
+    if most <= 1:
+        return [[r] for r in runs]
+    from scalestudy.train import members
+
+    by_key: dict[str, list] = {}
+    for run in runs:
+        by_key.setdefault(members.program_key(run.cfg), []).append(run)
+    groups: list[list] = []
+    for same in by_key.values():
+        for i in range(0, len(same), most):
+            chunk = same[i : i + most]
+            if members.program_difference([r.cfg for r in chunk]) is None:
+                groups.append(chunk)
+            else:  # never expected: program_key holds every key a member may not change
+                groups.extend([r] for r in chunk)
+    order = {id(r): i for i, r in enumerate(runs)}
+    return sorted(groups, key=lambda g: order[id(g[0])])
+
+
+def describe(groups: list[list]) -> str:
+    """One line: how many runs train in how many programs."""
+    runs = sum(len(g) for g in groups)
+    shared = [g for g in groups if len(g) > 1]
+    if not shared:
+        return f"{runs} runs, each alone (members: 1)"
+    sizes = sorted({len(g) for g in shared})
+    return (
+        f"{runs} runs in {len(groups)} programs: {len(shared)} groups of "
+        f"{'/'.join(map(str, sizes))} members, {len(groups) - len(shared)} alone"
+    )
+
+
+def train_group(cfgs: list, workdirs: list[Path]) -> list:
+    """Train and evaluate one group (the study's trainer for members): each member's summary,
+    or the error that stopped it alone."""
+    from scalestudy.evaluate import rank
+    from scalestudy.train import group
+
+    eval_fns = [rank.make_eval_fn(c, w) for c, w in zip(cfgs, workdirs)]
+    return group.train_group(cfgs, workdirs, eval_fns)
