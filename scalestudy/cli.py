@@ -160,6 +160,13 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq", type=int, default=None, help="train: positions per row (preset)")
     p.add_argument("--arch", default=None, help="train: only these architectures (a,b)")
     p.add_argument(
+        "--members",
+        type=cli_args.positive_int,
+        default=None,
+        help="train: K runs as one program against runs alone (step curve and whole runs)",
+    )
+    p.add_argument("--steps-only", action="store_true", help="train --members: the step curve only")
+    p.add_argument(
         "--peer", default="auto", help="peer: auto (nanodo if importable), minimal, nanodo"
     )
     p.add_argument("--profile", default=None, help="peer: also trace both steps into this folder")

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from scalestudy import cli_args
 from scalestudy.config import load_config
@@ -319,6 +320,8 @@ def _bench_train(args: argparse.Namespace) -> int:
     else:
         cfg = preset_config(args.preset, args.seq, tuple(args.overrides))
     archs = tuple(args.arch.split(",")) if args.arch else None
+    if args.members is not None:
+        return _bench_members(args, cfg, archs)
     result = bench(cfg, steps=args.steps, archs=archs)
     if args.json:
         _print(result, True)
@@ -329,6 +332,29 @@ def _bench_train(args: argparse.Namespace) -> int:
     print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
     for arch, row in rows.items():
         print("  ".join(f"{v!s:>17}" for v in [arch, *row.values()]))
+    return 0
+
+
+def _bench_members(args: argparse.Namespace, cfg: Any, archs: tuple | None) -> int:
+    from scalestudy.bench.cells import cells
+    from scalestudy.bench.members import bench
+
+    if archs is None or len(archs) != 1:
+        raise ScalestudyError(
+            "bench train --members: give one architecture with --arch (e.g. --arch "
+            "causal_decoder): the whole-run comparison trains K runs each way"
+        )
+    (_, _, cell), *_ = cells(cfg, archs=archs, one_per_arch=True)
+    result = bench(cell, args.members, args.steps, whole_runs=not args.steps_only)
+    if args.json:
+        _print(result, True)
+        return 0
+    curve = result.pop("curve")
+    _print(result, False)
+    cols = list(curve[0])
+    print("\n" + "  ".join(f"{c:>22}" for c in cols))
+    for row in curve:
+        print("  ".join(f"{v!s:>22}" for v in row.values()))
     return 0
 
 

@@ -29,7 +29,33 @@ from scalestudy.train import chips, step
 # 512 positions (384 inputs + 128 targets; the encoder-decoder encodes 384, decodes 128).
 # Both unroll the layer stack on any platform, so a figure means the same program everywhere
 # (docs/performance.md); `model.scan_layers=true` measures it scanned.
+# The main job's runs (configs/studies/smoke.yaml) at three of its sizes, for `--members`.
+_SMOKE = (
+    "model.scan_layers=false",
+    "model.vocab_size=384",
+    "model.dtype=float32",
+    "model.dropout=0.0",
+    "model.n_heads=4",
+    "objective.name=plm",
+    "objective.inputs_length=96",
+    "objective.targets_length=32",
+    "optim.learning_rate=5e-3",
+    "optim.warmup_steps=30",
+    "train.batch_size=16",
+    "train.steps=300",
+    "train.steps_per_call=10",
+    "train.eval_batches=16",
+    "train.checkpoint_every=300",
+    "train.keep_last=1",
+    "train.progress=false",
+    "eval.max_examples=400",
+    "eval.inputs_length=48",
+    "eval.targets_length=24",
+)
 PRESETS: dict[str, tuple[str, ...]] = {
+    "smoke10k": (*_SMOKE, "model.d_model=16", "model.n_layers=3", "model.d_ff=40"),
+    "smoke40k": (*_SMOKE, "model.d_model=32", "model.n_layers=3", "model.d_ff=88"),
+    "smoke300k": (*_SMOKE, "model.d_model=80", "model.n_layers=4", "model.d_ff=216"),
     "small": (
         "model.scan_layers=false",
         "model.d_model=128",

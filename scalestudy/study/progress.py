@@ -1,0 +1,60 @@
+"""The study-wide progress bar: how far a study's training has gone, fed by the running runs'
+metrics.jsonl (polled in a thread, so the trainer needs no callback)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from scalestudy.train import rundir
+
+
+class StudyProgress:
+    """A study-wide progress bar fed by the running run's metrics.jsonl (polled in a thread,
+    so the trainer needs no callback). Each run weighs half an equal share (fixed costs:
+    compilation, evaluation) and half its share of the study's training FLOPs."""
+
+    def __init__(self, total: float, n_runs: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=100.0, unit="%", bar_format=_BAR, dynamic_ncols=True)
+        self.total = total
+        self.done = 0.0
+        self.n_runs = n_runs
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, index: int, name: str, workdir: Path, weight: float, steps: int) -> None:
+        self.bar.set_description(f"[{index}/{self.n_runs}] {name}")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._poll, args=(rundir.metrics_path(workdir), weight, steps), daemon=True
+        )
+        self._thread.start()
+
+    def _poll(self, path: Path, weight: float, steps: int) -> None:
+        while not self._stop.wait(1.0):
+            recs = rundir.read_metrics_file(path)
+            if recs:
+                last = recs[-1]
+                frac = min(1.0, float(last.get("step", 0)) / max(steps, 1))
+                self._set(self.done + frac * weight)
+                if "train/loss" in last:
+                    self.bar.set_postfix_str(f"loss {last['train/loss']:.3f}")
+
+    def _set(self, value: float) -> None:
+        self.bar.n = round(100.0 * value / self.total, 2)
+        self.bar.refresh()
+
+    def end(self, weight: float) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.done += weight
+        self._set(self.done)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+_BAR = "{desc} {percentage:5.1f}%|{bar}| [{elapsed}<{remaining}] {postfix}"
