@@ -15,11 +15,15 @@ from scalestudy.errors import ConfigError
 from scalestudy.train import group, loop, members, rundir, saved
 from scalestudy.train.resume import ResumeConfigError
 
-# float32 on a CPU: a group's matmuls are batched over members, so their sums run in
-# another order than a run's. The first steps agree to ~4e-7 relative; over 8 steps at
-# lr 1e-2 the differences grow to ~1e-4 at most (measured on the 7 cells here).
-RTOL = 5e-4
-SHORT = ("train.steps=8", "train.checkpoint_every=4", "model.dropout=0.0")
+# float32 on a CPU, 8 devices: without dropout a member's first loss equals the run's alone
+# exactly; its batched matmuls then sum in another order, and Adam's first update (about
+# lr x the sign of each gradient) turns the last bits into differences that grow to ~1e-4
+# relative over 8 steps at lr 1e-2 (with dropout 0.1: 4e-5 at the first step, ~6e-4 over 8).
+RTOL = 1e-3
+RTOL_FIRST = 1e-6
+# The tiny runs' schedule (40 steps), stopped at step 8. Dropout stays on in the resume tests
+# (an exact resume reproduces each member's masks).
+SHORT = ("train.stop_after_steps=8",)
 
 
 def _member(tiny_cfg, arch, objective, seed, lr, *more):
@@ -56,12 +60,14 @@ CELLS = [(arch, objective) for arch, objs in VALID_CELLS.items() for objective i
 
 @pytest.mark.parametrize(("arch", "objective"), CELLS)
 def test_a_group_trains_each_member_as_it_trains_alone(tiny_cfg, tmp_path, arch, objective):
-    cfgs = _pair(tiny_cfg, arch, objective)
+    cfgs = _pair(tiny_cfg, arch, objective, "model.dropout=0.0")
     results = group.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
     for i, cfg in enumerate(cfgs):
         alone = loop.train(cfg, tmp_path / f"a{i}")
         together, by_itself = losses(tmp_path / f"g{i}"), losses(tmp_path / f"a{i}")
+        assert results[i]["steps"] == alone["steps"] == 8
         assert len(together) == len(by_itself) == 8
+        np.testing.assert_allclose(together[0], by_itself[0], rtol=RTOL_FIRST)
         np.testing.assert_allclose(together, by_itself, rtol=RTOL)
         assert results[i]["final_val_loss"] == pytest.approx(alone["final_val_loss"], rel=RTOL)
         # Each member's run directory is a run's: its config, summary and checkpoints.
@@ -117,7 +123,7 @@ def test_a_member_whose_loss_diverges_stops_alone(tiny_cfg, tmp_path, capsys):
     assert rundir.read_summary(tmp_path / "g1") is None  # stopped: no summary
     loop.train(healthy, tmp_path / "a0")
     np.testing.assert_allclose(losses(tmp_path / "g0"), losses(tmp_path / "a0"), rtol=RTOL)
-    assert results[0]["steps"] == 8
+    assert results[0]["steps"] == 8 and rundir.read_summary(tmp_path / "g0") is not None
 
 
 def test_a_stopped_group_resumes_bit_for_bit(tiny_cfg, tmp_path):
@@ -126,7 +132,7 @@ def test_a_stopped_group_resumes_bit_for_bit(tiny_cfg, tmp_path):
     group.train_group(cfgs, straight)
     halves = [tmp_path / "h0", tmp_path / "h1"]
     group.train_group([_with(c, "train", stop_after_steps=4) for c in cfgs], halves)
-    assert [saved.latest_step(h) for h in halves] == [4, 4]
+    assert [saved.latest_step(h) for h in halves] == [4, 4]  # checkpoint_every is 4
     group.train_group(cfgs, halves)
     for s, h in zip(straight, halves):
         assert losses(h).tolist() == losses(s).tolist()
@@ -227,9 +233,7 @@ def test_a_grid_is_every_combination_and_seed_is_the_whole_replicate():
 
 
 def test_sigterm_saves_every_member_at_one_step_and_the_command_resumes(tiny_cfg, tmp_path):
-    cfg = tiny_cfg(
-        "causal_decoder", None, "train.steps=16", "train.checkpoint_every=1", "model.dropout=0.0"
-    )
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=16", "train.checkpoint_every=2")
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
     command = [
         sys.executable,
@@ -261,12 +265,8 @@ def test_sigterm_saves_every_member_at_one_step_and_the_command_resumes(tiny_cfg
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     assert [r["steps"] for r in rows] == [16, 16]
-    # The resumed group equals a group that was never stopped.
-    straight = [tmp_path / "s0", tmp_path / "s1"]
-    cfgs = [
-        _with(_with(cfg, "train", seed=s), "data", seed=s).replace(name=f"{cfg.name}.seed{s}")
-        for s in (0, 1)
-    ]
-    group.train_group(cfgs, straight)
-    for s, m in zip(straight, ("seed0", "seed1")):
-        assert losses(tmp_path / "grp" / m).tolist() == losses(s).tolist()
+    # Resumed from where they stopped (an exact resume is test_a_stopped_group_resumes...).
+    for m in ("seed0", "seed1"):
+        assert [
+            r["step"] for r in rundir.read_metrics(tmp_path / "grp" / m) if "train/loss" in r
+        ] == list(range(1, 17))
