@@ -7,11 +7,16 @@ to `MAX_PARTS` parts per task.
 
 - `fig_task_accuracy`: a panel per task, accuracy against training compute per cell, Wilson
   95% intervals from the task's example count, and the task's chance line (1 / choices).
-- `accuracy_trend`: per cell, a logistic regression of per-example correctness on log10
-  compute with one intercept per task and one slope shared by the tasks (maximum likelihood
-  on the k-of-n counts, which equals the per-example fit because compute varies only between
-  runs); the slope's Wald 95% interval and its two-sided p-value. A positive slope whose
-  interval excludes zero says accuracy rises with compute in that cell.
+- `accuracy_trend`: per cell, the trend of accuracy with log10 compute with the **run as the
+  unit of replication** (`run_slope`): each run's empirical log-odds of a right answer,
+  centred per task and averaged over the tasks, regressed on log10 compute by least squares,
+  with a t interval and p-value on runs - 2 degrees of freedom. Compute varies only between
+  runs, and runs of one size differ by more than their examples' binomial noise (seeds), so
+  the examples of one run are not independent replicates of the trend. The per-example
+  logistic fit (`logistic_slope`) is kept beside it as `per_example`, labelled as such: its
+  interval counts examples as replicates and is too narrow whenever runs vary.
+  tests/scaling/test_zeroshot_plots.py checks the run-level interval's coverage and the
+  test's false-positive rate on simulated ladders with seed noise.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class TaskScore:
     acc: float
     n: int
     chance: float | None
+    run: str = ""  # the run's id: several seeds share a size and its compute
 
     @property
     def correct(self) -> int:
@@ -83,6 +89,7 @@ def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
                     acc=float(run[key]),
                     n=int(n),
                     chance=None if chance is None else float(chance),
+                    run=str(run.get("run_id") or f"{run.get('size')}/{run.get('seed', 0)}"),
                 )
             )
     return out
@@ -150,23 +157,102 @@ def logistic_slope(
     }
 
 
+def empirical_logit(k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """log((k + 1/2) / (n - k + 1/2)): finite at 0 and n, nearly unbiased for n >= 50."""
+    k, n = np.asarray(k, np.float64), np.asarray(n, np.float64)
+    return np.log((k + 0.5) / (n - k + 0.5))
+
+
+def run_slope(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
+    """Least-squares slope of one value per run (`y`) on `x`, with its t 95% interval and
+    two-sided p-value on len(x) - 2 degrees of freedom; None with fewer than 3 runs or when
+    x does not vary."""
+    from scipy import stats
+
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if x.size < 3 or np.ptp(x) == 0:
+        return None
+    xc = x - x.mean()
+    b = float(xc @ (y - y.mean()) / (xc @ xc))
+    resid = y - y.mean() - b * xc
+    df = x.size - 2
+    se = float(math.sqrt(max(resid @ resid / df, 0.0) / (xc @ xc)))
+    if se == 0.0:
+        return None
+    q = float(stats.t.ppf(0.975, df))
+    return {
+        "slope": b,
+        "se": se,
+        "lo": b - q * se,
+        "hi": b + q * se,
+        "p": float(2 * stats.t.sf(abs(b / se), df)),
+        "df": df,
+    }
+
+
+def run_scores(rows: list[TaskScore]) -> tuple[np.ndarray, np.ndarray]:
+    """(log10 compute, score) per run: the run's empirical log-odds on each task, less that
+    task's mean over the runs, averaged over the tasks it has."""
+    by_task: dict[str, list[TaskScore]] = defaultdict(list)
+    for r in rows:
+        by_task[r.task].append(r)
+    centred: dict[str, list[float]] = defaultdict(list)
+    flops: dict[str, float] = {}
+    for task_rows in by_task.values():
+        logits = empirical_logit([r.correct for r in task_rows], [r.n for r in task_rows])
+        for r, value in zip(task_rows, logits - logits.mean()):
+            centred[r.run].append(float(value))
+            flops[r.run] = r.flops
+    runs = sorted(centred)
+    x = np.log10([flops[r] for r in runs])
+    return x, np.array([np.mean(centred[r]) for r in runs])
+
+
 def accuracy_trend(scores: list[TaskScore]) -> dict[str, dict[str, Any]]:
-    """Per cell: the logistic regression of correctness on log10 training FLOPs with one
-    intercept per task (`logistic_slope`), and the number of runs and examples behind it."""
+    """Per cell: the run-level trend of accuracy with log10 training FLOPs (`fit`, from
+    `run_slope` over `run_scores`), the per-example logistic fit (`per_example`), and the
+    numbers of runs, sizes and examples behind them."""
     per: dict[str, list[TaskScore]] = defaultdict(list)
     for s in scores:
         per[s.cell].append(s)
     out = {}
     for cell, rows in sorted(per.items()):
-        fit = logistic_slope(
+        per_example = logistic_slope(
             [r.task for r in rows],
             np.log10([r.flops for r in rows]),
             np.array([r.correct for r in rows]),
             np.array([r.n for r in rows]),
         )
-        runs = len({(r.flops, r.size) for r in rows})
-        out[cell] = {"runs": runs, "examples": sum(r.n for r in rows), "fit": fit}
+        x, y = run_scores(rows)
+        out[cell] = {
+            "runs": len(x),
+            "sizes": len({r.size for r in rows}),
+            "examples": sum(r.n for r in rows),
+            "fit": run_slope(x, y),
+            "per_example": per_example,
+        }
     return out
+
+
+TREND_TEXT = (
+    "Trend test, the run as the unit: per cell, each run's log-odds of a right answer "
+    "(centred per task, averaged over the tasks) regressed on log10 training FLOPs; the "
+    "slope is log-odds per decade of compute, with its t 95% interval and two-sided p on "
+    "runs - 2 degrees of freedom. The per-example p (a logistic fit that counts every example "
+    "as a replicate) is shown for comparison only: it ignores how much runs vary."
+)
+
+
+def trend_row(cell: str, t: dict[str, Any], digits: int = 2) -> str:
+    """One row of a trend table: `| cell | runs (sizes) | examples | slope [95%] | p | p |`."""
+    f, e = t["fit"], t["per_example"]
+    fit = (
+        f"{f['slope']:+.{digits}f} [{f['lo']:+.{digits}f}, {f['hi']:+.{digits}f}] | {f['p']:.2g}"
+        if f
+        else "- (fewer than 3 runs) | -"
+    )
+    each = f"{e['p']:.2g}" if e else "-"
+    return f"| {cell} | {t['runs']} ({t['sizes']}) | {t['examples']} | {fit} | {each} |"
 
 
 def fig_task_accuracy(scores: list[TaskScore], x_key: str = "flops"):
@@ -257,16 +343,12 @@ def report_section(runs: list[dict[str, Any]], out: Path) -> str:
         lines.append(f"| {cell} | {size} | " + " | ".join(cols) + " |")
     lines += [
         "",
-        "Trend test: per cell, a logistic regression of each example's correctness on log10 "
-        "training FLOPs, one intercept per task and one shared slope (log-odds per decade of "
-        "compute), with its Wald 95% interval and two-sided p-value.",
+        TREND_TEXT,
         "",
-        "| cell | runs | examples | slope per decade [95%] | p |",
-        "|---|---|---|---|---|",
+        "| cell | runs (sizes) | examples | slope per decade [95%] | p | per-example p |",
+        "|---|---|---|---|---|---|",
     ]
     for cell, t in accuracy_trend(scores).items():
-        f = t["fit"]
-        fit = f"{f['slope']:+.2f} [{f['lo']:+.2f}, {f['hi']:+.2f}] | {f['p']:.2g}" if f else "- | -"
-        lines.append(f"| {cell} | {t['runs']} | {t['examples']} | {fit} |")
+        lines.append(trend_row(cell, t))
     lines += ["", "![zero_shot_tasks](figures/zero_shot_tasks.png)", ""]
     return "\n".join(lines)

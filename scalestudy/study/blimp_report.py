@@ -16,7 +16,13 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate import blimp
-from scalestudy.scaling.zeroshot_plots import TaskScore, accuracy_trend, wilson
+from scalestudy.scaling.zeroshot_plots import (
+    TREND_TEXT,
+    TaskScore,
+    accuracy_trend,
+    trend_row,
+    wilson,
+)
 
 TASK = "blimp"
 
@@ -94,6 +100,7 @@ def _trend_lines(scored: list[dict[str, Any]]) -> list[str]:
             acc=float(r[f"eval/{TASK}/acc"]),
             n=int(r[f"eval/{TASK}/n"]),
             chance=0.5,
+            run=str(r.get("run_id") or f"{r.get('size')}/{r.get('seed', 0)}"),
         )
         for r in scored
         if r.get("flops")
@@ -102,16 +109,13 @@ def _trend_lines(scored: list[dict[str, Any]]) -> list[str]:
     if not trend:
         return []
     lines = [
-        "Trend test (BLiMP pairs only): per cell, the log-odds of a right pair per decade of "
-        "training FLOPs, with its Wald 95% interval and two-sided p-value.",
+        "BLiMP pairs only. " + TREND_TEXT,
         "",
-        "| cell | runs | pairs | slope per decade [95%] | p |",
-        "|---|---|---|---|---|",
+        "| cell | runs (sizes) | pairs | slope per decade [95%] | p | per-example p |",
+        "|---|---|---|---|---|---|",
     ]
     for cell, t in trend.items():
-        f = t["fit"]
-        fit = f"{f['slope']:+.3f} [{f['lo']:+.3f}, {f['hi']:+.3f}] | {f['p']:.2g}" if f else "- | -"
-        lines.append(f"| {cell} | {t['runs']} | {t['examples']} | {fit} |")
+        lines.append(trend_row(cell, t, digits=3))
     return [*lines, ""]
 
 

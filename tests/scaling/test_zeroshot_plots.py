@@ -81,7 +81,8 @@ def test_logistic_slope_equals_a_per_example_maximum_likelihood_fit():
 def test_trend_separates_a_rising_cell_from_a_flat_one():
     trend = zp.accuracy_trend(zp.task_scores(_runs(0.8, seed=3)))
     rising, flat = trend["x/flm"]["fit"], trend["y/flm"]["fit"]
-    assert rising["lo"] > 0 and rising["p"] < 1e-6
+    assert rising["lo"] > 0 and rising["p"] < 0.05 and rising["df"] == 2
+    assert trend["x/flm"]["per_example"]["p"] < 1e-6
     assert flat["lo"] < 0 < flat["hi"] and flat["p"] > 0.05
     assert trend["x/flm"]["runs"] == 4 and trend["x/flm"]["examples"] == 3200
     # no variation in compute: no slope to estimate
@@ -102,3 +103,59 @@ def test_report_section_writes_a_panel_per_task_and_the_tables(tmp_path):
     table = [line for line in text.splitlines() if line.startswith("| x/flm | ")]
     assert len(table) == 4 + 1  # a row per run, and the cell's trend row
     assert zp.report_section([{"arch": "x", "objective": "flm", "flops": 1.0}], tmp_path) == ""
+
+
+def test_run_slope_is_ordinary_least_squares_with_a_t_interval():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=7), rng.normal(size=7)
+    got, ref = zp.run_slope(x, y), stats.linregress(x, y)
+    assert got["slope"] == pytest.approx(ref.slope) and got["se"] == pytest.approx(ref.stderr)
+    assert got["p"] == pytest.approx(ref.pvalue)
+    assert got["hi"] - got["slope"] == pytest.approx(stats.t.ppf(0.975, 5) * ref.stderr)
+    assert zp.run_slope(x[:2], y[:2]) is None and zp.run_slope(np.ones(5), y[:5]) is None
+
+
+def _ladder(rng, slope: float, seeds: int = 3, sizes: int = 6, run_sd: float = 0.3) -> list:
+    """A simulated cell: runs at `sizes` computes a half decade apart, `seeds` runs each,
+    five tasks of 400 examples; a run's log-odds are its task's base + slope x log10 compute
+    + the run's own offset (seed noise, sd `run_sd`), then binomial sampling."""
+    scores = []
+    bases = rng.normal(0.0, 1.0, size=5)
+    for i in range(sizes):
+        flops = 10 ** (9 + 0.5 * i)
+        for seed in range(seeds):
+            offset = rng.normal(0.0, run_sd)
+            for t, base in enumerate(bases):
+                logit = base + slope * (np.log10(flops) - 10) + offset
+                k = rng.binomial(400, 1 / (1 + np.exp(-logit)))
+                scores.append(
+                    zp.TaskScore(
+                        f"t{t}", "x/flm", f"s{i}", flops, 1.0, k / 400, 400, None, f"{i}.{seed}"
+                    )
+                )
+    return scores
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_the_run_level_interval_covers_the_truth_on_ladders_with_seed_noise(seeds):
+    rng = np.random.default_rng(seeds)
+    covered = per_example = 0
+    sims = 400
+    for _ in range(sims):
+        t = zp.accuracy_trend(_ladder(rng, 0.4, seeds=seeds))["x/flm"]
+        covered += t["fit"]["lo"] <= 0.4 <= t["fit"]["hi"]
+        e = t["per_example"]
+        per_example += e["lo"] <= 0.4 <= e["hi"]
+    assert 0.92 <= covered / sims <= 0.98, covered / sims
+    # Counting examples as replicates: the interval is far too narrow.
+    assert per_example / sims < 0.7, per_example / sims
+
+
+def test_the_trend_test_on_flat_ladders_rejects_at_most_five_percent():
+    rng = np.random.default_rng(11)
+    sims = 1000
+    rejected = sum(
+        zp.accuracy_trend(_ladder(rng, 0.0))["x/flm"]["fit"]["p"] < 0.05 for _ in range(sims)
+    )
+    # 5% expected; 0.064 is 5% plus two Monte Carlo standard errors of 1,000 simulations.
+    assert rejected / sims <= 0.064, rejected / sims

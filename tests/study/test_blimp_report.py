@@ -68,7 +68,7 @@ def test_section_tables_intervals_trend_and_reference(tmp_path: Path) -> None:
     text = "\n".join(lines)
     lo, hi = wilson(0.65 * 3000, 3000)
     assert f"| causal_decoder/flm | 400K | 0 | 4e+05 | 3000 | 0.650 [{lo:.3f}, {hi:.3f}] |" in text
-    trend = [ln for ln in lines if ln.startswith("| causal_decoder/flm | 3 | 9000 |")]
+    trend = [ln for ln in lines if ln.startswith("| causal_decoder/flm | 3 (3) | 9000 |")]
     assert trend and float(trend[0].split("|")[4].split()[0]) > 0  # accuracy rises with compute
     # The paper's term means beside the largest runs: agreement = mean(0.6, 0.8) for the 5-gram.
     agreement = next(ln for ln in lines if ln.startswith("| agreement |"))
