@@ -18,8 +18,8 @@ A flag is a string `"<kind>: <reason>"`; kinds:
 - `training`: unequal training across the ladder: tokens per parameter (D/N) differing by
   more than `MAX_TOKENS_PER_PARAM_RATIO` between sizes, so a law in N mixes the effect of size
   with that of under-training;
-- `seed`: one run per size (no repeated N and D), so intervals resample sizes, never seeds:
-  seed-to-seed variation is not measured;
+- `seed`: a size (an (N, D) point) trained by one run only: run-to-run variation is not
+  measured there, so its loss is one draw (per size: every size needs repeats);
 - `misfit`: residuals that curve or trend along the law's input (a least-squares test of a
   quadratic in the input against a constant, p < `MISFIT_P`): the form is misspecified;
 - `extrapolation`: a prediction asked for outside the range of the data (on answers at a
@@ -200,14 +200,21 @@ def repeat_groups(log_VJ: np.ndarray) -> list[np.ndarray]:
 
 
 def seed_flag(N_J: np.ndarray, D_J: np.ndarray) -> list[str]:
-    """'seed' flag when no (N, D) was trained more than once (`repeat_groups`)."""
+    """'seed' flag when any (N, D) was trained by one run only (`repeat_groups`): each size
+    needs repeats of its own, one repeated size does not vouch for the others."""
     x = np.log(np.stack([N_J, D_J]).astype(float))
     x = x[:, np.isfinite(x).all(axis=0)]
-    if x.shape[1] < 2 or any(len(g) > 1 for g in repeat_groups(x)):
+    if x.shape[1] < 2:
         return []
+    groups = repeat_groups(x)
+    single = [g[0] for g in groups if len(g) == 1]
+    if not single:
+        return []
+    sizes = ", ".join(f"{v:.3g}" for v in sorted(np.exp(x[0, single])))
     return [
-        "seed: one run per size (a single seed): the intervals resample sizes, not seeds, "
-        "so run-to-run variation is not measured; add seeds before comparing close fits"
+        f"seed: {len(single)} of {len(groups)} sizes trained by one run only (N = {sizes}): "
+        "run-to-run variation is not measured there, so their losses are single draws; "
+        "train at least two seeds at every size before comparing close fits"
     ]
 
 

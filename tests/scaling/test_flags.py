@@ -188,7 +188,12 @@ def test_a_single_seed_is_flagged_and_repeated_sizes_are_not():
     D = 20 * N
     DD = np.concatenate([D, D[:1] * 1.0002])
     repeat = np.concatenate([loss, loss[:1] * 1.01])
-    assert "seed" not in _kinds(_fit("kaplan_n_noE", _table(np.append(N, N[0]), DD, repeat)))
+    fit = _fit("kaplan_n_noE", _table(np.append(N, N[0]), DD, repeat))
+    # One size with two seeds does not vouch for the five with one (the flag is per size).
+    flag = next(f for f in fit["flags"] if f.startswith("seed"))
+    assert "5 of 6 sizes trained by one run only" in flag
+    both = _table(np.concatenate([N, N]), np.concatenate([D, D * 1.0002]), np.tile(loss, 2))
+    assert "seed" not in _kinds(_fit("kaplan_n_noE", both))
     # ... but a size trained at twice the tokens is another point, not a repeat.
     twice = _table(np.append(N, N[0]), np.concatenate([D, D[:1] * 2]), repeat)
     assert "seed" in _kinds(_fit("kaplan_n_noE", twice))
