@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scalestudy.study.comparisons import recipe
 from scalestudy.study.registry_schema import RUN_COLUMNS, STATUSES, RegistryError, connect
 
 
@@ -199,13 +200,14 @@ def load_runs(path: str | Path, *, stages: bool = False) -> list[dict[str, Any]]
 
     Keys: run_id, study, arch, objective, size, seed, status, params_total,
     params_non_embedding, flops_per_token, tokens, positions, flops, flops_6nd, loss (final
-    validation loss), train_loss, wall_time_s, the stack shape, and `eval/<task>/<metric>`.
+    validation loss), train_loss, wall_time_s, the stack shape, `recipe` (the config keys of
+    how it was trained, study/comparisons.py) and `eval/<task>/<metric>`.
     """
     with Registry(_registry_path(path), create=False) as reg:
         finals = reg.finals()
         out = []
         for row in reg.runs(stages=stages):
-            row.pop("config", None)
+            row["recipe"] = recipe(row.pop("config", None))
             row.update(
                 {k: v for k, v in finals.get(row["run_id"], {}).items() if k.startswith("eval/")}
             )

@@ -88,3 +88,23 @@ def test_the_report_counts_shared_examples_once_across_seeds():
     rows = [{"eval/t/acc": 0.6, "eval/t/n": 100.0}] * 3
     got = report.acc_stats(rows)
     assert got["n"] == 3 and got["half"] == pytest.approx(report.Z95 * math.sqrt(0.24 / 100))
+
+
+def test_a_cells_own_recipe_is_named_among_what_is_not_equal():
+    from scalestudy.study.comparisons import held_equal, recipe
+
+    base = (
+        "optim:\n  learning_rate: 0.005\ntrain:\n  batch_size: 16\n  seed: 0\n"
+        "model:\n  d_model: 32\n"
+    )
+    other = base.replace("0.005", "0.02").replace("16", "32").replace("d_model: 32", "d_model: 48")
+    a = [{"params_total": 1.0, "recipe": recipe(other + "  qk_norm: true\n")}]
+    b = [{"params_total": 1.0, "recipe": recipe(base)}]
+    _, differ = held_equal(a, b, 0.03)
+    recipes = [d for d in differ if d.startswith("recipe:")]
+    assert recipes == [
+        "recipe: model.qk_norm True vs 'default'",
+        "recipe: optim.learning_rate 0.02 vs 0.005",
+        "recipe: train.batch_size 32 vs 16",
+    ]  # the shape (d_model) and the seed are not a recipe
+    assert not any("recipe" in d for d in held_equal(b, b, 0.03)[1])

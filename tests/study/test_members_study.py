@@ -23,6 +23,8 @@ def _spec(tmp_path: Path, **changes) -> Path:
         ladder={"sizes": [{"name": "xs", "d_model": 16, "n_layers": 2, "d_ff": 32}]},
         seeds=[0, 1, 2],
         fit={"laws": [], "bootstrap": 0},
+        # A cell trained with its own rate: the report must say so wherever cells meet.
+        cell_base={"encoder_decoder/plm": {"optim": {"learning_rate": 0.002}}},
         **changes,
     )
 
@@ -48,7 +50,8 @@ def test_seeds_train_as_groups_and_record_what_runs_alone_record(tmp_path, capsy
         )
         summary = json.loads((Path(g["workdir"]) / "summary.json").read_text())
         assert summary["timing"]["members"] == 3.0
-    assert (tmp_path / "g" / "report.md").is_file()
+    report = (tmp_path / "g" / "report.md").read_text()
+    assert "recipe: optim.learning_rate 0.002 vs 0.001" in report
 
 
 def test_the_dry_run_shows_the_groups_and_members_one_turns_them_off(tmp_path, capsys):
