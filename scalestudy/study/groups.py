@@ -2,9 +2,9 @@
 
 Runs that share every key but the member keys (seeds, learning rate and the optimizer's other
 numbers) train together, at most `members` at a time; each stays a run of its own (its run
-directory, its registry row). `study.members: auto` groups up to `AUTO_MEMBERS` runs; `1`
-trains every run alone. A study given its own `train_fn` trains every run alone (the group
-trainer is the package's).
+directory, its registry row). `study.members: auto` groups up to `AUTO_MEMBERS` runs on a CPU
+and `AUTO_MEMBERS_ACCELERATOR` elsewhere; `1` trains every run alone. A study given its own
+`train_fn` trains every run alone (the group trainer is the package's).
 """
 
 from __future__ import annotations
@@ -14,16 +14,20 @@ from typing import Any
 
 from scalestudy.errors import ConfigError
 
-# `members: auto`: on a CPU a group of 8 costs ~6-7x one run's step (README, Performance),
-# so larger groups save little more; on an accelerator, small models are launch-bound and
-# gain more, so a spec there may give a larger number.
-AUTO_MEMBERS = 8
+# `members: auto`. On the 2-core CPU a member-step is cheapest at 4 members (0.64-0.67 of a
+# run's step at 10K-300K parameters) and dearer at 8 (0.77-0.80: the group's step costs 6.1-6.4
+# runs'; docs/performance.md, Members). On an accelerator a small model's step is bound by
+# launches, not arithmetic, so more members share each launch.
+AUTO_MEMBERS = 4
+AUTO_MEMBERS_ACCELERATOR = 8
 
 
 def cap(members: Any) -> int:
     """The most runs one group may hold for a spec's `members` ("auto" or a count >= 1)."""
     if members == "auto":
-        return AUTO_MEMBERS
+        import jax
+
+        return AUTO_MEMBERS if jax.default_backend() == "cpu" else AUTO_MEMBERS_ACCELERATOR
     from scalestudy.train.members import MAX_MEMBERS
 
     if isinstance(members, bool) or not isinstance(members, int) or not 1 <= members <= MAX_MEMBERS:

@@ -332,7 +332,8 @@ class StudySpec(Frozen):
     tpu: TpuConfig = TpuConfig()
     stages: StagesSpec | None = None  # adaptation and finetuning after pretraining
     # Runs that differ only in seeds or optimizer numbers train as members of one program
-    # (study/groups.py): "auto" (up to 8 per group), a most per group, or 1 (each alone).
+    # (study/groups.py): "auto" (up to 4 per group on a CPU, 8 on an accelerator), a most per
+    # group, or 1 (each alone).
     members: Literal["auto"] | int = "auto"
 
     @model_validator(mode="after")
@@ -361,7 +362,8 @@ class StudySpec(Frozen):
             raise ConfigError(
                 f"repeat_seeds.seeds: {sorted(both)} already in seeds (every size trains those)"
             )
-        groups.cap(self.members)  # an error naming the accepted values
+        if self.members != "auto":
+            groups.cap(self.members)  # an error naming the accepted values
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ConfigError(f"variants: names must be unique; got {names}")
