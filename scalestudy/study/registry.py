@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scalestudy.study.comparisons import recipe
+from scalestudy.study.recipe import recipe
 from scalestudy.study.registry_schema import RUN_COLUMNS, STATUSES, RegistryError, connect
 
 

@@ -91,7 +91,8 @@ def test_the_report_counts_shared_examples_once_across_seeds():
 
 
 def test_a_cells_own_recipe_is_named_among_what_is_not_equal():
-    from scalestudy.study.comparisons import held_equal, recipe
+    from scalestudy.study.comparisons import held_equal
+    from scalestudy.study.recipe import recipe
 
     base = (
         "optim:\n  learning_rate: 0.005\ntrain:\n  batch_size: 16\n  seed: 0\n"
