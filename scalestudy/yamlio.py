@@ -63,6 +63,16 @@ def parse_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_YamlLoader)
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of a nested dict (a config dumped to plain values)."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out |= flatten(v, f"{prefix}{k}.")
+        return out
+    return {prefix[:-1]: tree}
+
+
 def deep_merge(base: dict, update: dict) -> dict:
     """Merge `update` into a copy of `base`: mappings merge recursively, the rest replaces."""
     out = dict(base)

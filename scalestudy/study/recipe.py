@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scalestudy.yamlio import flatten
+
 # Config keys that are a cell's recipe (how it is trained), compared between the runs of a
 # comparison: the optimizer and schedule, the batch, the objective's lengths and rates, the
 # model's settings other than its shape (which the ladder and the matching mode set), the
@@ -22,14 +24,7 @@ def recipe(config_yaml: str | None) -> dict[str, Any]:
     """{dotted key: value} of a run's recipe keys, from its resolved config (YAML text)."""
     import yaml
 
-    def walk(tree: Any, prefix: str) -> dict[str, Any]:
-        if isinstance(tree, dict):
-            return {
-                k: v for key, sub in tree.items() for k, v in walk(sub, f"{prefix}{key}.").items()
-            }
-        return {prefix[:-1]: tree}
-
-    flat = walk(yaml.safe_load(config_yaml or "") or {}, "")
+    flat = flatten(yaml.safe_load(config_yaml or "") or {})
     return {
         k: v
         for k, v in flat.items()

@@ -29,6 +29,7 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ConfigError
 from scalestudy.models.api import Model, build_model
 from scalestudy.train import optim, sharding, step
+from scalestudy.yamlio import flatten
 
 # Keys that members may differ in. `name` is the run's own; the seeds change the numbers of
 # the initial state and the data order, not the program; the optimizer's numbers enter the
@@ -54,16 +55,7 @@ _INT_KEYS = ("optim.warmup_steps", "optim.cooldown_steps")
 
 def flat(cfg: ExperimentConfig) -> dict[str, Any]:
     """{dotted key: value} of a resolved config."""
-
-    def walk(tree: Any, prefix: str) -> dict[str, Any]:
-        if isinstance(tree, dict):
-            out: dict[str, Any] = {}
-            for k, v in tree.items():
-                out |= walk(v, f"{prefix}{k}.")
-            return out
-        return {prefix[:-1]: tree}
-
-    return walk(cfg.model_dump(mode="json"), "")
+    return flatten(cfg.model_dump(mode="json"))
 
 
 def differences(cfgs: Sequence[ExperimentConfig]) -> dict[str, list[Any]]:

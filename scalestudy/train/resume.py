@@ -16,6 +16,7 @@ from typing import Any
 from scalestudy.config import ExperimentConfig, load_config
 from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.train import rundir, saved
+from scalestudy.yamlio import flatten
 
 # Dotted keys (or prefixes ending in ".") that may change between invocations of one run.
 SAFE_ON_RESUME: tuple[str, ...] = (
@@ -41,22 +42,13 @@ class ResumeConfigError(ScalestudyError):
     """The config given for an existing run directory changes what the run is."""
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out |= _flat(v, f"{prefix}{k}.")
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _safe(key: str) -> bool:
     return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_ON_RESUME)
 
 
 def changed_keys(old: ExperimentConfig, new: ExperimentConfig) -> dict[str, tuple[Any, Any]]:
     """{dotted key: (old value, new value)} for every key that differs and may not change."""
-    a, b = _flat(old.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    a, b = flatten(old.model_dump(mode="json")), flatten(new.model_dump(mode="json"))
     return {
         k: (a.get(k), b.get(k))
         for k in sorted(a.keys() | b.keys())
