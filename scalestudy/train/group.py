@@ -29,7 +29,17 @@ import jax
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ConfigError
-from scalestudy.train import distributed, hooks, loop, members, metrics, recovery, resume, rundir
+from scalestudy.train import (
+    distributed,
+    hooks,
+    logfile,
+    loop,
+    members,
+    metrics,
+    recovery,
+    resume,
+    rundir,
+)
 from scalestudy.train import saved as saved_runs
 
 Result = dict[str, Any] | Exception  # a member's summary, or why it stopped
@@ -82,15 +92,17 @@ def train_group(
     members.check(cfgs)
     if len({w.resolve() for w in workdirs}) < len(workdirs):
         raise ConfigError("members need a run directory each; two members share one")
-    for cfg, workdir in zip(cfgs, workdirs):
-        if workdir.exists() and not workdir.is_dir():
-            raise loop.RunDirError(f"member {cfg.name}: {workdir} is a file, not a directory")
-        resume.check_resume(cfg, workdir)  # a directory that holds another run: nothing written
+    with logfile.library_logs_dropped():  # no run log yet: nothing may be written
+        for cfg, workdir in zip(cfgs, workdirs):
+            if workdir.exists() and not workdir.is_dir():
+                raise loop.RunDirError(f"member {cfg.name}: {workdir} is a file, not a directory")
+            resume.check_resume(cfg, workdir)  # a directory holding another run: refused
+        steps = [saved_runs.latest_step(w) or 0 for w in workdirs]
     if len(cfgs) == 1:
         return [loop.train(cfgs[0], workdirs[0], eval_fn=eval_fns[0])]
     parts: dict[int, list[int]] = {}
-    for i, workdir in enumerate(workdirs):
-        parts.setdefault(saved_runs.latest_step(workdir) or 0, []).append(i)
+    for i, step in enumerate(steps):
+        parts.setdefault(step, []).append(i)
     if len(parts) > 1:  # each part from its own step; a part of one is an ordinary run
         results: list[Result] = [None] * len(cfgs)  # type: ignore[list-item]
         for index in parts.values():

@@ -112,6 +112,18 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         handler.close()
 
 
+@contextlib.contextmanager
+def library_logs_dropped() -> Iterator[None]:
+    """Drop the libraries' log records while the block runs: checks made before a run has a
+    log of its own (and that must write nothing), such as orbax's notes on opening a run's
+    checkpoints read-only."""
+    restore, _ = _route(logging.NullHandler())
+    try:
+        yield
+    finally:
+        restore()
+
+
 def _write_held(handler: logging.Handler) -> None:
     """Write the held start-up output into `handler`'s file."""
     with contextlib.suppress(OSError, ValueError):

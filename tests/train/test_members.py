@@ -263,6 +263,8 @@ def test_sigterm_saves_every_member_at_one_step_and_the_command_resumes(tiny_cfg
     assert len(steps) == 1 and steps.pop() < 16  # every member saved at one step
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    # Opening the members' checkpoints before the run's log exists says nothing on the terminal.
+    assert "WARNING:absl" not in done.stderr, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     assert [r["steps"] for r in rows] == [16, 16]
     # Resumed from where they stopped (an exact resume is test_a_stopped_group_resumes...).
