@@ -54,7 +54,7 @@ def plan(runs: list, most: int) -> list[list]:
             chunk = same[i : i + most]
             if members.program_difference([r.cfg for r in chunk]) is None:
                 groups.append(chunk)
-            else:  # never expected: program_key holds every key a member may not change
+            else:  # a member key set for some runs and None for others (clipping on/off)
                 groups.extend([r] for r in chunk)
     order = {id(r): i for i, r in enumerate(runs)}
     return sorted(groups, key=lambda g: order[id(g[0])])

@@ -163,13 +163,11 @@ class Group:
                 "damaged ones aside; run the same command again (members at different steps "
                 "train as separate groups)"
             )
-        fresh = [m.restored is None for m in self.members]
-        if all(fresh):
-            self.state = self.program.init([m.cfg.train.seed for m in self.members])
+        seeds = [m.cfg.train.seed for m in self.members]
+        if all(m.restored is None for m in self.members):
+            self.state = self.program.init(seeds)
         else:
-            init = (
-                self.program.init([m.cfg.train.seed for m in self.members]) if any(fresh) else None
-            )
+            init = self.program.init(seeds)  # only the fresh members' slices are used
             self.state = self.program.stack(
                 [
                     m.restored if m.restored is not None else members.GroupProgram.member(init, i)
