@@ -315,7 +315,7 @@ class Group:
             try:
                 loop.raise_nonfinite(m, e)
             except loop.NonFiniteLoss as stopped:
-                m.error = loop.NonFiniteLoss(f"member {m.cfg.name}: {stopped}")
+                m.error = loop.NonFiniteLoss(f"member {m.cfg.name} ({m.workdir.name}): {stopped}")
                 print(f"error: {m.error}; the other members go on", file=sys.stderr)
 
     def _preempted(self, done: int, signum: int) -> None:
@@ -326,7 +326,7 @@ class Group:
                 try:
                     loop.raise_preempted(m, done, signum)
                 except loop.Preempted as e:
-                    lines.append(f"{m.cfg.name}: {e}")
+                    lines.append(f"{m.cfg.name} ({m.workdir.name}): {e}")
         raise loop.Preempted(
             f"stopped a group of {len(self.members)} members at step {done}:\n  "
             + "\n  ".join(lines),

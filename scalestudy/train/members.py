@@ -107,10 +107,8 @@ def check(cfgs: Sequence[ExperimentConfig]) -> None:
     why = program_difference(cfgs)
     if why is not None:
         raise ConfigError(why)
-    names = [c.name for c in cfgs]
-    seen = {n for n in names if names.count(n) > 1}
-    if seen:
-        raise ConfigError(f"members must be distinct runs; {sorted(seen)} appear twice")
+    # Members may share a name (a learning-rate search trains one run of a study at several
+    # rates); their run directories tell them apart, and no two may be the same run.
     hashes = [c.model_copy(update={"name": ""}).hash() for c in cfgs]
     if len(set(hashes)) < len(hashes):
         raise ConfigError(
