@@ -18,6 +18,7 @@ every fit a list of flags saying why the data may not support it (scaling/flags.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -336,15 +337,26 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
     return {"summary": summary(table), "flops_per_nd": {"k": k, "source": k_src}, "fits": fits}
 
 
-def fit_cells(table: RunTable, settings: FitSettings | None = None) -> dict:
+def fit_cells(
+    table: RunTable, settings: FitSettings | None = None, fallback: FitSettings | None = None
+) -> dict:
     """Fit every cell of `table` (one per architecture/objective, or per group) and compare them.
 
     Returns a JSON-able dict: settings, data choices, per-cell fits with intervals, and the
-    cross-cell comparison.
+    cross-cell comparison. With `fallback`, a cell whose data cannot support the asked laws
+    is fitted with `fallback`'s (with a warning naming it); the other cells keep theirs.
     """
     s = settings or FitSettings()
     t0 = time.perf_counter()
-    cells = {c: fit_cell(table.subset(c), s) for c in table.cells()}
+    cells = {}
+    for c in table.cells():
+        try:
+            cells[c] = fit_cell(table.subset(c), s)
+        except ScalingDataError as e:
+            if fallback is None:
+                raise
+            warnings.warn(f"fit: {e}; fitting the laws its data support instead", stacklevel=2)
+            cells[c] = fit_cell(table.subset(c), fallback)
     result = {
         "settings": {**asdict(s), "data": asdict(s.data)},
         "data": table.choices,

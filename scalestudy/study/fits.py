@@ -6,7 +6,6 @@ figures a study's report shows.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -123,9 +122,10 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
     """The fits and figures of a finished study's runs (registry rows); writes `out/fits.json`
     and `out/figures/`.
 
-    The spec's `fit` section chooses laws, N, C and the bootstrap. When it asks for a law the
-    data cannot support (e.g. too few sizes), every law the data do support is fitted instead,
-    with a warning. Tasks with a task loss get task laws with the largest-size backtest.
+    The spec's `fit` section chooses laws, N, C and the bootstrap. When it asks for a law a
+    cell's data cannot support (e.g. too few sizes), every law that cell's data do support is
+    fitted for it instead, with a warning; the other cells keep the spec's laws. Tasks with a
+    task loss get task laws with the largest-size backtest.
     """
     f = study.fit
     settings = FitSettings(
@@ -135,11 +135,7 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
         seed=f.seed,
     )
     table = registry_table(runs, curves, settings.data)
-    try:
-        fits = fit_cells(table, settings)
-    except ScalingDataError as e:
-        warnings.warn(f"fit: {e}; fitting the laws the data support instead", stacklevel=2)
-        fits = fit_cells(table, replace(settings, laws=("auto",)))
+    fits = fit_cells(table, settings, fallback=replace(settings, laws=("auto",)))
     fits["task_laws"] = study_task_laws(table, settings)
     write_json(fits, Path(out) / "fits.json")
     return fits, make_all_plots(table, fits, Path(out) / "figures")
