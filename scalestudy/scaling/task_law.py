@@ -12,7 +12,11 @@ Compute-Efficient Model Ladders") and of Llama 3's downstream prediction:
    the task's chance accuracy when the table records it (`eval/<task>/chance`), else fitted.
 Intervals come from one bootstrap over runs that refits both steps, so a prediction carries
 the uncertainty of both. The backtest fits on every size but the largest and predicts the
-largest size's accuracy: its error (predicted - observed) with an interval.
+largest size's accuracy: its error (predicted - observed) with an interval that holds the
+law's uncertainty (the bootstrap over runs) and the held-out runs' own run-to-run variation
+(`run_variance`, pooled over the fitted sizes' repeats, drawn from a t on its degrees of
+freedom); without repeats the interval holds the law's uncertainty only, and the report says
+so.
 """
 
 from __future__ import annotations
@@ -300,12 +304,31 @@ def backtest(table: RunTable, task: str, form, s, loss_metric: str, acc_metric: 
         n = float(n_col[idx[held]].sum())
         half = 1.959964 * np.sqrt(max(observed * (1 - observed), 1e-12) / max(n, 1.0))
         out["observed_ci"] = [observed - half, observed + half]
+    var, df = run_variance(N[~held], acc[~held])
+    out["run_sd"], out["run_df"] = (float(np.sqrt(var)), df) if df else (None, 0)
     if len(theta_R):
         _, pacc_R = _predict(form, theta_R, sig_R, xh)
         samples = pacc_R.mean(axis=1)
         out["predicted_ci"] = interval(samples, s.ci)[0]
+        if df:  # the held-out runs' own draw: their mean varies by var / n about the law
+            rng = np.random.default_rng(s.seed + 1)
+            n_held = int(held.sum())
+            samples = samples + rng.standard_t(df, samples.size) * np.sqrt(var / n_held)
         out["error_ci"] = interval(samples - observed, s.ci)[0]
     return out
+
+
+def run_variance(sizes: np.ndarray, acc: np.ndarray) -> tuple[float, int]:
+    """(pooled variance of one run's accuracy about its size's mean, degrees of freedom)
+    over the sizes trained by two or more runs; (nan, 0) without repeats. The run is the
+    unit: what a retrained run at a size would score, seed and all."""
+    ss, df = 0.0, 0
+    for size in np.unique(sizes):
+        a = acc[sizes == size]
+        if a.size > 1:
+            ss += float(((a - a.mean()) ** 2).sum())
+            df += a.size - 1
+    return (ss / df, df) if df else (float("nan"), 0)
 
 
 def fit_task_laws(

@@ -71,7 +71,8 @@ def _backtest_rows(cells: dict[str, dict]) -> tuple[list[str], list[float], int]
             rows.append(
                 f"| {cell} | {task} | {bt['N']:.3g} | {_num(bt['observed'])}"
                 f"{_iv(bt.get('observed_ci'))} | {_num(bt['predicted'])}"
-                f"{_iv(bt['predicted_ci'])} | {bt['error']:+.3f}{_iv(ci)} | "
+                f"{_iv(bt['predicted_ci'])} | {bt['error']:+.3f}{_iv(ci)}"
+                f"{'' if bt.get('run_df') else ' (law only)'} | "
                 f"{'yes' if covered else 'no'} |"
             )
     return rows, errors, inside
@@ -125,7 +126,10 @@ def section(fits: dict[str, Any]) -> list[str]:
             "**Backtest**: each law fitted on every size but the largest, that size's "
             "accuracy predicted; error = predicted - observed. "
             f"Mean absolute error {mean_abs:.3f} over {len(errors)} backtest(s); the "
-            f"error's interval holds 0 in {inside} of them.",
+            f"error's interval holds 0 in {inside} of them. The run is the unit: the interval "
+            "holds the law's uncertainty (a bootstrap over runs) and the held-out runs' own "
+            "run-to-run variation (pooled over the fitted sizes trained more than once); "
+            "'law only' marks a ladder with no repeated size, whose interval is too narrow.",
             "",
             "| cell | task | held-out N | observed | predicted | error | 0 in interval |",
             "|---|---|---|---|---|---|---|",

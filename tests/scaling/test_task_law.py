@@ -190,3 +190,35 @@ def test_auto_form_needs_n_and_d_to_vary_independently():
     assert fit["task_loss"]["formula"] == "L_t = (N_c/N)^alpha_N + E"
     got = {k: v["value"] for k, v in fit["task_loss"]["params"].items()}
     assert got["alpha_N"] == pytest.approx(TASK["alpha"], rel=1e-2)
+
+
+def _seeded_ladder(rng, seeds=3, sizes=5, run_sd=0.02):
+    """A fixed-data ladder with `seeds` runs per size: each run's task loss and accuracy carry
+    its own draw (initialisation and data order), as retrained runs do."""
+    N = np.repeat(np.geomspace(1e6, 1e8, sizes), seeds)
+    L = TASK["E"] + TASK["A"] / N ** TASK["alpha"] + TASK["B"] / 2e9 ** TASK["beta"]
+    L = L * np.exp(rng.normal(0, run_sd, L.size))
+    acc = sigmoid(L, SIG) + rng.normal(0, run_sd, L.size)
+    extra = {"eval/mc/task_loss": L, "eval/mc/acc": acc, "eval/mc/chance": np.full(L.size, 0.25)}
+    ids = [f"r{i}" for i in range(L.size)]
+    return RunTable(ids, ["all"] * L.size, N, N * 0 + 2e9, 6 * N * 2e9, L * 0 + 3.0, extra)
+
+
+@pytest.mark.slow
+def test_backtest_intervals_cover_retrained_runs_at_the_stated_rate():
+    """The run is the unit: on simulated ladders of 3 seeds per size, the backtest's 95%
+    interval holds 0 in at least 90% of them once the held-out runs' own variation is in it,
+    and that interval is wider than the law's bootstrap alone in every one."""
+    rng = np.random.default_rng(7)
+    s = FitSettings(bootstrap=100, seed=3)
+    covered = law_only = 0
+    sims = 60
+    for _ in range(sims):
+        bt = fit_task_laws(_seeded_ladder(rng), s, "kaplan_n", holdout_largest=True)
+        bt = bt["cells"]["all"]["mc"]["backtest"]
+        assert bt["run_df"] == 8 and bt["run_sd"] > 0  # 4 fitted sizes x (3 - 1)
+        covered += bt["error_ci"][0] <= 0.0 <= bt["error_ci"][1]
+        law = np.array(bt["predicted_ci"]) - bt["observed"]
+        law_only += law[0] <= 0.0 <= law[1]
+        assert bt["error_ci"][1] - bt["error_ci"][0] > law[1] - law[0]
+    assert 0.90 <= covered / sims <= 1.0 and covered >= law_only
