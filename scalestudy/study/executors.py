@@ -10,6 +10,7 @@ reported as such, so no run is ever restored onto the collecting host's devices.
 
 from __future__ import annotations
 
+import functools
 import time
 import traceback
 from pathlib import Path
@@ -36,13 +37,13 @@ def _finished_summary(workdir: Path, steps: int) -> dict | None:
     return summary if finished else None
 
 
-def _default_train(cfg: Any, workdir: Path) -> dict:
-    """Train and evaluate one run; its per-example scores go to its own directory, as those
-    of `scalestudy eval` do (evaluate/results.py)."""
+def _default_train(cfg: Any, workdir: Path, evaluate: bool = True) -> dict:
+    """Train and (with `evaluate`) evaluate one run; its per-example scores go to its own
+    directory, as those of `scalestudy eval` do (evaluate/results.py)."""
     from scalestudy.evaluate import rank
     from scalestudy.train import loop
 
-    return loop.train(cfg, workdir, eval_fn=rank.make_eval_fn(cfg, workdir))
+    return loop.train(cfg, workdir, eval_fn=rank.make_eval_fn(cfg, workdir) if evaluate else None)
 
 
 def _needs_eval(cfg: Any, summary: dict) -> bool:
@@ -70,7 +71,12 @@ class LocalExecutor:
     they train in that many worker processes at once (each a fresh interpreter with its own
     JAX runtime; this process alone writes the registry). On a CPU, tiny models leave cores
     idle between their small kernels, so two runs at a time finish a smoke study sooner; on
-    an accelerator host keep one worker per device set."""
+    an accelerator host keep one worker per device set.
+
+    With `evaluate=False` the runs train without their zero-shot evaluation (a learning-rate
+    search's runs, scored on validation loss alone). A finished run without its evaluation is
+    reported, not evaluated here (it may need its own mesh), unless its id is in
+    `evaluate_here` (a search run taken into the study, trained on this host)."""
 
     def __init__(
         self,
@@ -80,10 +86,14 @@ class LocalExecutor:
         train_fn: Any = None,
         workers: int = 1,
         members: int = 1,
+        evaluate: bool = True,
+        evaluate_here: frozenset = frozenset(),
     ) -> None:
         self.reg = registry
         self.out = Path(out)
-        self.train_fn = train_fn or _default_train
+        self.evaluate = evaluate
+        self.evaluate_here = evaluate_here
+        self.train_fn = train_fn or functools.partial(_default_train, evaluate=evaluate)
         self.workers = workers
         # Runs per program (study/groups.py); a study's own train_fn trains runs alone.
         self.members = members if train_fn is None else 1
@@ -163,7 +173,7 @@ class LocalExecutor:
         if len(live) == 1:
             run, workdir = live[0]
             return [self.train_fn(run.cfg, workdir)]
-        return groups.train_group([r.cfg for r, _ in live], [w for _, w in live])
+        return groups.train_group([r.cfg for r, _ in live], [w for _, w in live], self.evaluate)
 
     def _record_all(self, live: list[tuple[Any, Path]], results: list, write: Any) -> list[str]:
         """Record each run's summary, or its own failure (a member stopped alone); returns
@@ -221,7 +231,7 @@ class LocalExecutor:
                         fn, args = self.train_fn, (live[0][0].cfg, live[0][1])
                     else:
                         fn, args = (
-                            groups.train_group,
+                            functools.partial(groups.train_group, evaluate=self.evaluate),
                             ([r.cfg for r, _ in live], [w for _, w in live]),
                         )
                     future = pool.submit(stopping.train_in_worker, fn, *args)
@@ -277,10 +287,12 @@ class LocalExecutor:
 
     def _prepare(self, run: Any, workdir: Path, mark: bool = True) -> dict | None:
         """The summary of a run already trained (e.g. by a cluster job), recorded now; or
-        None once the run has its directory (and with `mark`, is marked running)."""
+        None once the run has its directory (and with `mark`, is marked running): a run to
+        train, or one of `evaluate_here` to evaluate (loop.train adds a missing evaluation)."""
         summary = _finished_summary(workdir, run.cfg.train.steps)
-        if summary is not None:
-            if _needs_eval(run.cfg, summary):
+        needs_eval = summary is not None and self.evaluate and _needs_eval(run.cfg, summary)
+        if summary is not None and not (needs_eval and run.run_id in self.evaluate_here):
+            if needs_eval:
                 print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
             self._record(run, workdir, summary)
             return summary

@@ -22,7 +22,7 @@ from typing import Any
 from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.study import cluster, executors, stages, sweep, wang_report
+from scalestudy.study import cluster, executors, lr_search, stages, sweep, wang_report
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
 from scalestudy.study.spec import StudySpec
@@ -296,6 +296,7 @@ def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
     Returns the scripts' text."""
     spec = Path(spec)
     study = sweep.load_study(spec)
+    lr_search.not_on_clusters(study, f"launch {executor}")
     runs = sweep.expand(study, spec.parent)
     groups = tiers(plan(study, spec.parent, Path(out), runs))
     return cluster.launch(study, spec, runs, executor, Path(out), submit=submit, stage_tiers=groups)

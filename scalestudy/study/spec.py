@@ -141,6 +141,23 @@ class RepeatSeedsConfig(Frozen):
         return self
 
 
+class LrSearchConfig(Frozen):
+    """Peak learning rates tried before the study's runs train (study/lr_search.py): at each
+    searched size every cell's first seed trains once per rate, and the rate with the lowest
+    validation loss (the training corpus's held-out split) is the one its runs train at."""
+
+    # Values of `optim.learning_rate`, each passed through the ladder's `lr_scaling` rule.
+    rates: Annotated[tuple[float, ...], Field(strict=False, min_length=2)]
+    sizes: Tuple = ()  # the sizes searched (others take the nearest one's); empty: every size
+
+    @model_validator(mode="after")
+    def _check(self) -> LrSearchConfig:
+        if any(not r > 0 for r in self.rates):
+            raise ConfigError(f"lr_search.rates: positive numbers; got {list(self.rates)}")
+        _check_unique("lr_search.rates", list(self.rates))
+        return self
+
+
 class FitConfig(Frozen):
     """Scaling-law fits run at the end of a study (scalestudy.scaling)."""
 
@@ -331,6 +348,7 @@ class StudySpec(Frozen):
     slurm: SlurmConfig = SlurmConfig()
     tpu: TpuConfig = TpuConfig()
     stages: StagesSpec | None = None  # adaptation and finetuning after pretraining
+    lr_search: LrSearchConfig | None = None  # rates chosen on held-out text first
     # Runs that differ only in seeds or optimizer numbers train as members of one program
     # (study/groups.py): "auto" (up to 4 per group on a CPU, 8 on an accelerator), a most per
     # group, or 1 (each alone).

@@ -21,7 +21,7 @@ from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
 from scalestudy.evaluate.tasks import TFDS_NAMES
 from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
-from scalestudy.study import executors, groups, ladder, report
+from scalestudy.study import executors, groups, ladder, lr_search, report
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
@@ -168,8 +168,10 @@ def cells(study: StudySpec) -> list[tuple[str, str]]:
     return [(a, o) for a in study.archs for o in study.objectives if o in VALID_CELLS[a]]
 
 
-def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
-    """Every run of the study, size-major, with stable ids (the resolved config's hash)."""
+def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) -> list[PlannedRun]:
+    """Every run of the study, size-major, with stable ids (the resolved config's hash).
+    `rates((arch, objective, variant, size, budget))`, where given and not None, replaces
+    `optim.learning_rate` before the ladder's rule (study/lr_search.py)."""
     base = base_config(study, spec_dir)
     base_model = validate(ModelConfig, base.get("model", {}), "base.model")
     rungs = ladder.resolve_ladder(study.ladder, spec_dir, base_model.activation)
@@ -215,6 +217,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                 )
             name = ".".join(p for p in (arch, objective, vname, rung.name, tag, f"s{seed}") if p)
             cell_base = deep_merge(base, dict(study.cell_base.get(f"{arch}/{objective}", {})))
+            if rates and (rate := rates((arch, objective, vname, rung.name, tag))) is not None:
+                cell_base = deep_merge(cell_base, {"optim": {"learning_rate": rate}})
             data = deep_merge(
                 cell_base,
                 {
@@ -228,7 +232,9 @@ def expand(study: StudySpec, spec_dir: Path | None = None) -> list[PlannedRun]:
                 },
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
-            steps = _steps(cfg, shape, study, compute, reference_params, matching)
+            steps = matched.match_steps(
+                cfg, shape, study.budget, compute, reference_params, matching
+            )
             if steps == 0:
                 continue  # an IsoFLOP point too short for this size
             cfg = cfg.replace(train=cfg.train.replace(steps=steps))
@@ -311,18 +317,6 @@ def _learning_rate(study: StudySpec, base: dict, shape: ModelConfig) -> float:
     return lr
 
 
-def _steps(
-    cfg: ExperimentConfig,
-    shape: ModelConfig,
-    study: StudySpec,
-    compute: float | None,
-    reference_params: dict[str, int],
-    matching: str | None = None,
-) -> int:
-    mode = matching or study.matching
-    return matched.match_steps(cfg, shape, study.budget, compute, reference_params, mode)
-
-
 def plan_table(runs: list[PlannedRun]) -> str:
     """A fixed-width table of the planned runs (what --dry-run prints)."""
     head = f"{'run':<46} {'id':<12} {'d':>5} {'L':>5} {'d_ff':>6} {'N total':>10} "
@@ -370,9 +364,12 @@ def run_study(
     study = load_study(spec, overrides)
     runs = expand(study, spec.parent)
     print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
+    cap = groups.cap(study.members)
     if dry_run:
         print(plan_table(runs))
-        jobs = groups.plan(runs, groups.cap(study.members))
+        if study.lr_search:
+            print(f"lr_search first: {len(lr_search.plan(study, spec.parent, expand))} runs")
+        jobs = groups.plan(runs, cap)
         print(f"members: {groups.describe(jobs)}")
         for job in (j for j in jobs if len(j) > 1):
             names = ", ".join(r.cfg.name.split(".", 1)[-1] for r in job)
@@ -381,6 +378,11 @@ def run_study(
     out = Path(out)
     with study_lock(out):  # one process per study directory
         (out / "spec.yaml").write_text(to_yaml(study))
+        if collect:
+            lr_search.not_on_clusters(study, "--collect")
+        runs, searched = lr_search.resolve(
+            study, spec.parent, out, runs, expand, train_fn=train_fn, workers=workers, members=cap
+        )
         with Registry(out / REGISTRY_NAME) as reg:
             reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
             if collect:
@@ -391,7 +393,8 @@ def run_study(
                     out,
                     train_fn=train_fn,
                     workers=workers,
-                    members=groups.cap(study.members),
+                    members=cap,
+                    evaluate_here=searched,
                 )
                 failed = executor.run(runs)
         report.finalize(study, out)
