@@ -9,7 +9,9 @@ Two kinds of comparison, one family of verdicts:
 - Leaders at a common x (`leader`): at the largest total parameters (or training FLOPs) every
   cell spans, each seed's value is interpolated in log x between that seed's rungs, and the
   cell with the best mean is tested against every other cell, paired by seed. It is called
-  the winner only when it is ahead of every other cell after Holm's correction. The other
+  the winner only when it is ahead of every other cell after Holm's correction. Where no x
+  is spanned by every cell, the cells whose runs end lowest are left out (and named) until
+  one is. The other
   quantities are interpolated at the same x, so what is not held equal is named too.
 
 Probe accuracy is compared across all cells, validation loss only within one objective
@@ -34,6 +36,7 @@ from scalestudy.scaling.intervals import (
     holm,
     paired_difference,
 )
+from scalestudy.study import verdicts
 from scalestudy.study.recipe import recipe_differences
 
 # (what, the run keys to read, first present wins)
@@ -185,13 +188,7 @@ def _verdict(c: dict[str, Any], level: float) -> str:
             "one seed per side: this interval is over examples only, not a between-run "
             "interval (it says nothing about retraining), so no verdict"
         )
-    higher_better = c["metric"] == "acc"
-    if c["p_holm"] >= 1 - level:
-        verdict = "not distinguishable"
-    else:
-        better = (iv.mean > 0) == higher_better
-        verdict = f"{c['cell']} {'better' if better else 'worse'}"
-    return f"Holm-adjusted p = {c['p_holm']:.3g}: {verdict}"
+    return f"Holm-adjusted p = {c['p_holm']:.3g}: {verdicts.word(c, c['metric'] == 'acc', level)}"
 
 
 def lines(
@@ -273,11 +270,17 @@ def leader(
     for r in runs:
         if r.get("status") == "done" and r.get(x_key) and _metric(r, metric) is not None:
             by_cell[label(r)].append(r)
+    left_out = []
+    while len(by_cell) >= 2:
+        lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
+        x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
+        if lo <= x:
+            break
+        # No x that every cell spans: leave out the cell whose runs end lowest (named).
+        low = min(by_cell, key=lambda c: max(float(r[x_key]) for r in by_cell[c]))
+        left_out.append(low)
+        del by_cell[low]
     if len(by_cell) < 2:
-        return None
-    lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
-    x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
-    if lo > x:
         return None
     per_seed: dict[str, dict[int, float]] = {}
     for cell, rows in by_cell.items():
@@ -323,7 +326,14 @@ def leader(
                 "not_equal": differ,
             }
         )
-    return {"at": x, "leader": best, "scores": scores, "tests": tests, "higher": higher}
+    return {
+        "at": x,
+        "leader": best,
+        "scores": scores,
+        "tests": tests,
+        "higher": higher,
+        "left_out": sorted(left_out),
+    }
 
 
 def _paired(fn, a: dict[int, float], b: dict[int, float], *args):
@@ -379,6 +389,8 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
             f"is not distinguishable from {', '.join(behind)}."
         )
     out = [head]
+    if found.get("left_out"):
+        out.append(f"  - Left out (their runs end below this x): {', '.join(found['left_out'])}.")
     for t in tests:
         iv: Interval = t["interval"]
         if "p_holm" in t:

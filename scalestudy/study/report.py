@@ -15,7 +15,6 @@ report's verdicts, n shown, what is held equal and what is not; `study/compariso
 
 from __future__ import annotations
 
-import html
 import itertools
 import math
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
-from scalestudy.study import comparisons, task_laws
+from scalestudy.study import comparisons, lr_report, task_laws, verdicts
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
@@ -112,7 +111,11 @@ def compare(
     out["not_scaling"] = not_scaling(done)
     out["matched"] = comparisons.compare(done, tolerance, family=False)
     leaders = []
-    for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
+    for name, x_key in (
+        ("equal_params", n_key),
+        ("equal_compute", "flops"),
+        ("equal_inference", "inference_flops_per_token"),
+    ):
         if got := comparisons.leader(done, x_key, "acc", tolerance):
             out[name] = got
             leaders.append(got)
@@ -127,6 +130,57 @@ def compare(
     for got in leaders:
         got["verdict"] = comparisons.leader_lines(got)
     return out
+
+
+def limits(
+    study: StudySpec, cmp: dict[str, Any], runs: list[dict[str, Any]], fits: dict[str, Any]
+) -> list[str]:
+    """What the study cannot tell: the scale and budget its verdicts hold at, how many runs
+    stand behind each point, and which of its laws are flagged."""
+    done = [r for r in runs if r["status"] == "done" and r.get("params_total")]
+    if not done:
+        return []
+    n = [float(r["params_total"]) for r in done]
+    ratio = [r["tokens"] / r["params_total"] for r in done if r.get("tokens")]
+    per_point = defaultdict(int)
+    for r in done:
+        per_point[(_cell(r), r["size"], r.get("budget"))] += 1
+    out = [
+        "## What this study cannot tell",
+        "",
+        f"- Scale: {min(n):.3g} to {max(n):.3g} total parameters, "
+        f"{min(r.get('steps') or 0 for r in done)} to {max(r.get('steps') or 0 for r in done)} "
+        "steps"
+        + (f", {min(ratio):.3g} to {max(ratio):.3g} tokens per parameter" if ratio else "")
+        + ". The verdicts hold at these sizes and this budget; which cell is best can change "
+        "with scale, so read the fits below for trends, not for answers far beyond the runs.",
+        f"- Runs per point: {min(per_point.values())} to {max(per_point.values())}. "
+        '"Not distinguishable" is not "equal": a difference smaller than the run-to-run '
+        "spread needs more runs to resolve.",
+    ]
+    if cmp["not_scaling"]:
+        out.append(
+            f"- Validation loss does not fall at every step up the ladder in "
+            f"{', '.join(cmp['not_scaling'])}."
+        )
+    laws = [
+        (cell, law, fit.get("flags") or [])
+        for cell, c in (fits.get("cells") or {}).items()
+        for law, fit in (c.get("fits") or {}).items()
+        if "formula" in fit
+    ]
+    if flagged := [(c, law, f) for c, law, f in laws if f]:
+        kinds = sorted({flag.split(":")[0] for _, _, f in flagged for flag in f})
+        out.append(
+            f"- Laws: {len(flagged)} of {len(laws)} fitted laws are flagged ({', '.join(kinds)}; "
+            "the fits section says why): read their exponents as this ladder's, not as laws."
+        )
+    if not study.lr_search:
+        out.append(
+            "- Learning rates were set in the spec, not searched: a cell trained away from its "
+            "best rate is handicapped in every comparison (add `lr_search`)."
+        )
+    return [*out, ""]
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -173,14 +227,19 @@ def render_markdown(
     figures: list[str],
     notes: list[str] = (),
     loss_tokens: dict[str, float | str] | None = None,
+    learning_rates: list[str] = (),
 ) -> str:
-    """The report as Markdown: what ran, who wins at equal parameters and compute, fits.
+    """The report as Markdown: first the answer (a verdict table, the frontier figure, what
+    the study cannot tell), then how the rates were chosen, every verdict in full, the fits
+    and the runs.
 
     `loss_tokens`: cell -> mean loss-bearing tokens per example, or why it was not measured
-    (`loss_tokens.per_cell`)."""
+    (`loss_tokens.per_cell`). `learning_rates`: the learning-rate search's section."""
     cmp = compare(runs, tolerance=study.match_tolerance)
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
+    n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
+    frontier = [f for f in figures if Path(f).stem == "zero_shot_vs_compute"]
     lines = [
         f"# Study `{study.name}`",
         "",
@@ -189,6 +248,11 @@ def render_markdown(
         f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
         f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of training.",
         "",
+        *verdicts.answer(cmp, n_what),
+        *[f"![frontier: probe accuracy against training compute]({f})" for f in frontier],
+        "",
+        *limits(study, cmp, runs, fits),
+        *learning_rates,
         "## How to read the comparisons",
         "",
         "Validation losses of different objectives are **not comparable**: an MLM model "
@@ -237,10 +301,10 @@ def render_markdown(
         ]
     elif cmp["n_done"]:
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
-    n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
     for name, title, x_what in (
         ("equal_params", "Equal parameters", n_what),
         ("equal_compute", "Equal compute", "training FLOPs"),
+        ("equal_inference", "Equal inference cost", "inference FLOPs per generated token"),
     ):
         if name in cmp:
             c = cmp[name]
@@ -275,32 +339,19 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def render_html(markdown: str) -> str:
-    """A minimal self-contained HTML page for the Markdown report (tables and images)."""
-    body: list[str] = []
-    rows: list[str] = []
-    for line in [*markdown.splitlines(), ""]:
-        if line.startswith("|"):
-            if not set(line) <= set("|-: "):
-                cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-                tag = "th" if not rows else "td"
-                rows.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if rows:
-            body.append("<table>" + "".join(rows) + "</table>")
-            rows = []
-        if line.startswith("!["):
-            src = line[line.index("(") + 1 : -1]
-            body.append(f'<img src="{html.escape(src)}" style="max-width:48%">')
-        elif line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    style = "body{font-family:sans-serif;max-width:70em;margin:auto}td,th{padding:2px 8px}"
+def render_html(text: str) -> str:
+    """The Markdown report as a self-contained HTML page (tables, emphasis, code, images)."""
+    import markdown
+
+    body = markdown.markdown(text, extensions=["tables", "sane_lists"], output_format="html")
+    style = (
+        "body{font-family:sans-serif;max-width:72em;margin:auto;line-height:1.4}"
+        "table{border-collapse:collapse;margin:0.5em 0}td,th{padding:2px 8px;border:1px solid "
+        "#ccc}img{max-width:48%}code{background:#f4f4f4}"
+    )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head>"
-        f"<body>{''.join(body)}</body></html>"
+        f"<body>{body}</body></html>"
     )
 
 
@@ -320,7 +371,8 @@ def finalize(study: StudySpec, out: Path) -> Path:
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
     per_example = loss_token_report.per_cell(out / "registry.sqlite")
-    text = render_markdown(study, runs, fits, figures, notes, per_example)
+    rates = lr_report.section(out, done)
+    text = render_markdown(study, runs, fits, figures, notes, per_example, rates)
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
 
     text += report_section(done, out)

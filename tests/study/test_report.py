@@ -2,6 +2,8 @@
 
 import math
 import statistics
+from collections import defaultdict
+from html.parser import HTMLParser
 
 import pytest
 
@@ -144,6 +146,31 @@ def test_not_scaling_names_cells_whose_loss_rises_up_the_ladder():
     assert report.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
 
 
+class _Page(HTMLParser):
+    """The text, tags and images of an HTML page, as a browser would lay them out."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.tagged, self.images = [], [], []
+        self.tags: dict[str, int] = defaultdict(int)
+        self.open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] += 1
+        self.open.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop() != tag:
+            pass
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self.open:
+            self.tagged.append((self.open[-1], data))
+
+
 def test_markdown_and_html_render(tmp_path):
     from scalestudy.study.spec import StudySpec
 
@@ -153,8 +180,14 @@ def test_markdown_and_html_render(tmp_path):
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     md = report.render_markdown(study, runs, {}, ["figures/a.png"])
     assert "| causal_decoder/flm | r0 | 32 | 2 |" in md and "![a](figures/a.png)" in md
-    html = report.render_html(md)
-    assert "<table>" in html and '<img src="figures/a.png"' in html
+    md += "\n**not comparable** and `code` | a | b |\n"
+    page = _Page()
+    page.feed(report.render_html(md))
+    # What a browser shows: no Markdown syntax left in the text, tables as tables.
+    shown = "".join(page.text)
+    assert "**" not in shown and "`" not in shown and "| causal_decoder" not in shown
+    assert "not comparable" in shown and ("strong", "not comparable") in page.tagged
+    assert page.tags["table"] >= 1 and page.tags["td"] >= 12 and page.images == ["figures/a.png"]
 
 
 def test_truncation_is_reported_as_the_worst_runs_share():
@@ -169,3 +202,57 @@ def test_runs_of_one_seed_at_one_size_are_averaged_not_picked():
     runs = _two_cells([1.0], [1.5]) + _two_cells([1.2], [1.5])
     scores = report.compare(runs)["equal_params_loss"]["plm"]["scores"]
     assert scores["causal_decoder/plm"].mean == pytest.approx(1.1)
+
+
+def _ladder(cells: dict[str, float], seeds=3, sizes=(1e5, 1e6), own=(0.0, 0.0, 0.0)):
+    """Runs of `cells` ({"arch/objective": loss offset}) at two sizes, `seeds` seeds each;
+    each seed's noise is shared by the cells (paired), the offsets are the true gaps, and
+    `own[s]` is run noise of seed s in every cell but the first (alternating in sign)."""
+    runs = []
+    for cell, offset in cells.items():
+        arch, obj = cell.split("/")
+        for i, n in enumerate(sizes):
+            for s in range(seeds):
+                loss = 2.0 - 0.2 * i + offset + 0.01 * ((s * 7) % 3 - 1) + 0.001 * s * i
+                loss += own[s] * (-1) ** i if cell != next(iter(cells)) else 0.0
+                runs.append(_run(arch, obj, i, n, n * 1e5, 0.5 - offset, loss, seed=s))
+    return runs
+
+
+def test_the_report_opens_with_the_answer_and_it_follows_the_paired_tests():
+    from scalestudy.study.spec import StudySpec
+
+    study = StudySpec(name="t", ladder={"preset": "smoke"})
+    clear = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2, "encoder_decoder/plm": 0.3}
+    md = report.render_markdown(study, _ladder(clear), {}, ["figures/zero_shot_vs_compute.png"])
+    head = md[: md.index("## How to read")]
+    assert head.index("## The answer") < head.index("![frontier") < head.index("cannot tell")
+    rows = [line for line in head.splitlines() if line.startswith("| equal ")]
+    # equal parameters and equal compute, probe accuracy and PLM loss: four questions.
+    assert len(rows) == 4
+    assert all("| causal_decoder/plm | **ahead of all 2** |" in row for row in rows)
+    assert all(row.endswith("| 3 |") for row in rows)  # n: runs (seeds), not examples
+    # One seed: the same table names no winner.
+    one = report.render_markdown(study, _ladder(clear, seeds=1), {}, [])
+    assert "no verdict: one seed" in one and "**ahead" not in one
+    # Cells within noise of each other: not distinguishable, whatever the mean order.
+    close = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.001}
+    text = report.render_markdown(study, _ladder(close, own=(0.03, -0.03, 0.01)), {}, [])
+    assert "not distinguishable from noncausal_decoder/plm" in text and "**ahead" not in text
+    # Ahead of some, not of all: both are named.
+    mixed = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.001, "encoder_decoder/plm": 0.3}
+    text = report.render_markdown(study, _ladder(mixed, own=(0.03, -0.03, 0.01)), {}, [])
+    assert (
+        "| ahead of encoder_decoder/plm; not distinguishable from noncausal_decoder/plm |" in text
+    )
+
+
+def test_a_cell_whose_runs_end_below_the_others_is_left_out_and_named():
+    from scalestudy.study.spec import StudySpec
+
+    runs = _ladder({"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2})
+    runs += _ladder({"causal_decoder/mlm": 0.1}, sizes=(1e3, 1e4))  # ends below 1e5
+    assert report.compare(runs)["equal_params"]["left_out"] == ["causal_decoder/mlm"]
+    md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
+    assert "(left out: causal_decoder/mlm)" in md
+    assert "Left out (their runs end below this x): causal_decoder/mlm." in md
