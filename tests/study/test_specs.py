@@ -27,16 +27,24 @@ def _expand(name, overrides=()):
     return study, sweep.expand(study, path.parent)
 
 
-def test_smoke_fit_laws_have_three_sizes_per_parameter():
+def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
+    """The main job's FLM and PLM laws: three runs per fitted parameter (the `points` flag),
+    two or more seeds at every size (`seed`), and tokens per parameter within the `training`
+    flag's ratio across the ladder."""
     forms = pytest.importorskip("scalestudy.scaling.forms")
     laws = pytest.importorskip("scalestudy.scaling.laws")
+    flags = pytest.importorskip("scalestudy.scaling.flags")
     study, runs = _expand("smoke.yaml")
     need = laws.FitSettings().min_points_per_param
     for cell in FLM_PLM:
-        n = {r.params[study.fit.n_kind] for r in runs if (r.arch, r.objective) == cell}
+        mine = [r for r in runs if (r.arch, r.objective) == cell]
         for law in study.fit.laws:
             n_params = len(forms.get_form(law).params)
-            assert len(n) >= need * n_params, (cell, law, len(n), n_params)
+            assert len(mine) >= need * n_params, (cell, law, len(mine), n_params)
+        sizes = {r.size for r in mine}
+        assert len(sizes) >= 3 and all(sum(r.size == s for r in mine) >= 2 for s in sizes)
+        ratio = [r.cfg.train.steps / r.params[study.fit.n_kind] for r in mine]
+        assert max(ratio) / min(ratio) <= flags.MAX_TOKENS_PER_PARAM_RATIO, cell
 
 
 def test_smoke_probes_mostly_fit_the_scoring_length():
@@ -120,3 +128,30 @@ def test_realtext_spec_runs_at_tiny_scale(tmp_path):
             assert r[f"eval/{task}/n"] == 3, task
         assert math.isfinite(r["eval/text/bpb"]) and r["eval/text/bpb"] > 0
     assert (out / "report.md").is_file()
+
+
+def test_the_main_job_has_one_recipe_and_searches_every_cells_rate():
+    study, runs = _expand("smoke.yaml")
+    assert not study.cell_base and study.lr_search is not None and len(study.seeds) >= 3
+    same = {
+        (
+            r.cfg.train.batch_size,
+            r.cfg.objective.inputs_length,
+            r.cfg.objective.targets_length,
+            r.cfg.model.qk_norm,
+            r.cfg.model.dropout,
+            r.cfg.optim.model_copy(update={"learning_rate": 0.0}).model_dump_json(),
+        )
+        for r in runs
+    }
+    assert len(same) == 1, same
+    # Equal data: every cell reads the causal decoder's document tokens at each size.
+    from scalestudy.data.pipeline import document_tokens_per_row
+
+    for size in {r.size for r in runs}:
+        docs = {
+            r.cfg.train.steps * r.cfg.train.batch_size * document_tokens_per_row(r.cfg)
+            for r in runs
+            if r.size == size
+        }
+        assert max(docs) / min(docs) <= 1.1, (size, docs)
