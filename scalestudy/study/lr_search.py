@@ -45,11 +45,13 @@ def point(run: Any) -> Point:
     return (run.arch, run.objective, run.variant, run.size, run.budget)
 
 
-def plan(study: StudySpec, spec_dir: Path | None, expand: Expand) -> list:
+def plan(
+    study: StudySpec, spec_dir: Path | None, expand: Expand, order: dict[str, int] | None = None
+) -> list:
     """The search's runs: the study's first seed at each searched size, once per rate.
-    `expand`: `sweep.expand`."""
+    `expand`: `sweep.expand`; `order`: `sizes_of`'s answer where the caller has it."""
     search = study.lr_search
-    sizes = list(sizes_of(study, spec_dir, expand))
+    sizes = list(order or sizes_of(study, spec_dir, expand))
     unknown = [s for s in map(str, search.sizes) if s not in sizes]
     if unknown:
         raise ConfigError(f"lr_search.sizes: {unknown} are not sizes of the study ({sizes})")
@@ -126,7 +128,8 @@ def rate_for(chosen: dict[Point, dict[str, Any]], order: dict[str, int]):
 def run(study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **executor: Any):
     """Train the search (what is missing), write choice.json and return the rate function the
     study's runs are expanded with. `executor`: LocalExecutor's train_fn, workers, members."""
-    search_runs = plan(study, spec_dir, expand)
+    order = sizes_of(study, spec_dir, expand)
+    search_runs = plan(study, spec_dir, expand, order)
     where = Path(out) / "lr_search"
     with Registry(where / "registry.sqlite") as reg:
         reg.add_runs(r.row(study.name, where / "runs" / r.dirname) for r in search_runs)
@@ -148,7 +151,7 @@ def run(study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **ex
     chosen = choose(search_runs, losses, rates)
     records = [{"point": list(p), **got} for p, got in chosen.items()]
     (where / CHOICE).write_text(json.dumps(records, indent=1))
-    return rate_for(chosen, sizes_of(study, spec_dir, expand)), search_runs
+    return rate_for(chosen, order), search_runs
 
 
 def adopt(search_runs: list, runs: list, out: Path) -> int:
