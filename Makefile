@@ -15,7 +15,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,tpu]'
+	$(BIN)/python -m pip install -q -e '.[seqio,test,tpu]'
 	touch $(STAMP)
 
 install: $(STAMP)

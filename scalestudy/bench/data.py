@@ -8,6 +8,7 @@ from typing import Any
 
 from scalestudy.bench.cells import cells
 from scalestudy.config import ExperimentConfig
+from scalestudy.data import require_seqio
 from scalestudy.data.pipeline import make_iterator
 
 
@@ -49,6 +50,7 @@ def bench_seqio(cfg: ExperimentConfig | None, steps: int) -> dict:
 
     Without a config: the synthetic corpus, batch 64 and the default lengths.
     """
+    require_seqio("bench data's seqio path")
     from scalestudy.data.seqio_pipeline import SeqioBatchIterator
     from scalestudy.data.seqio_tasks import PREFIX
 
@@ -81,6 +83,7 @@ def bench_resume(cfg: ExperimentConfig, steps: int) -> dict:
     loaded) against a fresh start and against skipping the consumed batches (how resuming
     worked before), and the examples each way preprocesses again (`seqio_tasks.PREPROCESSED`).
     """
+    require_seqio("bench data with data.source='seqio'")
     from scalestudy.data.seqio_pipeline import SeqioBatchIterator
     from scalestudy.data.seqio_tasks import PREPROCESSED
 

@@ -1,7 +1,25 @@
 """Data room: sources, vocabularies, objectives and the packed, resumable batch pipeline."""
 
+import importlib.util
+
 from scalestudy.errors import ScalestudyError
+
+# seqio, TensorFlow and TFDS are an extra: the byte and SentencePiece vocabularies and the
+# built-in and text-file corpora need none of them (a CUDA host can train without them).
+SEQIO_MODULES = ("seqio", "tensorflow", "tensorflow_datasets")
+SEQIO_EXTRA = "pip install 'scalestudy[seqio]'"
 
 
 class DataError(ScalestudyError):
     """Data cannot be read or prepared as configured; the message says what to do."""
+
+
+def require_seqio(what: str) -> None:
+    """Raise DataError naming `what` when seqio, TensorFlow or TFDS is not installed."""
+    missing = [m for m in SEQIO_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DataError(
+            f"{what} needs {', '.join(missing)}, which this environment does not have; "
+            f"install them with `{SEQIO_EXTRA}`, or train from data.source 'synthetic', "
+            "'order' or 'text' (byte or SentencePiece vocabulary), which need none of them"
+        )

@@ -54,6 +54,9 @@ def make_iterator(
     if cfg.data.source == "seqio":
         # seqio Tasks/Mixtures (data/seqio_pipeline.py); imported only here, so the default
         # NumPy path neither builds tf.data graphs nor registers Tasks.
+        from scalestudy.data import require_seqio
+
+        require_seqio("data.source='seqio'")
         from scalestudy.data.seqio_pipeline import SeqioBatchIterator
 
         return SeqioBatchIterator(

@@ -31,7 +31,7 @@ import jinja2
 from pydantic import Field, model_validator
 
 from scalestudy.config import SyntheticConfig
-from scalestudy.data import DataError
+from scalestudy.data import DataError, require_seqio
 from scalestudy.data.prompt_templates import compile_expression, read_templates, render
 from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
@@ -236,6 +236,7 @@ def _read_rows(mixture: PromptedMixture, task: PromptedTask) -> list[tuple[dict,
             )
         return [(row, f"{task.synthetic}[{i}]") for i, row in enumerate(probes[task.synthetic])]
     if task.tfds_name is not None:
+        require_seqio(f"prompted task {task.name!r} (tfds_name {task.tfds_name!r})")
         import tensorflow_datasets as tfds
 
         try:

@@ -177,7 +177,7 @@ def trim_inputs_left(
 
 def output_features(data_cfg: DataConfig) -> dict[str, seqio.Feature]:
     """inputs/targets in our vocabulary; EOS is placed by the preprocessors, not by seqio."""
-    vocabulary = vocab.get_vocabulary(data_cfg)
+    vocabulary = vocab.seqio_vocabulary(data_cfg)
     return {
         "inputs": seqio.Feature(vocabulary, add_eos=False, required=False),
         "targets": seqio.Feature(vocabulary, add_eos=False),

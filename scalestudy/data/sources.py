@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from scalestudy.config import DataConfig
-from scalestudy.data import DataError, order_task, synthetic
+from scalestudy.data import DataError, order_task, require_seqio, synthetic
 from scalestudy.data.objectives import uniforms
 
 SPLITS = ("train", "validation")
@@ -184,6 +184,7 @@ def _tfds_documents(cfg: DataConfig, split: str) -> list[str]:
             f"{base} --data_dir {data_dir}`), copy the directory here if needed, and set "
             "data.tfds_data_dir; or use data.source='text' or the built-in 'synthetic' corpus"
         )
+    require_seqio(f"data.source='tfds' ({name})")
     import seqio
 
     tfds_split = cfg.train_split if split == "train" else cfg.validation_split

@@ -1,15 +1,20 @@
-"""Vocabularies: seqio's ByteVocabulary (default) and SentencePiece models by path.
+"""Vocabularies: bytes (default) and SentencePiece models by path, without TensorFlow.
 
 Both reserve 0 = padding, 1 = EOS, 2 = UNK and put `extra_ids` sentinels at the top of the
-id range, counting down (`sentinel_id(vocab, 0) == vocab.vocab_size - 1`), as T5 does.
+id range, counting down (`sentinel_id(vocab, 0) == vocab.vocab_size - 1`), as T5 does. The
+ids are seqio's (`seqio.ByteVocabulary`, `seqio.SentencePieceVocabulary`; tested equal), but
+the classes here import neither seqio nor TensorFlow, so training, evaluation and benchmarks
+on these vocabularies run on a host without them (a CUDA host, say). `seqio_vocabulary`
+gives seqio's own object, for seqio tasks, which need TensorFlow anyway.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,15 +24,85 @@ from scalestudy.data import DataError
 if TYPE_CHECKING:
     import seqio
 
-_BYTE_OFFSET = 3  # ByteVocabulary ids are UTF-8 byte values + 3 (pad, eos, unk come first)
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+_BYTE_OFFSET = 3  # byte ids are UTF-8 byte values + 3 (pad, eos, unk come first)
 
 
-def get_vocabulary(data_cfg: DataConfig) -> seqio.Vocabulary:
-    """The configured seqio vocabulary with `data_cfg.extra_ids` sentinels."""
-    import seqio
+class _Vocabulary:
+    """What the package uses of a vocabulary: ids of text and text of ids (seqio's rules)."""
 
-    if data_cfg.vocab == "byte":
-        return seqio.ByteVocabulary(extra_ids=data_cfg.extra_ids)
+    pad_id, eos_id, unk_id = PAD_ID, EOS_ID, UNK_ID
+    bos_id = None
+    vocab_size: int  # every id, sentinels included
+    extra_ids: int
+    _decodable: int  # ids at or above decode as UNK
+
+    def encode(self, s: str) -> list[int]:
+        raise NotImplementedError
+
+    def _decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text up to the first EOS; ids past the decodable range read as UNK (as seqio)."""
+        clean = [self.unk_id if int(i) >= self._decodable else int(i) for i in ids]
+        if self.eos_id in clean:
+            clean = clean[: clean.index(self.eos_id) + 1]
+        return self._decode(clean)
+
+
+class ByteVocabulary(_Vocabulary):
+    """UTF-8 bytes as ids 3..258 (ByT5's vocabulary); `extra_ids` sentinels above them, which
+    decode to nothing."""
+
+    def __init__(self, extra_ids: int = 0):
+        self.extra_ids = int(extra_ids)
+        self._decodable = 256 + _BYTE_OFFSET
+        self.vocab_size = self._decodable + self.extra_ids
+
+    def encode(self, s: str | bytes) -> list[int]:
+        data = s if isinstance(s, bytes) else s.encode("utf-8")
+        return [b + _BYTE_OFFSET for b in data]
+
+    def _decode(self, ids: list[int]) -> str:
+        data = bytes(i - _BYTE_OFFSET for i in ids if _BYTE_OFFSET <= i < self._decodable)
+        return data.decode("utf-8", errors="ignore")
+
+
+class SentencePieceVocabulary(_Vocabulary):
+    """A SentencePiece model (ids 0/1/2 = pad/eos/unk) with `extra_ids` sentinels appended as
+    user-defined pieces "<extra_id_i>", i counting down, so text and sentinels encode and
+    decode as in seqio (the model proto is edited in memory; the file is only read)."""
+
+    def __init__(self, path: str | Path, extra_ids: int = 0):
+        import sentencepiece as spm
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        self.path, self.extra_ids = str(path), int(extra_ids)
+        proto = pb.ModelProto.FromString(Path(path).read_bytes())
+        for i in range(self.extra_ids - 1, -1, -1):  # <extra_id_0> ends up at the top
+            proto.pieces.add(
+                piece=f"\u2581<extra_id_{i}>",
+                score=0.0,
+                type=pb.ModelProto.SentencePiece.USER_DEFINED,
+            )
+        self.tokenizer = spm.SentencePieceProcessor()
+        self.tokenizer.LoadFromSerializedProto(proto.SerializeToString())
+        self.vocab_size = self._decodable = int(self.tokenizer.GetPieceSize())
+        self.eos_id, self.unk_id = int(self.tokenizer.eos_id()), int(self.tokenizer.unk_id())
+        self.pad_id = int(self.tokenizer.pad_id())
+
+    def encode(self, s: str) -> list[int]:
+        return list(self.tokenizer.EncodeAsIds(s))
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.DecodeIds(ids)
+
+
+Vocabulary = ByteVocabulary | SentencePieceVocabulary
+
+
+def _spm_path(data_cfg: DataConfig) -> Path:
     path = Path(str(data_cfg.spm_path))
     if not path.is_file():
         raise DataError(
@@ -35,12 +110,19 @@ def get_vocabulary(data_cfg: DataConfig) -> seqio.Vocabulary:
             "`scalestudy vocab train FILES --out PATH.model` or give an existing .model file "
             "(e.g. the T5 vocabulary's spiece.model)"
         )
-    vocab = seqio.SentencePieceVocabulary(str(path), extra_ids=data_cfg.extra_ids)
+    return path
+
+
+def get_vocabulary(data_cfg: DataConfig) -> Vocabulary:
+    """The configured vocabulary with `data_cfg.extra_ids` sentinels (no TensorFlow)."""
+    if data_cfg.vocab == "byte":
+        return ByteVocabulary(extra_ids=data_cfg.extra_ids)
+    path = _spm_path(data_cfg)
     try:
-        vocab.load_model()
+        vocab = SentencePieceVocabulary(path, extra_ids=data_cfg.extra_ids)
     except Exception as e:  # sentencepiece raises bare RuntimeError/OSError on bad files
         raise DataError(f"data.spm_path={str(path)!r} is not a SentencePiece model: {e}") from None
-    if vocab.eos_id != 1 or vocab.pad_id != 0:
+    if vocab.eos_id != EOS_ID or vocab.pad_id != PAD_ID:
         raise DataError(
             f"data.spm_path={str(path)!r}: the model must reserve id 0 for padding and 1 for "
             f"EOS (got eos_id={vocab.eos_id}); train it with `scalestudy vocab train`"
@@ -48,7 +130,17 @@ def get_vocabulary(data_cfg: DataConfig) -> seqio.Vocabulary:
     return vocab
 
 
-def check_fits(vocab: seqio.Vocabulary, model_vocab_size: int) -> None:
+def seqio_vocabulary(data_cfg: DataConfig) -> seqio.Vocabulary:
+    """seqio's own vocabulary with the same ids, for seqio tasks (imports TensorFlow)."""
+    import seqio
+
+    get_vocabulary(data_cfg)  # the same checks, with the same messages
+    if data_cfg.vocab == "byte":
+        return seqio.ByteVocabulary(extra_ids=data_cfg.extra_ids)
+    return seqio.SentencePieceVocabulary(str(_spm_path(data_cfg)), extra_ids=data_cfg.extra_ids)
+
+
+def check_fits(vocab: Vocabulary | Any, model_vocab_size: int) -> None:
     """Raise DataError when the vocabulary's ids (sentinels included) exceed the model's
     embedding rows: out-of-range ids would silently read garbage and the loss diverge."""
     if vocab.vocab_size > model_vocab_size:
@@ -60,18 +152,14 @@ def check_fits(vocab: seqio.Vocabulary, model_vocab_size: int) -> None:
         )
 
 
-def sentinel_id(vocab: seqio.Vocabulary, i: int) -> int:
+def sentinel_id(vocab: Vocabulary | Any, i: int) -> int:
     """The id of sentinel `i` (<extra_id_i>): the top of the vocabulary, counting down."""
     return vocab.vocab_size - 1 - i
 
 
-def encode_documents(
-    vocab: seqio.Vocabulary, documents: list[str]
-) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(vocab: Vocabulary, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Tokenise documents into one flat int32 array plus `offsets` (len(documents) + 1)."""
-    import seqio
-
-    if isinstance(vocab, seqio.ByteVocabulary):
+    if isinstance(vocab, ByteVocabulary):
         # One UTF-8 encode of the whole corpus instead of a Python list per document.
         sep = "\x00"
         if any(sep in d for d in documents):

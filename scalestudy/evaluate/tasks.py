@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalestudy.config import SyntheticConfig
+from scalestudy.data import require_seqio
 from scalestudy.data.synthetic import probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.eval_config import EvalConfig, TaskConfig
@@ -192,6 +193,7 @@ def _tfds(tfds_name: str, tfds_data_dir: str | None) -> Task:
         )
     name = TFDS_NAMES[base]
     split = REGISTRY[name].tfds[1]
+    require_seqio(f"the TFDS task {tfds_name!r}")
     import tensorflow_datasets as tfds
 
     try:  # try_gcs=False and no download: a missing dataset is an error, never a network wait

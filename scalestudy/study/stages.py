@@ -205,6 +205,9 @@ def prepare_finetune(
 
     Returns (config, stage record). Registers the mixture's seqio Tasks in this process.
     """
+    from scalestudy.data import require_seqio
+
+    require_seqio("finetune (its prompted mixture is a seqio Mixture)")
     from scalestudy.data import prompted, prompted_seqio
 
     stage_over, run_over = split_overrides(overrides, set(FinetuneConfig.model_fields))

@@ -40,14 +40,22 @@ def test_text_split_modes_and_held_out_fraction(tmp_path):
         sources.documents(single, "validation")
 
 
-def test_byte_encoding_matches_seqio():
+def test_byte_vocabulary_equals_seqios():
+    seqio = pytest.importorskip("seqio")
     vocab = get_vocabulary(DataConfig())
-    docs = ["héllo", "", "wörld\x00!"]
+    theirs = seqio.ByteVocabulary(extra_ids=DataConfig().extra_ids)
+    docs = ["héllo", "", "wörld\x00!", "日本語 \t\n", "\u00ff\u0100"]
     ids, offsets = encode_documents(vocab, docs)
     for k, d in enumerate(docs):
+        assert list(vocab.encode(d)) == list(theirs.encode(d))
         got = ids[offsets[k] : offsets[k + 1]].tolist()
-        assert got == list(vocab.encode(d.replace("\x00", "")))
+        assert got == list(theirs.encode(d.replace("\x00", "")))
+    assert vocab.vocab_size == theirs.vocab_size
     assert sentinel_id(vocab, 0) == vocab.vocab_size - 1 == 358
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # every id, EOS and sentinels included, decodes as seqio's does
+        row = rng.integers(0, vocab.vocab_size, size=int(rng.integers(0, 12))).tolist()
+        assert vocab.decode(row) == theirs.decode(row)
 
 
 CORPORA = {
@@ -107,6 +115,15 @@ def test_sentencepiece_train_cache_and_span_corruption(tmp_path):
     assert tgt[0] == sentinel_id(vocab, 0) == 219
     sentinels = tgt[tgt >= 200]
     assert np.array_equal(sentinels, 219 - np.arange(sentinels.size))
+    seqio = pytest.importorskip("seqio")
+    theirs = seqio.SentencePieceVocabulary(str(model), extra_ids=20)
+    assert vocab.vocab_size == theirs.vocab_size
+    for doc in ["Once upon a time", "", "a dog ran. ünïcode 42", "x <extra_id_3> y"]:
+        assert list(vocab.encode(doc)) == list(theirs.encode(doc))
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # sentinels decode as UNK there and here
+        row = rng.integers(0, vocab.vocab_size, size=int(rng.integers(0, 12))).tolist()
+        assert vocab.decode(row) == theirs.decode(row)
     with pytest.raises(DataError, match="not found"):
         get_vocabulary(cfg.data.replace(spm_path=str(tmp_path / "none.model")))
     with pytest.raises(DataError, match="not found"):
