@@ -153,7 +153,7 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """Benchmarks and the vocabulary trainer: bench, vocab."""
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")
-    p.add_argument("what", choices=["data", "train", "eval", "peer"])
+    p.add_argument("what", choices=["data", "train", "eval", "peer", "gpu"])
     _add_config_args(p, required=False)
     p.add_argument("--steps", type=cli_args.positive_int, default=20)
     p.add_argument("--preset", default=None, help="train: size preset instead of --config (small)")
@@ -170,6 +170,11 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
         "--peer", default="auto", help="peer: auto (nanodo if importable), minimal, nanodo"
     )
     p.add_argument("--profile", default=None, help="peer: also trace both steps into this folder")
+    p.add_argument("--out", default=None, help="gpu: append each row to this JSON-lines file")
+    p.add_argument(
+        "--budget", type=float, default=420.0, help="gpu: start no row after this many seconds"
+    )
+    p.add_argument("--only", default=None, help="gpu: only rows whose name contains this")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=commands.cmd_bench)
 

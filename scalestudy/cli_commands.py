@@ -285,6 +285,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "shape, --preset a built-in one; give one"
         )
     args.preset = args.preset or "small"
+    if args.what == "gpu":
+        import jax
+
+        from scalestudy.bench.gpu import bench as bench_gpu
+
+        if jax.default_backend() != "gpu":
+            raise ScalestudyError(
+                "bench gpu times the GPU table and this host's JAX backend is "
+                f"{jax.default_backend()!r}; run it on a CUDA host (`pip install -e '.[gpu]'`)"
+            )
+        bench_gpu(Path(args.out) if args.out else None, args.budget, args.only)
+        return 0
     if args.what == "train":
         return _bench_train(args)
     if args.what == "peer":

@@ -184,7 +184,7 @@ def _nanodo(cfg: ExperimentConfig, key: jax.Array, length: int) -> tuple[Any, An
     m = cfg.model
     docfg = nanodo_model.DoConfig(
         D=m.d_model, H=m.n_heads, L=length, N=m.n_layers, V=m.vocab_size, F=m.d_ff,
-        fsdp_enabled=False,
+        fsdp_enabled=False, dtype=jnp.dtype(m.dtype),
     )  # fmt: skip
     net = nanodo_model.TransformerDo(docfg)
     params = net.init(key, jnp.zeros((1, length), jnp.int32))

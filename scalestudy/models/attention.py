@@ -4,7 +4,14 @@ Shape letters as in `layers.py`. One entry point, `attend`, with the backend cho
 `model.attention_impl`:
 
 - "xla": the reference einsum path (float32 [B, H, L, S] logits, bias added, masked, softmax).
-  Accepts every mask and bias, attention dropout and returning the probabilities.
+  Accepts every mask and bias, attention dropout and returning the probabilities. Causal
+  self-attention (no prefix) longer than one block runs block by block: query block i
+  attends to keys [0, (i + 1) * block) only, the same result as the full product (the keys
+  skipped are masked there, weight exactly 0) from (n + 1) / 2n of its logits for n blocks.
+  `model.attention_logits: compute` (the default) keeps the logits in the compute dtype until
+  the softmax (as T5X's and MaxText's default `float32_logits=False` and nanodo do), halving
+  their memory traffic at bfloat16's 8-bit mantissa; "float32" accumulates and keeps them in
+  float32, as cuDNN does.
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN flash attention on
   NVIDIA GPUs (bfloat16/float16). Causal structure uses cuDNN's causal mask; segments, the
   prefix and mixed heads go in as a boolean mask (which JAX turns into an additive bias); the
@@ -35,6 +42,7 @@ from scalestudy.models.masks import MaskSpec, segments
 
 NEG_INF = -1e10  # finite, so a fully masked (padding) row gives a uniform softmax, not NaN
 IMPLS = ("auto", "xla", "cudnn", "splash")
+_CAUSAL_BLOCK = [256]  # query rows per block of the reference's causal path (0: no blocks)
 _PLATFORM_OF = {"cudnn": "gpu", "splash": "tpu"}
 _EMULATE = [False]
 
@@ -51,6 +59,17 @@ def emulate(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _EMULATE[0] = before
+
+
+@contextlib.contextmanager
+def causal_block(rows: int) -> Iterator[None]:
+    """Query rows per block on the reference's causal path inside the block (0: one full
+    product), for benchmarks and tests; the result does not depend on it."""
+    before, _CAUSAL_BLOCK[0] = _CAUSAL_BLOCK[0], rows
+    try:
+        yield
+    finally:
+        _CAUSAL_BLOCK[0] = before
 
 
 def platform() -> str:
@@ -85,10 +104,14 @@ def reference(
     rng: jax.Array | None = None,
     deterministic: bool = True,
     return_probs: bool = False,
+    logits: str = "compute",
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The reference path; with `return_probs`, also the float32 probabilities [B, H, L, S]
-    after masking and softmax (before dropout). No 1/sqrt(K) scaling (T5)."""
-    logits_BHLS = jnp.einsum("BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=jnp.float32)
+    after masking and softmax (before dropout). No 1/sqrt(K) scaling (T5). `logits`
+    "compute" rounds the logits to the compute dtype before the float32 softmax."""
+    wide = jnp.float32 if logits == "float32" else None
+    logits_BHLS = jnp.einsum("BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=wide)
+    logits_BHLS = logits_BHLS.astype(jnp.float32)
     if bias_HLS is not None:  # [H, L, S] (shared by the batch) or [B, H, L, S]
         logits_BHLS = logits_BHLS + bias_HLS
     logits_BHLS = jnp.where(_dense(mask), logits_BHLS, NEG_INF)
@@ -96,6 +119,45 @@ def reference(
     probs_BHLS = dropout(probs_f32_BHLS.astype(q_BLHK.dtype), dropout_rate, rng, deterministic)
     out_BLHK = jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
     return (out_BLHK, probs_f32_BHLS) if return_probs else out_BLHK
+
+
+def blocks(q_BLHK: jax.Array, k_BSHK: jax.Array, mask: MaskSpec | jax.Array) -> int:
+    """How many query blocks the reference's causal path splits this call into (0: none):
+    causal self-attention without a prefix, over at least two whole blocks."""
+    rows = _CAUSAL_BLOCK[0]
+    q_len, k_len = q_BLHK.shape[1], k_BSHK.shape[1]
+    plain = isinstance(mask, MaskSpec) and mask.causal and not mask.bidirectional
+    if not (plain and rows and q_len == k_len and q_len % rows == 0 and q_len >= 2 * rows):
+        return 0
+    return q_len // rows
+
+
+def causal_blocks(
+    q_BLHK: jax.Array,
+    k_BSHK: jax.Array,
+    v_BSHK: jax.Array,
+    mask: MaskSpec,
+    bias_HLS: jax.Array | None,
+    n: int,
+    logits: str = "compute",
+) -> jax.Array:
+    """The reference for causal self-attention, one query block at a time over the keys at
+    or below its diagonal block."""
+    rows = q_BLHK.shape[1] // n
+    outs = []
+    for i in range(n):
+        lo, hi = i * rows, (i + 1) * rows
+        visible_QK = jnp.arange(hi)[None, :] <= lo + jnp.arange(rows)[:, None]
+        mask_BHQK = visible_QK[None, None] & segments(
+            mask.q_segment_BQ[:, lo:hi], mask.k_segment_BK[:, :hi]
+        )
+        bias = None if bias_HLS is None else bias_HLS[..., lo:hi, :hi]
+        outs.append(
+            reference(
+                q_BLHK[:, lo:hi], k_BSHK[:, :hi], v_BSHK[:, :hi], mask_BHQK, bias, logits=logits
+            )
+        )
+    return jnp.concatenate(outs, axis=1)
 
 
 def cudnn(
@@ -242,15 +304,19 @@ def attend(
     bias_HLS: jax.Array | None = None,
     *,
     impl: str = "auto",
+    logits: str = "compute",
 ) -> jax.Array:
     """Attention output [B, L, H, K] (compute dtype), no logit scaling (T5 folds 1/sqrt(K)
     into the query). `mask` is a `MaskSpec` or a dense boolean [B, H or 1, L, S] (True =
     visible); `bias_HLS` an additive float bias [H, L, S] shared by the batch (or
     [B, H, L, S]). For dropout on the probabilities or the probabilities themselves, use
-    `reference`."""
+    `reference`. `logits` applies to the reference ("xla") path (see the module doc)."""
     backend = choose(impl, q_BLHK, k_BSHK, mask, bias_HLS)
     if backend == "cudnn":
         return cudnn(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS)
     if backend == "splash":
         return splash(q_BLHK, k_BSHK, v_BSHK, mask)
-    return reference(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS)
+    n = blocks(q_BLHK, k_BSHK, mask)
+    if n:
+        return causal_blocks(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, n, logits)
+    return reference(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, logits=logits)

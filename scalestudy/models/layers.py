@@ -246,6 +246,7 @@ class Attention(nnx.Module):
         self.rope = cfg.position == "rope"
         self.dropout = cfg.dropout
         self.impl = cfg.attention_impl
+        self.logits = cfg.attention_logits
 
     def project_kv(self, kv_BSD: jax.Array) -> KV:
         """Keys and values of `kv_BSD` (no RoPE), as fixed cache entries (cross-attention)."""
@@ -292,7 +293,7 @@ class Attention(nnx.Module):
         if record or (self.dropout > 0 and not deterministic):
             out_BLHK = attention.reference(
                 q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, dropout_rate=self.dropout, rng=rng,
-                deterministic=deterministic, return_probs=record,
+                deterministic=deterministic, return_probs=record, logits=self.logits,
             )  # fmt: skip
             if record:
                 out_BLHK, probs_BHLS = out_BLHK
@@ -301,7 +302,9 @@ class Attention(nnx.Module):
             # A forced fused backend may not take a decoding step (one query, an odd number
             # of slots, a dense mask): when cached, "auto" uses it where it can.
             impl = self.impl if cache is None or self.impl == "xla" else "auto"
-            out_BLHK = attention.attend(q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, impl=impl)
+            out_BLHK = attention.attend(
+                q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, impl=impl, logits=self.logits
+            )
         out_BLHK = checkpoint_name(out_BLHK, ATTENTION_OUT)
         out_BLD = jnp.einsum("BLHK,HKD->BLD", out_BLHK, self.o[...].astype(dt))
         return out_BLD, cache

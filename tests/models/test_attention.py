@@ -183,6 +183,51 @@ def test_core_mask_forms_agree():
     np.testing.assert_array_equal(attention.attend(q, k, v, spec, bias, impl="xla"), expected)
 
 
+@pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
+def test_causal_blocks_equal_the_full_product(arch):
+    """The reference's causal path in query blocks (4 rows here, so 4 blocks of 16) against
+    one full product: logits at real positions and every gradient (packed segments, padding,
+    the relative bias sliced per block)."""
+    cfg, length, src = tiny(arch, attention_impl="xla"), 16, 12
+    params, logits, grads = _reference(cfg, length, src)
+    batch = packed_batch(length, src)
+    with attention.causal_block(4):
+        got_logits, got_grads = _run(cfg, params, batch)
+    real = batch["decoder_segment_ids"] > 0  # a padding query sees fewer keys per block
+    np.testing.assert_allclose(got_logits[real], logits[real], atol=ATOL)
+    for g, got in zip(jax.tree.leaves(grads), jax.tree.leaves(got_grads)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(g), atol=ATOL)
+
+
+def test_causal_blocks_apply_only_to_plain_causal_self_attention():
+    q = jnp.zeros((2, 16, 4, 8))
+    seg = jnp.asarray(_segments(16, 7, 3)[0])
+    prefix = jnp.asarray((np.arange(16) < 5)[None].repeat(2, 0).astype(np.int32))
+    causal, plm = masks.decoder_self_spec(seg), masks.decoder_self_spec(seg, prefix)
+    with attention.causal_block(4):
+        assert attention.blocks(q, q, causal) == 4
+        assert attention.blocks(q, q, plm) == 0  # the prefix reaches above the diagonal
+        assert attention.blocks(q, q, causal.dense()) == 0  # no structure to read
+        assert attention.blocks(q, q[:, :12], causal) == 0  # cached keys: not square
+    with attention.causal_block(32):
+        assert attention.blocks(q, q, causal) == 0  # fewer than two blocks
+
+
+def test_compute_dtype_logits_round_only_the_logits():
+    """logits="compute": the same in float32; in bfloat16 the logits are rounded before the
+    float32 softmax, so the result moves, by no more than bfloat16's rounding."""
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32) for _ in range(3))
+    spec = masks.decoder_self_spec(jnp.asarray(_segments(16, 7, 3)[0]))
+    wide = attention.reference(q, k, v, spec, logits="float32")
+    np.testing.assert_array_equal(attention.reference(q, k, v, spec, logits="compute"), wide)
+    qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    f32 = attention.reference(qb, kb, vb, spec, logits="float32").astype(jnp.float32)
+    rounded = attention.reference(qb, kb, vb, spec, logits="compute").astype(jnp.float32)
+    assert not np.array_equal(np.asarray(rounded), np.asarray(f32))
+    np.testing.assert_allclose(np.asarray(rounded), np.asarray(f32), atol=0.1)
+
+
 def test_mixed_layer_specs_equal_their_dense_masks():
     """A forward layer is a plain causal spec (so fused kernels take it as causal); a backward
     layer's spec stands for key >= query inside the bidirectional region."""

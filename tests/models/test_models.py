@@ -295,7 +295,7 @@ def test_init_draws_independent_normals_with_the_intended_scale(compiled, tiny_c
     assert abs(np.corrcoef(q.ravel(), k.ravel())[0, 1]) < 0.05
 
 
-def test_scan_layers_auto_unrolls_shallow_stacks_on_cpu_and_scans_deep_ones(tiny_cfg):
+def test_scan_layers_auto_unrolls_shallow_stacks_on_cpu_and_scans_deep_ones(tiny_cfg, monkeypatch):
     from scalestudy.models.decoder import AUTO_UNROLL_MAX_LAYERS, scanned
 
     assert jax.default_backend() == "cpu"
@@ -307,6 +307,15 @@ def test_scan_layers_auto_unrolls_shallow_stacks_on_cpu_and_scans_deep_ones(tiny
     # The parameter layout follows the resolved choice.
     assert "layer_0" in build_model(shallow).abstract_params()["decoder"]
     assert "layers" in build_model(deep_encoder).abstract_params()["encoder"]
+    # A GPU unrolls deeper stacks (24-layer T5.1.1 XXL stacks too); a TPU always scans.
+    from scalestudy.models import decoder
+
+    xxl = shallow.replace(n_layers=24, n_encoder_layers=24)
+    for where, expected in (("gpu", False), ("tpu", True), ("cpu", True)):
+        monkeypatch.setattr(decoder, "platform", lambda where=where: where)
+        assert scanned(xxl) is expected, where
+    monkeypatch.setattr(decoder, "platform", lambda: "gpu")
+    assert scanned(xxl.replace(n_encoder_layers=decoder.AUTO_UNROLL_MAX_LAYERS_GPU + 1))
 
 
 def test_t5x_prefix_buckets_make_gpt_and_unilm_differ_only_by_the_mask(tiny_cfg, make_batch_fn):
