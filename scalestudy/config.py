@@ -284,6 +284,9 @@ class OptimConfig(Frozen):
     cooldown_fraction: float = Field(0.2, gt=0.0, le=1.0)  # wsd: share of steps in cooldown
     cooldown_shape: Literal["linear", "sqrt", "cosine"] = "sqrt"
     cooldown_steps: int | None = Field(None, ge=1)  # wsd: overrides cooldown_fraction
+    # The number of updates the schedule is laid over (default train.steps). An adaptation
+    # that continues its parent's schedule sets the parent's: a decayed rate stays decayed.
+    schedule_steps: int | None = Field(None, ge=1, exclude_if=lambda v: v is None)
     weight_decay: float = Field(0.0, ge=0.0)
     b1: float = Field(0.9, ge=0.0, lt=1.0)
     b2: float = Field(0.95, ge=0.0, lt=1.0)

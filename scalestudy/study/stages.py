@@ -81,6 +81,11 @@ class AdaptConfig(Frozen):
     fraction: float = Field(51 / 168, gt=0.0)
     steps: int | None = Field(None, ge=1)  # overrides `fraction`
     expect_arch: Arch | None = None  # refuse a parent of another architecture
+    # The learning rate after the parent's last step: "continue" the parent's schedule past
+    # its end (Wang et al.: rsqrt goes on falling; a cosine, linear or wsd rate stays at its
+    # final value), or "stretch" it over parent + extra steps, which raises a decayed rate
+    # back up (the same for rsqrt and constant schedules, which do not depend on length).
+    schedule: Literal["continue", "stretch"] = "continue"
 
 
 class AdaptStage(AdaptConfig):
@@ -277,6 +282,12 @@ def adapt_config(
     p["name"] = f"{parent_cfg.name}-adapt-{arch}-{ad.objective}"
     p["model"]["arch"] = arch
     p["objective"]["name"] = ad.objective
+    if ad.schedule == "continue":
+        from scalestudy.train import optim
+
+        p["optim"]["schedule_steps"] = optim.schedule_steps(
+            parent_cfg.optim, parent_cfg.train.steps
+        )
     p["train"] |= {
         "steps": parent_step + extra,
         "init_from": str(parent),
@@ -363,7 +374,7 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
         eval_fn = make_eval_fn(cfg, out)
         before = (read_lineage(out) or {}).get("eval_before")
         if before is None:  # the parent zero-shot with the very same tasks, prompts, lengths
-            before = _evaluate_parent(cfg, record, eval_fn)
+            before = _evaluate_parent(cfg, record)
         record = {**record, "eval_before": before}
     summary = train(cfg, out, eval_fn=eval_fn)
     lineage = {k: record[k] for k in ("stage", "parent", "parent_step")}
@@ -374,12 +385,32 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
     return summary
 
 
-def _evaluate_parent(cfg: ExperimentConfig, record: dict, eval_fn) -> dict[str, float]:
+def parent_eval_config(cfg: ExperimentConfig, record: dict) -> ExperimentConfig:
+    """The parent's own config with the stage run's evaluation settings: the parent is scored
+    in the form it was trained in (its architecture, and its objective's end-of-input marker:
+    span corruption's EOS) on the very tasks, prompts and scoring lengths of the stage run,
+    which may train another objective (finetuning's prefix LM, an adaptation's)."""
+    from scalestudy.train import saved
+
+    parent_cfg = saved.load_config(Path(record["parent"]), record["parent_step"])
+    lengths = {
+        "inputs_length": cfg.eval.inputs_length or cfg.objective.inputs_length,
+        "targets_length": cfg.eval.targets_length or cfg.objective.targets_length,
+    }
+    return parent_cfg.replace(eval=cfg.eval.replace(**lengths))
+
+
+def _evaluate_parent(cfg: ExperimentConfig, record: dict) -> dict[str, float] | None:
+    from scalestudy.evaluate.rank import make_eval_fn
     from scalestudy.models.api import build_model
     from scalestudy.train.saved import restore_params
 
+    parent_cfg = parent_eval_config(cfg, record)
+    eval_fn = make_eval_fn(parent_cfg)
+    if eval_fn is None:  # an objective rank classification cannot score (said on stderr)
+        return None
     _, params, step = restore_params(Path(record["parent"]), record["parent_step"])
-    return dict(eval_fn(build_model(cfg.model), params, step))
+    return dict(eval_fn(build_model(parent_cfg.model), params, step))
 
 
 def _write_json(path: Path, obj: dict) -> None:

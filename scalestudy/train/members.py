@@ -214,11 +214,12 @@ def build_group_program(
         "stacked": step.stacked_mask(axes),
         "axes": axes,
     }
-    tx, _ = optim.make_optimizer(cfg.optim, cfg.train.steps, **masks)
+    total = optim.schedule_steps(cfg.optim, cfg.train.steps)
+    tx, _ = optim.make_optimizer(cfg.optim, total, **masks)
 
     def member_step(state: step.State, batch: step.Batch, hyper: dict) -> tuple:
         own = cfg.optim.model_copy(update=hyper)  # traced numbers: no validation here
-        tx, schedule = optim.make_optimizer(own, cfg.train.steps, **masks)
+        tx, schedule = optim.make_optimizer(own, total, **masks)
         return step.make_train_step(cfg, model, tx, schedule, mesh)(state, batch)
 
     def member_steps(state: step.State, batches: step.Batch, hyper: dict) -> tuple:

@@ -88,6 +88,11 @@ def _check_lengths(cfg: OptimConfig, total_steps: int, warmup: int, cooldown: in
         )
 
 
+def schedule_steps(cfg: OptimConfig, train_steps: int) -> int:
+    """The updates a run's schedule is laid over: `optim.schedule_steps`, else the run's."""
+    return cfg.schedule_steps if cfg.schedule_steps is not None else train_steps
+
+
 def make_schedule(cfg: OptimConfig, total_steps: int) -> Schedule:
     """The learning-rate schedule of `cfg` for a run of `total_steps` updates. Its numbers
     may be traced scalars (a group's members); they are checked where they are concrete."""

@@ -330,7 +330,7 @@ def build_program(
     model = build_model(cfg.model)
     tx, schedule = optim.make_optimizer(
         cfg.optim,
-        cfg.train.steps,
+        optim.schedule_steps(cfg.optim, cfg.train.steps),
         decay_mask=decay_mask(model.param_axes()),
         stacked=stacked_mask(model.param_axes()),
         axes=model.param_axes(),

@@ -155,3 +155,24 @@ def test_the_main_job_has_one_recipe_and_searches_every_cells_rate():
             if r.size == size
         }
         assert max(docs) / min(docs) <= 1.1, (size, docs)
+
+
+def test_the_wang_spec_gives_every_cell_the_same_tokens_and_updates():
+    """Wang et al. halved the encoder-decoder PLM cell's batch (its rows hold two examples), so
+    every cell trains 168B tokens in the same number of updates under the rsqrt schedule."""
+    from scalestudy.data.pipeline import document_tokens_per_row
+
+    _, runs = _expand("wang2022.yaml")
+    steps = {(r.cfg.model.arch, r.cfg.objective.name): r.cfg.train.steps for r in runs}
+    tokens = {
+        (r.cfg.model.arch, r.cfg.objective.name): r.cfg.train.steps
+        * r.cfg.train.batch_size
+        * document_tokens_per_row(r.cfg)
+        for r in runs
+    }
+    assert len(steps) == 6 and len(set(steps.values())) == 1, steps
+    # Document tokens: equal across the language-modeling cells (PLM's encoder-decoder too),
+    # and across the span-corruption cells (whose 626 positions hold fewer raw tokens).
+    for objectives in (("flm", "plm"), ("mlm",)):
+        group = [t for (_, o), t in tokens.items() if o in objectives]
+        assert max(group) / min(group) < 1.001, tokens

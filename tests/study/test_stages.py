@@ -467,3 +467,61 @@ def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypa
     out = str(tmp_path / "out")
     assert main(["study", "--spec", str(SMOKE), "--out", out, "--collect", *SMOKE_TINY]) == 2
     assert "0 of 10 stage runs complete" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_score_before_a_stage_is_the_parents_own_evaluation(tmp_path: Path):
+    """An MLM parent is scored before adaptation as `scalestudy eval` scores it: with the EOS
+    its span-corruption inputs ended in, not in the adapted objective's form."""
+    from scalestudy.evaluate.rank import evaluate_run, make_eval_fn
+    from scalestudy.models.api import build_model
+    from scalestudy.train.saved import restore_params
+
+    evaluation = ["eval.tasks=[synthetic_probes]", "eval.max_examples=16"]
+    parent = _train(
+        tmp_path / "mlm", "model.arch=encoder_decoder", "objective.name=mlm", *evaluation
+    )
+    out = tmp_path / "adapted"
+    cfg, record = stages.prepare_adapt(parent, out, ["objective=plm", "steps=1"])
+    stages.run_stage(cfg, record, out, evaluate=True)
+    before = stages.read_lineage(out)["eval_before"]
+    own = evaluate_run(
+        parent,
+        overrides=[
+            f"eval.inputs_length={cfg.objective.inputs_length}",
+            f"eval.targets_length={cfg.objective.targets_length}",
+        ],
+    )
+    scored = {k: v for k, v in before.items() if k.endswith("/acc") or k.endswith("task_loss")}
+    assert scored and all(own[k] == pytest.approx(v, rel=1e-6) for k, v in scored.items())
+    # Scored in the adapted objective's form (no end-of-input EOS), the same weights differ.
+    _, params, step = restore_params(parent)
+    other = make_eval_fn(cfg)(build_model(cfg.model), params, step)
+    assert any(other[k] != pytest.approx(v, rel=1e-6) for k, v in scored.items())
+
+
+def _rates(run: Path) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in rundir.read_metrics(run) if "lr" in r}
+
+
+@pytest.mark.slow
+def test_adaptation_continues_its_parents_schedule_unless_told_to_stretch_it(
+    parent: Path, tmp_path: Path
+):
+    """A cosine parent ends at its final rate; "continue" (Wang et al.'s choice, the default)
+    stays there, "stretch" lays the cosine over parent + extra steps and raises it again."""
+    before = _rates(parent)
+    last = before[max(before)]
+    peak, final = 0.01, 0.1  # TINY's learning rate; the default final_lr_fraction
+    runs = {}
+    for how in ("continue", "stretch"):
+        out = tmp_path / how
+        cfg, record = stages.prepare_adapt(
+            parent, out, ["objective=plm", "steps=2", f"schedule={how}"]
+        )
+        assert record["settings"]["schedule"] == how
+        stages.run_stage(cfg, record, out, evaluate=False)
+        runs[how] = _rates(out)
+    assert sorted(runs["continue"]) == [5, 6]
+    assert all(r == pytest.approx(peak * final) and r <= last for r in runs["continue"].values())
+    assert runs["stretch"][5] > last * 1.2  # the decayed rate jumps back up
