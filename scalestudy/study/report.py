@@ -142,6 +142,12 @@ def limits(
         return []
     n = [float(r["params_total"]) for r in done]
     ratio = [r["tokens"] / r["params_total"] for r in done if r.get("tokens")]
+    # Chinchilla's 20 counts every parameter; many ladders count non-embedding ones.
+    ratio_ne = [
+        r["tokens"] / r["params_non_embedding"]
+        for r in done
+        if r.get("tokens") and r.get("params_non_embedding")
+    ]
     per_point = defaultdict(int)
     for r in done:
         per_point[(_cell(r), r["size"], r.get("budget"))] += 1
@@ -151,7 +157,12 @@ def limits(
         f"- Scale: {min(n):.3g} to {max(n):.3g} total parameters, "
         f"{min(r.get('steps') or 0 for r in done)} to {max(r.get('steps') or 0 for r in done)} "
         "steps"
-        + (f", {min(ratio):.3g} to {max(ratio):.3g} tokens per parameter" if ratio else "")
+        + (f", {min(ratio):.3g} to {max(ratio):.3g} tokens per total parameter" if ratio else "")
+        + (
+            f" ({min(ratio_ne):.3g} to {max(ratio_ne):.3g} per non-embedding parameter)"
+            if ratio_ne
+            else ""
+        )
         + ". The verdicts hold at these sizes and this budget; which cell is best can change "
         "with scale, so read the fits below for trends, not for answers far beyond the runs.",
         f"- Runs per point: {min(per_point.values())} to {max(per_point.values())}. "

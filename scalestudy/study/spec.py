@@ -101,7 +101,9 @@ class BudgetConfig(Frozen):
     kind: Literal["steps", "tokens", "tokens_per_param", "isoflop"] = "steps"
     steps: int | None = Field(None, ge=1)
     tokens: Count | None = None
-    tokens_per_param: float = Field(20.0, gt=0.0)  # Chinchilla's ratio
+    # Chinchilla's ratio is 20 tokens per parameter counting *every* parameter; `param_kind`
+    # says which count this ratio multiplies (the report states the tokens per both counts).
+    tokens_per_param: float = Field(20.0, gt=0.0)
     param_kind: Literal["total", "non_embedding"] = "non_embedding"
     compute: Tuple = ()  # isoflop: training FLOPs budgets, e.g. [1e15, 3e15]
     min_steps: int = Field(10, ge=1)  # isoflop: drop (size, budget) points shorter than this

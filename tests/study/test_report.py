@@ -180,6 +180,8 @@ def test_markdown_and_html_render(tmp_path):
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     md = report.render_markdown(study, runs, {}, ["figures/a.png"])
     assert "| causal_decoder/flm | r0 | 32 | 2 |" in md and "![a](figures/a.png)" in md
+    # Tokens per parameter by both counts (Chinchilla's 20 counts every parameter).
+    assert "0.1 to 0.1 tokens per total parameter (0.2 to 0.2 per non-embedding parameter)" in md
     md += "\n**not comparable** and `code` | a | b |\n"
     page = _Page()
     page.feed(report.render_html(md))
