@@ -15,7 +15,16 @@ the unit of replication; every interval is a t-interval over the seeds common to
   along a power law the data do not show). Intervals are conditional on that choice.
 
 The call, after Holm's correction over every test of the report:
-- "final loss": the asymptote is distinguishable from 0 and the trend does not close the gap;
+- "final loss": the asymptote is distinguishable from 0, the trend does not close the gap and
+  the gap has measurably stopped widening: the trend's interval excludes widening by more
+  than `STOPPED` of the largest budget's gap per doubling (a slower learner's gap widens for
+  as long as the faster one is still improving, so a widening gap says nothing yet about the
+  final loss);
+- "floor": the gap still widens (or has not measurably stopped) but a proved bound holds it
+  above `floor` at any budget (e.g. the bag floor of a position-free bidirectional model):
+  a final-loss effect of at least that bound, the rest of the gap undetermined;
+- "widening": the gap is distinguishable from 0 and has not measurably stopped widening, and
+  no bound is proved: no call between speed and final loss;
 - "both": the trend closes the gap, but towards a nonzero asymptote;
 - "speed": the trend closes the gap and the asymptote is not distinguishable from 0 while its
   whole interval lies closer to 0 than the gap at the largest budget;
@@ -38,6 +47,9 @@ from scalestudy.decoder_only import stats
 # noisy curve far beyond the data
 ALPHAS = np.round(np.arange(0.5, 3.0001, 0.05), 2)
 LEVEL = 0.05
+# "stopped widening": the trend's interval excludes widening by more than this share of the
+# largest budget's gap per doubling of the budget
+STOPPED = 0.25
 
 
 def t_summary(xs: list[float]) -> dict[str, Any]:
@@ -106,8 +118,22 @@ def _significant(summary: dict) -> bool:
     return summary.get("p_holm") is not None and summary["p_holm"] < LEVEL
 
 
+def stopped_widening(result: dict[str, Any]) -> bool:
+    """The gap has measurably stopped widening: the trend's 95% interval excludes widening
+    faster than `STOPPED` x the last gap per doubling (a slope that is significant but
+    smaller than that counts as stopped: the gap is near its final size)."""
+    last = result["by_budget"][-1]["mean"]
+    sign = 1.0 if last >= 0 else -1.0
+    trend = result["trend"]
+    if trend["low"] is None:
+        return False
+    widening_end = max(sign * trend["low"], sign * trend["high"])
+    return widening_end < STOPPED * abs(last)
+
+
 def call(result: dict[str, Any]) -> str:
-    """The verdict of one analysed comparison (its summaries carry Holm-adjusted p)."""
+    """The verdict of one analysed comparison (its summaries carry Holm-adjusted p; its
+    "floor", when set, a proved lower bound on the gap's size at any budget)."""
     if len(result["seeds"]) < 2:
         return "one seed"
     last = result["by_budget"][-1]["mean"]
@@ -115,7 +141,11 @@ def call(result: dict[str, Any]) -> str:
     trend, inf = result["trend"], result["asymptote"]
     closing = _significant(trend) and sign * trend["mean"] < 0
     if _significant(inf):
-        return "both" if closing else "final loss"
+        if closing:
+            return "both"
+        if stopped_widening(result):
+            return "final loss"
+        return "floor" if (result.get("floor") or 0.0) > 0 else "widening"
     # not distinguishable from 0 (above), and all of its interval closer to 0 than the gap
     if closing and inf["low"] is not None and max(abs(inf["low"]), abs(inf["high"])) < abs(last):
         return "speed"
@@ -124,10 +154,16 @@ def call(result: dict[str, Any]) -> str:
     return "not distinguishable"
 
 
-def analyse(gaps: dict[str, dict[tuple[int, int], float]]) -> dict[str, Any]:
+def analyse(
+    gaps: dict[str, dict[tuple[int, int], float]], floors: dict[str, float] | None = None
+) -> dict[str, Any]:
     """Analyse every comparison, apply Holm over all their tests (gap at each budget, trend,
-    asymptote) and make each call."""
+    asymptote) and make each call; `floors` gives a comparison's proved lower bound on the
+    size of its gap at any budget, where one is known."""
     results = {name: analyse_one(g) for name, g in gaps.items()}
+    for name, floor in (floors or {}).items():
+        if name in results and floor > 0:
+            results[name]["floor"] = float(floor)
     tests = [s for r in results.values() for s in (*r["by_budget"], r["trend"], r["asymptote"])]
     for s, p in zip(tests, stats.holm([s["p"] for s in tests])):
         s["p_holm"] = p
@@ -144,7 +180,12 @@ def _interval(s: dict, digits: int = 3) -> str:
 
 
 CALLS = {
-    "final loss": "a final-loss effect: the gap does not close with training",
+    "final loss": "a final-loss effect: the gap does not close with training and has stopped "
+    "widening",
+    "floor": "a final-loss effect of at least the proved floor; the gap still widens, so how "
+    "much more of it is final is not known",
+    "widening": "no call: the gap still widens with training (as a slower learner's does "
+    "before it catches up), and no bound is proved; more budget is needed",
     "both": "slower optimisation and a final-loss effect: the gap narrows towards a nonzero "
     "asymptote",
     "speed": "an optimisation-speed effect: the gap closes towards 0 with training",
@@ -185,6 +226,11 @@ def render(results: dict[str, Any]) -> str:
             "",
             f"- change per doubling of the budget: {_interval(r['trend'])}",
             f"- asymptote (gap after unlimited training; {alpha}): {_interval(r['asymptote'])}",
+            *(
+                [f"- proved floor on the gap at any budget: {r['floor']:.3f}"]
+                if r.get("floor")
+                else []
+            ),
             f"- **call: {CALLS[r['call']]}** (n = {len(r['seeds'])} seeds)",
             "",
         ]

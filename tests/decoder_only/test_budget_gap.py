@@ -108,3 +108,24 @@ def test_gaps_equal_across_seeds_are_exact_not_significant_by_rounding():
     call, r = _call(exact)
     assert call == "speed", r
     assert r["asymptote"]["p"] == 1.0
+
+
+def _transition(b: float) -> float:
+    """A reference loss curve with its transition near 400 steps (0.4 at the end)."""
+    return 0.4 + 2.0 / (1.0 + (b / 400.0) ** 2)
+
+
+@pytest.mark.parametrize("slower", [4, 8, 16])
+def test_a_slower_learner_whose_gap_still_widens_is_no_final_loss(slower):
+    """The treatment needs 4x, 8x or 16x the steps for the same loss and the same asymptote:
+    at these budgets its gap grows (the measured NoPE pattern), which is no final-loss
+    evidence; without a proved bound there is no call, with one the call is the bound."""
+    gaps = _curves(lambda b: _transition(b / slower) - _transition(b), seeds=3, noise=0.005)
+    call, r = _call(gaps)
+    assert r["by_budget"][-1]["mean"] > r["by_budget"][0]["mean"]  # widening
+    assert call == "widening", r
+    bounded = budget_gap.analyse({"x": gaps}, floors={"x": 0.1})["comparisons"]["x"]
+    assert bounded["call"] == "floor" and bounded["floor"] == 0.1
+    assert "at least the proved floor" in budget_gap.render(
+        budget_gap.analyse({"x": gaps}, floors={"x": 0.1})
+    )

@@ -123,3 +123,28 @@ def test_the_command_trains_each_budget_once_and_reports_the_calls(tmp_path, mon
     assert "a final-loss effect" in noncausal and "optimisation-speed effect" in causal
     assert "Bag floor" in report
     assert nope_budgets.main(args) == 0 and len(trained) == 48  # nothing trained again
+
+
+def test_the_proved_floor_is_the_bag_floor_above_the_references_last_loss():
+    from scalestudy.study.spec import BudgetSweepConfig
+
+    sweep = BudgetSweepConfig(steps=[10, 20], reference="rope", treatment="nope")
+
+    def row(arch, variant, seed, budget, loss, bag=None, position="none"):
+        return {"arch": arch, "variant": variant, "seed": seed, "budget": budget,
+                "val_loss": loss, "bag_floor": bag, "position": position}  # fmt: skip
+
+    rows = [
+        row("noncausal_decoder", "rope", 0, 20, 0.30, bag=0.9, position="rope"),
+        row("noncausal_decoder", "rope", 1, 20, 0.40, bag=0.8, position="rope"),
+        row("noncausal_decoder", "rope", 1, 10, 0.70, bag=0.8, position="rope"),
+        row("noncausal_decoder", "nope", 0, 20, 1.2, bag=0.9),
+        row("noncausal_decoder", "nope", 1, 20, 1.3, bag=0.8),
+        row("causal_decoder", "rope", 0, 20, 0.3, position="rope"),  # no bag floor: no bound
+        row("causal_decoder", "nope", 0, 20, 0.5),
+    ]
+    # the least over seeds of bag floor - the reference's loss at the largest budget
+    assert nope_budgets.proved_floors(sweep, rows) == {"noncausal_decoder": pytest.approx(0.4)}
+    # a treatment that reads positions has no bag floor to bound it
+    moved = [r | {"position": "rope"} if r["variant"] == "nope" else r for r in rows]
+    assert nope_budgets.proved_floors(sweep, moved) == {}
