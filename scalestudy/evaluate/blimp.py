@@ -13,13 +13,14 @@ Accuracy is reported per paradigm (`blimp/<UID>/acc`), per linguistics term
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
 from scalestudy.evaluate.examples import Example, Task
-from scalestudy.evaluate.formats import TaskDataError, read_jsonl
+from scalestudy.evaluate.formats import TaskDataError, read_jsonl, source_id
 
 REFERENCE_MODELS = ("ngram", "lstm", "txl", "gpt2")
 REFERENCE_FILE = "reference/models_summary.jsonl"
@@ -48,7 +49,8 @@ def load_blimp(path: str | Path, name: str = "blimp") -> Task:
             # The release spells one field two ways ("syntax_semantics" in most files,
             # "syntax/semantics" in principle_A_case_2); a "/" would also split the metric key.
             fields[uid] = row.get("field", str).replace("/", "_")
-            examples.append(pair_example(good, bad, uid))
+            example = pair_example(good, bad, uid)
+            examples.append(dataclasses.replace(example, source=source_id(row)))
     info = {"group_tags": {"term": terms, "field": fields}}
     return Task(name, "choice", tuple(examples), str(path), "acc", delimiter="", info=info)
 

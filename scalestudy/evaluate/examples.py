@@ -20,6 +20,9 @@ class Example:
     choices: tuple[str, ...]
     gold: int = 0
     group: str = ""  # sub-task (probe name, prompt template) for per-group metrics
+    # Where it comes from: the release's own id (`formats.source_id`), else file:line. Not
+    # part of equality: the same item read from two formats is the same example.
+    source: str = field(default="", compare=False)
 
     def pairs(self) -> list[tuple[str, str]]:
         """(context, continuation) for each choice."""

@@ -47,6 +47,20 @@ class Row:
         return TaskDataError(f"{self.where}: {message}")
 
 
+# A release's own id field, in the order looked for (BLiMP's pairID, SuperGLUE's idx, ...).
+ID_FIELDS = ("id", "idx", "pairID", "ID", "qID", "ind", "uid", "example_id", "guid")
+
+
+def source_id(row: Row) -> str:
+    """The row's id in its release (its first id field), else where it was read (file:line),
+    so a per-example result can be found in the source."""
+    for name in ID_FIELDS:
+        value = row.fields.get(name)
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            return str(value)
+    return row.where
+
+
 def _short(value: Any, n: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= n else text[: n - 3] + "..."

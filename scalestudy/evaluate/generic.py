@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jinja2
@@ -10,7 +11,7 @@ from scalestudy.eval_config import TaskConfig
 from scalestudy.evaluate import prompts
 from scalestudy.evaluate.blimp import pair_example
 from scalestudy.evaluate.examples import Example, Task
-from scalestudy.evaluate.formats import Row, TaskDataError, read_rows
+from scalestudy.evaluate.formats import Row, TaskDataError, read_rows, source_id
 
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
@@ -72,7 +73,11 @@ def generic_task(
     choice_t = _template(tc.choice_template, tc.name, "choice_template")
     if tc.kind == "pair":
         return _pair_task(tc, rows, str(path))
-    examples = []
+    examples: list[Example] = []
+
+    def add(example: Example) -> None:
+        examples.append(dataclasses.replace(example, source=source_id(row)))
+
     for row in rows:
         context = ""  # partial tasks take their contexts from the choices field
         if context_t is not None:
@@ -83,7 +88,7 @@ def generic_task(
             word = row.get(tc.continuation_field, str)
             if not word.strip():
                 raise row.error(f"field {tc.continuation_field!r} is empty")
-            examples.append(Example((context,), (word,)))
+            add(Example((context,), (word,)))
             continue
         field = tc.choices_field if tc.choice_source == "choices_field" else tc.choice_source
         choices = prompts.check_choices(row, _choices(tc, row), field)
@@ -95,10 +100,10 @@ def generic_task(
             continuation = row.get(tc.continuation_field, str)
             if not continuation.strip():
                 raise row.error(f"field {tc.continuation_field!r} is empty")
-            examples.append(Example(choices, (continuation,) * len(choices), gold))
+            add(Example(choices, (continuation,) * len(choices), gold))
         else:
             group = "" if tc.group_field is None else str(row.get(tc.group_field))
-            examples.append(Example((context,), choices, gold, group))
+            add(Example((context,), choices, gold, group))
     kind = "last_word" if tc.kind == "last_word" else "choice"
     return Task(tc.name, kind, tuple(examples), str(path), tc.metric, tc.delimiter)
 
@@ -110,5 +115,5 @@ def _pair_task(tc: TaskConfig, rows: list[Row], source: str) -> Task:
     for row in rows:
         good, bad = prompts.check_choices(row, _choices(tc, row), "choice_fields")
         group = "" if tc.group_field is None else str(row.get(tc.group_field))
-        examples.append(pair_example(good, bad, group))
+        examples.append(dataclasses.replace(pair_example(good, bad, group), source=source_id(row)))
     return Task(tc.name, "choice", tuple(examples), source, "acc", delimiter="")

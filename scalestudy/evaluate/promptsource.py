@@ -14,7 +14,7 @@ import yaml
 
 from scalestudy.evaluate import prompts
 from scalestudy.evaluate.examples import Example, Task
-from scalestudy.evaluate.formats import Row, TaskDataError, resolve_data_dir
+from scalestudy.evaluate.formats import Row, TaskDataError, resolve_data_dir, source_id
 
 _JINJA = jinja2.Environment()
 _JINJA.globals["zip"] = zip  # promptsource templates use it
@@ -123,5 +123,7 @@ def promptsource_task(
             prompt = text.split("|||")[0].strip()
             # Templates that do not apply to this row render empty (e.g. COPA 'effect' only).
             if prompt and len(choices) == len(harness.choices) and all(choices):
-                examples.append(Example((prompt,), choices, harness.gold, t["name"]))
+                examples.append(
+                    Example((prompt,), choices, harness.gold, t["name"], source_id(row))
+                )
     return Task(name, "choice", tuple(examples), source, "acc", aggregate="median")

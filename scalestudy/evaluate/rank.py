@@ -170,6 +170,10 @@ def evaluate_run(
     # Straight into the run's parameter shardings, scored under the same mesh as training.
     cfg, params, step = saved.restore_params(workdir, step, on_run_mesh=True)
     cfg = eval_overrides(cfg, overrides)
+    # The settings recorded beside the results are the ones that scored them.
+    given = {"tasks": tuple(tasks) if tasks else None, "data_dir": data_dir}
+    given["max_examples"] = max_examples
+    cfg = cfg.replace(eval=cfg.eval.replace(**{k: v for k, v in given.items() if v is not None}))
     model = build_model(cfg.model)
     mesh = jax.tree.leaves(params)[0].sharding.mesh
     records: dict[str, list[dict]] = {}
@@ -186,7 +190,7 @@ def evaluate_run(
     settings = cfg.eval.model_dump(mode="json")
 
     def write_into_run() -> None:
-        write_examples(workdir, step, records)
+        write_examples(workdir, step, records, settings)
         write_results(workdir, step, results, settings)
 
     scores = {"step": step, **results}
@@ -231,7 +235,7 @@ def make_eval_fn(
             cfg, model, params, tasks=tasks, scorer=state["scorer"], records=records
         )
         if records is not None and jax.process_index() == 0:
-            write_examples(Path(workdir), step, records)
+            write_examples(Path(workdir), step, records, cfg.eval.model_dump(mode="json"))
         return out
 
     return eval_fn

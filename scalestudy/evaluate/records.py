@@ -47,7 +47,10 @@ def example_records(
                 strict=True,
             )
         ]
-        record: dict[str, Any] = {"example": i, "group": ex.group, "gold": ex.gold}
+        record: dict[str, Any] = {"example": i, "source": ex.source, "group": ex.group}
+        # what the model read before each choice (one shared context, or one per choice)
+        record["prompt"] = ex.contexts[0] if len(ex.contexts) == 1 else list(ex.contexts)
+        record["gold"] = ex.gold
         if task.kind == "choice":
             lp = np.array([c["logprob"] for c in choices])
             chars = np.array([max(c["chars"], 1) for c in choices], dtype=np.float64)

@@ -14,6 +14,7 @@ A task name resolves, in order, to:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from scalestudy.evaluate.formats import (
     read_rows,
     require_file,
     resolve_data_dir,
+    source_id,
 )
 from scalestudy.evaluate.promptsource import promptsource_task
 from scalestudy.yamlio import read_yaml, validate
@@ -147,7 +149,7 @@ TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds
 def build_examples(name: str, rows: list[Row]) -> tuple[Example, ...]:
     """Examples of registered task `name` from release rows (harness prompts)."""
     build = prompts.BUILDERS[name]
-    return tuple(build(row) for row in rows)
+    return tuple(dataclasses.replace(build(row), source=source_id(row)) for row in rows)
 
 
 def _registered(name: str, path: Path | None, data_dir, prompt_set: str) -> Task:
@@ -219,12 +221,12 @@ def _probes(synthetic: SyntheticConfig | None) -> Task:
     examples = []
     for group, items in probe_tasks(synthetic or SyntheticConfig()).items():
         for i, item in enumerate(items):
-            row = Row(item, f"synthetic probe {group} #{i}")
+            row = Row(item, f"{group}[{i}]")
             choices = prompts.check_choices(
                 row, tuple(row.get("choices", (list, tuple))), "choices"
             )
             gold = prompts.gold_index(row, "gold", choices)
-            examples.append(Example((row.get("context", str),), choices, gold, group))
+            examples.append(Example((row.get("context", str),), choices, gold, group, row.where))
     return Task("synthetic_probes", "choice", tuple(examples), "data.synthetic.probe_tasks")
 
 

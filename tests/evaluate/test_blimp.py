@@ -108,6 +108,16 @@ def test_pair_task_by_configuration_equals_the_blimp_loader(tmp_path) -> None:
         group_field="UID",
     )
     assert generic_task(tc).examples == load_task(f"blimp:{tmp_path / 'agree_b.jsonl'}").examples
+    # Each example carries the release's own id (BLiMP's pairID), to be found in the source.
+    assert [e.source for e in generic_task(tc).examples] == ["0", "1"]
+    without = tmp_path / "no_ids.jsonl"
+    rows = [json.loads(x) for x in (tmp_path / "agree_b.jsonl").read_text().splitlines()]
+    without.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "pairID"}) + "\n"
+                               for r in rows))  # fmt: skip
+    assert [e.source for e in load_task(f"blimp:{without}").examples] == [
+        f"{without}:1",
+        f"{without}:2",
+    ]
     with pytest.raises(ValueError, match="kind 'pair' needs choice_fields"):
         TaskConfig(name="p", path="x.jsonl", kind="pair", choice_fields=("a",))
 

@@ -281,6 +281,13 @@ def test_run_directory(tmp_path: Path) -> None:
     records = _read_jsonl(examples_path(tmp_path, 7, "synthetic_probes"))
     assert len(records) == out["synthetic_probes/n"] and out["synthetic_probes/truncated"] == 0
     assert np.mean([r["pred"] == r["gold"] for r in records]) == out["synthetic_probes/acc"]
+    # Each row names its example in the source and holds the text the model read.
+    from scalestudy.data.synthetic import probe_tasks
+
+    probes = probe_tasks(cfg.data.synthetic)
+    for r in records:
+        group, index = r["source"].rstrip("]").split("[")
+        assert r["group"] == group and r["prompt"] == probes[group][int(index)]["context"]
 
     # The stored settings changed without retraining: a context budget of 4 tokens, from
     # the CLI (an override given after --tasks is an override, not a task name).
@@ -295,6 +302,22 @@ def test_run_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="accepts only eval"):
         rank.evaluate_run(tmp_path, overrides=["model.d_model=64"])
     assert main([*argv, "model.d_model=64"]) == 2
+
+    # Each evaluation says how it was made: the tasks and limits actually used, a settings key
+    # in every metrics row, and per-example files of other settings kept, not overwritten.
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first, second = (r["eval_settings"] for r in rows[-2:])
+    assert first != second and set(summary["eval_configs"]) == {first, second}
+    folder = examples_path(tmp_path, 7, "synthetic_probes").parent
+    kept = folder / f"synthetic_probes.{first}.jsonl"
+    assert len(_read_jsonl(kept)) == out["synthetic_probes/n"]  # the first evaluation's rows
+    index = json.loads((folder / "settings.json").read_text())
+    assert index["synthetic_probes"]["key"] == second
+    rank.evaluate_run(tmp_path, tasks=["synthetic_probes"], max_examples=3)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval_config"]["tasks"] == ["synthetic_probes"]
+    assert summary["eval_config"]["max_examples"] == 3
+    assert kept.is_file() and (folder / f"synthetic_probes.{second}.jsonl").is_file()
 
 
 @pytest.mark.slow  # trains a tiny run on a (2,2,2) mesh: about 19 s at load 7.6
