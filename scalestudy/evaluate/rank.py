@@ -9,6 +9,7 @@ run directory's results are written by `results.py`.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.data.objectives import scores_zero_shot
+from scalestudy.data.objectives import feature_lengths, scores_zero_shot
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.evaluate.budget import fit_pairs, text_lengths
@@ -89,7 +90,32 @@ def evaluate_task(
         if records is not None:
             records += example_records(task, examples, scored, fitted)
     out[f"{prefix}/truncated"] = truncated
+    out |= _beyond_training(cfg, task.name, fitted, owner)
     return out
+
+
+def _beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:
+    """`<task>/longer_than_training`: examples scored in rows longer than the training rows
+    (the encoder's for the encoder-decoder, context + continuation for a decoder), and
+    `<task>/longest`, the longest such row in tokens; a warning, once per task and length,
+    when any is (positions the model never trained on are scored without a word otherwise)."""
+    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    if encoder:
+        rows = np.array([len(x) for x in fitted.inputs])
+        trained, where = encoder, "encoder"
+    else:
+        rows = np.array([len(x) + len(y) for x, y in zip(fitted.inputs, fitted.targets)])
+        trained, where = decoder, "decoder"
+    longer = len(set(owner[rows > trained].tolist())) if rows.size else 0
+    longest = int(rows.max()) if rows.size else 0
+    if longer:
+        warnings.warn(
+            f"{task}: {longer} of {len(set(owner.tolist()))} examples are scored in "
+            f"{where} rows longer than training's {trained} tokens (longest {longest}); "
+            "their positions were never trained on",
+            stacklevel=2,
+        )
+    return {f"{task}/longer_than_training": longer, f"{task}/longest": longest}
 
 
 def evaluate_params(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from scalestudy.config import ExperimentConfig
+from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.evaluate import rank
@@ -244,6 +245,32 @@ def test_evaluate_params_end_to_end(built, shared_data: Path, tmp_path: Path) ->
     assert out["text/bpb"] == pytest.approx(out["text/loss"] / math.log(2))
     assert "synthetic_probes/pronoun/acc" in out
     assert all(np.isfinite(v) for v in out.values())
+
+
+def test_rows_longer_than_training_are_counted_and_said_once(built, shared_data: Path):
+    """COPA's contexts and choices at the default scoring lengths exceed these models' 24 + 8
+    training rows: counted per task with the longest row, and one warning per task."""
+    cfg, model, params, scorer = built
+    enc, dec = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    records: dict[str, list[dict]] = {}
+    with pytest.warns(UserWarning, match=r"copa: \d+ of 16 examples .* longer than training"):
+        out = rank.evaluate_params(
+            cfg, model, params, tasks=["copa"], data_dir=str(shared_data / "eval"),
+            max_examples=16, scorer=scorer, records=records,
+        )  # fmt: skip
+    rows = records["copa"]
+    if enc:  # the encoder reads the context (and the input form's EOS, if any)
+        suffix = out["copa/longest"] - max(max(r["context_kept"]) for r in rows)
+        assert suffix in (0, 1)
+        lengths = [max(r["context_kept"]) + suffix for r in rows]
+        trained = enc
+    else:
+        lengths = [
+            max(k + c["tokens"] for k, c in zip(r["context_kept"], r["choices"])) for r in rows
+        ]
+        trained = dec
+    assert out["copa/longest"] == max(lengths) > trained
+    assert out["copa/longer_than_training"] == sum(n > trained for n in lengths) > 0
 
 
 def test_eval_fn_scores_the_params_it_is_given() -> None:
