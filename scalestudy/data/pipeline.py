@@ -136,9 +136,8 @@ def size_scoring_rows(
         if encdec:
             budget = np.full_like(n_ctx, max(i_len - n_suffix, 0))
             room_tgt = max(longest_tgt, t_len)
-        else:
-            row = max(i_len + t_len, longest_tgt + n_suffix)
-            budget = np.maximum(row - n_tgt - n_suffix, 0)
+        else:  # each context keeps L minus its own continuation, whatever the others are
+            budget = np.maximum(i_len + t_len - n_tgt - n_suffix, 0)
             room_tgt = longest_tgt
     kept = np.minimum(n_ctx, budget)
     if ev.context_rule == "wang2022" and not encdec:  # one shared row: context + continuation

@@ -86,9 +86,19 @@ def test_wang2022_rule_shares_the_decoder_row_and_gives_the_encoder_its_length()
     inputs, targets = random_pairs(rng, 40)
     n_ctx = np.array([len(x) for x in inputs])
     n_tgt = np.array([len(t) for t in targets])
-    dec = fit_pairs(cfg_for("causal_decoder", "flm", context_rule="wang2022"), inputs, targets)
-    row = max(24 + 8, n_tgt.max())
-    np.testing.assert_array_equal(dec.context_kept, np.minimum(n_ctx, np.maximum(row - n_tgt, 0)))
+    wang = cfg_for("causal_decoder", "flm", context_rule="wang2022")
+    dec = fit_pairs(wang, inputs, targets)
+    kept = np.minimum(n_ctx, np.maximum(24 + 8 - n_tgt, 0))  # L minus this continuation
+    np.testing.assert_array_equal(dec.context_kept, kept)
+    # Per example: scoring any subset keeps each example's context exactly as the whole
+    # task does, even beside a continuation longer than L (whose row grows to hold it).
+    more_inputs = [*inputs, list(range(3, 50))]
+    more_targets = [*targets, list(range(3, 43))]  # 40 tokens > L = 32
+    whole = fit_pairs(wang, more_inputs, more_targets)
+    for i in (0, 5, len(more_inputs) - 1):
+        alone = fit_pairs(wang, [more_inputs[i]], [more_targets[i]])
+        assert alone.context_kept[0] == whole.context_kept[i]
+        assert alone.inputs[0] == whole.inputs[i]
     encdec = cfg_for("encoder_decoder", "plm", context_rule="wang2022")
     np.testing.assert_array_equal(
         fit_pairs(encdec, inputs, targets).context_kept, n_ctx.clip(0, 24)
