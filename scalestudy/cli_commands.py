@@ -181,23 +181,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cli_args.check_step(workdir, args.step)
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
+    from scalestudy.train import logfile
 
     # `--tasks a b eval.x=1` hands the override to --tasks: `dotted.key=value` is an override.
     is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
     tasks = [t for t in args.tasks or () if not is_override(t)] or None
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
-    return _print_results(
-        lambda: evaluate_run(
-            workdir,
-            tasks=tasks,
-            data_dir=args.data_dir,
-            step=args.step,
-            max_examples=args.max_examples,
-            overrides=overrides,
-            out=args.out,
-        ),
-        args.json,
-    )
+
+    def evaluate() -> dict:
+        # The libraries' notes (orbax opening checkpoints read-only, ...) go to the run's
+        # log, as in training; a run directory that cannot be written gets none of them.
+        if os.access(workdir, os.W_OK):
+            logs = logfile.library_logs_to_file(workdir)
+        else:
+            logs = logfile.library_logs_dropped()
+        with logs:
+            return evaluate_run(
+                workdir,
+                tasks=tasks,
+                data_dir=args.data_dir,
+                step=args.step,
+                max_examples=args.max_examples,
+                overrides=overrides,
+                out=args.out,
+            )
+
+    return _print_results(evaluate, args.json)
 
 
 def cmd_study(args: argparse.Namespace) -> int:

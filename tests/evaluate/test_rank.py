@@ -407,3 +407,19 @@ def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch
     assert out == pytest.approx(reference, rel=1e-6)
     for key in (k for k in out if k.endswith("acc")):
         assert out[key] == reference[key]
+
+
+def test_eval_keeps_the_libraries_notes_in_the_runs_log(tmp_path: Path, capfd) -> None:
+    from scalestudy.cli import main
+    from scalestudy.train.checkpoint import Checkpointer
+
+    cfg = tiny("causal_decoder", tasks=["synthetic_probes"], max_examples=2)
+    model = build_model(cfg.model)
+    ckpt = Checkpointer(tmp_path / "checkpoints", async_save=False)
+    ckpt.save(3, {"params": model.init(jax.random.key(0)), "step": np.int32(3)}, {"cursor": 0}, cfg)
+    ckpt.close()
+    capfd.readouterr()
+    assert main(["eval", "--workdir", str(tmp_path)]) == 0
+    err = capfd.readouterr().err
+    assert "absl" not in err and "read only" not in err, err
+    assert "read only" in (tmp_path / "train.log").read_text()  # orbax's note, kept
