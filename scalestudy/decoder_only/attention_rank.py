@@ -27,6 +27,10 @@ Per example, the measures look at one packed segment (the longest; real position
   rank can be lower, because triangular matrices can be extremely ill-conditioned:
   "attn_log10_cond" reports log10(s_max / s_min) (capped at 300).
 - future mass: the probability mass a query puts on later keys (0 for causal attention).
+- entropy: the mean over rows of each row's entropy (nats). How diffuse attention is moves
+  its rank as much as the mask does (soft rows average many keys: low rank; sharp rows pick
+  one key each: high rank), so every rank figure is read beside it, and `random_qk_eff_rank`
+  gives the effective rank random queries and keys reach at the same entropy.
 - hidden_cos: mean cosine similarity over pairs of distinct tokens (1 = fully collapsed).
 - hidden_eff_rank: effective rank of the [n, D] states (uncentred).
 
@@ -121,6 +125,39 @@ def stable_rank(s: np.ndarray) -> np.ndarray:
     return np.divide((s**2).sum(axis=-1), top, out=np.zeros_like(top), where=top > 0)
 
 
+def row_entropy(attention_NHLL: np.ndarray) -> np.ndarray:
+    """Mean over rows of each attention row's entropy in nats, per matrix [...]."""
+    p = np.asarray(attention_NHLL, np.float64)
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1).mean(-1)
+
+
+def random_qk_eff_rank(
+    n: int, d_kv: int, entropy: float, causal: bool, draws: int = 8, seed: int = 0
+) -> float:
+    """Effective rank / n of softmax(c Q K^T) for random Gaussian Q, K [n, d_kv] (causal:
+    lower-triangular), with the temperature c set by bisection so that the mean row entropy
+    is `entropy` (clamped to what the mask allows): the rank a matrix of that shape and that
+    diffuseness has with no training at all."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((2, draws, n, d_kv))
+    logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(d_kv)
+    visible = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+
+    def probs(log_c: float) -> np.ndarray:
+        z = np.where(visible, np.exp(log_c) * logits, -np.inf)
+        z = np.exp(z - z.max(-1, keepdims=True))
+        return z / z.sum(-1, keepdims=True)
+
+    lo, hi = -8.0, 8.0  # log temperature: entropy falls as it rises
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if row_entropy(probs(mid)).mean() > entropy:
+            lo = mid
+        else:
+            hi = mid
+    return float(effective_rank(singular_values(probs((lo + hi) / 2))).mean() / n)
+
+
 def _example(attention_NHLL: np.ndarray, hidden_NLD: np.ndarray, rtol: float | None) -> dict:
     """Measures of one example's segment (already cut to its n real positions)."""
     n = attention_NHLL.shape[-1]
@@ -146,6 +183,7 @@ def _example(attention_NHLL: np.ndarray, hidden_NLD: np.ndarray, rtol: float | N
         "attn_triangular_full": (triangular_NH & np.all(diagonal_NHL > 0, axis=-1)) * 1.0,
         "attn_log10_cond": np.log10(cond_NH),
         "attn_future_mass": (attention_NHLL * later_LL).sum(-1).mean(-1),
+        "attn_entropy": row_entropy(attention_NHLL),
         "hidden_cos": mean_pairwise_cosine(hidden_NLD),
         "hidden_eff_rank": effective_rank(s_hidden),
         "hidden_eff_rank_rel": effective_rank(s_hidden) / min(n, hidden_NLD.shape[-1]),
@@ -166,6 +204,7 @@ def _summarise(stack: str, examples: list[dict]) -> dict[str, float]:
         "attn_triangular_full",
         "attn_future_mass",
         "attn_stable_rank_rel",
+        "attn_entropy",
         *(f"attn_full@{name}" for name in TOLERANCES),
     )
     for k in attn:

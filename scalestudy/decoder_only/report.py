@@ -137,7 +137,7 @@ def _seed_layer_means(rows: list[dict], key: str) -> dict[int, float]:
     return {s: sum(v) / len(v) for s, v in out.items()}
 
 
-RANK_TESTS = (("eff_rank_rel", "effective rank / n"), ("stable_rank_rel", "stable rank / n"))
+INTERACTION = "effective rank / n deficit beyond random QK at matched entropy"
 
 
 def _reference(rank: dict[str, list[dict]], group: str) -> str | None:
@@ -149,10 +149,13 @@ def _reference(rank: dict[str, list[dict]], group: str) -> str | None:
     return (same or causal or [None])[0]
 
 
-def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
-    """Paired tests (by seed) of each bidirectional block against a causal decoder's prefix
-    block of the same variant, per measure; never pooled across architectures."""
-    tests = []
+def rank_deficits(rank: dict[str, list[dict]]) -> list[dict]:
+    """Per bidirectional block and seed (final kept step, mean over layers): its effective
+    rank / n minus the causal prefix block's of the same variant (`measured`), the same
+    difference for random queries and keys of the same n and d_kv at each block's measured
+    attention entropy (`baseline`, `attention_rank.random_qk_eff_rank`), and `excess` =
+    measured - baseline; with d_kv, n and both entropies."""
+    out = []
     for group, rows in rank.items():
         ref = _reference(rank, group)
         if ref is None:
@@ -162,18 +165,97 @@ def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
             if _kind(group, region) != "bidirectional":
                 continue
             mine = [r for r in rows if r["region"] == region]
-            for key, what in RANK_TESTS:
-                a, b = _seed_layer_means(mine, key), _seed_layer_means(ref_rows, key)
-                est = stats.paired_difference(
-                    [{"seed": s, "loss": x} for s, x in a.items()],
-                    [{"seed": s, "loss": x} for s, x in b.items()],
-                    "loss",
+            eff_b, eff_c = (_seed_layer_means(x, "eff_rank_rel") for x in (mine, ref_rows))
+            has_entropy = all("entropy" in r for r in (*mine, *ref_rows))
+            ent_b = _seed_layer_means(mine, "entropy") if has_entropy else {}
+            ent_c = _seed_layer_means(ref_rows, "entropy") if has_entropy else {}
+            d_kv, n = int(mine[0]["head_dim"]), round(_mean(mine, "length"))
+            n_c = round(_mean(ref_rows, "length"))
+            for seed in sorted(set(eff_b) & set(eff_c)):
+                measured = eff_b[seed] - eff_c[seed]
+                baseline = None
+                if seed in ent_b and seed in ent_c:
+                    baseline = attention_rank.random_qk_eff_rank(
+                        n, d_kv, ent_b[seed], causal=False, seed=seed
+                    ) - attention_rank.random_qk_eff_rank(
+                        n_c, d_kv, ent_c[seed], causal=True, seed=seed
+                    )
+                out.append(
+                    {
+                        "group": f"{group} ({region})",
+                        "ref": f"{ref} (prefix)",
+                        "seed": seed,
+                        "d_kv": d_kv,
+                        "n": n,
+                        "entropy": ent_b.get(seed),
+                        "ref_entropy": ent_c.get(seed),
+                        "measured": measured,
+                        "baseline": baseline,
+                        "excess": None if baseline is None else measured - baseline,
+                    }
                 )
-                name, ref_name = f"{group} ({region})", f"{ref} (prefix)"
-                tests.append(
-                    {"name": name, "ref": ref_name, "what": what, "lower": None, "est": est}
-                )
-    return tests
+    return out
+
+
+def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
+    """The low-rank argument's own prediction, tested: an interaction of the mask with the
+    head width relative to the length. Below d_kv = n a bidirectional softmax matrix can lose
+    rank, at or above it the argument gives no reason to, so the deficit beyond random QK at
+    matched entropy should be larger (more negative) where d_kv < n. One paired test over
+    seeds (each seed's mean excess over its d_kv < n blocks minus over its d_kv >= n blocks);
+    none, and so no verdict, unless both kinds of block were measured."""
+    rows = [r for r in rank_deficits(rank) if r["excess"] is not None]
+    small = [{"seed": r["seed"], "loss": r["excess"]} for r in rows if r["d_kv"] < r["n"]]
+    large = [{"seed": r["seed"], "loss": r["excess"]} for r in rows if r["d_kv"] >= r["n"]]
+    if not small or not large:
+        return []
+
+    def per_seed(xs: list[dict]) -> list[dict]:
+        by: dict[int, list[float]] = defaultdict(list)
+        for x in xs:
+            by[x["seed"]].append(x["loss"])
+        return [{"seed": s, "loss": sum(v) / len(v)} for s, v in by.items()]
+
+    est = stats.paired_difference(per_seed(small), per_seed(large), "loss")
+    return [
+        {
+            "name": "blocks with d_kv < n",
+            "ref": "blocks with d_kv >= n",
+            "what": INTERACTION,
+            "lower": None,
+            "est": est,
+        }
+    ]
+
+
+def deficit_table(rank: dict[str, list[dict]]) -> list[str]:
+    """Each bidirectional block's deficit against its causal reference, measured and for
+    random QK at the measured entropies, means over seeds."""
+    rows = rank_deficits(rank)
+    if not rows:
+        return []
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by[r["group"]].append(r)
+    out = [
+        "| block | vs | d_kv / n | entropy (nats) | reference entropy | deficit, measured "
+        "| random QK at these entropies | excess | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def fmt(xs: list, spec: str = "+.3f") -> str:
+        xs = [x for x in xs if x is not None]
+        return format(sum(xs) / len(xs), spec) if xs else "-"
+
+    for group, rs in by.items():
+        out.append(
+            f"| {group} | {rs[0]['ref']} | {rs[0]['d_kv']} / {rs[0]['n']} "
+            f"| {fmt([r['entropy'] for r in rs], '.2f')} "
+            f"| {fmt([r['ref_entropy'] for r in rs], '.2f')} "
+            f"| {_t_cell([r['measured'] for r in rs])} | {fmt([r['baseline'] for r in rs])} "
+            f"| {_t_cell([r['excess'] for r in rs if r['excess'] is not None])} | {len(rs)} |"
+        )
+    return out
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -224,8 +306,8 @@ def rank_section(number: int, results: dict, figures: dict, verdicts: list[str])
     lines += [
         "| group | region | kind | d_kv / n | layer | seeds | exact | full | "
         + " | ".join(tol_cols)
-        + " | eff. rank / n | stable rank / n | log10 cond | states |",
-        "|---|---|---|---|---|---|---|---|" + "---|" * len(tol_cols) + "---|---|---|---|",
+        + " | eff. rank / n | stable rank / n | entropy | log10 cond | states |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(tol_cols) + "---|---|---|---|---|",
     ]
     for group, rows in rank.items():
         for region in sorted({r["region"] for r in rows}):
@@ -244,14 +326,15 @@ def rank_section(number: int, results: dict, figures: dict, verdicts: list[str])
                     + " | ".join(f"{mean(c):.3f}" for c in tol_cols)
                     + f" | {_t_cell([r['eff_rank_rel'] for r in at])} "
                     f"| {_t_cell([r['stable_rank_rel'] for r in at])} "
+                    f"| {_entropy(at)} "
                     f"| {mean('log10_cond'):.1f} | {mean('hidden_eff_rank_rel'):.3f} |"
                 )
     lines += [
         "",
         "Over training (means over layers and seeds):",
         "",
-        "| group | region | step | exact | full | eff. rank / n | stable rank / n |",
-        "|---|---|---|---|---|---|---|",
+        "| group | region | step | exact | full | eff. rank / n | stable rank / n | entropy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for group, rows in rank.items():
         by: dict[tuple, list[dict]] = defaultdict(list)
@@ -261,18 +344,44 @@ def rank_section(number: int, results: dict, figures: dict, verdicts: list[str])
             mean = functools.partial(_mean, at)
             lines.append(
                 f"| {group} | {region} | {step} | {mean('exact_full'):.3f} | {mean('full'):.3f} "
-                f"| {mean('eff_rank_rel'):.3f} | {mean('stable_rank_rel'):.3f} |"
+                f"| {mean('eff_rank_rel'):.3f} | {mean('stable_rank_rel'):.3f} | {_entropy(at)} |"
             )
     lines += ["", *_figures(figures, "rank")]
-    if verdicts:
-        lines += ["**Verdict.** " + " ".join(verdicts), ""]
-    else:
+    table = deficit_table(rank)
+    if table:
         lines += [
-            "**Verdict.** A causal decoder's prefix block and a bidirectional block are both "
-            "needed to compare; one is missing.",
+            "Each bidirectional block against the causal prefix block of the same variant "
+            "(effective rank / n, final step, mean over layers; 95% t-intervals over seeds). "
+            "Random QK: Gaussian queries and keys of the same n and d_kv, softmax temperature "
+            "set so each block's mean row entropy is the measured one (causal rows masked), "
+            "no training: how much of a deficit the shape and the diffuseness alone give.",
+            "",
+            *table,
+            "",
+        ]
+    if verdicts:
+        lines += [
+            "**Verdict** (the argument's own prediction: the deficit beyond random QK is "
+            "larger where d_kv < n than where d_kv >= n). " + " ".join(verdicts),
+            "",
+        ]
+    else:
+        widths = sorted({(r["d_kv"], r["n"]) for r in rank_deficits(rank)})
+        said = ", ".join(f"d_kv {d} / n {n}" for d, n in widths) or "no bidirectional block"
+        lines += [
+            "**No verdict.** The low-rank argument predicts an interaction: a bidirectional "
+            "deficit where d_kv < n that vanishes where d_kv >= n, beyond what random queries "
+            "and keys give at the same attention entropy. Testing it needs blocks on both "
+            f"sides of d_kv = n (with entropy measured); this study has {said}.",
             "",
         ]
     return lines
+
+
+def _entropy(rows: list[dict]) -> str:
+    """Mean attention row entropy (nats) of rows measured with it, else "-"."""
+    xs = [r["entropy"] for r in rows if r.get("entropy") is not None]
+    return f"{sum(xs) / len(xs):.2f}" if xs else "-"
 
 
 def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[str]]) -> str:

@@ -189,6 +189,7 @@ RANK_MEASURES = (
     "log10_cond",
     "hidden_eff_rank_rel",
     "hidden_cos",
+    "entropy",
 )
 
 
@@ -221,6 +222,7 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
                 "eff_rank_rel": "attn_eff_rank_rel",
                 "stable_rank_rel": "attn_stable_rank_rel",
                 "log10_cond": "attn_log10_cond",
+                "entropy": "attn_entropy",
             }
             for layer in range(mean["attn_rank"].shape[0]):
                 row = {k: float(mean[v][layer].mean()) for k, v in keys.items()}

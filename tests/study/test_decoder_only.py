@@ -109,7 +109,10 @@ def test_decoder_only_suite_end_to_end(tmp_path):
     assert cli.main(["study", "--spec", str(spec), "--out", str(out)]) == 0
     assert all(r["status"] == "done" for r in load_runs(out))
     text = (out / "decoder_only.md").read_text()
-    assert text.count("**Verdict.**") == 6
+    assert text.count("**Verdict.**") == 5
+    # One head width (8 < n 16): the rank section gives no verdict, and says why.
+    assert "**No verdict.** The low-rank argument predicts an interaction" in text
+    assert "| entropy |" in text  # beside every rank figure
     for title in ("Multi-turn inference cost", "mask", "mlm", "encdec", "position", "rank"):
         assert title in text
     results = json.loads((out / "decoder_only.json").read_text())
