@@ -189,22 +189,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
 
     def evaluate() -> dict:
-        # The libraries' notes (orbax opening checkpoints read-only, ...) go to the run's
-        # log, as in training; a run directory that cannot be written gets none of them.
-        if os.access(workdir, os.W_OK):
-            logs = logfile.library_logs_to_file(workdir)
-        else:
-            logs = logfile.library_logs_dropped()
-        with logs:
-            return evaluate_run(
-                workdir,
-                tasks=tasks,
-                data_dir=args.data_dir,
-                step=args.step,
-                max_examples=args.max_examples,
-                overrides=overrides,
-                out=args.out,
-            )
+        with logfile.library_logs_of(workdir):
+            given = {"data_dir": args.data_dir, "step": args.step, "out": args.out}
+            return evaluate_run(workdir, tasks, **given, max_examples=args.max_examples,
+                                overrides=overrides)  # fmt: skip
 
     return _print_results(evaluate, args.json)
 
@@ -295,17 +283,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     args.preset = args.preset or "small"
     if args.what == "gpu":
-        import jax
+        from scalestudy.bench.gpu import main as bench_gpu
 
-        from scalestudy.bench.gpu import bench as bench_gpu
-
-        if jax.default_backend() != "gpu":
-            raise ScalestudyError(
-                "bench gpu times the GPU table and this host's JAX backend is "
-                f"{jax.default_backend()!r}; run it on a CUDA host (`pip install -e '.[gpu]'`)"
-            )
-        bench_gpu(Path(args.out) if args.out else None, args.budget, args.only)
-        return 0
+        return bench_gpu(args.out, args.budget, args.only)
     if args.what == "train":
         return _bench_train(args)
     if args.what == "peer":
@@ -313,11 +293,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from scalestudy.bench.train import preset_config
 
         overrides = (*PEER_SHAPE, *args.overrides)
-        cfg = (
-            load_config(args.config, overrides)
-            if args.config
-            else preset_config(args.preset, args.seq, overrides)
-        )
+        if args.config:
+            cfg = load_config(args.config, overrides)
+        else:
+            cfg = preset_config(args.preset, args.seq, overrides)
         out = bench_peer(cfg, steps=args.steps, which=args.peer, profile_dir=args.profile)
         profile = out.pop("profile_ms_per_step", None) if not args.json else None
         _print(out, args.json)

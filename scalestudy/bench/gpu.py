@@ -280,6 +280,19 @@ def bench(out: Path | None, budget_s: float = 420.0, only: str | None = None) ->
     return rows
 
 
+def main(out: str | None, budget_s: float, only: str | None) -> int:
+    """`scalestudy bench gpu`: refuse a host without a GPU in one line, else run `bench`."""
+    from scalestudy.errors import ScalestudyError
+
+    if jax.default_backend() != "gpu":
+        raise ScalestudyError(
+            "bench gpu times the GPU table and this host's JAX backend is "
+            f"{jax.default_backend()!r}; run it on a CUDA host (`pip install -e '.[gpu]'`)"
+        )
+    bench(Path(out) if out else None, budget_s, only)
+    return 0
+
+
 def _emit(row: dict[str, Any], out: Path | None) -> None:
     print(json.dumps(row), flush=True)
     if out is not None:

@@ -81,10 +81,8 @@ class AdaptConfig(Frozen):
     fraction: float = Field(51 / 168, gt=0.0)
     steps: int | None = Field(None, ge=1)  # overrides `fraction`
     expect_arch: Arch | None = None  # refuse a parent of another architecture
-    # The learning rate after the parent's last step: "continue" the parent's schedule past
-    # its end (Wang et al.: rsqrt goes on falling; a cosine, linear or wsd rate stays at its
-    # final value), or "stretch" it over parent + extra steps, which raises a decayed rate
-    # back up (the same for rsqrt and constant schedules, which do not depend on length).
+    # After the parent's last step: "continue" its schedule (Wang et al.; a decayed rate stays
+    # decayed) or "stretch" it over parent + extra steps (a decayed rate rises again).
     schedule: Literal["continue", "stretch"] = "continue"
 
 
@@ -385,31 +383,23 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
     return summary
 
 
-def parent_eval_config(cfg: ExperimentConfig, record: dict) -> ExperimentConfig:
-    """The parent's own config with the stage run's evaluation settings: the parent is scored
-    in the form it was trained in (its architecture, and its objective's end-of-input marker:
-    span corruption's EOS) on the very tasks, prompts and scoring lengths of the stage run,
-    which may train another objective (finetuning's prefix LM, an adaptation's)."""
-    from scalestudy.train import saved
-
-    parent_cfg = saved.load_config(Path(record["parent"]), record["parent_step"])
-    lengths = {
-        "inputs_length": cfg.eval.inputs_length or cfg.objective.inputs_length,
-        "targets_length": cfg.eval.targets_length or cfg.objective.targets_length,
-    }
-    return parent_cfg.replace(eval=cfg.eval.replace(**lengths))
-
-
 def _evaluate_parent(cfg: ExperimentConfig, record: dict) -> dict[str, float] | None:
+    """The parent zero-shot as its own run: in the form it was trained in (its architecture
+    and objective's input form: span corruption's EOS), on the stage run's very tasks,
+    prompts and scoring lengths."""
     from scalestudy.evaluate.rank import make_eval_fn
     from scalestudy.models.api import build_model
     from scalestudy.train.saved import restore_params
 
-    parent_cfg = parent_eval_config(cfg, record)
+    parent_cfg, params, step = restore_params(Path(record["parent"]), record["parent_step"])
+    lengths = {
+        "inputs_length": cfg.eval.inputs_length or cfg.objective.inputs_length,
+        "targets_length": cfg.eval.targets_length or cfg.objective.targets_length,
+    }
+    parent_cfg = parent_cfg.replace(eval=cfg.eval.replace(**lengths))
     eval_fn = make_eval_fn(parent_cfg)
     if eval_fn is None:  # an objective rank classification cannot score (said on stderr)
         return None
-    _, params, step = restore_params(Path(record["parent"]), record["parent_step"])
     return dict(eval_fn(build_model(parent_cfg.model), params, step))
 
 

@@ -112,6 +112,14 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         handler.close()
 
 
+def library_logs_of(workdir: str | Path) -> contextlib.AbstractContextManager:
+    """The libraries' notes (orbax opening checkpoints read-only, ...) to the run's log, as in
+    training (`eval` on a finished run); none of them from a directory that cannot be written."""
+    if os.access(workdir, os.W_OK):
+        return library_logs_to_file(workdir)
+    return library_logs_dropped()
+
+
 @contextlib.contextmanager
 def library_logs_dropped() -> Iterator[None]:
     """Drop the libraries' log records while the block runs: checks made before a run has a

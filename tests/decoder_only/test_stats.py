@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from scalestudy.decoder_only import attention_rank, stats
-from scalestudy.decoder_only.report import rank_deficits, rank_tests
+from scalestudy.decoder_only.rank_report import rank_deficits, rank_tests
 
 
 def _runs(losses: dict[int, float]) -> list[dict]:

@@ -35,6 +35,7 @@ def _member(tiny_cfg, arch, objective, seed, lr, *more):
         f"data.seed={seed}",
         f"optim.learning_rate={lr}",
         f"name={arch}.{objective}.s{seed}.lr{lr}",
+        "model.dtype=float32",  # the tolerances below are float32's
         *more,
     )
 
