@@ -12,6 +12,7 @@ import sys
 
 from scalestudy import cli_args
 from scalestudy import cli_commands as commands
+from scalestudy import cli_tools as tools
 from scalestudy.errors import ScalestudyError
 from scalestudy.scaling import command as scaling_command
 
@@ -73,8 +74,13 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="report memory and fit only: no FLOPs or roofline (skips the cost probe compiles)",
     )
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="--topology: rank every data x fsdp x tensor and remat policy by estimated step time",
+    )
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=commands.cmd_compile)
+    p.set_defaults(fn=tools.cmd_compile)
 
     p = sub.add_parser(
         "attention-rank", help="attention rank and representation collapse of a checkpoint"
@@ -176,7 +182,7 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--only", default=None, help="gpu: only rows whose name contains this")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=commands.cmd_bench)
+    p.set_defaults(fn=tools.cmd_bench)
 
     p = sub.add_parser("vocab", help="train a SentencePiece vocabulary from text files")
     p.add_argument("action", choices=["train"])

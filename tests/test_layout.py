@@ -35,6 +35,7 @@ ROOM_OF = {
     "__init__": "config",
     "cli_args": "cli",
     "cli_commands": "cli",
+    "cli_tools": "cli",
 }
 # Rooms placed in the flow by what they serve.
 EXTRA_RANK: dict[str, int] = {}
