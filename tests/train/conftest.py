@@ -56,14 +56,15 @@ def compilation_cache(tmp_path_factory):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 4 MiB tmpfs (root only; where mounting is not allowed the test is skipped): room for
-    two tiny checkpoints, a failed save's leftovers and train.log once the filler is gone."""
+    """An 8 MiB tmpfs (root only; where mounting is not allowed the test is skipped): room for
+    two tiny checkpoints, a failed save's leftovers (and its late writes, should any land
+    after the save was settled) and train.log once the filler is gone."""
     path = tmp_path / "disk"
     path.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small tmpfs needs root")
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", f"scalestudy-{uuid.uuid4().hex[:8]}", path],
+        ["mount", "-t", "tmpfs", "-o", "size=8m", f"scalestudy-{uuid.uuid4().hex[:8]}", path],
         capture_output=True,
     )
     if done.returncode:

@@ -176,7 +176,7 @@ def test_members_at_different_steps_train_as_separate_groups(tiny_cfg, tmp_path)
 )
 def test_a_difference_that_changes_the_program_is_refused(tiny_cfg, tmp_path, change, needle):
     a, b = _pair(tiny_cfg)
-    b = tiny_cfg("causal_decoder", None, *SHORT, "name=b", change)
+    b = tiny_cfg("causal_decoder", None, *SHORT, "name=b", "model.dtype=float32", change)
     with pytest.raises(ConfigError, match=needle):
         group.train_group([a, b], [tmp_path / "g0", tmp_path / "g1"])
     assert not any(tmp_path.iterdir())  # refused before anything was written
