@@ -48,6 +48,14 @@ def run_dir(text: str, *, must_exist: bool) -> Path:
         raise ScalestudyError(f"--workdir {path} is a file; expected a run directory")
     if must_exist and not path.exists():
         raise ScalestudyError(f"--workdir {path}: run directory not found")
+    # A folder inside a run (its checkpoints, one step) is not a run: results would land there.
+    for inner in (path, path.parent):
+        parent = inner.parent
+        if inner.name == "checkpoints" and (parent / "config.yaml").is_file():
+            raise ScalestudyError(
+                f"--workdir {path} is inside the run {parent} (its checkpoints); give the run "
+                f"directory itself: --workdir {parent}"
+            )
     return path
 
 

@@ -43,3 +43,15 @@ def test_overrides_may_follow_options_even_after_two_positionals(capsys, tmp_pat
     # The override after --config must reach the config (and here make it invalid).
     assert main(["bench", "data", "--config", str(bad), "model.n_heads=5"]) == 2
     assert "n_heads=5" in capsys.readouterr().err
+
+
+def test_a_folder_inside_a_run_is_not_taken_for_the_run(capsys, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "4").mkdir(parents=True)
+    (run / "config.yaml").write_text("name: r\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for inner in (run / "checkpoints", run / "checkpoints" / "4"):
+        assert main(["eval", "--workdir", str(inner)]) == 2
+        err = capsys.readouterr().err
+        assert f"is inside the run {run}" in err and f"--workdir {run}" in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
