@@ -94,6 +94,12 @@ class EvalConfig(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
+        bad = [t for t in self.tasks if not isinstance(t, str) or not t.strip()]
+        if bad:
+            raise ConfigError(
+                f"eval.tasks holds {bad!r}; each entry is a task name (synthetic_probes, copa, "
+                "blimp, ...), a task YAML file or 'blimp:PATH' / 'text:PATH', as a string"
+            )
         if not self.tasks and not self.custom_tasks:
             raise ConfigError(
                 "eval.tasks is empty (and there are no eval.custom_tasks): nothing would be "

@@ -169,3 +169,9 @@ def test_yaml_merge_keys_may_override_but_a_repeated_key_is_an_error(tmp_path):
     bad.write_text("model:\n  d_model: 64\n  n_layers: 2\n  d_model: 128\n")
     with pytest.raises(ConfigError, match=r"'d_model' is given twice .*lines 2 and 4"):
         read_yaml(bad)
+
+
+@pytest.mark.parametrize("tasks", ["[1,2]", "[[synthetic_probes]]", "['']"])
+def test_task_entries_that_are_not_names_are_refused_when_the_config_loads(tasks):
+    with pytest.raises(ConfigError, match=r"eval.tasks holds .*each entry is a task name"):
+        load_config(None, [f"eval.tasks={tasks}"])
