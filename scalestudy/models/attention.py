@@ -72,6 +72,11 @@ def causal_block(rows: int) -> Iterator[None]:
         _CAUSAL_BLOCK[0] = before
 
 
+def causal_block_rows() -> int:
+    """The query rows per block in force (part of a compiled program's identity)."""
+    return _CAUSAL_BLOCK[0]
+
+
 def platform() -> str:
     """The platform being compiled for: the active mesh's devices, else the default backend
     (so ahead-of-time compiles against a TPU topology choose TPU backends)."""

@@ -34,6 +34,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scalestudy.config import ExperimentConfig
+from scalestudy.models import attention
 from scalestudy.models.api import Model, build_model
 from scalestudy.train import optim, sharding
 
@@ -283,6 +284,7 @@ def _program_key(cfg: ExperimentConfig, shapes: dict, mesh: jax.sharding.Mesh) -
         sorted(shapes.items()),
         tuple(mesh.shape.items()),
         tuple(d.id for d in mesh.devices.flat),
+        attention.causal_block_rows(),  # shapes the traced attention, not in the config
     )
     return repr(parts)
 
