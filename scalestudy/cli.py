@@ -58,6 +58,13 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default=None, help="directory holding released task files")
     _add_step_arg(p)
     p.add_argument("--max-examples", type=cli_args.positive_int, default=None, help="per task")
+    p.add_argument(
+        "--num-fewshot",
+        type=cli_args.shot_counts,
+        default=None,
+        metavar="K[,K...]",
+        help="demonstrations before each question (eval.num_fewshot); several: 0,1,2,4,8",
+    )
     p.add_argument("--out", default=None, help="write the scores to this JSON file instead")
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="eval.key=value", help="evaluation settings")

@@ -39,6 +39,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def shot_counts(text: str) -> list[int]:
+    """argparse type of `--num-fewshot`: K, or K1,K2,... (demonstrations per prompt, >= 0)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = [-1]
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"a number of demonstrations >= 0, or several joined by commas (0,1,2,4,8); "
+            f"got {text!r}"
+        )
+    return values
+
+
 def run_dir(text: str, *, must_exist: bool) -> Path:
     """--workdir as a Path: not empty, not a file, and (for eval, probe) an existing run."""
     if not text.strip():

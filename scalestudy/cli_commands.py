@@ -185,6 +185,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
     tasks = [t for t in args.tasks or () if not is_override(t)] or None
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
+    if args.num_fewshot is not None:
+        overrides.append(f"eval.num_fewshot={args.num_fewshot}")
 
     def evaluate() -> dict:
         with logfile.library_logs_of(workdir):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from scalestudy.errors import ConfigError
 from scalestudy.schema import Frozen, Tuple
@@ -38,8 +38,15 @@ class TaskConfig(Frozen):
     continuation_field: str = "continuation"  # partial and last_word
     template: str | None = None  # Jinja over the row's fields; default: the context field
     choice_template: str | None = None  # Jinja over the row's fields and `choice`
-    delimiter: str = " "
+    delimiter: str = " "  # between context and choice (the harness's target_delimiter)
     metric: Literal["acc", "acc_norm"] = "acc"
+    # Few-shot prompts (eval.num_fewshot > 0; evaluate/fewshot.py): text before the
+    # demonstrations, what follows each demonstration (None: eval.fewshot_delimiter), and the
+    # file demonstrations are drawn from (the same format; None: this file without the
+    # scored example).
+    description: str = Field("", exclude_if=lambda v: v == "")
+    fewshot_delimiter: str | None = Field(None, exclude_if=lambda v: v is None)
+    fewshot_path: str | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -91,6 +98,30 @@ class EvalConfig(Frozen):
     targets_length: int | None = Field(None, ge=1)
     context_rule: Literal["same", "wang2022"] = "same"
     max_length: int = Field(2048, ge=1)  # longest scoring row; a task needing more is refused
+    # Few-shot prompts (evaluate/fewshot.py): each K > 0 scores every task again with K
+    # demonstrations before each question, reported as "<task>.<K>shot/<metric>". Left out
+    # of dumps (and settings keys) while zero-shot only.
+    num_fewshot: Tuple = Field((0,), exclude_if=lambda v: tuple(v) == (0,))
+    fewshot_seed: int = Field(1234, exclude_if=lambda v: v == 1234)  # the harness's default
+    fewshot_delimiter: str = Field("\n\n", exclude_if=lambda v: v == "\n\n")
+    # registered task name -> the file its demonstrations come from (another split of the
+    # release, in the same format); a task not named draws from its own file minus the
+    # scored example
+    fewshot_files: dict[str, str] = Field(
+        default_factory=dict, strict=False, exclude_if=lambda v: not v
+    )
+
+    @field_validator("num_fewshot", mode="before")
+    @classmethod
+    def _shots(cls, value):
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+        if bad or not values:
+            raise ConfigError(
+                f"eval.num_fewshot={value!r}; accepted: a whole number of demonstrations >= 0, "
+                "or a list of them, e.g. 0 or [0, 1, 2, 4, 8]"
+            )
+        return tuple(dict.fromkeys(values))  # in the order given, each once
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

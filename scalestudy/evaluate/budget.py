@@ -89,6 +89,18 @@ def fit_pairs(
     return Fitted(cut_inputs, [list(t) for t in targets], n_ctx, rows.kept, rows.lengths)
 
 
+def context_budget(cfg: ExperimentConfig, targets: list[list[int]]) -> np.ndarray:
+    """Per pair: the context tokens it may keep whole under `cfg.eval`'s rule (the input
+    form excluded); with no cut set (rule "same", eval.inputs_length unset), what rows of
+    eval.max_length leave beside the task's longest continuation. Few-shot prompts
+    (`fewshot.py`) drop demonstrations to stay within it."""
+    suffix = len(scoring_inputs_suffix(cfg.objective))
+    n_tgt = np.array([len(t) for t in targets], dtype=np.int64)
+    unbounded = np.full_like(n_tgt, np.iinfo(np.int32).max)
+    rows = size_scoring_rows(cfg, unbounded, n_tgt, suffix)
+    return np.minimum(rows.kept, max(rows.context_room, 0))
+
+
 def scoring_lengths(cfg: ExperimentConfig, lengths: tuple[int, int]) -> ExperimentConfig:
     """`cfg` with the objective lengths set to the fitted row lengths (what scoring_batch
     lays rows out by)."""

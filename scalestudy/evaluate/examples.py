@@ -23,6 +23,9 @@ class Example:
     # Where it comes from: the release's own id (`formats.source_id`), else file:line. Not
     # part of equality: the same item read from two formats is the same example.
     source: str = field(default="", compare=False)
+    # Few-shot demonstrations drawn from the task's own examples come from those with the
+    # same pool (probes: the same kind; the in-context probe: the same episode).
+    pool: str = field(default="", compare=False)
 
     def pairs(self) -> list[tuple[str, str]]:
         """(context, continuation) for each choice."""
@@ -48,3 +51,10 @@ class Task:
     delimiter: str = " "
     aggregate: Literal["all", "median"] = "all"
     info: dict = field(default_factory=dict)
+    # Few-shot prompts (evaluate/fewshot.py): text before the demonstrations, what follows
+    # each demonstration (None: eval.fewshot_delimiter), and where demonstrations come from
+    # (None: the task's own examples, the scored one excluded).
+    description: str = ""
+    fewshot_delimiter: str | None = None
+    demos: tuple[Example, ...] | None = None
+    demos_source: str = ""

@@ -66,13 +66,41 @@ def _label(tc: TaskConfig, row: Row, choices: tuple[str, ...]) -> int:
 def generic_task(
     tc: TaskConfig, data_dir: str | Path | None = None, base_dir: Path | None = None
 ) -> Task:
-    """The Task a TaskConfig describes (examples built row by row, errors naming file:line)."""
+    """The Task a TaskConfig describes (examples built row by row, errors naming file:line);
+    its few-shot demonstrations read the same way from `fewshot_path` when given."""
     path = resolve_path(tc.path, data_dir, base_dir)
-    rows = read_rows(path)
+    kind = "last_word" if tc.kind == "last_word" else "choice"
+    demos, demos_source = None, ""
+    if tc.fewshot_path is not None:
+        try:
+            demo_path = resolve_path(tc.fewshot_path, data_dir, base_dir)
+        except TaskDataError as e:
+            where = str(e).partition("; ")[2]
+            raise TaskDataError(
+                f"task {tc.name!r}: fewshot_path {tc.fewshot_path!r} not found (the file its "
+                f"demonstrations come from); {where}"
+            ) from None
+        demos, demos_source = tuple(_examples(tc, read_rows(demo_path))), str(demo_path)
+    return Task(
+        tc.name,
+        "choice" if tc.kind == "pair" else kind,
+        tuple(_examples(tc, read_rows(path))),
+        str(path),
+        "acc" if tc.kind == "pair" else tc.metric,
+        "" if tc.kind == "pair" else tc.delimiter,
+        description=tc.description,
+        fewshot_delimiter=tc.fewshot_delimiter,
+        demos=demos,
+        demos_source=demos_source,
+    )
+
+
+def _examples(tc: TaskConfig, rows: list[Row]) -> list[Example]:
+    """The examples of `rows` as `tc` describes them."""
+    if tc.kind == "pair":
+        return _pair_examples(tc, rows)
     context_t = _template(tc.template, tc.name, "template")
     choice_t = _template(tc.choice_template, tc.name, "choice_template")
-    if tc.kind == "pair":
-        return _pair_task(tc, rows, str(path))
     examples: list[Example] = []
 
     def add(example: Example) -> None:
@@ -104,11 +132,10 @@ def generic_task(
         else:
             group = "" if tc.group_field is None else str(row.get(tc.group_field))
             add(Example((context,), choices, gold, group))
-    kind = "last_word" if tc.kind == "last_word" else "choice"
-    return Task(tc.name, kind, tuple(examples), str(path), tc.metric, tc.delimiter)
+    return examples
 
 
-def _pair_task(tc: TaskConfig, rows: list[Row], source: str) -> Task:
+def _pair_examples(tc: TaskConfig, rows: list[Row]) -> list[Example]:
     """Minimal pairs: the first of `choice_fields` is the acceptable sentence; both are scored
     whole with no context and no delimiter."""
     examples = []
@@ -116,4 +143,4 @@ def _pair_task(tc: TaskConfig, rows: list[Row], source: str) -> Task:
         good, bad = prompts.check_choices(row, _choices(tc, row), "choice_fields")
         group = "" if tc.group_field is None else str(row.get(tc.group_field))
         examples.append(dataclasses.replace(pair_example(good, bad, group), source=source_id(row)))
-    return Task(tc.name, "choice", tuple(examples), source, "acc", delimiter="")
+    return examples

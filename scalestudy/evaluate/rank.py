@@ -8,6 +8,7 @@ run directory's results are written by `results.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,7 +21,8 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import feature_lengths, scores_zero_shot
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError
-from scalestudy.evaluate.budget import fit_pairs, text_lengths
+from scalestudy.evaluate import fewshot
+from scalestudy.evaluate.budget import context_budget, fit_pairs, text_lengths
 from scalestudy.evaluate.examples import Task
 from scalestudy.evaluate.metrics import (
     Scored,
@@ -57,13 +59,21 @@ def evaluate_task(
     *,
     max_examples: int | None = None,
     records: list[dict] | None = None,
+    num_fewshot: int = 0,
 ) -> dict[str, float]:
-    """Flat metrics of one task ("<task>/<metric>") scored by `score`.
+    """Flat metrics of one task ("<task>/<metric>"; K-shot: "<task>.<K>shot/<metric>")
+    scored by `score`.
 
     Pairs keep the context that `cfg.eval`'s rule allows (`budget.py`); continuations are
-    never cut. `<task>/truncated` counts the examples whose context was cut. Per-example
+    never cut. `<task>/truncated` counts the examples whose context was cut. With
+    `num_fewshot` K > 0, each context follows K demonstrations (`fewshot.py`). Per-example
     scores are appended to `records` when given. `vocab` is a seqio Vocabulary.
     """
+    shots = None
+    if num_fewshot:
+        if task.kind == "text":
+            raise ValueError(f"task {task.name!r} is held-out text: it has no few-shot form")
+        task = dataclasses.replace(task, name=fewshot.task_name(task.name, num_fewshot))
     prefix = task.name
     if task.kind == "text":
         context, window = text_lengths(cfg)
@@ -71,6 +81,8 @@ def evaluate_task(
         owner = np.arange(len(inputs))
     else:
         examples = limit_examples(task, max_examples)
+        if num_fewshot:
+            examples, shots = _fewshot(task, examples, num_fewshot, vocab, cfg)
         inputs, targets, owner = tokenize_pairs(vocab.encode, task, examples)
     fitted = fit_pairs(cfg, inputs, targets, task.name)
     lp, n_tok, correct = score(fitted)
@@ -87,11 +99,37 @@ def evaluate_task(
         else:
             out = choice_metrics(task, examples, scored, prefix)
         out |= task_loss_metrics(task, examples, scored, prefix)
+        kept = example_records(task, examples, scored, fitted) if records is not None else []
+        if shots is not None:
+            out |= fewshot.shot_metrics(prefix, num_fewshot, shots)
+            for record, shown in zip(kept, fewshot.shot_records(task, shots), strict=True):
+                record |= shown
         if records is not None:
-            records += example_records(task, examples, scored, fitted)
+            records += kept
     out[f"{prefix}/truncated"] = truncated
     out |= _beyond_training(cfg, task.name, fitted, owner)
     return out
+
+
+def _fewshot(task: Task, examples, k: int, vocab, cfg: ExperimentConfig):
+    """`examples` as K-shot prompts within each pair's context budget, and their shots."""
+
+    def budget(exs):
+        _, targets, owner = tokenize_pairs(vocab.encode, task, exs)
+        room = context_budget(cfg, targets)
+        return np.split(room, np.flatnonzero(np.diff(owner)) + 1) if len(exs) else []
+
+    ev = cfg.eval
+    return fewshot.fewshot_examples(
+        task, examples, k, ev.fewshot_seed, ev.fewshot_delimiter, vocab.encode, budget
+    )
+
+
+def shot_counts(cfg: ExperimentConfig, task: Task) -> tuple[int, ...]:
+    """The numbers of demonstrations `task` is scored with (held-out text: zero only)."""
+    if task.kind == "text":
+        return (0,) if 0 in cfg.eval.num_fewshot else ()
+    return tuple(cfg.eval.num_fewshot)
 
 
 def _beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:
@@ -147,10 +185,12 @@ def evaluate_params(
     scoring = scoring_config(cfg)
     results: dict[str, float] = {}
     for task in loaded:
-        kept = None if records is None else records.setdefault(task.name, [])
-        results |= evaluate_task(
-            task, scorer.score, vocab, scoring, max_examples=limit, records=kept
-        )
+        for k in shot_counts(cfg, task):
+            name = fewshot.task_name(task.name, k)
+            kept = None if records is None else records.setdefault(name, [])
+            results |= evaluate_task(
+                task, scorer.score, vocab, scoring, max_examples=limit, records=kept, num_fewshot=k
+            )
     return results
 
 
@@ -232,8 +272,12 @@ def check_tasks(cfg: ExperimentConfig, tasks: Sequence[Task]) -> None:
         if task.kind == "text":
             continue  # windows are cut to the eval lengths by construction
         examples = limit_examples(task, cfg.eval.max_examples)
-        inputs, targets, _ = tokenize_pairs(vocab.encode, task, examples)
-        fit_pairs(scoring, inputs, targets, task.name)
+        for k in shot_counts(cfg, task):
+            shown = examples
+            if k:  # enough demonstrations, and room for at least one of them
+                shown, _ = _fewshot(task, examples, k, vocab, scoring)
+            inputs, targets, _ = tokenize_pairs(vocab.encode, task, shown)
+            fit_pairs(scoring, inputs, targets, fewshot.task_name(task.name, k))
 
 
 def make_eval_fn(

@@ -226,7 +226,8 @@ def _probes(synthetic: SyntheticConfig | None) -> Task:
                 row, tuple(row.get("choices", (list, tuple))), "choices"
             )
             gold = prompts.gold_index(row, "gold", choices)
-            examples.append(Example((row.get("context", str),), choices, gold, group, row.where))
+            context = row.get("context", str)
+            examples.append(Example((context,), choices, gold, group, row.where, pool=group))
     return Task("synthetic_probes", "choice", tuple(examples), "data.synthetic.probe_tasks")
 
 
@@ -303,4 +304,27 @@ def load_tasks(
     dupes = sorted({n for n in seen if seen.count(n) > 1})
     if dupes:
         raise ConfigError(f"duplicate task names {dupes}; give each task a distinct name")
-    return tasks
+    if names is None:
+        check_fewshot_files(eval_cfg, tasks)
+    return [_with_demos(t, eval_cfg, data_dir) for t in tasks]
+
+
+def _with_demos(task: Task, eval_cfg: EvalConfig, data_dir) -> Task:
+    """`task` with its demonstration split from eval.fewshot_files, when one is named."""
+    path = eval_cfg.fewshot_files.get(task.name)
+    if path is None:
+        return task
+    demos = _registered(task.name, Path(path), data_dir, eval_cfg.prompts)
+    return dataclasses.replace(task, demos=demos.examples, demos_source=demos.source)
+
+
+def check_fewshot_files(eval_cfg: EvalConfig, tasks: list[Task]) -> None:
+    """Refuse eval.fewshot_files entries that name no registered task being evaluated."""
+    names = {t.name for t in tasks}
+    bad = [n for n in eval_cfg.fewshot_files if n not in REGISTRY or n not in names]
+    if bad:
+        raise ConfigError(
+            f"eval.fewshot_files names {bad}: each key is a registered task being evaluated "
+            f"({', '.join(sorted(names & set(REGISTRY))) or 'none here'}); a task YAML gives "
+            "its demonstrations as fewshot_path"
+        )

@@ -21,6 +21,7 @@ from scalestudy.evaluate.results import examples_path
 from scalestudy.evaluate.tasks import Task, load_task
 from scalestudy.models.api import build_model
 
+from .tiny_models import reference_logprob
 from .tiny_models import tiny as tiny_model
 
 DEFAULT = ExperimentConfig()
@@ -41,30 +42,6 @@ def built(request):
     model = build_model(cfg.model)
     params = model.init(jax.random.key(1))
     return cfg, model, params, rank.Scorer(cfg, model, params)
-
-
-def reference_logprob(cfg, model, params, contexts, targets) -> np.ndarray:
-    """Sums of log p(target) from Model.apply + log_softmax on a hand-made batch without
-    padding (all contexts of one length, all targets of another)."""
-    rows = lambda xs: np.asarray(xs, np.int32)
-    if cfg.model.is_encoder_decoder:
-        batch = {"encoder_input_tokens": rows(contexts), "decoder_target_tokens": rows(targets)}
-        batch["decoder_input_tokens"] = rows([[0, *t[:-1]] for t in targets])
-        first = 0
-    else:
-        full = [c + t for c, t in zip(contexts, targets)]
-        batch = {"decoder_target_tokens": rows(full)}
-        batch["decoder_input_tokens"] = rows([[0, *f[:-1]] for f in full])
-        # seqio's prefix: every input position up to the one that reads the last context token.
-        n_ctx, n_tgt = len(contexts[0]), len(targets[0])
-        batch["decoder_causal_attention"] = rows(
-            [[1] * (n_ctx + 1) + [0] * (n_tgt - 1)] * len(full)
-        )
-        first = n_ctx
-    logp = jax.nn.log_softmax(jax.jit(model.apply)(params, batch), axis=-1)
-    return np.array(
-        [sum(logp[b, first + j, tok] for j, tok in enumerate(t)) for b, t in enumerate(targets)]
-    )
 
 
 def test_score_equals_logprob_from_logits(built) -> None:
