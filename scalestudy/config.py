@@ -189,6 +189,10 @@ class SyntheticConfig(Frozen):
     n_train_documents: int = Field(20000, ge=1)
     n_validation_documents: int = Field(500, ge=1)
     seed: int = 1234
+    # Share of documents that are in-context episodes (made-up words, each given a colour
+    # anew in every document: "dax is red"), the structure the in-context probe asks a model
+    # to use from its prompt alone; 0 leaves the stories alone (and run ids unchanged).
+    incontext_share: float = Field(0.0, ge=0.0, le=1.0, exclude_if=lambda v: v == 0.0)
 
 
 class DataConfig(Frozen):

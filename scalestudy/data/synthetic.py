@@ -12,6 +12,12 @@ bytes), so it lies inside a training row of the smoke study.
 Document `i` of a split is a pure function of (seed, split, i), so corpora of different sizes
 share their first documents and generation needs no state. `probe_tasks` builds zero-shot
 multiple-choice probes from held-out stories: pick the continuation the story's grammar gives.
+
+With `incontext_share` > 0, that share of documents are in-context episodes instead: lines
+"dax is red" over a few made-up words whose colours are drawn anew in every document, so the
+only way to predict a colour is to find the word earlier in the same document.
+`incontext_probe` asks for a colour that only the prompt's demonstrations can give (K-shot
+evaluation, evaluate/fewshot.py); without them it is at chance by construction.
 """
 
 from __future__ import annotations
@@ -152,15 +158,75 @@ def story(seed: int, split: str, index: int) -> str:
     return _tell(_Story(rng), rng, every=split == "probe")
 
 
+# In-context episodes: made-up words (no story uses them), each given a colour per document.
+_NONCE = ["dax", "wug", "blick", "fep", "zib", "lorp", "mib", "toma", "kiki", "yop", "glim"]
+_NONCE += ["nup", "vek", "jora", "plim", "sorb"]
+INCONTEXT_DELIMITER = "\n"  # between the lines of an episode, and between demonstrations
+
+
+def _line(word: str, colour: str) -> str:
+    return f"{word} is {colour}"
+
+
+def incontext_episode(seed: int, split: str, index: int) -> str:
+    """In-context document `index` of `split`: 16 lines over 4 made-up words, each word's
+    colour drawn for this document alone."""
+    rng = random.Random(_rng(seed, split, index).random() + 0.5)
+    words = rng.sample(_NONCE, 4)
+    colour = {w: rng.choice(_COLORS) for w in words}
+    return INCONTEXT_DELIMITER.join(_line(w, colour[w]) for w in rng.choices(words, k=16))
+
+
+def _is_episode(seed: int, split: str, index: int, share: float) -> bool:
+    return share > 0 and random.Random(_rng(seed, split, index).random()).random() < share
+
+
 @functools.lru_cache(maxsize=8)
-def _documents(seed: int, split: str, n: int) -> tuple[str, ...]:
-    return tuple(story(seed, split, i) for i in range(n))
+def _documents(seed: int, split: str, n: int, share: float = 0.0) -> tuple[str, ...]:
+    return tuple(
+        incontext_episode(seed, split, i)
+        if _is_episode(seed, split, i, share)
+        else story(seed, split, i)
+        for i in range(n)
+    )
 
 
 def documents(cfg: SyntheticConfig, split: str) -> list[str]:
     """All documents of a split ('train' or 'validation'); cached in-process."""
     n = cfg.n_train_documents if split == "train" else cfg.n_validation_documents
-    return list(_documents(cfg.seed, split, n))
+    return list(_documents(cfg.seed, split, n, cfg.incontext_share))
+
+
+def incontext_probe(cfg: SyntheticConfig, n_episodes: int = 20) -> list[dict]:
+    """The in-context probe: {"context", "choices", "gold", "episode"} items, 16 per episode.
+
+    An episode gives 4 made-up words a (right, wrong) pair of colours each, drawn for it
+    alone; each item asks "<word> is" with both colours as choices, and its demonstrations
+    (K-shot evaluation) are other items of its episode, so only they can tell the right one.
+    Episodes come in twins that swap every word's right and wrong colour: the two items of a
+    twin read the same zero-shot prompt and choices with opposite answers, so any model is
+    exactly at chance at K = 0.
+    """
+    items = []
+    for e in range(n_episodes):
+        rng = _rng(cfg.seed, "probe", 1_000_000 + e)
+        words = rng.sample(_NONCE, 4)
+        pairs = {w: rng.sample(_COLORS, 2) for w in words}
+        order = [w for w in words for _ in range(4)]
+        rng.shuffle(order)
+        for twin in (0, 1):
+            for w in order:
+                right = pairs[w][twin]
+                choices = sorted(pairs[w])
+                items.append(
+                    {
+                        "context": f"{w} is",
+                        "choices": choices,
+                        "gold": choices.index(right),
+                        "episode": f"{e}{'ab'[twin]}",
+                    }
+                )
+    return items
 
 
 # ----------------------------------------------------------------------------- probes

@@ -13,7 +13,9 @@ bidirectional prefix, the encoder-decoder's encoder reads it.
 Demonstrations are drawn per scored example, in example order, from one
 `random.Random(eval.fewshot_seed)`: K examples of another split (`eval.fewshot_files`, a task
 YAML's `fewshot_path`), or K + 1 of the task's own examples with the scored one removed (the
-harness's sampler; the same seed shows the same demonstrations). Examples of a built-in probe
+harness's sampler with `fewshot_split` set to the scored split; the same seed shows the same
+demonstrations). The scored example is removed as that row, not as every row equal to it: a
+repeated item may show its twin. Examples of a built-in probe
 draw only from examples of their own pool (`Example.pool`).
 
 Context budget: a prompt longer than its pair's budget (`budget.context_budget`) loses whole
@@ -73,7 +75,7 @@ def draw(task: Task, examples: list[Example], k: int, seed: int) -> list[tuple[i
     out = []
     for ex in examples:
         candidates = by_pool.get(ex.pool if same_split else "", [])
-        others = [i for i in candidates if pool[i] != ex] if same_split else candidates
+        others = [i for i in candidates if pool[i] is not ex] if same_split else candidates
         if len(others) < k:
             where = (
                 f"the task's own {len(candidates)} examples"
@@ -94,10 +96,7 @@ def draw(task: Task, examples: list[Example], k: int, seed: int) -> list[tuple[i
             out.append(tuple(candidates[j] for j in _sample(rnd, len(candidates), k)))
             continue
         picked = [candidates[j] for j in _sample(rnd, len(candidates), k + 1)]
-        shown = [i for i in picked if pool[i] != ex][:k]
-        if len(shown) < k:  # copies of the scored example drawn twice: draw again without them
-            shown = [others[j] for j in _sample(rnd, len(others), k)]
-        out.append(tuple(shown))
+        out.append(tuple(i for i in picked if pool[i] is not ex)[:k])
     return out
 
 

@@ -99,12 +99,12 @@ def evaluate_task(
         else:
             out = choice_metrics(task, examples, scored, prefix)
         out |= task_loss_metrics(task, examples, scored, prefix)
-        kept = example_records(task, examples, scored, fitted) if records is not None else []
         if shots is not None:
             out |= fewshot.shot_metrics(prefix, num_fewshot, shots)
-            for record, shown in zip(kept, fewshot.shot_records(task, shots), strict=True):
-                record |= shown
         if records is not None:
+            kept = example_records(task, examples, scored, fitted)
+            for record, shown in zip(kept, fewshot.shot_records(task, shots or []), strict=False):
+                record |= shown  # how many demonstrations it really got, and which
             records += kept
     out[f"{prefix}/truncated"] = truncated
     out |= _beyond_training(cfg, task.name, fitted, owner)

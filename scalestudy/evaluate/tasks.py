@@ -2,6 +2,7 @@
 
 A task name resolves, in order, to:
   `synthetic_probes`           the built-in corpus's probe tasks (data/synthetic.py)
+  `incontext_probe`            colours of made-up words given only in the prompt (few-shot)
   `blimp` or `blimp:PATH`      BLiMP minimal pairs (a directory of paradigm files, blimp.py)
   `text:PATH`                  held-out loss / bits per byte over a text file
   `NAME:PATH`                  a registered task read from an explicit release file
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from scalestudy.config import SyntheticConfig
 from scalestudy.data import require_seqio
-from scalestudy.data.synthetic import probe_tasks
+from scalestudy.data.synthetic import INCONTEXT_DELIMITER, incontext_probe, probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.eval_config import EvalConfig, TaskConfig
 from scalestudy.evaluate import generic, prompts
@@ -231,6 +232,22 @@ def _probes(synthetic: SyntheticConfig | None) -> Task:
     return Task("synthetic_probes", "choice", tuple(examples), "data.synthetic.probe_tasks")
 
 
+def _incontext(synthetic: SyntheticConfig | None) -> Task:
+    """The in-context probe: demonstrations come from the scored item's own episode."""
+    examples = []
+    for i, item in enumerate(incontext_probe(synthetic or SyntheticConfig())):
+        where = f"incontext_probe[{i}] (episode {item['episode']})"
+        ex = Example((item["context"],), tuple(item["choices"]), item["gold"], source=where)
+        examples.append(dataclasses.replace(ex, pool=item["episode"]))
+    return Task(
+        "incontext_probe",
+        "choice",
+        tuple(examples),
+        "data.synthetic.incontext_probe",
+        fewshot_delimiter=INCONTEXT_DELIMITER,
+    )
+
+
 def _text(path: str, name: str = "text") -> Task:
     file = require_file(path, "text file")
     text = file.read_text(encoding="utf-8", errors="replace")
@@ -255,6 +272,8 @@ def load_task(
         raise ConfigError(f"eval.prompts={prompts!r}; accepted: harness, promptsource")
     if spec == "synthetic_probes":
         return _probes(synthetic)
+    if spec == "incontext_probe":
+        return _incontext(synthetic)
     head, sep, tail = spec.partition(":")
     if sep and head == "text":
         return _text(tail)
@@ -274,6 +293,7 @@ def load_task(
         return _tfds(spec, tfds_data_dir)
     accepted = [
         "synthetic_probes",
+        "incontext_probe",
         *REGISTRY,
         "blimp",
         "NAME:PATH",

@@ -229,3 +229,69 @@ def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in examples_path(run, 5, "sums.2shot").read_text().splitlines()]
     assert len(rows) == 3 and all(r["shots"] == 2 and len(r["shown"]) == 2 for r in rows)
     assert np.mean([r["pred"] == r["gold"] for r in rows]) == summary["eval"]["sums.2shot/acc"]
+
+
+def _reader(vocab):
+    """A scorer that has learnt only to copy: a choice scores 1 when the prompt already says
+    "<word> is <choice>", else 0 (ties go to the first choice)."""
+
+    def score(fitted):
+        lp = []
+        for x, t in zip(fitted.inputs, fitted.targets, strict=True):
+            prompt, choice = vocab.decode(x), vocab.decode(t).strip()
+            word = prompt.rsplit("\n", 1)[-1].removesuffix(" is")
+            lp.append(float(f"{word} is {choice}" in prompt))
+        n = np.array([len(t) for t in fitted.targets])
+        return np.array(lp), n, np.zeros(len(n), bool)
+
+    return score
+
+
+def test_the_incontext_probe_is_at_chance_without_demonstrations() -> None:
+    """Zero-shot, every twin pair reads the same prompt and choices with opposite answers:
+    exactly chance for any model (a real untrained one and a copier); with demonstrations
+    from its own episode the copier gains as the chance of seeing the word rises."""
+    task = load_task("incontext_probe")
+    cfg = tiny("causal_decoder", "flm")
+    vocab = get_vocabulary(cfg.data)
+    acc = {}
+    for k in (0, 1, 2, 4, 8):
+        out = rank.evaluate_task(task, _reader(vocab), vocab, cfg, num_fewshot=k)
+        acc[k] = out[f"{fewshot.task_name('incontext_probe', k)}/acc"]
+    assert acc[0] == 0.5 and acc[0] < acc[1] < acc[2] < acc[4] < acc[8] and acc[8] > 0.9
+    model = build_model(cfg.model)
+    scorer = rank.Scorer(cfg, model, model.init(jax.random.key(5)))
+    out = rank.evaluate_task(task, scorer.score, vocab, cfg, max_examples=None)
+    assert out["incontext_probe/acc"] == 0.5 and out["incontext_probe/acc_norm"] == 0.5
+    # Demonstrations never leave their episode, and the twins' answers really differ.
+    drawn = fewshot.draw(task, list(task.examples), 8, seed=0)
+    for ex, picks in zip(task.examples, drawn, strict=True):
+        assert all(task.examples[i].pool == ex.pool and task.examples[i] is not ex for i in picks)
+    twins = {}
+    for ex in task.examples:
+        twins.setdefault((ex.pool[:-1], ex.contexts, ex.choices), set()).add(ex.gold)
+    assert all(golds == {0, 1} for golds in twins.values())
+
+
+def test_incontext_documents_join_the_corpus_only_when_asked() -> None:
+    from scalestudy.config import SyntheticConfig
+    from scalestudy.data import synthetic
+
+    plain = synthetic.documents(SyntheticConfig(n_train_documents=200), "train")
+    mixed = synthetic.documents(
+        SyntheticConfig(n_train_documents=200, incontext_share=0.3), "train"
+    )
+    episodes = [i for i, (a, b) in enumerate(zip(plain, mixed, strict=True)) if a != b]
+    assert 30 < len(episodes) < 90 and all(
+        mixed[i] == plain[i] for i in range(200) if i not in episodes
+    )
+    for i in episodes:  # each made-up word keeps one colour within its document
+        colour: dict[str, str] = {}
+        for line in mixed[i].split("\n"):
+            word, _, c = line.partition(" is ")
+            assert colour.setdefault(word, c) == c
+    colours = {
+        synthetic.incontext_episode(0, "train", i).split(" is ")[1].split("\n")[0]
+        for i in range(40)
+    }
+    assert len(colours) > 3  # drawn anew per document
