@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,15 @@ from scalestudy.evaluate.formats import TaskDataError
 def task_name(name: str, k: int) -> str:
     """The name K-shot results are reported under ("<task>.<K>shot"; zero-shot: the task's)."""
     return f"{name}.{k}shot" if k else name
+
+
+_SHOT_NAME = re.compile(r"\.(\d+)shot$")
+
+
+def shots_of(name: str) -> int:
+    """K of a result's task name ("copa.4shot" -> 4; a zero-shot task's name -> 0)."""
+    m = _SHOT_NAME.search(name)
+    return int(m[1]) if m else 0
 
 
 def demonstration(task: Task, example: Example) -> str:

@@ -144,6 +144,8 @@ REGISTRY: dict[str, Spec] = {
     "logiqa": Spec(("logiqa/Test.txt",), metric="acc_norm"),
 }
 DEFAULT_FILES = {name: spec.files[0] for name, spec in REGISTRY.items()}
+# Tasks that need no file: the synthetic corpus's probes, and BLiMP under data_dir.
+BUILT_IN = ("synthetic_probes", "incontext_probe", "blimp")
 TFDS_NAMES = {spec.tfds[0]: name for name, spec in REGISTRY.items() if spec.tfds}
 
 
@@ -292,10 +294,8 @@ def load_task(
     if "/" in spec and spec.split(":")[0] in TFDS_NAMES:
         return _tfds(spec, tfds_data_dir)
     accepted = [
-        "synthetic_probes",
-        "incontext_probe",
+        *BUILT_IN,
         *REGISTRY,
-        "blimp",
         "NAME:PATH",
         "text:PATH",
         "tfds:NAME",

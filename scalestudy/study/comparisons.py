@@ -29,6 +29,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling.intervals import (
     Interval,
     accuracy_difference,
@@ -87,11 +88,13 @@ def held_equal(
 
 
 def _accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
-    """(accuracy, examples) over the run's evaluated tasks, example-weighted."""
+    """(accuracy, examples) over the run's evaluated tasks, zero-shot, example-weighted."""
     hits = total = 0.0
     for key, x in run.items():
         parts = key.split("/")
         if len(parts) == 3 and parts[0] == "eval" and parts[2] == "acc" and x is not None:
+            if shots_of(parts[1]):  # a few-shot row: the in-context section reads those
+                continue
             n = run.get(f"eval/{parts[1]}/n") or 1.0
             hits += x * n
             total += n
@@ -259,13 +262,18 @@ def _metric(run: dict[str, Any], metric: str) -> float | None:
 
 
 def leader(
-    runs: list[dict[str, Any]], x_key: str, metric: str, tolerance: float = 0.03
+    runs: list[dict[str, Any]],
+    x_key: str,
+    metric: str,
+    tolerance: float = 0.03,
+    higher: bool | None = None,
 ) -> dict[str, Any] | None:
-    """The cells' `metric` ("acc" or "loss") at the largest `x_key` every cell spans, each
-    seed's value interpolated in log x between that seed's runs; the cell with the best mean
-    (the leader) and its paired test against every other cell (leader minus other, with what
-    is held equal at that x). None when fewer than two cells have values. Verdicts come after
-    `adjust` (`leader_lines`)."""
+    """The cells' `metric` ("acc", "loss", or any run key: a per-run number, `higher` saying
+    which way is better) at the largest `x_key` every cell spans, each seed's value
+    interpolated in log x between that seed's runs; the cell with the best mean (the leader)
+    and its paired test against every other cell (leader minus other, with what is held equal
+    at that x). None when fewer than two cells have values. Verdicts come after `adjust`
+    (`leader_lines`)."""
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         if r.get("status") == "done" and r.get(x_key) and _metric(r, metric) is not None:
@@ -296,7 +304,7 @@ def leader(
             per_seed[cell] = got
     if len(per_seed) < 2:
         return None
-    higher = metric == "acc"
+    higher = metric == "acc" if higher is None else higher
     mean = {c: sum(v.values()) / len(v) for c, v in per_seed.items()}
     ranked = sorted(mean, key=lambda c: -mean[c] if higher else mean[c])
     examples = 0
@@ -368,7 +376,7 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
     """The verdict on a `leader` result (after `adjust`): a headline sentence, then one line
     per paired test with its interval, n, Holm-adjusted p and what is held equal."""
     best, tests = found["leader"], found["tests"]
-    more = "higher accuracy" if found["higher"] else "lower loss"
+    more = found.get("more") or ("higher accuracy" if found["higher"] else "lower loss")
     if not tests:
         return [f"no cell shares a seed with {best}, so nothing is compared."]
     tested = [t for t in tests if "p_holm" in t]

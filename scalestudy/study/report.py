@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
-from scalestudy.study import comparisons, lr_report, task_laws, verdicts
+from scalestudy.evaluate.fewshot import shots_of
+from scalestudy.study import comparisons, incontext, lr_report, task_laws, verdicts
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
@@ -40,11 +41,14 @@ def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def _task_total(run: dict[str, Any], metric: str, weighted: bool) -> tuple[float, float]:
-    """(sum over tasks of metric, or of metric x examples when `weighted`; examples)."""
+    """(sum over zero-shot tasks of metric, or of metric x examples when `weighted`;
+    examples). Few-shot rows (`<task>.<K>shot`) are the in-context section's."""
     value = total = 0.0
     for key, x in run.items():
         parts = key.split("/")  # eval/<task>/<metric>; deeper keys are breakdowns
         if len(parts) == 3 and parts[0] == "eval" and parts[2] == metric and x is not None:
+            if shots_of(parts[1]):
+                continue
             n = run.get(key[: -len(metric)] + "n") or 1.0
             value += x * n if weighted else x
             total += n
@@ -126,6 +130,8 @@ def compare(
                 within[obj] = got
                 leaders.append(got)
         out[name + "_loss"] = within
+    out["incontext"] = incontext.compare(done, n_key, tolerance)
+    leaders += [got for by_question in out["incontext"].values() for got in by_question.values()]
     out["family"] = comparisons.adjust(out["matched"] + [t for g in leaders for t in g["tests"]])
     for got in leaders:
         got["verdict"] = comparisons.leader_lines(got)
@@ -336,6 +342,7 @@ def render_markdown(
             ]
         if cmp[name + "_loss"]:
             lines.append("")
+    lines += incontext.lines(cmp["incontext"], runs)
     lines += comparisons.lines(
         runs, study.match_tolerance, found=cmp["matched"], family=cmp["family"]
     )

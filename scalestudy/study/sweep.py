@@ -17,6 +17,7 @@ from typing import Any
 
 from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
 from scalestudy.errors import ConfigError
+from scalestudy.evaluate.tasks import BUILT_IN as BUILT_IN_TASKS
 from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
 from scalestudy.evaluate.tasks import TFDS_NAMES
 from scalestudy.models import counting
@@ -136,14 +137,14 @@ def _check_tasks(names: Any) -> None:
     for name in names:
         head, sep, _ = str(name).partition(":")
         known = (
-            name in ("synthetic_probes", "blimp")
+            name in BUILT_IN_TASKS
             or name in TASK_REGISTRY
             or (sep and head in ("text", "tfds", "blimp", *TASK_REGISTRY))
             or str(name).endswith((".yaml", ".yml"))
             or ("/" in str(name) and head in TFDS_NAMES)
         )
         if not known:
-            accepted = ["synthetic_probes", *TASK_REGISTRY, "blimp", "NAME:PATH", "text:PATH"]
+            accepted = [*BUILT_IN_TASKS, *TASK_REGISTRY, "NAME:PATH", "text:PATH"]
             accepted += ["tfds:NAME", "FILE.yaml"]
             raise ConfigError(f"tasks: unknown task {name!r}; accepted: {', '.join(accepted)}")
 

@@ -99,6 +99,10 @@ def answer(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[str]:
             rows.append(
                 _row(f"equal {held} ({got['at']:.3g} {x_what})", f"val loss, {obj}", got, level)
             )
+        for task, by_question in cmp.get("incontext", {}).items():
+            if got := by_question.get(key):
+                metric = f"{got['k']}-shot gain, {task}"
+                rows.append(_row(f"equal {held} ({got['at']:.3g} {x_what})", metric, got, level))
     if not rows:
         return []
     head = ["at", "metric", "best", "verdict", "narrowest margin [95%]", "Holm p", "n (runs)"]
@@ -107,10 +111,10 @@ def answer(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[str]:
         "",
         f"Each row: the best cell at one matching, tested against every other cell with runs "
         f"as the unit (paired by seed, Holm-adjusted over the report's {cmp['family']} tests, "
-        "95% intervals); the margin shown is the best cell minus its closest rival (accuracy: "
-        "higher is better; loss: lower). Losses compare only cells of one objective; probe "
-        "accuracy compares every cell. The sections below give every test with what it holds "
-        "equal and what it does not.",
+        "95% intervals); the margin shown is the best cell minus its closest rival (accuracy "
+        "and in-context gain: higher is better; loss: lower). Losses compare only cells of "
+        "one objective; probe accuracy (zero-shot) compares every cell. The sections below "
+        "give every test with what it holds equal and what it does not.",
         "",
         *table(head, rows),
         "",

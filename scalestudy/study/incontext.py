@@ -1,0 +1,123 @@
+"""In-context learning in a study's report: accuracy against the number of demonstrations per
+cell, and the in-context gain compared across cells.
+
+A task scored with demonstrations (`eval.num_fewshot`, results `<task>.<K>shot/acc` beside the
+zero-shot `<task>/acc`) gives every run a curve over K. A run's **in-context gain** is its
+accuracy at the largest K minus its zero-shot accuracy: one number per run, so the run is the
+unit of every interval. Cells are compared on it as on probe accuracy (`comparisons.leader`,
+paired by seed, at equal parameters and at equal compute), and the tests join the report's
+Holm family. The claim under test (decoder-only models gain more from demonstrations than
+encoder-decoders or prefix LMs) is answered by whichever cell leads, with its interval.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from scalestudy.study import comparisons, verdicts
+
+_SHOTS = re.compile(r"^eval/(?P<task>.+)\.(?P<k>\d+)shot/acc$")
+
+
+def curves(run: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """task -> {K: accuracy} of one run, for tasks scored with demonstrations (K = 0 is the
+    zero-shot row)."""
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for key, value in run.items():
+        if value is not None and (m := _SHOTS.match(key)):
+            out[m["task"]][int(m["k"])] = float(value)
+    for task, by_k in out.items():
+        if (zero := run.get(f"eval/{task}/acc")) is not None:
+            by_k[0] = float(zero)
+    return dict(out)
+
+
+def gain_key(task: str) -> str:
+    return f"incontext_gain/{task}"
+
+
+def with_gains(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The runs with `incontext_gain/<task>` (accuracy at the task's largest K minus K = 0)
+    set where both were scored, and task -> that K."""
+    largest: dict[str, int] = {}
+    for run in runs:
+        for task, by_k in curves(run).items():
+            if 0 in by_k and len(by_k) > 1:
+                largest[task] = max(largest.get(task, 0), max(by_k))
+    out = []
+    for run in runs:
+        got = dict(run)
+        for task, by_k in curves(run).items():
+            if task in largest and 0 in by_k and largest[task] in by_k:
+                got[gain_key(task)] = by_k[largest[task]] - by_k[0]
+        out.append(got)
+    return out, largest
+
+
+def compare(
+    runs: list[dict[str, Any]], n_key: str, tolerance: float
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """task -> {"equal_params" | "equal_compute": leader on the in-context gain} (before
+    Holm's adjustment, which the report makes over its whole family)."""
+    done, largest = with_gains([r for r in runs if r.get("status") == "done"])
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for task, k in sorted(largest.items()):
+        for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
+            got = comparisons.leader(done, x_key, gain_key(task), tolerance, higher=True)
+            if got:
+                got["more"] = f"larger {k}-shot gain"
+                got["k"] = k
+                out.setdefault(task, {})[name] = got
+    return out
+
+
+def _mean(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.3f}" if values else ""
+
+
+def curve_table(runs: list[dict[str, Any]], task: str) -> list[str]:
+    """Mean accuracy over runs per cell and size (rows) and K (columns), with runs per row."""
+    rows: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        if run.get("status") != "done" or task not in (got := curves(run)):
+            continue
+        for k, acc in got[task].items():
+            rows[(comparisons.label(run), str(run.get("size") or ""))][k].append(acc)
+    shots = sorted({k for by_k in rows.values() for k in by_k})
+    body = [
+        [cell, size, *(_mean(by_k.get(k, [])) for k in shots), str(len(by_k.get(0, [])))]
+        for (cell, size), by_k in sorted(rows.items())
+    ]
+    return verdicts.table(["cell", "size", *(f"K={k}" for k in shots), "runs"], body)
+
+
+def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]]) -> list[str]:
+    """The report's in-context section: per task the curve table and the verdicts (after
+    `comparisons.adjust` and `comparisons.leader_lines`)."""
+    if not found:
+        return []
+    out = [
+        "## In-context learning",
+        "",
+        "Accuracy against K, the demonstrations before each question (mean over runs). A "
+        "run's in-context gain is its accuracy at the largest K minus its zero-shot accuracy; "
+        "the cells are compared on it with runs as the unit, paired by seed, in the report's "
+        "Holm family.",
+        "",
+    ]
+    for task, by_question in found.items():
+        out += [f"**`{task}`**", "", *curve_table(runs, task), ""]
+        for name, title in (
+            ("equal_params", "Equal parameters"),
+            ("equal_compute", "Equal compute"),
+        ):
+            if got := by_question.get(name):
+                verdict = got.get("verdict") or comparisons.leader_lines(got)
+                out += [
+                    f"- {title} ({got['k']}-shot gain at {got['at']:.3g}): " + verdict[0],
+                    *verdict[1:],
+                ]
+        out.append("")
+    return out

@@ -1,0 +1,99 @@
+"""The report's in-context section: curves over K, the gain per run, and the gain's verdict
+in the report's Holm family; few-shot rows stay out of the zero-shot probe accuracy."""
+
+import numpy as np
+import pytest
+
+from scalestudy.study import incontext, report
+from scalestudy.study.spec import StudySpec
+
+SHOTS = (0, 1, 2, 4, 8)
+
+
+def _runs(gain: dict[str, float], seeds: int = 3, noise: float = 0.01, rng_seed: int = 0):
+    """Runs of each cell at two sizes: zero-shot at 0.5, K-shot rising to `gain[cell]` at
+    K = 8, with run-level noise (one draw per run, as a run's own examples would give)."""
+    rng = np.random.default_rng(rng_seed)
+    runs = []
+    for cell, g in gain.items():
+        arch, obj = cell.split("/")
+        for i, n in enumerate((1e5, 1e6)):
+            for s in range(seeds):
+                run = {
+                    "run_id": f"{cell}{i}{s}",
+                    "arch": arch,
+                    "objective": obj,
+                    "size": f"r{i}",
+                    "size_index": i,
+                    "seed": s,
+                    "status": "done",
+                    "params_total": n,
+                    "flops": n * 1e5,
+                    "loss": 2.0 - 0.1 * i,
+                    "eval/probes/acc": 0.4,
+                    "eval/probes/n": 400,
+                    "eval/incontext_probe/acc": 0.5,
+                    "eval/incontext_probe/n": 640,
+                }
+                for k in SHOTS[1:]:
+                    acc = 0.5 + g * np.log2(1 + k) / np.log2(9) + noise * rng.standard_normal()
+                    run[f"eval/incontext_probe.{k}shot/acc"] = float(acc)
+                    run[f"eval/incontext_probe.{k}shot/n"] = 640
+                runs.append(run)
+    return runs
+
+
+def test_few_shot_rows_stay_out_of_zero_shot_probe_accuracy():
+    run = _runs({"causal_decoder/flm": 0.4}, seeds=1)[0]
+    acc, n = report.probe_accuracy(run)
+    assert n == 400 + 640 and acc == pytest.approx((0.4 * 400 + 0.5 * 640) / 1040)
+    from scalestudy.study.comparisons import _accuracy
+
+    assert _accuracy(run) == (acc, n)
+
+
+def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
+    clear = {"causal_decoder/flm": 0.3, "noncausal_decoder/plm": 0.1, "encoder_decoder/plm": 0.05}
+    runs = _runs(clear)
+    gained, largest = incontext.with_gains(runs)
+    assert largest == {"incontext_probe": 8}
+    for r in gained:
+        assert r["incontext_gain/incontext_probe"] == pytest.approx(
+            r["eval/incontext_probe.8shot/acc"] - 0.5
+        )
+    cmp = report.compare(runs)
+    found = cmp["incontext"]["incontext_probe"]
+    for name in ("equal_params", "equal_compute"):
+        got = found[name]
+        assert got["leader"] == "causal_decoder/flm" and got["k"] == 8
+        assert all("p_holm" in t for t in got["tests"])  # in the report's family
+        assert got["verdict"][0].startswith("**causal_decoder/flm** is ahead of every other")
+    study = StudySpec(name="t", ladder={"preset": "smoke"})
+    md = report.render_markdown(study, runs, {}, [])
+    head = md[: md.index("## How to read")]
+    rows = [line for line in head.splitlines() if "8-shot gain, incontext_probe" in line]
+    assert len(rows) == 2 and all("| causal_decoder/flm | **ahead of all 2** |" in r for r in rows)
+    assert all(r.endswith("| 3 |") for r in rows)  # n: runs
+    section = md[md.index("## In-context learning") :]
+    assert "| cell | size | K=0 | K=1 | K=2 | K=4 | K=8 | runs |" in section
+    assert "| causal_decoder/flm | r1 | 0.500 |" in section
+
+    # Gains within run noise of each other: no winner, whatever the means' order.
+    close = {"causal_decoder/flm": 0.2, "noncausal_decoder/plm": 0.195}
+    got = report.compare(_runs(close, noise=0.05))["incontext"]["incontext_probe"]
+    assert "**" not in got["equal_params"]["verdict"][0]
+    assert got["equal_params"]["verdict"][0].startswith("no winner")
+    # One seed: no between-run interval, no winner.
+    one = report.compare(_runs(clear, seeds=1))["incontext"]["incontext_probe"]
+    assert one["equal_params"]["verdict"][0].startswith("one seed")
+
+
+def test_no_few_shot_rows_no_section():
+    runs = [
+        r
+        for r in _runs({"causal_decoder/flm": 0.3})
+        if r.update({k: None for k in list(r) if "shot" in k}) is None
+    ]
+    assert report.compare(runs)["incontext"] == {}
+    study = StudySpec(name="t", ladder={"preset": "smoke"})
+    assert "## In-context learning" not in report.render_markdown(study, runs, {}, [])
