@@ -176,3 +176,20 @@ def test_the_wang_spec_gives_every_cell_the_same_tokens_and_updates():
     for objectives in (("flm", "plm"), ("mlm",)):
         group = [t for (_, o), t in tokens.items() if o in objectives]
         assert max(group) / min(group) < 1.001, tokens
+
+
+def test_incontext_study_scores_every_run_at_every_k_on_a_corpus_with_episodes():
+    study, runs = _expand("incontext.yaml")
+    assert {(r.arch, r.objective) for r in runs} == {
+        ("causal_decoder", "flm"),
+        ("noncausal_decoder", "plm"),
+        ("encoder_decoder", "plm"),
+    }
+    for r in runs:
+        assert r.cfg.eval.num_fewshot == (0, 1, 2, 4, 8)
+        assert r.cfg.eval.tasks == ("incontext_probe",)
+        assert r.cfg.data.synthetic.incontext_share == 0.3
+    seeds = {(r.arch, r.size): set() for r in runs}
+    for r in runs:
+        seeds[(r.arch, r.size)].add(r.seed)
+    assert all(s == {0, 1, 2} for s in seeds.values())  # every point paired by seed
