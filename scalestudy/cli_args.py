@@ -53,6 +53,42 @@ def shot_counts(text: str) -> list[int]:
     return values
 
 
+def _kind(path: Path) -> str:
+    return "a directory" if path.is_dir() else "a file" if path.is_file() else "not a file"
+
+
+def output_file(text: str | None, flag: str = "--out") -> Path | None:
+    """A results file to be written after the work (`eval --out`): checked before the work,
+    so that finished scores are never lost to a path that cannot take them."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise ScalestudyError(f"{flag} is empty; give a JSON file to write, e.g. {flag} x.json")
+    path = Path(text)
+    if path.exists() and not path.is_file():
+        raise ScalestudyError(f"{flag} {path} is {_kind(path)}; expected a file to write")
+    parent = path.parent
+    if not parent.is_dir():
+        found = f"is {_kind(parent)}" if parent.exists() else "does not exist"
+        raise ScalestudyError(f"{flag} {path}: its folder {parent} {found}; create it first")
+    if not os.access(parent, os.W_OK):
+        raise ScalestudyError(f"{flag} {path}: its folder {parent} is not writable")
+    return path
+
+
+def output_dir(text: str, flag: str = "--out") -> Path:
+    """A directory a command creates or fills (`study`, `launch`, `finetune`, `adapt`): not
+    empty, not a file, and under no file."""
+    if not text.strip():
+        raise ScalestudyError(f"{flag} is empty; give a directory, e.g. {flag} runs/x")
+    path = Path(text)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            where = "" if p == path else f" (in {path})"
+            raise ScalestudyError(f"{flag}: {p} is {_kind(p)}{where}; expected a directory")
+    return path
+
+
 def run_dir(text: str, *, must_exist: bool) -> Path:
     """--workdir as a Path: not empty, not a file, and (for eval, probe) an existing run."""
     if not text.strip():

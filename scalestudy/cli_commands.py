@@ -177,6 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "synthetic_probes), or leave out --tasks for the run's eval.tasks"
         )
     cli_args.check_step(workdir, args.step)
+    cli_args.output_file(args.out)
     _join_job()
     from scalestudy.evaluate.rank import evaluate_run
     from scalestudy.train import logfile
@@ -203,6 +204,9 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         print(status_table(args.out))
         return 0
+    cli_args.output_dir(args.out)
+    if args.stage_run is not None and not args.stage_run.strip():
+        raise ScalestudyError("--stage-run is empty; give a run's name (see --status)")
     _join_job()
     if args.stage_run and (args.collect or args.dry_run):
         raise ScalestudyError(
@@ -278,13 +282,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from scalestudy.study.pipeline import launch
 
-    print(launch(Path(args.spec), args.executor, Path(args.out), submit=args.submit))
+    out = cli_args.output_dir(args.out)
+    print(launch(Path(args.spec), args.executor, out, submit=args.submit))
     return 0
 
 
 def cmd_attention_rank(args: argparse.Namespace) -> int:
     workdir = cli_args.run_dir(args.workdir, must_exist=True)
     cli_args.check_step(workdir, args.step)
+    cli_args.output_file(args.out)
     _join_job()
     from scalestudy.decoder_only.attention_rank import measure_run
 
@@ -304,6 +310,7 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from scalestudy.study import stages
 
+    cli_args.output_dir(args.out)
     _join_job()
     prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt
     cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)

@@ -65,6 +65,10 @@ def check_cell(arch: str, objective: str) -> None:
         )
 
 
+# Seeds are whole numbers a PRNG key and NumPy's generators take on every platform.
+MAX_SEED = 2**31 - 1
+
+
 class ModelConfig(Frozen):
     """Transformer shape and family options; T5.1.1 conventions by default."""
 
@@ -188,7 +192,7 @@ class SyntheticConfig(Frozen):
 
     n_train_documents: int = Field(20000, ge=1)
     n_validation_documents: int = Field(500, ge=1)
-    seed: int = 1234
+    seed: int = Field(1234, ge=0, le=MAX_SEED)
     # Share of documents that are in-context episodes (made-up words, each given a colour
     # anew in every document: "dax is red"), the structure the in-context probe asks a model
     # to use from its prompt alone; 0 leaves the stories alone (and run ids unchanged).
@@ -224,7 +228,8 @@ class DataConfig(Frozen):
     seqio_task: str | None = None
     seqio_module: str | None = None
     max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora
-    seed: int = 0  # data order and objective randomness (example k is a function of (seed, k))
+    # data order and objective randomness (example k is a function of (seed, k))
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -337,7 +342,7 @@ class TrainConfig(Frozen):
     # Optimizer steps per compiled call (a scan over stacked batches; same losses): pays off
     # when a step is so small that dispatch and per-call overheads show (train/step.py).
     steps_per_call: int = Field(1, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     z_loss: float = Field(1e-4, ge=0.0)
     log_every: int = Field(10, ge=1)
     eval_every: int = Field(0, ge=0)  # 0: evaluate only at the end

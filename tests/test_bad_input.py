@@ -278,3 +278,68 @@ def test_batch_that_does_not_divide_a_tpu_topology_is_one_line(capsys):
         pytest.skip(f"libtpu cannot describe TPU topologies here: {err.strip()[:200]}")
     assert status == 2 and "Traceback" not in err
     assert "train.batch_size=8" in err and "mesh.data=256" in err and "multiple of 256" in err
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, capsys):
+    """A path that cannot take the results is one error line before anything runs: scores
+    are never computed and then lost, and nothing is written."""
+    from scalestudy.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    run = tmp_path / "absent_run"
+    cases = [
+        (["eval", "--workdir", str(tmp_path), "--out", str(tmp_path)], "is a directory"),
+        (["eval", "--workdir", str(tmp_path), "--out", ""], "--out is empty"),
+        (
+            ["eval", "--workdir", str(tmp_path), "--out", str(tmp_path / "no/x.json")],
+            "does not exist",
+        ),
+        (["eval", "--workdir", str(tmp_path), "--out", str(blocker / "x.json")], "is a file"),
+        (["attention-rank", "--workdir", str(tmp_path), "--out", str(tmp_path)], "is a directory"),
+        (["study", "--spec", "configs/studies/smoke.yaml", "--out", ""], "--out is empty"),
+        (
+            ["study", "--spec", "configs/studies/smoke.yaml", "--out", str(blocker / "s")],
+            "is a file",
+        ),
+        (
+            [
+                "launch",
+                "--spec",
+                "configs/studies/smoke.yaml",
+                "--executor",
+                "slurm",
+                "--out",
+                str(blocker / "sub"),
+            ],
+            "is a file",
+        ),
+        (["finetune", "--from", str(run), "--out", str(blocker)], "is a file"),
+    ]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for argv, says in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and says in err[0], (argv, err)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "override", ["train.seed=-1", "data.seed=-1", "train.seed=99999999999999999999"]
+)
+def test_seeds_outside_what_a_prng_takes_are_refused_by_the_config(override, tmp_path, capsys):
+    from scalestudy.cli import main
+
+    argv = ["train", "--config", "configs/experiments/synthetic_tiny.yaml"]
+    assert main([*argv, "--workdir", str(tmp_path / "w"), override]) == 2
+    err = capsys.readouterr().err
+    assert "seed: Input should be" in err and override.split("=")[1] in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_spec_with_a_negative_seed_is_refused_before_the_dry_run(tmp_path, capsys):
+    from scalestudy.cli import main
+
+    argv = ["study", "--spec", "configs/studies/smoke.yaml", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--dry-run", "seeds=[-1]"]) == 2
+    assert "whole numbers from 0 to 2147483647" in capsys.readouterr().err

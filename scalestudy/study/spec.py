@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from scalestudy.config import (
     ARCHS,
+    MAX_SEED,
     OBJECTIVES,
     ModelConfig,
     check_cell,
@@ -374,8 +375,13 @@ class StudySpec(Frozen):
             ("objectives", list(self.objectives)),
         ):
             _check_unique(key, values)
-        if not self.seeds or not all(isinstance(s, int) for s in self.seeds):
-            raise ConfigError(f"seeds: a non-empty list of integers; got {self.seeds!r}")
+        if not self.seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED
+            for s in self.seeds
+        ):
+            raise ConfigError(
+                f"seeds: a non-empty list of whole numbers from 0 to {MAX_SEED}; got {self.seeds!r}"
+            )
         _check_unique("seeds", list(self.seeds))
         both = set(self.seeds) & set(self.repeat_seeds.seeds)
         if both:
