@@ -278,6 +278,15 @@ def read_rows(path: str | Path) -> list[Row]:
     (PIQA).
     """
     path = Path(path)
+    try:
+        return _read_rows(path)
+    except UnicodeDecodeError as e:
+        raise TaskDataError(
+            f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); task files are read as UTF-8"
+        ) from None
+
+
+def _read_rows(path: Path) -> list[Row]:
     if path.suffix == ".xml":
         return read_copa_xml(path)
     if path.name.endswith(".data.txt"):

@@ -58,6 +58,8 @@ def _choices(tc: TaskConfig, row: Row) -> tuple[str, ...]:
 
 def _label(tc: TaskConfig, row: Row, choices: tuple[str, ...]) -> int:
     value = row.get(tc.label_field, (int, str, bool))
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and value not in choices:
+        value = int(value.strip())  # a digit-string label is a number, offset like one
     if tc.label_offset and isinstance(value, int) and not isinstance(value, bool):
         row = Row({**row.fields, tc.label_field: value - tc.label_offset}, row.where)
     return prompts.gold_index(row, tc.label_field, choices, tc.label_names)

@@ -25,7 +25,13 @@ def gold_index(row: Row, field: str, choices: tuple[str, ...], names: tuple = ()
     elif isinstance(value, str):
         stripped = value.strip()
         if names and stripped in names:
-            return list(names).index(stripped)
+            value = list(names).index(stripped)
+            if value >= n:
+                raise row.error(
+                    f"field {field!r}: label {stripped!r} is label_names entry {value}, but "
+                    f"the row has {n} choices; give one label name per choice"
+                )
+            return value
         if stripped in choices:
             return choices.index(stripped)
         if stripped.lstrip("-").isdigit():

@@ -229,3 +229,32 @@ def test_promptsource_prompt_set(eval_dir: Path) -> None:
     )
     with pytest.raises(TaskDataError, match="no promptsource templates wired for task 'lambada'"):
         load_task("lambada", eval_dir, prompts="promptsource")
+
+
+def test_task_file_edges_are_one_clear_error(tmp_path):
+    """A file that is not UTF-8, label names beyond the choices, and digit-string labels
+    that label_offset applies to, as it does to numbers."""
+    import json as _json
+
+    from scalestudy.eval_config import TaskConfig
+    from scalestudy.evaluate.formats import TaskDataError
+    from scalestudy.evaluate.generic import generic_task
+
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes('{"query": "caf\xe9", "choices": ["a", "b"], "gold": 0}\n'.encode("latin-1"))
+    with pytest.raises(TaskDataError, match=r"latin1.jsonl: not UTF-8 text \(byte 14"):
+        generic_task(TaskConfig(name="t", path=str(bad)))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(_json.dumps({"query": "q", "choices": ["a", "b"], "gold": "c"}) + "\n")
+    names = TaskConfig(name="t", path=str(rows), label_names=["a", "b", "c"])
+    with pytest.raises(TaskDataError, match="label 'c' is label_names entry 2, but the row has 2"):
+        generic_task(names)
+    one_based = tmp_path / "one.jsonl"
+    one_based.write_text(
+        "".join(
+            _json.dumps({"query": "q", "choices": ["a", "b"], "gold": g}) + "\n"
+            for g in (2, "2", "1")
+        )
+    )
+    task = generic_task(TaskConfig(name="t", path=str(one_based), label_offset=1))
+    assert [ex.gold for ex in task.examples] == [1, 1, 0]
