@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,44 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
+# Values a YAML document may expand to: anchors and aliases share one object per alias, so a
+# few hundred bytes of nested aliases can stand for billions of values once walked.
+MAX_VALUES = 1_000_000
+
+
 def parse_yaml(text: str) -> Any:
-    """Parse YAML text (safe; scientific notation without a dot is a float)."""
-    return yaml.load(text, Loader=_YamlLoader)
+    """Parse YAML text (safe; scientific notation without a dot is a float); refused when
+    aliases expand it past MAX_VALUES values."""
+    data = yaml.load(text, Loader=_YamlLoader)
+    _check_expansion(data)
+    return data
+
+
+def _check_expansion(data: Any) -> None:
+    """Count the values `data` holds as if every alias were copied; stop past MAX_VALUES."""
+    stack, seen = [data], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise yaml.YAMLError(
+                f"it expands to more than {MAX_VALUES:,} values through anchors and aliases; "
+                "a config is far smaller: write the values out, or alias less"
+            )
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """`repr(value)` for an error line, cut to `limit` characters (never a value whole)."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = limit
+    short.maxlist = short.maxdict = short.maxtuple = 10
+    text = short.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -171,7 +207,7 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
             lines.append(str(e["ctx"]["error"]))
         else:
             msg = e["msg"].replace("Value error, ", "")
-            lines.append(f"{key}: {msg}; got {e.get('input')!r}")
+            lines.append(f"{key}: {msg}; got {shown(e.get('input'))}")
     return f"{source}: invalid config:\n  " + "\n  ".join(lines)
 
 

@@ -343,3 +343,22 @@ def test_a_spec_with_a_negative_seed_is_refused_before_the_dry_run(tmp_path, cap
     argv = ["study", "--spec", "configs/studies/smoke.yaml", "--out", str(tmp_path / "o")]
     assert main([*argv, "--dry-run", "seeds=[-1]"]) == 2
     assert "whole numbers from 0 to 2147483647" in capsys.readouterr().err
+
+
+def test_nested_aliases_are_refused_and_no_value_is_printed_whole(tmp_path):
+    """A few hundred bytes of nested aliases stand for 387 million strings: refused as it is
+    read, not expanded; and an error never prints a long value whole."""
+    from scalestudy.config import ExperimentConfig
+    from scalestudy.errors import ConfigError
+    from scalestudy.yamlio import read_yaml, validate
+
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    path = tmp_path / "laughs.yaml"
+    path.write_text("\n".join([*lines, "name: *i"]) + "\n")
+    with pytest.raises(ConfigError, match="expands to more than 1,000,000 values"):
+        read_yaml(path)
+    with pytest.raises(ConfigError) as err:
+        validate(ExperimentConfig, {"name": ["x" * 50] * 1000})
+    assert len(str(err.value)) < 400 and "..." in str(err.value)
