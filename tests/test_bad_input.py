@@ -362,3 +362,15 @@ def test_nested_aliases_are_refused_and_no_value_is_printed_whole(tmp_path):
     with pytest.raises(ConfigError) as err:
         validate(ExperimentConfig, {"name": ["x" * 50] * 1000})
     assert len(str(err.value)) < 400 and "..." in str(err.value)
+
+
+def test_a_batch_that_cannot_fit_host_memory_is_refused_before_anything_is_written(
+    tmp_path, capsys
+):
+    from scalestudy.cli import main
+
+    argv = ["train", "--config", "configs/experiments/synthetic_tiny.yaml"]
+    assert main([*argv, "--workdir", str(tmp_path / "w"), "train.batch_size=100000000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.batch_size=100000000" in err[0] and "GiB" in err[0]
+    assert not (tmp_path / "w").exists()
