@@ -374,3 +374,15 @@ def test_a_batch_that_cannot_fit_host_memory_is_refused_before_anything_is_writt
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train.batch_size=100000000" in err[0] and "GiB" in err[0]
     assert not (tmp_path / "w").exists()
+
+
+def test_archs_beside_cells_are_refused_not_ignored(tmp_path):
+    from scalestudy.errors import ConfigError
+    from scalestudy.study.spec import StudySpec
+    from scalestudy.yamlio import validate
+
+    spec = {**SPEC, "archs": ["causal_decoder"]}
+    with pytest.raises(ConfigError, match="archs is given beside cells"):
+        validate(StudySpec, spec, "spec")
+    study = validate(StudySpec, SPEC, "spec")  # cells alone, and a copy of it, are fine
+    assert study.replace(seeds=(0, 1)).cells == study.cells

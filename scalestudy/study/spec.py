@@ -357,6 +357,20 @@ class StudySpec(Frozen):
     # group, or 1 (each alone).
     members: Literal["auto"] | int = "auto"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_grid(cls, data: Any) -> Any:
+        """`cells` names the grid itself: archs or objectives beside it would be ignored."""
+        if isinstance(data, dict) and data.get("cells"):
+            for key, default in (("archs", ARCHS), ("objectives", OBJECTIVES)):
+                given = data.get(key)
+                if given is not None and tuple(given) != tuple(default):
+                    raise ConfigError(
+                        f"{key} is given beside cells, which name the grid itself ({key} would "
+                        f"be ignored); give cells: [[arch, objective], ...] or {key}, not both"
+                    )
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
         for arch in self.archs:
