@@ -108,7 +108,24 @@ def evaluate_task(
             records += kept
     out[f"{prefix}/truncated"] = truncated
     out |= _beyond_training(cfg, task.name, fitted, owner)
+    if task.kind == "choice":
+        out |= _identical_choices(task.name, examples)
     return out
+
+
+def _identical_choices(task: str, examples) -> dict:
+    """`<task>/identical_choices`: examples that offer one text twice (read the same
+    context, so they score the same and the tie goes to the first); a warning when any do."""
+    same = sum(
+        len(set(ex.pairs())) < len(ex.choices) for ex in examples
+    )  # partial scoring's shared continuation follows different contexts: not identical
+    if same:
+        warnings.warn(
+            f"{task}: {same} of {len(examples)} examples offer the same choice twice (the "
+            "tie goes to the first; an example whose gold is the second copy cannot be right)",
+            stacklevel=2,
+        )
+    return {f"{task}/identical_choices": same}
 
 
 def _fewshot(task: Task, examples, k: int, vocab, cfg: ExperimentConfig):

@@ -258,3 +258,37 @@ def test_task_file_edges_are_one_clear_error(tmp_path):
     )
     task = generic_task(TaskConfig(name="t", path=str(one_based), label_offset=1))
     assert [ex.gold for ex in task.examples] == [1, 1, 0]
+
+
+def test_identical_choices_are_counted_and_said(tmp_path):
+    import json as _json
+    import warnings as _warnings
+
+    import numpy as np
+
+    from scalestudy.data.vocab import get_vocabulary
+    from scalestudy.eval_config import TaskConfig
+    from scalestudy.evaluate import rank
+    from scalestudy.evaluate.generic import generic_task
+
+    from .tiny_models import tiny
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            _json.dumps({"query": "q", "choices": c, "gold": 1}) + "\n"
+            for c in (["x", "x"], ["x", "y"], ["y", "z"])
+        )
+    )
+    task = generic_task(TaskConfig(name="t", path=str(rows)))
+    cfg = tiny("causal_decoder", "flm")
+
+    def score(fitted):  # every choice the same score: ties everywhere
+        n = np.array([len(t) for t in fitted.targets])
+        return np.zeros(len(n)), n, np.zeros(len(n), bool)
+
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        out = rank.evaluate_task(task, score, get_vocabulary(cfg.data), cfg)
+    assert out["t/identical_choices"] == 1
+    assert any("1 of 3 examples offer the same choice twice" in str(w.message) for w in caught)
