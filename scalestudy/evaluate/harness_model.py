@@ -45,6 +45,7 @@ try:
     from lm_eval.__main__ import cli_evaluate
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
+    from lm_eval.utils import simple_parse_args_string
 except ImportError:
     raise ScalestudyError(
         "the lm-evaluation-harness model needs lm-eval (0.4.10 or later), which this "
@@ -82,14 +83,10 @@ def _model_args(kwargs: dict) -> tuple[dict, list[str]]:
     known = {
         k: kwargs.pop(k) for k in ("workdir", "step", "batch_size", "max_length") if k in kwargs
     }
-    # The harness passes these from its own command line; JAX places the model itself.
+    # The harness passes these from its own command line (--device defaults to cuda:0): JAX
+    # places the model on the run's mesh over the devices it sees (JAX_PLATFORMS chooses).
     kwargs.pop("max_batch_size", None)
-    device = kwargs.pop("device", None)
-    if device not in (None, ""):
-        raise ScalestudyError(
-            f"--device {device!r}: the scalestudy model runs on the devices JAX sees, on the "
-            "run's mesh; leave out --device (choose a platform with JAX_PLATFORMS=cpu|cuda|tpu)"
-        )
+    kwargs.pop("device", None)
     overrides = [f"{k}={v}" for k, v in kwargs.items() if k.startswith("eval.")]
     unknown = sorted(k for k in kwargs if not k.startswith("eval."))
     if unknown:
@@ -100,23 +97,31 @@ def _model_args(kwargs: dict) -> tuple[dict, list[str]]:
     return known, overrides
 
 
-def _positive(name: str, value) -> int | None:
+def _whole(name: str, value, least: int = 1) -> int | None:
+    """`value` (an int or its text) as an int of at least `least`; None stays None."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        value = repr(value)
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number < 1:
-        raise ScalestudyError(f"model_args: {name}={value!r}; accepted: a whole number >= 1")
-    return number
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < least:
+        raise ScalestudyError(f"model_args: {name}={value!r}; accepted: a whole number >= {least}")
+    return int(text)
 
 
 @register_model("scalestudy")
 class ScalestudyLM(LM):
     """A scalestudy run's checkpoint as an lm-eval model (model_args: `MODEL_ARGS`)."""
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """The model of `--model_args` text; a key given there wins over the same setting
+        from lm-eval's own options (its --batch_size is always given, 1 by default)."""
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """The model of `arg_dict` (model args) over `additional_config` (lm-eval's options)."""
+        given = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**given, **arg_dict})
 
     def __init__(self, **model_args) -> None:
         super().__init__()
@@ -127,13 +132,11 @@ class ScalestudyLM(LM):
                 "model_args: workdir is required: the run directory to evaluate "
                 "(e.g. --model_args workdir=runs/tiny)"
             )
-        step = known.get("step")
-        if step is not None:
-            step = _positive("step", step) if step != 0 else 0
+        step = _whole("step", known.get("step"), least=0)
         batch_size = known.get("batch_size")
         if batch_size is not None and str(batch_size).startswith("auto"):
             batch_size = None  # the run's eval.batch_size
-        batch_size = _positive("batch_size", batch_size)
+        batch_size = _whole("batch_size", batch_size)
         if batch_size is not None:
             overrides.append(f"eval.batch_size={batch_size}")
         cfg, params, self.step = rank.load_run(Path(str(workdir)), step, overrides)
@@ -147,7 +150,7 @@ class ScalestudyLM(LM):
         self.suffix = list(scoring_inputs_suffix(cfg.objective))
         encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
         # Context positions of one row: the shared decoder row, or the encoder.
-        self.max_length = _positive("max_length", known.get("max_length")) or (encoder or decoder)
+        self.max_length = _whole("max_length", known.get("max_length")) or (encoder or decoder)
         self.decoder_length = decoder
         self._generate = jax.jit(self.model.generate, static_argnums=2)
 
@@ -245,7 +248,7 @@ class ScalestudyLM(LM):
                 )
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            steps = _positive("max_gen_toks", kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            steps = _whole("max_gen_toks", kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
             prompt, cut = self._prompt_tokens(context, steps)
             jobs.append((prompt, steps, until, cut))
         cut = sum(j[3] for j in jobs)

@@ -110,7 +110,7 @@ def test_harness_scores_equal_scalestudy_eval(arch, num_fewshot, runs, models, t
     out = lm_eval.simple_evaluate(
         model=models[arch],
         tasks=["tiny_mc"],
-        task_manager=TaskManager(include_path=str(tasks / "harness")),
+        task_manager=TaskManager(include_path=str(tasks / "harness"), include_defaults=False),
         num_fewshot=num_fewshot,
         bootstrap_iters=0,
         log_samples=True,
@@ -140,27 +140,29 @@ def _reference_rolling(arch: str, model, params, tokens: list[int], row: int) ->
     """Sum of log p(token) over hand-laid windows scored with Model.apply: the causal decoder
     reads each window's context and tokens in one row, the non-causal decoder with the
     context as its bidirectional prefix, the encoder-decoder with the context (or a lone EOS)
-    in its encoder."""
+    in its encoder. Rows are padded to one length (padding is masked): one compile."""
     total = 0.0
     apply = jax.jit(model.apply)
     windows = rolling_windows(tokens, row, row if arch == "encoder_decoder" else None)
+    width = row
+
+    def padded(xs: list[int]) -> np.ndarray:
+        return np.asarray([[*xs, *[0] * (width - len(xs))]], np.int32)
+
     for context, predicted in windows:
-        as_row = lambda xs: np.asarray([xs], np.int32)
         if arch == "encoder_decoder":
             batch = {
-                "encoder_input_tokens": as_row(context or [EOS_ID]),
-                "decoder_input_tokens": as_row([0, *predicted[:-1]]),
-                "decoder_target_tokens": as_row(predicted),
+                "encoder_input_tokens": padded(context or [EOS_ID]),
+                "decoder_input_tokens": padded([0, *predicted[:-1]]),
+                "decoder_target_tokens": padded(predicted),
             }
             first = 0
         else:
             full = context + predicted
             batch = {
-                "decoder_input_tokens": as_row([0, *full[:-1]]),
-                "decoder_target_tokens": as_row(full),
-                "decoder_causal_attention": as_row(
-                    [1] * (len(context) + 1) + [0] * (len(predicted) - 1)
-                ),
+                "decoder_input_tokens": padded([0, *full[:-1]]),
+                "decoder_target_tokens": padded(full),
+                "decoder_causal_attention": padded([1] * (len(context) + 1)),
             }
             first = len(context)
         logp = np.asarray(jax.nn.log_softmax(apply(params, batch), axis=-1))[0]
@@ -233,19 +235,14 @@ def test_rolling_equals_validation_loss_and_windows(arch, runs, models, tmp_path
 @pytest.mark.parametrize("arch", list(ARCH_OBJECTIVE))
 def test_generate_until_equals_greedy_decode(arch, models) -> None:
     lm = models[arch]
-    params = lm.scorer.params
-    prompts = ["Once upon a time", "The dog"]
+    prompts = ["Once upon a time", "Long ago, a king"]  # one length: one compile each way
     steps = 12
-    want = []
-    for prompt in prompts:
-        tokens = np.asarray([lm.vocab.encode(prompt)], np.int32)
-        out = jax.jit(lm.model.generate, static_argnums=2)(params, tokens, steps)
-        want.append(lm.vocab.decode(np.asarray(out)[0].tolist()))
+    prompt_BP = np.asarray([lm.vocab.encode(p) for p in prompts], np.int32)
+    out = jax.jit(lm.model.generate, static_argnums=2)(lm.scorer.params, prompt_BP, steps)
+    want = [lm.vocab.decode(row) for row in np.asarray(out).tolist()]
     assert any(len(w) > 3 for w in want), want  # something to cut
-    requests = [
-        _request("generate_until", p, {"until": [], "max_gen_toks": steps}) for p in prompts
-    ]
-    assert lm.generate_until(requests) == want
+    asked = {"until": [], "max_gen_toks": steps}
+    assert lm.generate_until([_request("generate_until", p, asked) for p in prompts]) == want
     # A stop string cuts the text before its first occurrence (the earliest of several).
     text = max(want, key=len)
     prompt = prompts[want.index(text)]
@@ -254,6 +251,50 @@ def test_generate_until_equals_greedy_decode(arch, models) -> None:
     assert lm.generate_until([_request("generate_until", prompt, asked)]) == [
         text[: text.find(stop)]
     ]
+
+
+class LocalTasks(TaskManager):
+    """lm-eval's task index of the include path alone: its thousands of built-in task files
+    take seconds to index and are not under test."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+
+def test_cli_runs_a_local_task_offline(runs, models, tasks, tmp_path, monkeypatch, capsys):
+    from scalestudy.cli import main
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalTasks)
+    run, out = runs["causal_decoder"], tmp_path / "out"
+    argv = ["harness", "--model", "scalestudy", "--tasks", "tiny_mc", "--include_path",
+            str(tasks / "harness"), "--output_path", str(out), "--log_samples"]  # fmt: skip
+    assert main([*argv, "--model_args", f"workdir={run},batch_size=4"]) == 0
+    assert "tiny_mc" in capsys.readouterr().out
+    (results,) = out.rglob("results_*.json")
+    acc = json.loads(results.read_text())["results"]["tiny_mc"]["acc,none"]
+    samples = [
+        json.loads(x) for f in out.rglob("samples_*.jsonl") for x in f.read_text().split("\n") if x
+    ]
+    assert len(samples) == len(ROWS)
+    hits = []
+    for sample in samples:  # the command scored what the model object scores
+        pairs = [(a["arg_0"], a["arg_1"]) for a in sample["arguments"].values()]
+        requests = [_request("loglikelihood", *pair) for pair in pairs]
+        want = [lp for lp, _ in models["causal_decoder"].loglikelihood(requests)]
+        got = [float(r[0][0]) for r in sample["resps"]]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        hits.append(int(np.argmax(got)) == sample["doc"]["gold"])
+    assert acc == np.mean(hits)
+    # Bad model args: one error line, exit status 2.
+    for model_args, says in (
+        (f"workdir={run},pretrained=gpt2", "unknown key 'pretrained'; accepted: workdir"),
+        (f"workdir={tmp_path}", "no checkpoint in"),
+        (f"workdir={run},step=9", "no checkpoint for step 9"),
+    ):
+        assert main([*argv, "--model_args", model_args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: ") and says in err[-1], err[-1]
+        assert not any("Traceback" in line for line in err)
 
 
 def test_bad_model_args(runs, tmp_path) -> None:
