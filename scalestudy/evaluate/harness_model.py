@@ -148,10 +148,14 @@ class ScalestudyLM(LM):
         self.cfg = scoring_config(cfg)
         self.vocab = get_vocabulary(cfg.data)
         self.suffix = list(scoring_inputs_suffix(cfg.objective))
-        encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
-        # Context positions of one row: the shared decoder row, or the encoder.
-        self.max_length = _whole("max_length", known.get("max_length")) or (encoder or decoder)
-        self.decoder_length = decoder
+        # Training rows: (encoder, decoder) positions, encoder 0 for the decoder-only models.
+        self.encoder_length, self.decoder_length = feature_lengths(
+            cfg.objective, cfg.model.is_encoder_decoder
+        )
+        # Context positions of one row: the encoder's, or the decoder row context shares.
+        self.max_length = _whole("max_length", known.get("max_length")) or (
+            self.encoder_length or self.decoder_length
+        )
         self._generate = jax.jit(self.model.generate, static_argnums=2)
 
     # ------------------------------------------------------------------ scoring
@@ -180,8 +184,18 @@ class ScalestudyLM(LM):
         pairs = [req.args for req in requests]
         inputs = [list(self.vocab.encode(c)) for c, _ in pairs]
         targets = [list(self.vocab.encode(t)) for _, t in pairs]
-        lp, greedy = self._score(self.cfg, inputs, targets, "lm-eval loglikelihood")
-        out = [(float(a), bool(g)) for a, g in zip(lp, greedy, strict=True)]
+        # An empty continuation has probability 1 (log 0), and greedy decoding "produces" it.
+        out = [(0.0, True)] * len(pairs)
+        scored = [i for i, t in enumerate(targets) if t]
+        if scored:
+            lp, greedy = self._score(
+                self.cfg,
+                [inputs[i] for i in scored],
+                [targets[i] for i in scored],
+                "lm-eval loglikelihood",
+            )
+            for i, a, g in zip(scored, lp, greedy, strict=True):
+                out[i] = (float(a), bool(g))
         for pair, result in zip(pairs, out, strict=True):
             self.cache_hook.add_partial("loglikelihood", pair, result)
         return out
@@ -189,7 +203,7 @@ class ScalestudyLM(LM):
     def windows(self, tokens: Sequence[int]) -> list[tuple[list[int], list[int]]]:
         """The rolling windows of `tokens` for this model (see the module docstring)."""
         room = self.max_length - len(self.suffix)  # context positions beside the input form
-        if self.cfg.model.is_encoder_decoder:  # the context in the encoder
+        if self.encoder_length:  # the context in the encoder
             return rolling_windows(tokens, self.decoder_length, max(room, 0))
         # One decoder row of max_length positions: start token, context, predicted[:-1].
         if room < 2:
@@ -224,14 +238,13 @@ class ScalestudyLM(LM):
         """The prompt as the model reads it (input form appended), cut from the left to fit
         max_length beside the generated tokens (decoder-only) or the encoder; whether cut."""
         tokens = list(self.vocab.encode(context))
-        if self.cfg.model.is_encoder_decoder:
-            keep = self.max_length - len(self.suffix)
-        else:
-            keep = self.max_length - steps - len(self.suffix)
+        keep = self.max_length - len(self.suffix)
+        if not self.encoder_length:  # the decoder row holds the generated tokens too
+            keep -= steps
         keep = max(keep, 1)  # past the training length rather than no context at all
         kept = tokens[max(len(tokens) - keep, 0) :]
         prompt = kept + self.suffix
-        if self.cfg.model.is_encoder_decoder and not prompt:
+        if self.encoder_length and not prompt:
             prompt = [self.vocab.eos_id]  # an empty input is a lone EOS, as in scoring
         return prompt, len(kept) < len(tokens)
 

@@ -285,6 +285,17 @@ def test_cli_runs_a_local_task_offline(runs, models, tasks, tmp_path, monkeypatc
         np.testing.assert_allclose(got, want, rtol=1e-6)
         hits.append(int(np.argmax(got)) == sample["doc"]["gold"])
     assert acc == np.mean(hits)
+    # An empty continuation has log-likelihood 0 and changes nothing beside it.
+    lm = models["causal_decoder"]
+    alone = lm.loglikelihood([_request("loglikelihood", "The sky is", " blue.")])
+    both = lm.loglikelihood(
+        [
+            _request("loglikelihood", "The sky is", ""),
+            _request("loglikelihood", "The sky is", " blue."),
+        ]
+    )
+    assert both[0] == (0.0, True) and both[1][1] == alone[0][1]
+    assert both[1][0] == pytest.approx(alone[0][0], rel=1e-6)
     # Bad model args: one error line, exit status 2.
     for model_args, says in (
         (f"workdir={run},pretrained=gpt2", "unknown key 'pretrained'; accepted: workdir"),
