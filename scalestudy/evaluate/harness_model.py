@@ -138,7 +138,8 @@ class ScalestudyLM(LM):
             batch_size = None  # the run's eval.batch_size
         batch_size = _whole("batch_size", batch_size)
         if batch_size is not None:
-            overrides.append(f"eval.batch_size={batch_size}")
+            # Before the eval.* keys: an explicit eval.batch_size wins over lm-eval's default.
+            overrides.insert(0, f"eval.batch_size={batch_size}")
         cfg, params, self.step = rank.load_run(Path(str(workdir)), step, overrides)
         self.workdir = Path(str(workdir))
         self.run_cfg = cfg
