@@ -241,6 +241,8 @@ def test_generate_until_equals_greedy_decode(arch, models) -> None:
     out = jax.jit(lm.model.generate, static_argnums=2)(lm.scorer.params, prompt_BP, steps)
     want = [lm.vocab.decode(row) for row in np.asarray(out).tolist()]
     assert any(len(w) > 3 for w in want), want  # something to cut
+    # No EOS among them: a max_gen_toks ignored (256 by default) would give longer texts.
+    assert EOS_ID not in np.asarray(out).ravel()
     asked = {"until": [], "max_gen_toks": steps}
     assert lm.generate_until([_request("generate_until", p, asked) for p in prompts]) == want
     # A stop string cuts the text before its first occurrence (the earliest of several).
