@@ -157,6 +157,12 @@ class ScalestudyLM(LM):
         self.max_length = _whole("max_length", known.get("max_length")) or (
             self.encoder_length or self.decoder_length
         )
+        least = len(self.suffix) + (1 if self.encoder_length else 2)
+        if self.max_length < least:
+            raise ScalestudyError(
+                f"model_args: max_length={self.max_length} leaves no room for a rolling window "
+                f"(context and prediction); accepted: {least} or more"
+            )
         self._generate = jax.jit(self.model.generate, static_argnums=2)
 
     # ------------------------------------------------------------------ scoring
@@ -205,12 +211,8 @@ class ScalestudyLM(LM):
         """The rolling windows of `tokens` for this model (see the module docstring)."""
         room = self.max_length - len(self.suffix)  # context positions beside the input form
         if self.encoder_length:  # the context in the encoder
-            return rolling_windows(tokens, self.decoder_length, max(room, 0))
+            return rolling_windows(tokens, self.decoder_length, room)
         # One decoder row of max_length positions: start token, context, predicted[:-1].
-        if room < 2:
-            raise ScalestudyError(
-                f"max_length={self.max_length}: a rolling window needs at least 2 positions"
-            )
         return rolling_windows(tokens, room)
 
     def loglikelihood_rolling(self, requests) -> list[float]:

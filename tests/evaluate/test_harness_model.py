@@ -323,6 +323,8 @@ def test_bad_model_args(runs, tmp_path) -> None:
         ScalestudyLM(workdir=str(runs["causal_decoder"]), pretrained="gpt2")
     with pytest.raises(ScalestudyError, match=r"batch_size='x'; accepted"):
         ScalestudyLM(workdir=str(runs["causal_decoder"]), batch_size="x")
+    with pytest.raises(ScalestudyError, match=r"max_length=1 leaves no room.*accepted: 2 or more"):
+        ScalestudyLM(workdir=str(runs["causal_decoder"]), max_length=1)
     # lm-eval always passes its --batch_size (1 by default): an explicit eval.batch_size wins.
     lm = ScalestudyLM(workdir=str(runs["causal_decoder"]), batch_size=1, **{"eval.batch_size": 24})
     assert lm.scorer.rows == 24 and lm.run_cfg.eval.batch_size == 24
