@@ -13,7 +13,8 @@ through the package's own paths, for every architecture:
   pair by the same path; the first window's context is empty (an empty prefix; the
   encoder-decoder's encoder reads a lone EOS, as for any empty context).
 - `generate_until`: greedy decoding with the package's key/value cache (`Model.generate`),
-  cut at the first stop string, at most `max_gen_toks` tokens.
+  cut at the first stop string, at most `max_gen_toks` tokens; prompts of different lengths
+  share a call, padded to the lengths of scoring's ladder (`batching.bucket_length`).
 
 lm-eval finds no models outside its own package by itself: `scalestudy harness ARGS` imports
 this module (registering the model) and hands ARGS to lm-eval's own command line unchanged.
@@ -34,6 +35,7 @@ from scalestudy.data.objectives import feature_lengths, scoring_inputs_suffix
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate import rank
+from scalestudy.evaluate.batching import bucket_length
 from scalestudy.evaluate.budget import fit_pairs
 from scalestudy.evaluate.scorer import Scorer, scoring_config
 from scalestudy.models.api import build_model
@@ -275,20 +277,26 @@ class ScalestudyLM(LM):
                 stacklevel=2,
             )
         out: list[str | None] = [None] * len(jobs)
+        # Prompts padded to the lengths of scoring's ladder: a handful of compiled shapes.
+        longest = max((len(j[0]) for j in jobs), default=0)
         shapes: dict[tuple[int, int], list[int]] = {}
         for i, (prompt, steps, _, _) in enumerate(jobs):
-            shapes.setdefault((len(prompt), steps), []).append(i)
+            length = bucket_length(len(prompt), longest) if prompt else 0
+            shapes.setdefault((length, steps), []).append(i)
         rows = self.scorer.rows
-        for (_, steps), members in shapes.items():
+        for (length, steps), members in shapes.items():
             for s in range(0, len(members), rows):
                 part = members[s : s + rows]
                 # Fill the call's shape: the batch shards need whole rows; reuse a prompt.
                 size = -(-len(part) // self.scorer.shards) * self.scorer.shards
                 idx = part + [part[0]] * (size - len(part))
-                prompt_BP = np.asarray([jobs[i][0] for i in idx], np.int32).reshape(size, -1)
+                prompt_BP = np.zeros((size, length), np.int32)
+                lengths_B = np.array([len(jobs[i][0]) for i in idx], np.int32)
+                for row, i in enumerate(idx):
+                    prompt_BP[row, : lengths_B[row]] = jobs[i][0]
                 with sharding.axis_rules(self.mesh):
                     tokens_BT = np.asarray(jax.device_get(self._generate(
-                        self.scorer.params, prompt_BP, steps)))  # fmt: skip
+                        self.scorer.params, prompt_BP, steps, lengths_B)))  # fmt: skip
                 for row, i in enumerate(part):
                     out[i] = _cut_at_stop(self.vocab.decode(tokens_BT[row].tolist()), jobs[i][2])
         for req, text in zip(requests, out, strict=True):
