@@ -32,7 +32,7 @@ def _add_step_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands on one run: describe, train, eval, compile, attention-rank."""
+    """Commands on one run: describe, train, eval, harness, compile, attention-rank."""
     p = sub.add_parser("describe", help="parameter and FLOP counts of a config (no weights)")
     _add_config_args(p)
     p.add_argument("--json", action="store_true")
@@ -69,6 +69,14 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="eval.key=value", help="evaluation settings")
     p.set_defaults(fn=commands.cmd_eval)
+
+    p = sub.add_parser(
+        "harness",
+        help="lm-eval's command line with the model 'scalestudy' (a run directory) registered",
+        add_help=False,
+    )
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval's own arguments")
+    p.set_defaults(fn=commands.cmd_harness)
 
     p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
     _add_config_args(p, required=False)
@@ -215,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line as `main` reads it (argparse exits 2 on an error)."""
     parser = build_parser()
+    if argv[:1] == ["harness"]:  # lm-eval parses its own arguments, handed over unchanged
+        args = parser.parse_args(["harness"])
+        args.lm_eval_args = list(argv[1:])
+        return args
     argv = cli_args.attach_negative_values(list(argv))
     # Overrides may follow options (`bench data --config F key=value`), which argparse cannot
     # assign to a second positional by itself.

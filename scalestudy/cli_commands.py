@@ -198,6 +198,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return _print_results(evaluate, args.json)
 
 
+def cmd_harness(args: argparse.Namespace) -> int:
+    """lm-eval's own command line, `argv` unchanged, with the model "scalestudy" registered
+    (lm-eval finds no models outside its package by itself)."""
+    _join_job()
+    # Registers the model; one error line naming the extra when lm-eval is not installed.
+    from scalestudy.evaluate.harness_model import run_cli
+
+    return run_cli(args.lm_eval_args)
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     if args.status:  # read the registry only: runs, status, lineage
         from scalestudy.study.status import status_table

@@ -46,6 +46,7 @@ __all__ = [
     "evaluate_run",
     "evaluate_task",
     "limit_examples",
+    "load_run",
     "make_eval_fn",
     "scoring_config",
 ]
@@ -107,7 +108,7 @@ def evaluate_task(
                 record |= shown  # how many demonstrations it really got, and which
             records += kept
     out[f"{prefix}/truncated"] = truncated
-    out |= _beyond_training(cfg, task.name, fitted, owner)
+    out |= beyond_training(cfg, task.name, fitted, owner)
     if task.kind == "choice":
         out |= _identical_choices(task.name, examples)
     return out
@@ -149,7 +150,7 @@ def shot_counts(cfg: ExperimentConfig, task: Task) -> tuple[int, ...]:
     return tuple(cfg.eval.num_fewshot)
 
 
-def _beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:
+def beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:
     """`<task>/longer_than_training`: examples scored in rows longer than the training rows
     (the encoder's for the encoder-decoder, context + continuation for a decoder), and
     `<task>/longest`, the longest such row in tokens; a warning, once per task and length,
@@ -227,6 +228,24 @@ def eval_overrides(cfg: ExperimentConfig, overrides: Sequence[str]) -> Experimen
     return validate(ExperimentConfig, data, "eval overrides")
 
 
+def load_run(
+    workdir: str | Path, step: int | None = None, overrides: Sequence[str] = ()
+) -> tuple[ExperimentConfig, object, int]:
+    """(config with `eval.key=value` overrides applied, parameters, step) of a run directory's
+    checkpoint (default: the latest), the parameters in the run's own shardings on the mesh
+    its config describes (scored there as training placed them)."""
+    workdir = Path(workdir)
+    if not workdir.is_dir():
+        raise ScalestudyError(f"run directory not found: {workdir}")
+    if saved.latest_step(workdir) is None:
+        raise ScalestudyError(
+            f"no checkpoint in {workdir}: nothing to evaluate; train first "
+            f"(`scalestudy train --workdir {workdir}`) or give the directory of a trained run"
+        )
+    cfg, params, step = saved.restore_params(workdir, step, on_run_mesh=True)
+    return eval_overrides(cfg, overrides), params, step
+
+
 def evaluate_run(
     workdir: str | Path,
     tasks: Sequence[str] | None = None,
@@ -243,16 +262,7 @@ def evaluate_run(
     `out`); returns the aggregates and the step (rundir.RunNotUpdated carries them when the
     run cannot be written)."""
     workdir = Path(workdir)
-    if not workdir.is_dir():
-        raise ScalestudyError(f"run directory not found: {workdir}")
-    if saved.latest_step(workdir) is None:
-        raise ScalestudyError(
-            f"no checkpoint in {workdir}: nothing to evaluate; train first "
-            f"(`scalestudy train --workdir {workdir}`) or give the directory of a trained run"
-        )
-    # Straight into the run's parameter shardings, scored under the same mesh as training.
-    cfg, params, step = saved.restore_params(workdir, step, on_run_mesh=True)
-    cfg = eval_overrides(cfg, overrides)
+    cfg, params, step = load_run(workdir, step, overrides)
     # The settings recorded beside the results are the ones that scored them.
     given = {"tasks": tuple(tasks) if tasks else None, "data_dir": data_dir}
     given["max_examples"] = max_examples

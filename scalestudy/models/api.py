@@ -229,12 +229,20 @@ class Model:
             self._bind(params), self.cfg, cache, tokens_BL, segment_BL, positions_BL, prefix_BL
         )
 
-    def _prompt(self, params: Params, prompt_BP: jax.Array, room: int) -> tuple:
+    def _prompt(
+        self, params: Params, prompt_BP: jax.Array, room: int, lengths_B: jax.Array | None = None
+    ) -> tuple:
         """(fresh cache with `room` free decoder slots after the prompt, decoder tokens,
-        positions, prefix flags) for reading `prompt_BP` as this architecture reads a prompt:
-        decoder-only models read `0, prompt...` (the non-causal decoder bidirectionally: the
-        prompt is its prefix, as in prefix-LM training); the encoder-decoder encodes the
-        prompt and its decoder starts from 0."""
+        positions, prefix flags, segment ids) for reading `prompt_BP` as this architecture
+        reads a prompt: decoder-only models read `0, prompt...` (the non-causal decoder
+        bidirectionally: the prompt is its prefix, as in prefix-LM training); the
+        encoder-decoder encodes the prompt and its decoder starts from 0.
+
+        With `lengths_B`, row b holds a prompt of `lengths_B[b]` tokens padded with 0 at the
+        right: the encoder masks the padding; a decoder-only row is moved to the right end
+        (`0, prompt` right-aligned, the padding before it in segment 0), so that every row's
+        next token lands in the same slot and relative distances are those of an unpadded
+        row."""
         prompt_BP = jnp.asarray(prompt_BP, jnp.int32)
         rows, length = prompt_BP.shape
         if self.cfg.is_encoder_decoder:
@@ -242,28 +250,46 @@ class Model:
             tokens_BL = jnp.zeros((rows, 1), jnp.int32)
         else:
             cache = self.new_cache(params, rows, 1 + length + room)
+            if lengths_B is not None:  # right-align each row: slot j reads j - pad
+                pad_B = length - jnp.asarray(lengths_B, jnp.int32)
+                src_BP = jnp.arange(length)[None, :] - pad_B[:, None]
+                moved_BP = jnp.take_along_axis(prompt_BP, jnp.maximum(src_BP, 0), axis=1)
+                prompt_BP = jnp.where(src_BP >= 0, moved_BP, 0)
             tokens_BL = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), prompt_BP], axis=1)
-        positions_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
+        slot_BL = jnp.broadcast_to(jnp.arange(tokens_BL.shape[1]), tokens_BL.shape)
+        if lengths_B is None or self.cfg.is_encoder_decoder:
+            positions_BL, segment_BL = slot_BL, jnp.ones_like(tokens_BL)
+        else:  # the start token sits at slot pad_B, the padding before it
+            positions_BL = jnp.maximum(slot_BL - pad_B[:, None], 0)
+            segment_BL = (slot_BL >= pad_B[:, None]).astype(jnp.int32)
         prefix_BL = None
         if self.cfg.arch == "noncausal_decoder":
-            prefix_BL = jnp.ones_like(tokens_BL)
-        return cache, tokens_BL, positions_BL, prefix_BL
+            prefix_BL = segment_BL
+        return cache, tokens_BL, positions_BL, prefix_BL, segment_BL
 
     def prefill(
         self, params: Params, prompt_BP: jax.Array, room: int
     ) -> tuple[jax.Array, decode.Cache]:
         """Read a prompt from scratch (see `generate`): the logits [B, L, V] of the decoder
         positions read and a cache with `room` free slots to decode into."""
-        cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, room)
-        segment_BL = jnp.ones_like(tokens_BL)
+        cache, tokens_BL, positions_BL, prefix_BL, segment_BL = self._prompt(
+            params, prompt_BP, room
+        )
         return self.extend(params, cache, tokens_BL, segment_BL, positions_BL, prefix_BL)
 
-    def generate(self, params: Params, prompt_BP: jax.Array, steps: int) -> jax.Array:
-        """[B, steps] greedy continuation of each row's prompt (unpadded, equal lengths), read
-        as `prefill` reads it."""
-        cache, tokens_BL, positions_BL, prefix_BL = self._prompt(params, prompt_BP, steps)
+    def generate(
+        self, params: Params, prompt_BP: jax.Array, steps: int, lengths_B: jax.Array | None = None
+    ) -> jax.Array:
+        """[B, steps] greedy continuation of each row's prompt, read as `prefill` reads it:
+        rows of equal length, or with `lengths_B`, prompts of those lengths padded with 0 at
+        the right (each row's continuation equals that of its prompt alone)."""
+        cache, tokens_BL, positions_BL, prefix_BL, segment_BL = self._prompt(
+            params, prompt_BP, steps, lengths_B
+        )
         module = self._bind(params)
-        return decode.greedy(module, self.cfg, cache, tokens_BL, positions_BL, prefix_BL, steps)
+        return decode.greedy(
+            module, self.cfg, cache, tokens_BL, positions_BL, prefix_BL, steps, segment_BL
+        )
 
 
 def _forward(

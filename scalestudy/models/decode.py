@@ -140,12 +140,15 @@ def greedy(
     positions_BL: jax.Array,
     prefix_BL: jax.Array | None,
     steps: int,
+    segment_BL: jax.Array | None = None,
 ) -> jax.Array:
-    """[B, steps] greedy continuation: prefill `tokens_BL` (one unpacked segment per row),
-    then feed back the argmax one position at a time."""
+    """[B, steps] greedy continuation: prefill `tokens_BL` (one unpacked segment per row,
+    `segment_BL` 1 on it and 0 on padding before it; default all 1), then feed back the
+    argmax one position at a time."""
     rows, length = tokens_BL.shape
-    ones_BL = jnp.ones((rows, length), jnp.int32)
-    logits_BLV, cache = extend(module, cfg, cache, tokens_BL, ones_BL, positions_BL, prefix_BL)
+    if segment_BL is None:
+        segment_BL = jnp.ones((rows, length), jnp.int32)
+    logits_BLV, cache = extend(module, cfg, cache, tokens_BL, segment_BL, positions_BL, prefix_BL)
     first_B = jnp.argmax(logits_BLV[:, -1], axis=-1).astype(jnp.int32)
     next_position_B = positions_BL[:, -1] + 1
 

@@ -57,6 +57,11 @@ def restore_params(
             raise CheckpointError(
                 f"no checkpoint in {directory}; train first (`scalestudy train --workdir ...`)"
             )
+    manager = Checkpointer(directory, read_only=True)
+    if step not in manager.all_steps():  # before its config is read: one line, not orbax's
+        raise CheckpointError(
+            f"no checkpoint for step {step} in {directory}; available: {manager.all_steps()}"
+        )
     cfg = load_config(directory, step)
     model = build_model(cfg.model)
     if on_run_mesh:
@@ -72,10 +77,5 @@ def restore_params(
         model.abstract_params(),
         placement,
     )
-    manager = Checkpointer(directory, read_only=True)
-    if step not in manager.all_steps():
-        raise CheckpointError(
-            f"no checkpoint for step {step} in {directory}; available: {manager.all_steps()}"
-        )
     params = manager.restore_params(step, abstract)
     return cfg, params, step

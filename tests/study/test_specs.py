@@ -179,7 +179,7 @@ def test_the_wang_spec_gives_every_cell_the_same_tokens_and_updates():
 
 
 def test_incontext_study_scores_every_run_at_every_k_on_a_corpus_with_episodes():
-    study, runs = _expand("incontext.yaml")
+    _, runs = _expand("incontext.yaml")
     assert {(r.arch, r.objective) for r in runs} == {
         ("causal_decoder", "flm"),
         ("noncausal_decoder", "plm"),

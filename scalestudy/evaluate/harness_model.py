@@ -1,0 +1,323 @@
+"""A run directory as an lm-evaluation-harness model, registered as "scalestudy".
+
+`ScalestudyLM(workdir=RUN)` loads a run's config and checkpoint as `scalestudy eval` does
+(`rank.load_run`: the run's own mesh and shardings) and answers the harness's three requests
+through the package's own paths, for every architecture:
+
+- `loglikelihood`: (context, continuation) pairs scored by `Scorer` after `budget.fit_pairs`,
+  the path and context rule (`eval.*`) of `scalestudy eval`: the causal decoder reads context
+  and continuation causally, the non-causal decoder holds the context in its bidirectional
+  prefix, the encoder-decoder encodes the context and scores the continuation in its decoder.
+- `loglikelihood_rolling`: a text's log-likelihood in windows of the training length, each
+  token predicted once (`rolling_windows`), every window scored as a (context, continuation)
+  pair by the same path; the first window's context is empty (an empty prefix; the
+  encoder-decoder's encoder reads a lone EOS, as for any empty context).
+- `generate_until`: greedy decoding with the package's key/value cache (`Model.generate`),
+  cut at the first stop string, at most `max_gen_toks` tokens; prompts of different lengths
+  share a call, padded to the lengths of scoring's ladder (`batching.bucket_length`).
+
+lm-eval finds no models outside its own package by itself: `scalestudy harness ARGS` imports
+this module (registering the model) and hands ARGS to lm-eval's own command line unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from scalestudy.config import ExperimentConfig
+from scalestudy.data.objectives import feature_lengths, scoring_inputs_suffix
+from scalestudy.data.vocab import get_vocabulary
+from scalestudy.errors import ScalestudyError
+from scalestudy.evaluate import rank
+from scalestudy.evaluate.batching import bucket_length
+from scalestudy.evaluate.budget import fit_pairs
+from scalestudy.evaluate.scorer import Scorer, scoring_config
+from scalestudy.models.api import build_model
+from scalestudy.train import sharding
+
+LMEVAL_EXTRA = "pip install 'scalestudy[lmeval]'"
+
+try:
+    from lm_eval.__main__ import cli_evaluate
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import simple_parse_args_string
+except ImportError:
+    raise ScalestudyError(
+        "the lm-evaluation-harness model needs lm-eval (0.4.10 or later), which this "
+        f"environment does not have; install the extra: {LMEVAL_EXTRA}"
+    ) from None
+
+MODEL_ARGS = ("workdir", "step", "batch_size", "max_length", "eval.KEY")
+DEFAULT_MAX_GEN_TOKS = 256  # the harness's default for generate_until tasks
+
+
+def rolling_windows(
+    tokens: Sequence[int], row: int, encoder: int | None = None
+) -> list[tuple[list[int], list[int]]]:
+    """(context, predicted) windows that predict every token of `tokens` exactly once, in order.
+
+    Decoder-only (`encoder` None): context and predicted tokens share a row of `row` tokens,
+    as the harness's rolling windows do: the first window predicts the first `row` tokens from
+    no context, each later one the next `row - 1` after the `row - len(predicted)` tokens before
+    them (the last window gets the most context). Encoder-decoder: each window predicts `row`
+    tokens in the decoder after up to `encoder` tokens before them in the encoder.
+    """
+    first, chunk = (row, row - 1) if encoder is None else (row, row)
+    windows = [([], list(tokens[:first]))] if len(tokens) else []
+    start = first
+    while start < len(tokens):
+        predicted = list(tokens[start : start + chunk])
+        room = row - len(predicted) if encoder is None else encoder
+        windows.append((list(tokens[max(0, start - room) : start]), predicted))
+        start += len(predicted)
+    return windows
+
+
+def _model_args(kwargs: dict) -> tuple[dict, list[str]]:
+    """Known model args and `eval.key=value` overrides; any other key is refused by name."""
+    known = {
+        k: kwargs.pop(k) for k in ("workdir", "step", "batch_size", "max_length") if k in kwargs
+    }
+    # The harness passes these from its own command line (--device defaults to cuda:0): JAX
+    # places the model on the run's mesh over the devices it sees (JAX_PLATFORMS chooses).
+    kwargs.pop("max_batch_size", None)
+    kwargs.pop("device", None)
+    overrides = [f"{k}={v}" for k, v in kwargs.items() if k.startswith("eval.")]
+    unknown = sorted(k for k in kwargs if not k.startswith("eval."))
+    if unknown:
+        raise ScalestudyError(
+            f"model_args: unknown key {unknown[0]!r}; accepted: {', '.join(MODEL_ARGS)} "
+            "(e.g. --model_args workdir=runs/tiny,step=100,eval.inputs_length=512)"
+        )
+    return known, overrides
+
+
+def _whole(name: str, value, least: int = 1) -> int | None:
+    """`value` (an int or its text) as an int of at least `least`; None stays None."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.lstrip("-").isdigit() or int(text) < least:
+        raise ScalestudyError(f"model_args: {name}={value!r}; accepted: a whole number >= {least}")
+    return int(text)
+
+
+@register_model("scalestudy")
+class ScalestudyLM(LM):
+    """A scalestudy run's checkpoint as an lm-eval model (model_args: `MODEL_ARGS`)."""
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        """The model of `--model_args` text; a key given there wins over the same setting
+        from lm-eval's own options (its --batch_size is always given, 1 by default)."""
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """The model of `arg_dict` (model args) over `additional_config` (lm-eval's options)."""
+        given = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**given, **arg_dict})
+
+    def __init__(self, **model_args) -> None:
+        super().__init__()
+        known, overrides = _model_args(dict(model_args))
+        workdir = known.get("workdir")
+        if not workdir:
+            raise ScalestudyError(
+                "model_args: workdir is required: the run directory to evaluate "
+                "(e.g. --model_args workdir=runs/tiny)"
+            )
+        step = _whole("step", known.get("step"), least=0)
+        batch_size = known.get("batch_size")
+        if batch_size is not None and str(batch_size).startswith("auto"):
+            batch_size = None  # the run's eval.batch_size
+        batch_size = _whole("batch_size", batch_size)
+        if batch_size is not None:
+            # Before the eval.* keys: an explicit eval.batch_size wins over lm-eval's default.
+            overrides.insert(0, f"eval.batch_size={batch_size}")
+        cfg, params, self.step = rank.load_run(Path(str(workdir)), step, overrides)
+        self.workdir = Path(str(workdir))
+        self.run_cfg = cfg
+        self.model = build_model(cfg.model)
+        self.mesh = jax.tree.leaves(params)[0].sharding.mesh
+        self.scorer = Scorer(cfg, self.model, params, mesh=self.mesh)
+        self.cfg = scoring_config(cfg)
+        self.vocab = get_vocabulary(cfg.data)
+        self.suffix = list(scoring_inputs_suffix(cfg.objective))
+        # Training rows: (encoder, decoder) positions, encoder 0 for the decoder-only models.
+        self.encoder_length, self.decoder_length = feature_lengths(
+            cfg.objective, cfg.model.is_encoder_decoder
+        )
+        # Context positions of one row: the encoder's, or the decoder row context shares.
+        self.max_length = _whole("max_length", known.get("max_length")) or (
+            self.encoder_length or self.decoder_length
+        )
+        least = len(self.suffix) + (1 if self.encoder_length else 2)
+        if self.max_length < least:
+            raise ScalestudyError(
+                f"model_args: max_length={self.max_length} leaves no room for a rolling window "
+                f"(context and prediction); accepted: {least} or more"
+            )
+        self._generate = jax.jit(self.model.generate, static_argnums=2)
+
+    # ------------------------------------------------------------------ scoring
+
+    def _score(
+        self, cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]], what: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        fitted = fit_pairs(cfg, inputs, targets, what)
+        lp, _, greedy = self.scorer.score(fitted)
+        cut = int(fitted.cut.sum())
+        if cut:
+            warnings.warn(
+                f"{what}: {cut} of {len(inputs)} contexts cut from the left to the context "
+                f"budget (eval.context_rule={cfg.eval.context_rule}, "
+                f"eval.inputs_length={cfg.eval.inputs_length})",
+                stacklevel=3,
+            )
+        rank.beyond_training(cfg, what, fitted, np.arange(len(inputs)))
+        return np.asarray(lp, np.float64), np.asarray(greedy, bool)
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """Per (context, continuation): the continuation's summed log-probability and whether
+        greedy decoding would produce it, as `scalestudy eval` scores a choice."""
+        if not requests:
+            return []
+        pairs = [req.args for req in requests]
+        inputs = [list(self.vocab.encode(c)) for c, _ in pairs]
+        targets = [list(self.vocab.encode(t)) for _, t in pairs]
+        # An empty continuation has probability 1 (log 0), and greedy decoding "produces" it.
+        out = [(0.0, True)] * len(pairs)
+        scored = [i for i, t in enumerate(targets) if t]
+        if scored:
+            lp, greedy = self._score(
+                self.cfg,
+                [inputs[i] for i in scored],
+                [targets[i] for i in scored],
+                "lm-eval loglikelihood",
+            )
+            for i, a, g in zip(scored, lp, greedy, strict=True):
+                out[i] = (float(a), bool(g))
+        for pair, result in zip(pairs, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood", pair, result)
+        return out
+
+    def windows(self, tokens: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+        """The rolling windows of `tokens` for this model (see the module docstring)."""
+        room = self.max_length - len(self.suffix)  # context positions beside the input form
+        if self.encoder_length:  # the context in the encoder
+            return rolling_windows(tokens, self.decoder_length, room)
+        # One decoder row of max_length positions: start token, context, predicted[:-1].
+        return rolling_windows(tokens, room)
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        """Per text: the log-likelihood of all its tokens, windows of the training length."""
+        inputs, targets, owner = [], [], []
+        for i, req in enumerate(requests):
+            for context, predicted in self.windows(self.vocab.encode(req.args[0])):
+                inputs.append(context)
+                targets.append(predicted)
+                owner.append(i)
+        totals = np.zeros(len(requests))
+        if inputs:
+            # Windows fit the training rows by construction: no context rule, no cut.
+            ev = self.cfg.eval.replace(context_rule="same", inputs_length=None, max_length=1 << 30)
+            cfg = self.cfg.replace(eval=ev)
+            lp, _ = self._score(cfg, inputs, targets, "lm-eval loglikelihood_rolling")
+            np.add.at(totals, np.asarray(owner), lp)
+        out = [float(t) for t in totals]
+        for req, result in zip(requests, out, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, result)
+        return out
+
+    # ------------------------------------------------------------------ generation
+
+    def _prompt_tokens(self, context: str, steps: int) -> tuple[list[int], bool]:
+        """The prompt as the model reads it (input form appended), cut from the left to fit
+        max_length beside the generated tokens (decoder-only) or the encoder; whether cut."""
+        tokens = list(self.vocab.encode(context))
+        keep = self.max_length - len(self.suffix)
+        if not self.encoder_length:  # the decoder row holds the generated tokens too
+            keep -= steps
+        keep = max(keep, 1)  # past the training length rather than no context at all
+        kept = tokens[max(len(tokens) - keep, 0) :]
+        prompt = kept + self.suffix
+        if self.encoder_length and not prompt:
+            prompt = [self.vocab.eos_id]  # an empty input is a lone EOS, as in scoring
+        return prompt, len(kept) < len(tokens)
+
+    def generate_until(self, requests) -> list[str]:
+        """Per (context, gen_kwargs): the greedy continuation, cut before the first of
+        gen_kwargs["until"] (a string or a list), at most gen_kwargs["max_gen_toks"] tokens."""
+        jobs = []
+        for context, gen_kwargs in (req.args for req in requests):
+            kwargs = dict(gen_kwargs or {})
+            if kwargs.get("do_sample"):
+                raise ScalestudyError(
+                    "generate_until: do_sample=True asked for, but the scalestudy model decodes "
+                    "greedily only; set do_sample: false (temperature 0) in the task"
+                )
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            steps = _whole("max_gen_toks", kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            prompt, cut = self._prompt_tokens(context, steps)
+            jobs.append((prompt, steps, until, cut))
+        cut = sum(j[3] for j in jobs)
+        if cut:
+            warnings.warn(
+                f"generate_until: {cut} of {len(jobs)} prompts cut from the left to fit "
+                f"max_length={self.max_length}",
+                stacklevel=2,
+            )
+        out: list[str | None] = [None] * len(jobs)
+        # Prompts padded to the lengths of scoring's ladder: a handful of compiled shapes.
+        longest = max((len(j[0]) for j in jobs), default=0)
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for i, (prompt, steps, _, _) in enumerate(jobs):
+            length = bucket_length(len(prompt), longest) if prompt else 0
+            shapes.setdefault((length, steps), []).append(i)
+        rows = self.scorer.rows
+        for (length, steps), members in shapes.items():
+            for s in range(0, len(members), rows):
+                part = members[s : s + rows]
+                # Fill the call's shape: the batch shards need whole rows; reuse a prompt.
+                size = -(-len(part) // self.scorer.shards) * self.scorer.shards
+                idx = part + [part[0]] * (size - len(part))
+                prompt_BP = np.zeros((size, length), np.int32)
+                lengths_B = np.array([len(jobs[i][0]) for i in idx], np.int32)
+                for row, i in enumerate(idx):
+                    prompt_BP[row, : lengths_B[row]] = jobs[i][0]
+                with sharding.axis_rules(self.mesh):
+                    tokens_BT = np.asarray(jax.device_get(self._generate(
+                        self.scorer.params, prompt_BP, steps, lengths_B)))  # fmt: skip
+                for row, i in enumerate(part):
+                    out[i] = _cut_at_stop(self.vocab.decode(tokens_BT[row].tolist()), jobs[i][2])
+        for req, text in zip(requests, out, strict=True):
+            self.cache_hook.add_partial("generate_until", req.args, text)
+        return [str(t) for t in out]
+
+
+def _cut_at_stop(text: str, until: Sequence[str]) -> str:
+    """`text` up to the earliest occurrence of any stop string."""
+    ends = [text.find(s) for s in until if s and s in text]
+    return text[: min(ends)] if ends else text
+
+
+def run_cli(argv: list[str]) -> int:
+    """lm-eval's own command line on `argv`, unchanged, with "scalestudy" registered."""
+    given = sys.argv
+    sys.argv = ["lm-eval", *argv]
+    try:
+        cli_evaluate()
+    except SystemExit as e:  # its argument errors and --help
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = given
+    return 0
