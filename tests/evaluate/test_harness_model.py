@@ -53,6 +53,7 @@ dataset_kwargs:
   data_files:
     test: {path}
 test_split: test
+fewshot_split: test
 output_type: multiple_choice
 doc_to_text: "{{{{query}}}}"
 doc_to_choice: "{{{{choices}}}}"
@@ -103,8 +104,9 @@ def tasks(tmp_path_factory) -> Path:
     return folder
 
 
-# K > 0 joins once `scalestudy eval` builds few-shot prompts (issue 31).
-@pytest.mark.parametrize("num_fewshot", [0])
+# K > 0: the harness's task names its scored split as the few-shot split, so that it draws
+# demonstrations as `scalestudy eval` does (K + 1, the scored example removed).
+@pytest.mark.parametrize("num_fewshot", [0, 2])
 @pytest.mark.parametrize("arch", list(ARCH_OBJECTIVE))
 def test_harness_scores_equal_scalestudy_eval(arch, num_fewshot, runs, models, tasks) -> None:
     out = lm_eval.simple_evaluate(
@@ -116,14 +118,14 @@ def test_harness_scores_equal_scalestudy_eval(arch, num_fewshot, runs, models, t
         log_samples=True,
     )
     harness = out["results"]["tiny_mc"]
-    ours = rank.evaluate_run(runs[arch], tasks=[str(tasks / "tiny_mc.yaml")])
-    assert ours["tiny_mc/n"] == len(ROWS) and ours["tiny_mc/truncated"] == 0
-    assert harness["acc,none"] == ours["tiny_mc/acc"]
-    assert harness["acc_norm,none"] == ours["tiny_mc/acc_norm"]
+    shots = [f"eval.num_fewshot={num_fewshot}"]
+    ours = rank.evaluate_run(runs[arch], tasks=[str(tasks / "tiny_mc.yaml")], overrides=shots)
+    name = "tiny_mc" if num_fewshot == 0 else f"tiny_mc.{num_fewshot}shot"
+    assert ours[f"{name}/n"] == len(ROWS) and ours[f"{name}/truncated"] == 0
+    assert harness["acc,none"] == ours[f"{name}/acc"]
+    assert harness["acc_norm,none"] == ours[f"{name}/acc_norm"]
     # Per example and choice: the same log-likelihoods and greedy flags.
-    records = [
-        json.loads(x) for x in examples_path(runs[arch], 5, "tiny_mc").read_text().splitlines()
-    ]
+    records = [json.loads(x) for x in examples_path(runs[arch], 5, name).read_text().splitlines()]
     samples = sorted(out["samples"]["tiny_mc"], key=lambda s: s["doc_id"])
     assert len(samples) == len(records) == len(ROWS)
     for sample, record in zip(samples, records, strict=True):
@@ -132,6 +134,7 @@ def test_harness_scores_equal_scalestudy_eval(arch, num_fewshot, runs, models, t
         np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], rtol=1e-6)
         assert [g[1] for g in got] == [w[1] for w in want]
         assert sample["arguments"][0][0] == record["prompt"]  # the harness's own prompt
+        assert record.get("shots", 0) == num_fewshot
     # The choices really differ: equal accuracies are not equal constants.
     assert len({round(c["logprob"], 3) for r in records for c in r["choices"]}) > 5
 
