@@ -65,8 +65,7 @@ def check_cell(arch: str, objective: str) -> None:
         )
 
 
-# Seeds are whole numbers a PRNG key and NumPy's generators take on every platform.
-MAX_SEED = 2**31 - 1
+MAX_SEED = 2**31 - 1  # what a PRNG key and NumPy's generators take on every platform
 
 
 class ModelConfig(Frozen):
@@ -193,9 +192,7 @@ class SyntheticConfig(Frozen):
     n_train_documents: int = Field(20000, ge=1)
     n_validation_documents: int = Field(500, ge=1)
     seed: int = Field(1234, ge=0, le=MAX_SEED)
-    # Share of documents that are in-context episodes (made-up words, each given a colour
-    # anew in every document: "dax is red"), the structure the in-context probe asks a model
-    # to use from its prompt alone; 0 leaves the stories alone (and run ids unchanged).
+    # share of in-context episodes (data/synthetic.py); 0: corpus and run ids unchanged
     incontext_share: float = Field(0.0, ge=0.0, le=1.0, exclude_if=lambda v: v == 0.0)
 
 
@@ -228,8 +225,7 @@ class DataConfig(Frozen):
     seqio_task: str | None = None
     seqio_module: str | None = None
     max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora
-    # data order and objective randomness (example k is a function of (seed, k))
-    seed: int = Field(0, ge=0, le=MAX_SEED)
+    seed: int = Field(0, ge=0, le=MAX_SEED)  # data order, objective randomness
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

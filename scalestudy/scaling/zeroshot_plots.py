@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling import figstyle as fs
 
 Z95 = 1.959964
@@ -62,6 +63,8 @@ def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
         if not run.get("flops"):
             continue
         keys = [k for k in run if k.startswith("eval/") and k.endswith("/acc")]
+        # zero-shot rows only: few-shot ones ("<task>.<K>shot") have the in-context section
+        keys = [k for k in keys if not shots_of(k.split("/")[1])]
         n_parts: dict[str, int] = defaultdict(int)
         for k in keys:
             if k.count("/") == 3 and run.get(k.removesuffix("acc") + "n"):

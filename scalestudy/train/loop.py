@@ -15,7 +15,6 @@ point: the signal reaches any one process, all of them stop at the step after th
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import time
@@ -25,8 +24,7 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig, to_yaml
 from scalestudy.data import pipeline
-from scalestudy.data.objectives import feature_lengths
-from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
 from scalestudy.train import (
     checkpoint,
@@ -38,6 +36,7 @@ from scalestudy.train import (
     resume,
     rundir,
     saved,
+    sharding,
     step,
 )
 from scalestudy.train.summary import run_summary
@@ -84,7 +83,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
-    check_host_batch(cfg)
+    sharding.check_host_batch(cfg, distributed.process_layout()[1])
     try:
         with claim(workdir):
             return _train(cfg, workdir, eval_fn)
@@ -97,32 +96,6 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
             f"the run in {workdir} stopped on a file error: {e}; {kept}. Free space or fix "
             "permissions, then run the same command again"
         ) from None
-
-
-# int32 arrays a host holds per batch row position (tokens, targets, weights, segments,
-# positions, ... of the encoder and decoder): an upper bound for the estimate below.
-_ARRAYS_PER_POSITION = 8
-
-
-def check_host_batch(cfg: ExperimentConfig) -> None:
-    """Refuse, before anything is built or written, a batch whose host-side data alone would
-    not fit this machine's memory (a typo such as train.batch_size=100000000 would otherwise
-    grow for minutes while the data is built)."""
-    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
-    _, processes = distributed.process_layout()
-    rows = cfg.train.batch_size * cfg.train.steps_per_call / processes
-    need = rows * (encoder + decoder) * 4 * _ARRAYS_PER_POSITION
-    try:
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # no such figure here: nothing to compare
-        return
-    if need > have:
-        raise ConfigError(
-            f"train.batch_size={cfg.train.batch_size} (x steps_per_call="
-            f"{cfg.train.steps_per_call}) needs about {need / 2**30:.0f} GiB of host memory "
-            f"for one batch of {encoder + decoder}-position rows, more than this machine's "
-            f"{have / 2**30:.0f} GiB; lower train.batch_size, or spread it over more hosts"
-        )
 
 
 @contextlib.contextmanager

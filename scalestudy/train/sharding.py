@@ -25,7 +25,8 @@ from flax.linen import spmd as linen_spmd
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scalestudy.config import MeshConfig, ModelConfig, TrainConfig
+from scalestudy.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig
+from scalestudy.data.objectives import feature_lengths
 from scalestudy.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -290,3 +291,28 @@ def axis_rules(mesh: Mesh) -> Iterator[Mesh]:
     tracing inside this block."""
     with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(AXIS_RULES):
         yield mesh
+
+
+# int32 arrays a host holds per batch row position (tokens, targets, weights, segments,
+# positions, ... of the encoder and decoder): an upper bound for the estimate below.
+_ARRAYS_PER_POSITION = 8
+
+
+def check_host_batch(cfg: ExperimentConfig, processes: int = 1) -> None:
+    """Refuse, before anything is built or written, a batch whose host-side data alone would
+    not fit this machine's memory (a typo such as train.batch_size=100000000 would otherwise
+    grow for minutes while the data is built)."""
+    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    rows = cfg.train.batch_size * cfg.train.steps_per_call / processes
+    need = rows * (encoder + decoder) * 4 * _ARRAYS_PER_POSITION
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such figure here: nothing to compare
+        return
+    if need > have:
+        raise ConfigError(
+            f"train.batch_size={cfg.train.batch_size} (x steps_per_call="
+            f"{cfg.train.steps_per_call}) needs about {need / 2**30:.0f} GiB of host memory "
+            f"for one batch of {encoder + decoder}-position rows, more than this machine's "
+            f"{have / 2**30:.0f} GiB; lower train.batch_size, or spread it over more hosts"
+        )
