@@ -295,3 +295,24 @@ def test_incontext_documents_join_the_corpus_only_when_asked() -> None:
         for i in range(40)
     }
     assert len(colours) > 3  # drawn anew per document
+
+
+def test_a_registered_task_draws_demonstrations_from_the_named_split(shared_data: Path) -> None:
+    """eval.fewshot_files: COPA's scored split (dev 401-500) with demonstrations from the
+    released test file: K of its rows per example, none of them a scored one."""
+    eval_dir = shared_data / "eval"
+    demos_file = eval_dir / "copa" / "copa-test.jsonl"
+    cfg = EvalConfig(
+        tasks=["copa"], data_dir=str(eval_dir), fewshot_files={"copa": str(demos_file)}
+    )
+    (task,) = load_tasks(cfg)
+    assert task.demos is not None and task.demos_source == str(demos_file)
+    assert len(task.demos) > 100 and len(task.examples) == 100
+    scored = {ex.source for ex in task.examples}
+    prompts = _prompts(task, 3)
+    for prompt, picks in zip(
+        prompts, fewshot.draw(task, list(task.examples), 3, 1234), strict=True
+    ):
+        shown = [task.demos[i] for i in picks]
+        assert all(d.source not in scored for d in shown)
+        assert prompt.startswith(fewshot.demonstration(task, shown[0]) + "\n\n")
