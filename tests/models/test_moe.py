@@ -364,3 +364,18 @@ def test_expert_sharded_loss_and_gradients_equal_one_device(dispatch, shape):
         )
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def test_describe_shows_total_and_active_parameters(repo, capsys):
+    import json
+
+    from scalestudy import cli
+
+    tiny_yaml = str(repo / "configs/models/tiny.yaml")
+    moe_args = ["model.moe.enabled=true", "model.moe.routed_experts=4", "model.moe.top_k=1"]
+    assert cli.main(["describe", "--config", tiny_yaml, "--json", *moe_args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params_active"] < out["params_total"]
+    assert out["flops_per_token_6n"] == 6 * out["params_active_non_embedding"]
+    assert cli.main(["describe", "--config", tiny_yaml, "--json"]) == 0
+    assert "params_active" not in json.loads(capsys.readouterr().out)  # dense: as before
