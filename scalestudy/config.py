@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from scalestudy.errors import ConfigError
 from scalestudy.eval_config import EvalConfig
+from scalestudy.moe_config import MoEConfig
 from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
@@ -131,6 +132,9 @@ class ModelConfig(Frozen):
     # Counting convention: count causal attention score/value FLOPs at half (only the lower
     # triangle is needed). Off by default, as in Kaplan et al. and Chinchilla.
     halve_causal_attention_flops: bool = False
+    # Mixture-of-experts feed-forward layers (moe_config.py, models/moe.py). Left out of dumps
+    # (and run ids) while off.
+    moe: MoEConfig = Field(MoEConfig(), exclude_if=lambda v: not v.enabled)
 
     @property
     def head_dim(self) -> int:
@@ -162,6 +166,10 @@ class ModelConfig(Frozen):
                 f"model.position='rope' needs an even head width; got head_dim={self.head_dim}"
             )
         self._check_attention_impl()
+        depths = {"decoder": self.n_layers}
+        if self.is_encoder_decoder:
+            depths["encoder"] = self.encoder_layers
+        self.moe.check(depths, self.is_encoder_decoder)
         return self
 
     def _check_attention_impl(self) -> None:
@@ -309,11 +317,16 @@ class MeshConfig(Frozen):
 
     data: int = -1
     fsdp: int = 1
+    # Expert parallelism: routed experts split over this axis (it also splits the batch, like
+    # data). Left out of dumps while 1.
+    expert: int = Field(1, exclude_if=lambda v: v == 1)
     tensor: int = 1
 
     @property
     def shape(self) -> dict[str, int]:
-        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        """The mesh axes and their sizes ("expert" only where it is not 1)."""
+        expert = {} if self.expert == 1 else {"expert": self.expert}
+        return {"data": self.data, "fsdp": self.fsdp, **expert, "tensor": self.tensor}
 
     @model_validator(mode="after")
     def _check(self) -> MeshConfig:
@@ -385,6 +398,7 @@ class ExperimentConfig(Frozen):
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
         check_cell(self.model.arch, self.objective.name)
+        self._check_expert_axis()
         if self.objective.name in ("mlm", "bmlm") and self.data.extra_ids < 1:
             raise ConfigError(
                 f"objective.name={self.objective.name!r} needs sentinel ids: data.extra_ids "
@@ -399,6 +413,23 @@ class ExperimentConfig(Frozen):
                 "optim.cooldown_fraction"
             )
         return self
+
+    def _check_expert_axis(self) -> None:
+        """An explicit mesh.expert must split the routed experts evenly (sharding.py checks
+        the resolved mesh again)."""
+        expert, moe = self.mesh.expert, self.model.moe
+        if expert in (-1, 1):
+            return
+        if not moe.enabled:
+            raise ConfigError(
+                f"mesh.expert={expert} splits routed experts, but model.moe.enabled is false; "
+                "use mesh.data for data parallelism, or enable model.moe"
+            )
+        if moe.routed_experts % expert:
+            raise ConfigError(
+                f"mesh.expert={expert} does not divide model.moe.routed_experts="
+                f"{moe.routed_experts}; choose an expert axis size dividing it"
+            )
 
     def hash(self) -> str:
         """Stable 12-hex-digit id of the resolved config (the run id in studies)."""

@@ -60,6 +60,57 @@ TRAIN = ["train", "--config", TINY, "--workdir", "w", "train.steps=2"]
 # (id, argv, environment, words the error must contain). {run}: a trained run directory (its
 # rows are marked slow: they share one training run).
 CASES = [
+    # Mixture-of-experts settings (model.moe)
+    (
+        "moe_top_k_over_experts",
+        [
+            "describe",
+            "--config",
+            TINY,
+            "model.moe.enabled=true",
+            "model.moe.routed_experts=4",
+            "model.moe.top_k=5",
+        ],
+        {},
+        ["model.moe.top_k=5", "routed_experts=4", "1 <= top_k <= 4"],
+    ),
+    (
+        "moe_zero_experts",
+        ["describe", "--config", TINY, "model.moe.enabled=true", "model.moe.routed_experts=0"],
+        {},
+        ["model.moe.routed_experts=0", "at least 1"],
+    ),
+    (
+        "moe_capacity_factor",
+        ["describe", "--config", TINY, "model.moe.enabled=true", "model.moe.capacity_factor=0"],
+        {},
+        ["model.moe.capacity_factor=0", "factor > 0"],
+    ),
+    (
+        "moe_expert_axis",
+        ["describe", "--config", TINY, "model.moe.enabled=true", "mesh.expert=3"],
+        {},
+        ["mesh.expert=3", "routed_experts=8"],
+    ),
+    (
+        "moe_keys_on_a_dense_model",
+        ["describe", "--config", TINY, "model.moe.top_k=1"],
+        {},
+        ["model.moe.top_k", "model.moe.enabled is false"],
+    ),
+    (
+        "moe_every_second_layer_scanned",
+        [
+            "describe",
+            "--config",
+            TINY,
+            "model.moe.enabled=true",
+            "model.moe.every=2",
+            "model.scan_layers=true",
+        ],
+        {},
+        ["model.moe", "scan_layers=false"],
+    ),
     # Tracebacks before
     ("batch_vs_mesh_train", [*TRAIN, "train.batch_size=4"], {}, ["batch_size=4", "mesh.data=8"]),
     (

@@ -12,7 +12,14 @@ Conventions:
 - Causal self-attention scores and values are counted in full (what the dense kernels
   compute) unless `model.halve_causal_attention_flops`: then the causal region is counted at
   half (the non-causal decoder's bidirectional prefix stays full).
-- `flops_per_token_6n` is Kaplan's 6 * N with N the non-embedding parameters, per position.
+- `flops_per_token_6n` is Kaplan's 6 * N with N the non-embedding parameters, per position
+  (with mixture-of-experts layers, the active ones).
+- Mixture-of-experts layers (`model.moe`) count their parameters in full ("total": every
+  expert, the router and its balancing bias) and as used by one token ("active": the router,
+  the bias, the shared experts and top_k routed experts). Their FLOPs per token are the
+  router's (2 * D * E) and those of the shared and the top_k routed experts: what dropless
+  dispatch computes, and what capacity dispatch computes at capacity factor 1 (its slots past
+  the assignments, padding, are not counted).
 """
 
 from __future__ import annotations
@@ -33,6 +40,37 @@ def _mlp_params(cfg: ModelConfig) -> int:
     return (n_in + 1) * cfg.d_model * cfg.d_ff
 
 
+def _expert_params(cfg: ModelConfig) -> int:
+    """One expert's parameters (routed or shared)."""
+    n_in = 2 if cfg.activation.startswith("gated_") else 1
+    return (n_in + 1) * cfg.d_model * cfg.moe.width(cfg.d_ff)
+
+
+def _moe_params(cfg: ModelConfig, active: bool) -> int:
+    """One MoE layer's feed-forward parameters: all, or those one token uses (`active`)."""
+    m = cfg.moe
+    router = cfg.d_model * m.routed_experts + m.routed_experts * (m.router == "deepseek")
+    experts = m.shared_experts + (m.top_k if active else m.routed_experts)
+    return router + experts * _expert_params(cfg)
+
+
+def _ffn_params(cfg: ModelConfig, stack: str, depth: int, active: bool = False) -> int:
+    """The feed-forward parameters of a stack of `depth` layers (dense and MoE)."""
+    n_moe = len(cfg.moe.layers(stack, depth))
+    return (depth - n_moe) * _mlp_params(cfg) + n_moe * _moe_params(cfg, active)
+
+
+def _ffn_flops(cfg: ModelConfig, stack: str, depth: int) -> float:
+    """Forward feed-forward matmul FLOPs per position of a stack of `depth` layers."""
+    n_in = 2 if cfg.activation.startswith("gated_") else 1
+    n_moe = len(cfg.moe.layers(stack, depth))
+    dense = 2.0 * (n_in + 1) * cfg.d_model * cfg.d_ff
+    m = cfg.moe
+    moe = 2.0 * cfg.d_model * m.routed_experts  # the router
+    moe += 2.0 * (m.shared_experts + m.top_k) * _expert_params(cfg)
+    return (depth - n_moe) * dense + n_moe * moe
+
+
 def _relpos_params(cfg: ModelConfig, mode: str) -> int:
     if cfg.position != "relative_bias":
         return 0
@@ -41,19 +79,30 @@ def _relpos_params(cfg: ModelConfig, mode: str) -> int:
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:
-    """Exact parameter counts: total, embedding (vocab-sized matrices) and non-embedding."""
+    """Exact parameter counts: total, embedding (vocab-sized matrices) and non-embedding, and
+    the active ones (those one token uses: less than total only with MoE layers)."""
     d = cfg.d_model
     embedding = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
-    attn, mlp = _attention_params(cfg), _mlp_params(cfg)
+    attn = _attention_params(cfg)
+    n, enc = cfg.n_layers, cfg.encoder_layers
     if cfg.is_encoder_decoder:
-        encoder = cfg.encoder_layers * (attn + mlp + 2 * d) + d
-        encoder += _relpos_params(cfg, "bidirectional")
-        decoder = cfg.n_layers * (2 * attn + mlp + 3 * d) + d + _relpos_params(cfg, "causal")
+        encoder = enc * (attn + 2 * d) + d + _relpos_params(cfg, "bidirectional")
+        decoder = n * (2 * attn + 3 * d) + d + _relpos_params(cfg, "causal")
         stacks = encoder + decoder
+        ffn = [("encoder", enc), ("decoder", n)]
     else:
         mode = "prefix" if cfg.arch == "noncausal_decoder" else "causal"
-        stacks = cfg.n_layers * (attn + mlp + 2 * d) + d + _relpos_params(cfg, mode)
-    return {"total": embedding + stacks, "embedding": embedding, "non_embedding": stacks}
+        stacks = n * (attn + 2 * d) + d + _relpos_params(cfg, mode)
+        ffn = [("decoder", n)]
+    total = stacks + sum(_ffn_params(cfg, name, depth) for name, depth in ffn)
+    active = stacks + sum(_ffn_params(cfg, name, depth, True) for name, depth in ffn)
+    return {
+        "total": embedding + total,
+        "embedding": embedding,
+        "non_embedding": total,
+        "active": embedding + active,
+        "active_non_embedding": active,
+    }
 
 
 def _self_attention_pairs(length: int, prefix: int, causal: bool, halve: bool) -> float:
@@ -68,11 +117,7 @@ def forward_flops(cfg: ModelConfig, decoder_length: int, encoder_length: int = 0
     """Forward matmul FLOPs of one example (decoder `decoder_length` positions, encoder
     `encoder_length`, bidirectional decoder prefix `prefix` for the non-causal decoder)."""
     d, hk = cfg.d_model, cfg.n_heads * cfg.head_dim
-    n_in = 2 if cfg.activation.startswith("gated_") else 1
     halve = cfg.halve_causal_attention_flops
-
-    def mlp(n: int) -> float:
-        return 2.0 * n * (n_in + 1) * d * cfg.d_ff
 
     def self_attention(n: int, pairs: float) -> float:
         return 2.0 * n * d * hk * 4 + 2.0 * 2 * hk * pairs  # projections; scores + values
@@ -80,11 +125,12 @@ def forward_flops(cfg: ModelConfig, decoder_length: int, encoder_length: int = 0
     length = decoder_length
     dec_prefix = prefix if cfg.arch == "noncausal_decoder" else 0
     pairs = _self_attention_pairs(length, dec_prefix, True, halve)
-    per_layer = self_attention(length, pairs) + mlp(length)
-    total = cfg.n_layers * per_layer + 2.0 * length * d * cfg.vocab_size
+    total = cfg.n_layers * self_attention(length, pairs) + 2.0 * length * d * cfg.vocab_size
+    total += length * _ffn_flops(cfg, "decoder", cfg.n_layers)
     if cfg.is_encoder_decoder:
         s = encoder_length
-        enc_layer = self_attention(s, float(s * s)) + mlp(s)
+        total += s * _ffn_flops(cfg, "encoder", cfg.encoder_layers)
+        enc_layer = self_attention(s, float(s * s))
         # q and o over decoder positions, k and v over encoder positions, L x S scores/values.
         cross = 2.0 * length * d * hk * 2 + 2.0 * s * d * hk * 2 + 2.0 * 2 * hk * length * s
         total += cfg.encoder_layers * enc_layer + cfg.n_layers * cross
@@ -96,22 +142,20 @@ def decode_flops(cfg: ModelConfig, new: int, context: int, encoder: int = 0) -> 
     ones (keys: context + new, in full), cross-attending to `encoder` encoder positions whose
     keys and values are cached, with logits at one position (the next token)."""
     d, hk = cfg.d_model, cfg.n_heads * cfg.head_dim
-    n_in = 2 if cfg.activation.startswith("gated_") else 1
     layer = 2.0 * new * d * hk * 4 + 2.0 * 2 * hk * new * (context + new)
-    layer += 2.0 * new * (n_in + 1) * d * cfg.d_ff
     if encoder:
         layer += 2.0 * new * d * hk * 2 + 2.0 * 2 * hk * new * encoder
-    return cfg.n_layers * layer + 2.0 * d * cfg.vocab_size
+    ffn = new * _ffn_flops(cfg, "decoder", cfg.n_layers)
+    return cfg.n_layers * layer + ffn + 2.0 * d * cfg.vocab_size
 
 
 def encoding_flops(cfg: ModelConfig, length: int) -> float:
     """Forward matmul FLOPs of encoding `length` positions (bidirectionally) and projecting
     them to every decoder layer's cross-attention keys and values."""
     d, hk = cfg.d_model, cfg.n_heads * cfg.head_dim
-    n_in = 2 if cfg.activation.startswith("gated_") else 1
     layer = 2.0 * length * d * hk * 4 + 2.0 * 2 * hk * length * length
-    layer += 2.0 * length * (n_in + 1) * d * cfg.d_ff
-    return cfg.encoder_layers * layer + cfg.n_layers * 2.0 * length * d * hk * 2
+    ffn = length * _ffn_flops(cfg, "encoder", cfg.encoder_layers)
+    return cfg.encoder_layers * layer + ffn + cfg.n_layers * 2.0 * length * d * hk * 2
 
 
 def prompt_flops(cfg: ModelConfig, length: int) -> float:
@@ -147,7 +191,7 @@ def flops(cfg: ExperimentConfig) -> dict[str, Any]:
         "forward_flops_per_example": forward,
         "positions_per_example": positions,
         "flops_per_token": per_example / positions,
-        "flops_per_token_6n": 6.0 * count_params(m)["non_embedding"],
+        "flops_per_token_6n": 6.0 * count_params(m)["active_non_embedding"],
         "causal_attention_halved": m.halve_causal_attention_flops,
     }
 
@@ -184,12 +228,19 @@ def describe(cfg: ExperimentConfig) -> dict[str, Any]:
     m = cfg.model
     counts = count_params(m)
     f = flops(cfg)
+    active = {}
+    if m.moe.enabled:
+        active = {
+            "params_active": counts["active"],
+            "params_active_non_embedding": counts["active_non_embedding"],
+        }
     return {
         "arch": m.arch,
         "objective": cfg.objective.name,
         "params_total": counts["total"],
         "params_embedding": counts["embedding"],
         "params_non_embedding": counts["non_embedding"],
+        **active,
         "flops_per_token_6n": f["flops_per_token_6n"],
         "flops_per_token": f["flops_per_token"],
         "flops_per_example": f["flops_per_example"],

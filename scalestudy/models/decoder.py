@@ -25,6 +25,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from scalestudy.config import ModelConfig
+from scalestudy.errors import ConfigError
 from scalestudy.models.attention import platform
 from scalestudy.models.layers import (
     ATTENTION_OUT,
@@ -43,6 +44,7 @@ from scalestudy.models.layers import (
     project,
 )
 from scalestudy.models.masks import MaskSpec
+from scalestudy.models.moe import MoE
 
 ACT_BLD = ("batch", "length", "embed")
 
@@ -107,16 +109,18 @@ BlockCache = tuple[KV, KV | None]
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block: self-attention, optional cross-attention, feed-forward."""
+    """Pre-norm residual block: self-attention, optional cross-attention, feed-forward (a
+    dense MLP, or with `moe` a mixture-of-experts layer)."""
 
-    def __init__(self, cfg: ModelConfig, cross: bool, init: ParamInit):
+    def __init__(self, cfg: ModelConfig, cross: bool, init: ParamInit, moe: bool = False):
         self.self_norm = RMSNorm(cfg, init)
         self.self_attn = Attention(cfg, init)
         if cross:
             self.cross_norm = RMSNorm(cfg, init)
             self.cross_attn = Attention(cfg, init)
         self.mlp_norm = RMSNorm(cfg, init)
-        self.mlp = MLP(cfg, init)
+        self.mlp = MoE(cfg, init) if moe else MLP(cfg, init)
+        self.moe = moe
         self.cross = cross
         self.rate = cfg.dropout
 
@@ -128,9 +132,10 @@ class Block(nnx.Module):
         deterministic: bool,
         record: bool = False,
         cache: BlockCache | None = None,
-    ) -> tuple[jax.Array, BlockCache | None]:
-        """The block's output and its cache with the new positions written (None without).
-        With `record` (static), the self-attention sows its probabilities."""
+    ) -> tuple[jax.Array, BlockCache | None, dict | None]:
+        """The block's output, its cache with the new positions written (None without) and
+        the MoE layer's measurements (None for a dense block). With `record` (static), the
+        self-attention sows its probabilities."""
         keys = [None] * 6 if rng is None else list(jax.random.split(rng, 6))
         self_kv, cross_kv = (None, None) if cache is None else cache
         h = self.self_norm(x_BLD)
@@ -147,35 +152,54 @@ class Block(nnx.Module):
                 cache=cross_kv,
             )  # fmt: skip
             x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[3], deterministic), RESIDUAL)
-        h = self.mlp(self.mlp_norm(x_BLD), keys[4], deterministic)
+        h, stats = self.mlp(self.mlp_norm(x_BLD), keys[4], deterministic), None
+        if self.moe:
+            h, stats = h
         x_BLD = x_BLD + dropout(h, self.rate, keys[5], deterministic)
-        return constrain(x_BLD, ACT_BLD), (None if cache is None else (self_kv, cross_kv))
+        cache = None if cache is None else (self_kv, cross_kv)
+        return constrain(x_BLD, ACT_BLD), cache, stats
 
 
 class Stack(nnx.Module):
-    """`n_layers` blocks, one shared relative-position table, a final norm."""
+    """`n_layers` blocks, one shared relative-position table, a final norm. `name` ("decoder"
+    or "encoder") picks the stack's MoE layers (`model.moe`)."""
 
     def __init__(
-        self, cfg: ModelConfig, n_layers: int, cross: bool, relpos_mode: str, init: ParamInit
+        self,
+        cfg: ModelConfig,
+        n_layers: int,
+        cross: bool,
+        relpos_mode: str,
+        init: ParamInit,
+        name: str = "decoder",
     ):
         self.cfg = cfg
         self.n_layers = n_layers
+        self.moe_layers = cfg.moe.layers(name, n_layers)
         if cfg.position == "relative_bias":
             self.relpos = RelativePositionBias(cfg, relpos_mode, init)
         self.scan = scanned(cfg)
+        moe = len(self.moe_layers) == n_layers
+        if self.scan and self.moe_layers and not moe:
+            raise ConfigError(
+                f"model.moe makes layers {list(self.moe_layers)} of the {n_layers}-layer {name} "
+                "stack MoE layers, but scanned layers must all be alike; give model.moe.every=1 "
+                "(every layer) or model.scan_layers=false"
+            )
         # One seed per layer either way, so scanned and unrolled stacks draw equal weights.
         seeds_N2 = init.split(n_layers)
         if self.scan:
 
             @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make(seed_2: jax.Array) -> Block:
-                return Block(cfg, cross, ParamInit(seed_2))
+                return Block(cfg, cross, ParamInit(seed_2), moe)
 
             self.layers = make(seeds_N2)
         else:
             # Named attributes (not a list) keep the pure-dict keys strings, as checkpoints need.
             for i in range(n_layers):
-                setattr(self, f"layer_{i}", Block(cfg, cross, ParamInit(seeds_N2[i])))
+                block = Block(cfg, cross, ParamInit(seeds_N2[i]), i in self.moe_layers)
+                setattr(self, f"layer_{i}", block)
         self.final_norm = RMSNorm(cfg, init)
 
     def __call__(
@@ -190,7 +214,8 @@ class Stack(nnx.Module):
         """The final-normed output [B, L, D] and the cache (every layer's, stacked on a leading
         N axis; None without one). With `record` (static), sows "attention_NBHLL" (float32
         self-attention probabilities of each layer) and "hidden_NBLD" (the residual stream
-        entering each layer, then the output) as `nnx.Intermediate` values.
+        entering each layer, then the output) as `nnx.Intermediate` values. A stack with MoE
+        layers always sows "moe": their measurements (`moe.MoE`), stacked over those layers.
 
         `ctx.bias_HLL`, when given, is the relative-position bias at the query and key slots
         (decoding); otherwise the stack computes it for positions 0 .. L - 1."""
@@ -207,10 +232,10 @@ class Stack(nnx.Module):
             layer_cache = None if kv is None else _block_cache(kv, start)
             args = (x, ctx._replace(mask=mask), key, deterministic, record, layer_cache)
             if not record:
-                y, layer_cache = layer(*args)
-                return y, _arrays(layer_cache), None
-            (y, layer_cache), sown = nnx.capture(layer, nnx.Intermediate)(*args)
-            return y, _arrays(layer_cache), sown["self_attn"]["probs_BHLS"][0]
+                y, layer_cache, stats = layer(*args)
+                return y, _arrays(layer_cache), None, stats
+            (y, layer_cache, stats), sown = nnx.capture(layer, nnx.Intermediate)(*args)
+            return y, _arrays(layer_cache), sown["self_attn"]["probs_BHLS"][0], stats
 
         if self.cfg.remat != "none":
             run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.cfg.remat])
@@ -220,24 +245,27 @@ class Stack(nnx.Module):
             def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
                 layer_state, key, index, kv = xs
                 if len(layer_masks) == 1:
-                    y, kv, probs_BHLL = run(graphdef, layer_state, x, key, layer_masks[0], kv)
+                    out = run(graphdef, layer_state, x, key, layer_masks[0], kv)
                 else:  # masks may differ in static structure: one branch per mask
                     branches = [_with_mask(run, graphdef, m) for m in layer_masks]
-                    y, kv, probs_BHLL = jax.lax.switch(
+                    out = jax.lax.switch(
                         index % len(layer_masks), branches, layer_state, x, key, kv
                     )
-                return y, (kv, (probs_BHLL, x) if record else None)
+                y, kv, probs_BHLL, stats = out
+                return y, (kv, (probs_BHLL, x) if record else None, stats)
 
             xs = (state, keys, jnp.arange(self.n_layers), cache_arrays)
-            x_BLD, (cache_arrays, per_layer) = jax.lax.scan(body, x_BLD, xs)
+            x_BLD, (cache_arrays, per_layer, moe_stats) = jax.lax.scan(body, x_BLD, xs)
         else:
-            per_layer, new_arrays = [], []
+            per_layer, new_arrays, moe_stats = [], [], []
             for i in range(self.n_layers):
                 graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
                 key = None if keys is None else keys[i]
                 mask = layer_masks[i % len(layer_masks)]
                 kv = jax.tree.map(lambda a, i=i: a[i], cache_arrays)
-                y, kv, probs_BHLL = run(graphdef, layer_state, x_BLD, key, mask, kv)
+                y, kv, probs_BHLL, stats = run(graphdef, layer_state, x_BLD, key, mask, kv)
+                if stats is not None:
+                    moe_stats.append(stats)
                 per_layer.append((probs_BHLL, x_BLD))
                 new_arrays.append(kv)
                 x_BLD = y
@@ -245,6 +273,9 @@ class Stack(nnx.Module):
                 cache_arrays = jax.tree.map(lambda *xs: jnp.stack(xs), *new_arrays)
             if record:
                 per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+            moe_stats = jax.tree.map(lambda *xs: jnp.stack(xs), *moe_stats) if moe_stats else None
+        if moe_stats is not None:
+            self.sow(nnx.Intermediate, "moe", moe_stats)
         out_BLD = self.final_norm(x_BLD)
         if record:
             attention_NBHLL, hidden_NBLD = per_layer

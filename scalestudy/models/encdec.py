@@ -25,7 +25,7 @@ class EncoderDecoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, init: ParamInit):
         self.cfg = cfg
         self.embed = Embed(cfg, init)
-        self.encoder = Stack(cfg, cfg.encoder_layers, False, "bidirectional", init)
+        self.encoder = Stack(cfg, cfg.encoder_layers, False, "bidirectional", init, "encoder")
         self.decoder = Stack(cfg, cfg.n_layers, True, "causal", init)
         if not cfg.tie_embeddings:
             self.logits = output_projection(cfg, init)

@@ -313,14 +313,19 @@ class Attention(nnx.Module):
 _ACTIVATIONS = {"gelu": lambda x: jax.nn.gelu(x, approximate=True), "silu": jax.nn.silu}
 
 
-class MLP(nnx.Module):
-    """Feed-forward block: gated (T5.1.1 gated-GELU: wi_0 activated times wi_1) or plain."""
+def activation(name: str) -> tuple[bool, Any]:
+    """(gated, activation function) of a `model.activation` name."""
+    base = name.removeprefix("gated_")
+    return name.startswith("gated_"), jax.nn.relu if base == "relu" else _ACTIVATIONS[base]
 
-    def __init__(self, cfg: ModelConfig, init: ParamInit):
-        d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
-        self.gated = cfg.activation.startswith("gated_")
-        name = cfg.activation.removeprefix("gated_")
-        self.act = jax.nn.relu if name == "relu" else _ACTIVATIONS[name]
+
+class MLP(nnx.Module):
+    """Feed-forward block: gated (T5.1.1 gated-GELU: wi_0 activated times wi_1) or plain;
+    `width` (default `d_ff`) is its hidden width."""
+
+    def __init__(self, cfg: ModelConfig, init: ParamInit, width: int | None = None):
+        d, f, pd = cfg.d_model, width or cfg.d_ff, cfg.param_dtype
+        self.gated, self.act = activation(cfg.activation)
         self.wi_0 = param(init, (d, f), ("embed", "mlp"), d**-0.5, pd)
         if self.gated:
             self.wi_1 = param(init, (d, f), ("embed", "mlp"), d**-0.5, pd)

@@ -2,8 +2,10 @@
 
 Mesh axes: "data" (pure data parallelism: parameters replicated), "fsdp" (data parallelism
 with parameters and optimizer state sharded over their "embed" dimension, gathered per layer
-by XLA), "tensor" (Megatron-style model parallelism over heads, feed-forward and vocabulary).
-The batch dimension is split over data and fsdp together.
+by XLA), "expert" (expert parallelism: the routed experts of mixture-of-experts layers split
+over it, tokens exchanged between its devices by the dispatch), "tensor" (Megatron-style model
+parallelism over heads, feed-forward and vocabulary). The batch dimension is split over data,
+fsdp and expert together.
 
 Models name their parameter and activation dimensions logically (`Model.param_axes()`,
 `layers.constrain`); this module is the only place those names meet mesh axes.
@@ -31,13 +33,15 @@ from scalestudy.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")  # "expert" only in meshes with mesh.expert != 1
+DENSE_AXES = ("data", "fsdp", "tensor")
 
 # Logical name -> mesh axes, in order of precedence: a mesh axis already used by an earlier
 # rule for the same array is skipped, so activations [batch, length, embed] shard batch over
 # (data, fsdp) and leave embed whole, while parameters [embed, mlp] shard embed over fsdp.
 AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
+    ("expert", "expert"),
     ("vocab", "tensor"),
     ("heads", "tensor"),
     ("mlp", "tensor"),
@@ -47,6 +51,19 @@ AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("layers", None),
     ("relpos_buckets", None),
 )
+
+
+def rules(axis_names: tuple[str, ...] = DENSE_AXES) -> tuple:
+    """AXIS_RULES for a mesh of `axis_names`: mesh axes it lacks are dropped (a mesh without
+    an expert axis keeps experts whole)."""
+    out = []
+    for name, target in AXIS_RULES:
+        if isinstance(target, tuple):
+            target = tuple(a for a in target if a in axis_names) or None
+        elif target not in axis_names:
+            target = None
+        out.append((name, target))
+    return tuple(out)
 
 
 class MeshError(ConfigError):
@@ -121,8 +138,8 @@ def mesh_shape(cfg: MeshConfig, n_devices: int) -> dict[str, int]:
     elif fixed != n_devices:
         raise MeshError(
             f"mesh {cfg.shape} uses {fixed} devices but {n_devices} are available; make the "
-            f"product of mesh.data, mesh.fsdp and mesh.tensor equal {n_devices}, or set one "
-            "of them to -1 ('the rest')"
+            f"product of mesh.data, mesh.fsdp, mesh.expert and mesh.tensor equal {n_devices}, "
+            "or set one of them to -1 ('the rest')"
         )
     return sizes
 
@@ -134,6 +151,7 @@ def check_model_fits(sizes: Mapping[str, int], model: ModelConfig) -> None:
         ("model.n_heads", model.n_heads),
         ("model.d_ff", model.d_ff),
         ("model.vocab_size", model.vocab_size),
+        *((("model.moe.d_expert", model.moe.width(model.d_ff)),) if model.moe.enabled else ()),
     ):
         if value % tensor:
             raise MeshError(
@@ -141,6 +159,17 @@ def check_model_fits(sizes: Mapping[str, int], model: ModelConfig) -> None:
                 f"that divides n_heads ({model.n_heads}), d_ff ({model.d_ff}) and vocab_size "
                 f"({model.vocab_size})"
             )
+    expert = sizes.get("expert", 1)
+    if expert > 1 and not model.moe.enabled:
+        raise MeshError(
+            f"mesh.expert={expert} splits routed experts, but model.moe.enabled is false; use "
+            "mesh.data for data parallelism, or enable model.moe"
+        )
+    if model.moe.enabled and model.moe.routed_experts % expert:
+        raise MeshError(
+            f"mesh.expert={expert} does not divide model.moe.routed_experts="
+            f"{model.moe.routed_experts}; choose an expert axis size dividing it"
+        )
     fsdp = sizes["fsdp"]
     if model.d_model % fsdp:
         raise MeshError(
@@ -152,7 +181,7 @@ def check_model_fits(sizes: Mapping[str, int], model: ModelConfig) -> None:
 def check_batch_fits(sizes: Mapping[str, int], train: TrainConfig) -> None:
     """Raise MeshError when the global batch's rows cannot be split evenly over the mesh axes
     that shard the batch (a jitted step's inputs must divide; microbatches inside it need not)."""
-    axes = dict(AXIS_RULES)["batch"]
+    axes = dict(rules(tuple(sizes)))["batch"]
     split = math.prod(sizes[a] for a in axes)
     if train.batch_size % split:
         named = " x ".join(f"mesh.{a}={sizes[a]}" for a in axes)
@@ -201,7 +230,7 @@ def make_mesh(
     batch: TrainConfig | None = None,
     topology: bool | None = None,
 ) -> Mesh:
-    """A ("data", "fsdp", "tensor") mesh over `devices` (default: all), in topology-aware
+    """A ("data", "fsdp", "expert", "tensor") mesh over `devices` (default: all), in topology-aware
     order on TPU/GPU (`device_grid`); checks sizes, and that `model` and the training batch
     of `batch` (when given) can be split as the rules say."""
     devices = list(jax.devices() if devices is None else devices)
@@ -210,13 +239,16 @@ def make_mesh(
         check_model_fits(sizes, model)
     if batch is not None:
         check_batch_fits(sizes, batch)
-    shape = tuple(sizes[a] for a in MESH_AXES)
-    return Mesh(device_grid(devices, shape, topology), MESH_AXES)
+    axes = tuple(a for a in MESH_AXES if a in sizes)
+    shape = tuple(sizes[a] for a in axes)
+    return Mesh(device_grid(devices, shape, topology), axes)
 
 
-def logical_to_mesh_spec(axes: tuple[str | None, ...]) -> PartitionSpec:
-    """The PartitionSpec of an array whose dimensions have these logical names."""
-    return linen_spmd.logical_to_mesh_axes(tuple(axes), AXIS_RULES)
+def logical_to_mesh_spec(axes: tuple[str | None, ...], mesh: Mesh | None = None) -> PartitionSpec:
+    """The PartitionSpec of an array whose dimensions have these logical names, on `mesh`
+    (default: a mesh without an expert axis)."""
+    names = DENSE_AXES if mesh is None else tuple(mesh.axis_names)
+    return linen_spmd.logical_to_mesh_axes(tuple(axes), rules(names))
 
 
 def is_axes(x: Any) -> bool:
@@ -227,7 +259,7 @@ def is_axes(x: Any) -> bool:
 def param_shardings(mesh: Mesh, param_axes_tree: Any) -> Any:
     """NamedShardings for a tree of logical-axis tuples (e.g. `Model.param_axes()`)."""
     return jax.tree.map(
-        lambda axes: NamedSharding(mesh, logical_to_mesh_spec(axes)),
+        lambda axes: NamedSharding(mesh, logical_to_mesh_spec(axes, mesh)),
         param_axes_tree,
         is_leaf=is_axes,
     )
@@ -255,7 +287,7 @@ def optimizer_state_shardings(
         for start in range(len(path)):
             hit = by_path.get(tuple(path[start:]))
             if hit is not None and tuple(hit[0]) == tuple(shape):
-                return NamedSharding(mesh, logical_to_mesh_spec(hit[1]))
+                return NamedSharding(mesh, logical_to_mesh_spec(hit[1], mesh))
         return replicated
 
     return jax.tree_util.tree_map_with_path(one, abstract_opt_state)
@@ -263,13 +295,14 @@ def optimizer_state_shardings(
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Sharding of [B, ...] batch arrays: rows over (data, fsdp), the rest replicated."""
-    return NamedSharding(mesh, logical_to_mesh_spec(("batch",)))
+    return NamedSharding(mesh, logical_to_mesh_spec(("batch",), mesh))
 
 
 def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
     """Assemble this process's rows of each feature into global arrays split over the mesh."""
     sharding = batch_sharding(mesh)
-    split = mesh.shape["data"] * mesh.shape["fsdp"]
+    axes = dict(rules(tuple(mesh.axis_names)))["batch"]
+    split = math.prod(mesh.shape[a] for a in axes)
     out = {}
     for name, local in batch.items():
         local = np.asarray(local)
@@ -277,7 +310,7 @@ def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Ar
         if rows % split:
             raise MeshError(
                 f"batch feature {name!r} has {rows} global rows, not divisible by the "
-                f"{split} data-parallel shards (mesh.data x mesh.fsdp); choose "
+                f"{split} data-parallel shards ({' x '.join(f'mesh.{a}' for a in axes)}); choose "
                 f"train.batch_size as a multiple of {split}"
             )
         global_shape = (rows, *local.shape[1:])
@@ -289,7 +322,7 @@ def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Ar
 def axis_rules(mesh: Mesh) -> Iterator[Mesh]:
     """Activate the mesh and the logical rules, so models' activation constraints apply while
     tracing inside this block."""
-    with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(AXIS_RULES):
+    with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(rules(tuple(mesh.axis_names))):
         yield mesh
 
 

@@ -77,7 +77,7 @@ def _split_microbatches(batch: Batch, k: int, mesh: jax.sharding.Mesh) -> Batch:
 
     def split(x: jax.Array) -> jax.Array:
         x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
-        spec = sharding.logical_to_mesh_spec((None, "batch") + (None,) * (x.ndim - 2))
+        spec = sharding.logical_to_mesh_spec((None, "batch") + (None,) * (x.ndim - 2), mesh)
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return {name: split(x) for name, x in batch.items()}
@@ -92,11 +92,14 @@ def make_train_step(
 ) -> Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]:
     """The pure train step `(state, batch) -> (state, metrics)` for `cfg`."""
     k, z_loss = cfg.train.microbatches, cfg.train.z_loss
+    summed = (*_SUMMED, "moe_aux_loss") if cfg.model.moe.enabled else _SUMMED
 
     def weighted_loss(params: Any, batch: Batch, rng: jax.Array) -> tuple[jax.Array, dict]:
         loss, aux = model.loss(params, batch, rng, z_loss=z_loss, deterministic=False)
         tokens = jax.lax.stop_gradient(aux["tokens"])
-        sums = {"loss": loss * tokens, **{m: aux[m] * tokens for m in _SUMMED[1:]}}
+        sums = {"loss": loss * tokens, **{m: aux[m] * tokens for m in summed[1:]}}
+        if "moe" in aux:  # MoE measurements: counts, summed over microbatches
+            sums["moe"] = aux["moe"]
         sums = jax.lax.stop_gradient(sums)
         # One batch: the mean loss's gradient directly, so no pass divides every gradient by
         # the token count afterwards (microbatches sum token-weighted gradients, then divide).
@@ -118,15 +121,26 @@ def make_train_step(
                 return jax.tree.map(jnp.add, carry, (g, s)), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            sums0 = {m: jnp.zeros((), jnp.float32) for m in (*_SUMMED, "tokens", "positions")}
             micro = _split_microbatches(batch, k, mesh)
+            first = jax.tree.map(lambda x: x[0], micro)
+            sums0 = jax.tree.map(
+                lambda a: jnp.zeros(a.shape, a.dtype),
+                jax.eval_shape(grad_fn, params, first, rng)[1],
+            )
             (grads, sums), _ = jax.lax.scan(body, (zeros, sums0), (micro, jnp.arange(k)))
         denom = jnp.maximum(sums["tokens"], 1.0)
         if k > 1:
             grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         params = optax.apply_updates(params, updates)
-        metrics = {f"train/{m}": sums[m] / denom for m in _SUMMED}
+        metrics = {f"train/{m}": sums[m] / denom for m in summed}
+        if "moe" in sums:
+            # The balancing bias follows the step's loads, whatever the optimizer did with it
+            # (it has no gradient): the model sets it from the bias before the update.
+            load = {name: stats["load_E"] for name, stats in sums["moe"].items()}
+            params = model.balance(_with_router_bias(params, state["params"]), load)
+            moe = jax.tree.map(lambda x: x / k, sums["moe"])  # per-microbatch means
+            metrics |= model.moe_metrics(moe)
         metrics |= {
             "train/grad_norm": optax.global_norm(grads),
             "train/param_norm": optax.global_norm(params),
@@ -138,6 +152,16 @@ def make_train_step(
         return new_state, metrics
 
     return train_step
+
+
+def _with_router_bias(params: Any, before: Any) -> Any:
+    """`params` with every "router_bias" leaf taken from `before` (the balancing biases the
+    optimizer must not move)."""
+
+    def pick(path: tuple, new: jax.Array, old: jax.Array) -> jax.Array:
+        return old if getattr(path[-1], "key", None) == "router_bias" else new
+
+    return jax.tree_util.tree_map_with_path(pick, params, before)
 
 
 def make_multi_step(

@@ -1,0 +1,283 @@
+"""Mixture-of-experts feed-forward layer: routers, dispatch and experts (Flax NNX).
+
+Shape letters as in `layers.py`, plus T tokens (B * L, flattened), E routed experts, K experts
+chosen per token, A assignments (T * K, ordered k-major: all first choices, then all second
+choices), C slots per expert (capacity dispatch), R rows of the dropless buffer, F expert width.
+
+Routers (`route_deepseek`, `route_switch`) turn float32 router logits into each token's K
+experts and gates plus an auxiliary loss (coefficient applied) and measurements. Dispatch
+places assignments in rows grouped by expert:
+- dropless: every assignment computed. On accelerators the rows are grouped by expert and
+  multiplied with `jax.lax.ragged_dot`; on a CPU, where `ragged_dot` computes every group
+  against every row, each expert's rows are padded to blocks of `block_rows` and a scan runs
+  one block (one expert's weights) at a time.
+- capacity: C = ceil(capacity_factor * T * K / E) slots per expert in fixed-shape [E, C, D]
+  arrays; assignments beyond an expert's slots (first choices before second choices, then in
+  token order) are dropped and contribute zero. A dropped assignment depends on other tokens of
+  the batch, later positions included: only dropless dispatch (and capacity dispatch that drops
+  nothing) is a per-token function that keeps a causal decoder causal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scalestudy.config import ModelConfig
+from scalestudy.models.attention import platform
+from scalestudy.models.layers import MLP, ParamInit, activation, constrain, param
+
+# Rows per block of the CPU dropless dispatch, at most (fewer for small batches, so the
+# padding of each expert's rows to whole blocks stays under a quarter of the rows).
+BLOCK_ROWS = 128
+# Dropless grouping: None picks by platform (blocks on a CPU, `ragged_dot` elsewhere); True or
+# False forces `ragged_dot` or blocks (tests compare the two).
+RAGGED_DOT: bool | None = None
+
+
+class Routing(NamedTuple):
+    """A router's decision for T tokens and what the train step measures of it."""
+
+    expert_TK: jax.Array  # int32
+    gate_TK: jax.Array  # float32
+    aux_loss: jax.Array  # float32 scalar, coefficient applied
+    entropy: jax.Array  # mean entropy (nats) of the router's distribution over experts
+
+
+def _assignment_counts(expert_TK: jax.Array, experts: int) -> jax.Array:
+    return jax.nn.one_hot(expert_TK, experts, dtype=jnp.float32).sum(axis=-2)
+
+
+def _entropy(p_TE: jax.Array) -> jax.Array:
+    return -jnp.sum(p_TE * jnp.log(jnp.maximum(p_TE, 1e-30)), axis=-1).mean()
+
+
+def route_deepseek(logits_BLE: jax.Array, bias_E: jax.Array, k: int, balance: float) -> Routing:
+    """DeepSeek-V3: affinities s = sigmoid(logits); the top k of s + bias are chosen (the bias,
+    for balancing, steers selection only and gets no gradient); gates are the chosen
+    affinities normalised to sum 1. The sequence-wise balance loss is
+    `balance * mean over sequences of sum_i f_i P_i`, f_i = E / (K L) * (tokens choosing i),
+    P_i = mean over the sequence of s_i / sum_j s_j."""
+    b, length, e = logits_BLE.shape
+    s_BLE = jax.nn.sigmoid(logits_BLE)
+    _, expert_BLK = jax.lax.top_k(s_BLE + jax.lax.stop_gradient(bias_E), k)
+    chosen_BLK = jnp.take_along_axis(s_BLE, expert_BLK, axis=-1)
+    gate_BLK = chosen_BLK / jnp.sum(chosen_BLK, axis=-1, keepdims=True)
+    share_BLE = s_BLE / jnp.sum(s_BLE, axis=-1, keepdims=True)
+    f_BE = _assignment_counts(expert_BLK, e).sum(axis=1) * (e / (k * length))
+    p_BE = share_BLE.mean(axis=1)
+    loss = balance * jnp.mean(jnp.sum(f_BE * p_BE, axis=-1))
+    return Routing(
+        expert_BLK.reshape(b * length, k),
+        gate_BLK.reshape(b * length, k),
+        loss,
+        _entropy(share_BLE.reshape(b * length, e)),
+    )
+
+
+def route_switch(logits_BLE: jax.Array, k: int, load_balance: float, z_loss: float) -> Routing:
+    """Switch/GShard: p = softmax(logits); the top k of p are chosen; gates are their p (k = 1,
+    as Switch) or those renormalised to sum 1 (k > 1). Load-balancing loss
+    `load_balance * E * sum_i f_i P_i` (f_i: share of assignments to expert i, P_i: mean p_i)
+    plus router z-loss `z_loss * mean logsumexp(logits)^2`."""
+    e = logits_BLE.shape[-1]
+    logits_TE = logits_BLE.reshape(-1, e)
+    p_TE = jax.nn.softmax(logits_TE, axis=-1)
+    chosen_TK, expert_TK = jax.lax.top_k(p_TE, k)
+    gate_TK = chosen_TK / jnp.sum(chosen_TK, axis=-1, keepdims=True) if k > 1 else chosen_TK
+    f_E = _assignment_counts(expert_TK, e).sum(axis=0) / expert_TK.size
+    lb = load_balance * e * jnp.sum(f_E * p_TE.mean(axis=0))
+    z = z_loss * jnp.mean(jax.nn.logsumexp(logits_TE, axis=-1) ** 2)
+    return Routing(expert_TK, gate_TK, lb + z, _entropy(p_TE))
+
+
+def capacity(tokens: int, k: int, experts: int, factor: float) -> int:
+    """Slots per expert of capacity dispatch."""
+    return max(1, math.ceil(factor * tokens * k / experts))
+
+
+def block_rows(assignments: int, experts: int) -> int:
+    """Rows per block of the CPU dropless dispatch: a power of two up to BLOCK_ROWS, small
+    enough that padding each expert to whole blocks adds at most a quarter of the rows."""
+    rows = 1
+    while rows * 2 <= BLOCK_ROWS and experts * rows * 2 <= max(assignments // 4, 1):
+        rows *= 2
+    return rows
+
+
+def _ranks(expert_A: jax.Array, experts: int) -> tuple[jax.Array, jax.Array]:
+    """Each assignment's rank among the earlier assignments to its expert, and the number of
+    assignments per expert [E]."""
+    a = expert_A.shape[0]
+    order_A = jnp.argsort(expert_A, stable=True)
+    count_E = jnp.bincount(expert_A, length=experts)
+    start_E = jnp.cumsum(count_E) - count_E
+    rank_sorted = jnp.arange(a, dtype=jnp.int32) - start_E[expert_A[order_A]]
+    return jnp.zeros(a, jnp.int32).at[order_A].set(rank_sorted.astype(jnp.int32)), count_E
+
+
+class MoE(nnx.Module):
+    """Shared experts (always applied) plus E routed experts, K of them per token; a drop-in
+    for `layers.MLP` returning its output and a dict of measurements (float32 scalars and
+    the per-expert assignment counts "load_E")."""
+
+    def __init__(self, cfg: ModelConfig, init: ParamInit):
+        m = cfg.moe
+        d, f, e, pd = cfg.d_model, m.width(cfg.d_ff), m.routed_experts, cfg.param_dtype
+        self.router = param(init, (d, e), ("embed", "expert"), d**-0.5, pd)
+        if m.router == "deepseek":
+            # The balancing bias: a parameter-tree leaf (checkpointed with the model) that has
+            # no gradient and that the train step sets after each update (Model.balance).
+            self.router_bias = nnx.Param(jnp.zeros((e,), jnp.float32), out_sharding=("expert",))
+        self.gated, self.act = activation(cfg.activation)
+        self.wi_0 = param(init, (e, d, f), ("expert", "embed", "mlp"), d**-0.5, pd)
+        if self.gated:
+            self.wi_1 = param(init, (e, d, f), ("expert", "embed", "mlp"), d**-0.5, pd)
+        self.wo = param(init, (e, f, d), ("expert", "mlp", "embed"), f**-0.5, pd)
+        if m.shared_experts:
+            # N_s experts always applied are one MLP N_s times as wide (their outputs sum).
+            self.shared = MLP(cfg, init, width=m.shared_experts * f)
+        self.cfg, self.dtype = m, cfg.dtype
+
+    def route(self, x_BLD: jax.Array) -> Routing:
+        """The router's decision for each token of `x_BLD`."""
+        m = self.cfg
+        logits_BLE = jnp.einsum(
+            "BLD,DE->BLE", x_BLD.astype(jnp.float32), self.router[...].astype(jnp.float32)
+        )
+        if m.router == "deepseek":
+            return route_deepseek(logits_BLE, self.router_bias[...], m.top_k, m.balance_loss)
+        return route_switch(logits_BLE, m.top_k, m.load_balance_loss, m.router_z_loss)
+
+    def _ffn(self, x: jax.Array, mul) -> jax.Array:
+        """The experts' (gated) feed-forward on rows grouped by expert; `mul(rows, weight)`
+        multiplies each row by its expert's slice of a [E, in, out] weight (in the compute
+        dtype). Gated experts' two input projections run as one of twice the width (larger
+        matrix products)."""
+        dt = self.dtype
+        if not self.gated:
+            return mul(self.act(mul(x, self.wi_0[...].astype(dt))), self.wo[...].astype(dt))
+        f = self.wi_0.shape[-1]
+        w_EDG = jnp.concatenate([self.wi_0[...], self.wi_1[...]], axis=-1).astype(dt)
+        up = mul(x, w_EDG)
+        return mul(self.act(up[..., :f]) * up[..., f:], self.wo[...].astype(dt))
+
+    def __call__(
+        self, x_BLD: jax.Array, rng: jax.Array | None = None, deterministic: bool = True
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        m = self.cfg
+        b, length, d = x_BLD.shape
+        t, k, e = b * length, m.top_k, m.routed_experts
+        routing = self.route(x_BLD)
+        expert_A = routing.expert_TK.T.reshape(-1)  # k-major: first choices have priority
+        token_A = jnp.tile(jnp.arange(t, dtype=jnp.int32), k)
+        rank_A, count_E = _ranks(expert_A, e)
+        x_TD = jnp.concatenate([x_BLD.reshape(t, d), jnp.zeros((1, d), x_BLD.dtype)])
+        if m.dispatch == "capacity":
+            c = capacity(t, k, e, m.capacity_factor)
+            keep_A = rank_A < c
+            row_A = jnp.where(keep_A, expert_A * c + rank_A, e * c)
+            y_RD = self._capacity(x_TD, row_A, token_A, e, c)
+        else:
+            keep_A = jnp.ones_like(rank_A, dtype=bool)
+            y_RD, row_A = self._dropless(x_TD, expert_A, rank_A, count_E, token_A)
+        y_AD = jnp.take(y_RD, row_A, axis=0, mode="fill", fill_value=0)
+        gate_A = jnp.where(keep_A, routing.gate_TK.T.reshape(-1), 0.0)
+        y_TD = jnp.sum((y_AD * gate_A[:, None].astype(y_AD.dtype)).reshape(k, t, d), axis=0)
+        y_BLD = y_TD.reshape(b, length, d).astype(self.dtype)
+        if m.shared_experts:
+            y_BLD = y_BLD + self.shared(x_BLD, rng, deterministic)
+        stats = {
+            "load_E": count_E.astype(jnp.float32),
+            "dropped": (keep_A.size - keep_A.sum()).astype(jnp.float32),
+            "assignments": jnp.float32(keep_A.size),
+            "aux_loss": routing.aux_loss,
+            "entropy": routing.entropy,
+        }
+        return constrain(y_BLD, ("batch", "length", "embed")), stats
+
+    def _capacity(self, x_TD, row_A, token_A, e: int, c: int) -> jax.Array:
+        """[E * C, D] expert outputs of the slots (rows past the filled ones are zero)."""
+        d = x_TD.shape[-1]
+        pad = x_TD.shape[0] - 1  # the zero row
+        src_R = jnp.full((e * c + 1,), pad, jnp.int32).at[row_A].set(token_A)[: e * c]
+        x_ECD = constrain(x_TD[src_R].reshape(e, c, d), ("expert", None, "embed"))
+        y_ECD = self._ffn(x_ECD, _einsum_experts)
+        return constrain(y_ECD, ("expert", None, "embed")).reshape(e * c, d)
+
+    def _dropless(self, x_TD, expert_A, rank_A, count_E, token_A) -> tuple[jax.Array, jax.Array]:
+        """Rows grouped by expert ([R, D] outputs) and each assignment's row."""
+        e, a = count_E.shape[0], expert_A.shape[0]
+        pad = x_TD.shape[0] - 1
+        grouped = platform() != "cpu" if RAGGED_DOT is None else RAGGED_DOT
+        rows = 1 if grouped else block_rows(a, e)
+        padded_E = -(-count_E // rows) * rows
+        start_E = jnp.cumsum(padded_E) - padded_E
+        r = a if grouped else -(-(a + e * (rows - 1)) // rows) * rows
+        row_A = start_E[expert_A] + rank_A
+        src_R = jnp.full((r,), pad, jnp.int32).at[row_A].set(token_A)
+        x_RD = x_TD[src_R]
+        if grouped:
+            mul = lambda v, w: jax.lax.ragged_dot(v, w, count_E.astype(jnp.int32))
+            return self._ffn(x_RD, mul), row_A
+        # One expert per block: block i holds rows i*rows .. of the expert whose padded range
+        # covers it (trailing blocks past every range hold only zero rows).
+        end_E = jnp.cumsum(padded_E)
+        first_N = jnp.arange(r // rows) * rows
+        expert_N = jnp.minimum(jnp.searchsorted(end_E, first_N, side="right"), e - 1)
+        mul = lambda v, w: block_matmul(v, w, expert_N.astype(jnp.int32))
+        return self._ffn(x_RD, mul), row_A
+
+
+@jax.custom_vjp
+def block_matmul(x_RI: jax.Array, w_EIO: jax.Array, expert_N: jax.Array) -> jax.Array:
+    """Rows in N equal blocks, block n multiplied by expert `expert_N[n]`'s [I, O] weight:
+    [R, I] x [E, I, O] -> [R, O], one block at a time (a grouped matmul without the E-fold
+    work of `ragged_dot` on a CPU). Its backward pass accumulates the weight gradient in
+    place, expert slice by expert slice, instead of adding a full [E, I, O] array per block."""
+    return _block_matmul(x_RI, w_EIO, expert_N)
+
+
+def _block_matmul(x_RI, w_EIO, expert_N):
+    blocks = expert_N.shape[0]
+    x_NbI = x_RI.reshape(blocks, -1, x_RI.shape[-1])
+
+    def one(_, xs):
+        x_bI, e = xs
+        return None, x_bI @ jax.lax.dynamic_index_in_dim(w_EIO, e, keepdims=False)
+
+    _, y_NbO = jax.lax.scan(one, None, (x_NbI, expert_N))
+    return y_NbO.reshape(x_RI.shape[0], -1)
+
+
+def _block_matmul_fwd(x_RI, w_EIO, expert_N):
+    return _block_matmul(x_RI, w_EIO, expert_N), (x_RI, w_EIO, expert_N)
+
+
+def _block_matmul_bwd(res, g_RO):
+    x_RI, w_EIO, expert_N = res
+    blocks = expert_N.shape[0]
+    x_NbI = x_RI.reshape(blocks, -1, x_RI.shape[-1])
+    g_NbO = g_RO.reshape(blocks, -1, g_RO.shape[-1])
+
+    def one(dw_EIO, xs):
+        x_bI, g_bO, e = xs
+        w_IO = jax.lax.dynamic_index_in_dim(w_EIO, e, keepdims=False)
+        dw_IO = jax.lax.dynamic_index_in_dim(dw_EIO, e, keepdims=False) + x_bI.T @ g_bO
+        dw_EIO = jax.lax.dynamic_update_index_in_dim(dw_EIO, dw_IO, e, 0)
+        return dw_EIO, g_bO @ w_IO.T
+
+    dw_EIO, dx_NbI = jax.lax.scan(one, jnp.zeros_like(w_EIO), (x_NbI, g_NbO, expert_N))
+    return dx_NbI.reshape(x_RI.shape), dw_EIO, None
+
+
+block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
+
+
+def _einsum_experts(x: jax.Array, w: jax.Array) -> jax.Array:
+    """[E, rows, in] x [E, in, out] -> [E, rows, out]."""
+    return jnp.einsum("ECI,EIO->ECO", x, w)
