@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from scalestudy.errors import ConfigError
 from scalestudy.eval_config import EvalConfig
+from scalestudy.mesh_config import MeshConfig
 from scalestudy.moe_config import MoEConfig
 from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, read_yaml, validate
@@ -312,36 +313,6 @@ class OptimConfig(Frozen):
     clipping_threshold: float | None = Field(1.0, gt=0.0)
 
 
-class MeshConfig(Frozen):
-    """Device mesh shape; one axis may be -1 for 'all remaining devices'."""
-
-    data: int = -1
-    fsdp: int = 1
-    # Expert parallelism: routed experts split over this axis (it also splits the batch, like
-    # data). Left out of dumps while 1.
-    expert: int = Field(1, exclude_if=lambda v: v == 1)
-    tensor: int = 1
-
-    @property
-    def shape(self) -> dict[str, int]:
-        """The mesh axes and their sizes ("expert" only where it is not 1)."""
-        expert = {} if self.expert == 1 else {"expert": self.expert}
-        return {"data": self.data, "fsdp": self.fsdp, **expert, "tensor": self.tensor}
-
-    @model_validator(mode="after")
-    def _check(self) -> MeshConfig:
-        bad = {k: v for k, v in self.shape.items() if v == 0 or v < -1}
-        if bad:
-            raise ConfigError(
-                f"mesh sizes must be positive or -1 ('the rest'); got {bad}; full mesh {self.shape}"
-            )
-        if sum(v == -1 for v in self.shape.values()) > 1:
-            raise ConfigError(
-                f"at most one mesh axis may be -1; got {self.shape}. Give the others explicit sizes"
-            )
-        return self
-
-
 class TrainConfig(Frozen):
     """Run length, batch, logging and checkpoint cadence (train/loop.py)."""
 
@@ -398,7 +369,7 @@ class ExperimentConfig(Frozen):
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
         check_cell(self.model.arch, self.objective.name)
-        self._check_expert_axis()
+        self.model.moe.check_expert_axis(self.mesh.expert)
         if self.objective.name in ("mlm", "bmlm") and self.data.extra_ids < 1:
             raise ConfigError(
                 f"objective.name={self.objective.name!r} needs sentinel ids: data.extra_ids "
@@ -413,23 +384,6 @@ class ExperimentConfig(Frozen):
                 "optim.cooldown_fraction"
             )
         return self
-
-    def _check_expert_axis(self) -> None:
-        """An explicit mesh.expert must split the routed experts evenly (sharding.py checks
-        the resolved mesh again)."""
-        expert, moe = self.mesh.expert, self.model.moe
-        if expert in (-1, 1):
-            return
-        if not moe.enabled:
-            raise ConfigError(
-                f"mesh.expert={expert} splits routed experts, but model.moe.enabled is false; "
-                "use mesh.data for data parallelism, or enable model.moe"
-            )
-        if moe.routed_experts % expert:
-            raise ConfigError(
-                f"mesh.expert={expert} does not divide model.moe.routed_experts="
-                f"{moe.routed_experts}; choose an expert axis size dividing it"
-            )
 
     def hash(self) -> str:
         """Stable 12-hex-digit id of the resolved config (the run id in studies)."""

@@ -108,3 +108,19 @@ class MoEConfig(Frozen):
                 f"model.moe.every={self.every} (encoder_every={self.encoder_every}) selects no "
                 f"layer of stacks {depths}; give every <= the depth, or model.moe.enabled=false"
             )
+
+    def check_expert_axis(self, expert: int) -> None:
+        """An explicit mesh.expert must split the routed experts evenly (sharding.py checks
+        the resolved mesh again)."""
+        if expert in (-1, 1):
+            return
+        if not self.enabled:
+            raise ConfigError(
+                f"mesh.expert={expert} splits routed experts, but model.moe.enabled is false; "
+                "use mesh.data for data parallelism, or enable model.moe"
+            )
+        if self.routed_experts % expert:
+            raise ConfigError(
+                f"mesh.expert={expert} does not divide model.moe.routed_experts="
+                f"{self.routed_experts}; choose an expert axis size dividing it"
+            )

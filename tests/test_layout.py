@@ -32,6 +32,8 @@ ROOM_OF = {
     "yamlio": "config",
     "schema": "config",
     "eval_config": "config",
+    "moe_config": "config",
+    "mesh_config": "config",
     "__init__": "config",
     "cli_args": "cli",
     "cli_commands": "cli",

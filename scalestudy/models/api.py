@@ -7,6 +7,9 @@ knows the three architectures apart:
 - causal_decoder: decoder-only, causal mask; ignores `decoder_causal_attention`.
 - noncausal_decoder: decoder-only, bidirectional over the `decoder_causal_attention` prefix.
 - encoder_decoder: encoder over `encoder_*` features, decoder over `decoder_*` features.
+
+Kept whole: it is the one place that branches on architecture (loss, scoring, generation and
+the mixture-of-experts hooks); split, those branches would spread over several files.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ places assignments in rows grouped by expert:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -281,3 +281,23 @@ block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)
 def _einsum_experts(x: jax.Array, w: jax.Array) -> jax.Array:
     """[E, rows, in] x [E, in, out] -> [E, rows, out]."""
     return jnp.einsum("ECI,EIO->ECO", x, w)
+
+
+def keep_router_bias(params: Any, before: Any) -> Any:
+    """`params` with every "router_bias" leaf taken from `before` (the balancing biases the
+    optimizer must not move)."""
+
+    def pick(path: tuple, new: jax.Array, old: jax.Array) -> jax.Array:
+        return old if getattr(path[-1], "key", None) == "router_bias" else new
+
+    return jax.tree_util.tree_map_with_path(pick, params, before)
+
+
+def after_update(model, params: Any, before: Any, sums: dict, microbatches: int):
+    """A train step's last word on MoE layers: (params with every balancing bias moved by the
+    step's loads from where it was before the update, whatever the optimizer did with it (it
+    has no gradient), and the per-layer metrics as per-microbatch means)."""
+    load = {name: stats["load_E"] for name, stats in sums.items()}
+    params = model.balance(keep_router_bias(params, before), load)
+    metrics = model.moe_metrics(jax.tree.map(lambda x: x / microbatches, sums))
+    return params, metrics

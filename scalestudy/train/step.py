@@ -34,7 +34,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.models import attention
+from scalestudy.models import attention, moe
 from scalestudy.models.api import Model, build_model
 from scalestudy.train import optim, sharding
 
@@ -123,10 +123,8 @@ def make_train_step(
             zeros = jax.tree.map(jnp.zeros_like, params)
             micro = _split_microbatches(batch, k, mesh)
             first = jax.tree.map(lambda x: x[0], micro)
-            sums0 = jax.tree.map(
-                lambda a: jnp.zeros(a.shape, a.dtype),
-                jax.eval_shape(grad_fn, params, first, rng)[1],
-            )
+            shapes = jax.eval_shape(grad_fn, params, first, rng)[1]
+            sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
             (grads, sums), _ = jax.lax.scan(body, (zeros, sums0), (micro, jnp.arange(k)))
         denom = jnp.maximum(sums["tokens"], 1.0)
         if k > 1:
@@ -134,13 +132,9 @@ def make_train_step(
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         params = optax.apply_updates(params, updates)
         metrics = {f"train/{m}": sums[m] / denom for m in summed}
-        if "moe" in sums:
-            # The balancing bias follows the step's loads, whatever the optimizer did with it
-            # (it has no gradient): the model sets it from the bias before the update.
-            load = {name: stats["load_E"] for name, stats in sums["moe"].items()}
-            params = model.balance(_with_router_bias(params, state["params"]), load)
-            moe = jax.tree.map(lambda x: x / k, sums["moe"])  # per-microbatch means
-            metrics |= model.moe_metrics(moe)
+        if "moe" in sums:  # balancing biases follow the step's loads, not the optimizer
+            params, moe_metrics = moe.after_update(model, params, state["params"], sums["moe"], k)
+            metrics |= moe_metrics
         metrics |= {
             "train/grad_norm": optax.global_norm(grads),
             "train/param_norm": optax.global_norm(params),
@@ -152,16 +146,6 @@ def make_train_step(
         return new_state, metrics
 
     return train_step
-
-
-def _with_router_bias(params: Any, before: Any) -> Any:
-    """`params` with every "router_bias" leaf taken from `before` (the balancing biases the
-    optimizer must not move)."""
-
-    def pick(path: tuple, new: jax.Array, old: jax.Array) -> jax.Array:
-        return old if getattr(path[-1], "key", None) == "router_bias" else new
-
-    return jax.tree_util.tree_map_with_path(pick, params, before)
 
 
 def make_multi_step(

@@ -1,0 +1,39 @@
+"""The device mesh's configuration: one section of `config.ExperimentConfig`
+(train/sharding.py builds the mesh from it)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from scalestudy.errors import ConfigError
+from scalestudy.schema import Frozen
+
+
+class MeshConfig(Frozen):
+    """Device mesh shape; one axis may be -1 for 'all remaining devices'."""
+
+    data: int = -1
+    fsdp: int = 1
+    # Expert parallelism: routed experts split over this axis (it also splits the batch, like
+    # data). Left out of dumps while 1.
+    expert: int = Field(1, exclude_if=lambda v: v == 1)
+    tensor: int = 1
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """The mesh axes and their sizes ("expert" only where it is not 1)."""
+        expert = {} if self.expert == 1 else {"expert": self.expert}
+        return {"data": self.data, "fsdp": self.fsdp, **expert, "tensor": self.tensor}
+
+    @model_validator(mode="after")
+    def _check(self) -> MeshConfig:
+        bad = {k: v for k, v in self.shape.items() if v == 0 or v < -1}
+        if bad:
+            raise ConfigError(
+                f"mesh sizes must be positive or -1 ('the rest'); got {bad}; full mesh {self.shape}"
+            )
+        if sum(v == -1 for v in self.shape.values()) > 1:
+            raise ConfigError(
+                f"at most one mesh axis may be -1; got {self.shape}. Give the others explicit sizes"
+            )
+        return self
