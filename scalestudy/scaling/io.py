@@ -232,7 +232,21 @@ def _read_csv(path: Path) -> list[dict]:
     except csv.Error:
         dialect = csv.excel
     reader = csv.DictReader(lines, dialect=dialect)
-    rows = [{(k or "").strip(): v for k, v in row.items()} for row in reader]
+    header = [(k or "").strip() for k in reader.fieldnames or ()]
+    twice = sorted({k for k in header if header.count(k) > 1})
+    if twice:
+        raise ScalingDataError(
+            f"{path}: column {'s' if len(twice) > 1 else ''}{', '.join(map(repr, twice))} "
+            "named twice in the header; give each column its own name"
+        )
+    rows = []
+    for i, row in enumerate(reader, 1):
+        if None in row:  # more cells than the header names
+            raise ScalingDataError(
+                f"{path}: data row {i} has {len(header) + len(row[None])} cells; the header names "
+                f"{len(header)} columns; give each row one cell per column"
+            )
+        rows.append({(k or "").strip(): v for k, v in row.items()})
     if not rows:
         raise ScalingDataError(f"{path}: a header but no rows")
     return rows

@@ -92,3 +92,14 @@ def test_cli_fit_writes_json_and_reports_errors(tmp_path, make_isoflop, capsys):
     assert "chinchilla3" in capsys.readouterr().out
     assert main(["fit", str(path), "--loss-col", "val"]) == 2
     assert "column 'val'" in capsys.readouterr().err
+
+
+def test_a_column_named_twice_or_a_row_with_extra_cells_is_refused(tmp_path):
+    twice = tmp_path / "twice.csv"
+    twice.write_text("N,N,L\n1e6,2e9,3.1\n2e6,4e9,2.9\n")
+    with pytest.raises(ScalingDataError, match="column 'N' named twice in the header"):
+        load_table(twice)
+    extra = tmp_path / "extra.csv"
+    extra.write_text("N,D,L\n1e6,2e9,3.1\n2e6,4e9,2.9,7\n")
+    with pytest.raises(ScalingDataError, match="data row 2 has 4 cells; the header names 3"):
+        load_table(extra)
