@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 import reprlib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -188,8 +189,18 @@ def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:
         field = getattr(cls, "model_fields", {}).get(part)
         if field is None:
             return []
-        cls = field.annotation
+        cls = _model_of(field.annotation)
     return sorted(getattr(cls, "model_fields", {}))
+
+
+def _model_of(annotation: Any) -> Any:
+    """The config model inside an annotation (`X | None` -> X; tuples of X -> X)."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (found := _model_of(arg)) is not None:
+            return found
+    return None
 
 
 def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
@@ -202,7 +213,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
             accepted = _accepted_keys(model, loc)
             close = difflib.get_close_matches(str(loc[-1]), accepted, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            lines.append(f"unknown key {key!r}{hint}; accepted keys here: {', '.join(accepted)}")
+            where = f"accepted keys here: {', '.join(accepted)}" if accepted else "no keys here"
+            lines.append(f"unknown key {key!r}{hint}; {where}")
         elif e["type"] == "value_error" and isinstance(e.get("ctx", {}).get("error"), ConfigError):
             lines.append(str(e["ctx"]["error"]))
         else:

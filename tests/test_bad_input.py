@@ -437,3 +437,17 @@ def test_archs_beside_cells_are_refused_not_ignored(tmp_path):
         validate(StudySpec, spec, "spec")
     study = validate(StudySpec, SPEC, "spec")  # cells alone, and a copy of it, are fine
     assert study.replace(seeds=(0, 1)).cells == study.cells
+
+
+def test_an_unknown_key_inside_an_optional_section_lists_that_sections_keys():
+    """`experiments: {bogus: 1}` (a section that may be absent) names the keys accepted
+    there, not an empty list."""
+    from scalestudy.errors import ConfigError
+    from scalestudy.study.spec import StudySpec
+    from scalestudy.yamlio import validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(StudySpec, {**SPEC, "experiments": {"bogus": 1}}, "spec")
+    line = str(err.value).splitlines()[-1]
+    assert "unknown key 'experiments.bogus'; accepted keys here: " in line
+    assert "budgets" in line and not line.rstrip().endswith(":")
