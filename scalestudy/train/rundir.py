@@ -224,6 +224,16 @@ def record_results(
     if out is not None:
         write_atomic(Path(out), json.dumps(results, indent=2, sort_keys=True) + "\n")
         return
+    # All or nothing: a file the results go to that is not a file stops them before any write.
+    blocked = [
+        n for n in (SUMMARY, METRICS) if (p := Path(workdir) / n).exists() and not p.is_file()
+    ]
+    if blocked:
+        raise RunNotUpdated(
+            f"could not update the run directory {workdir}: {', '.join(blocked)} is not a file; "
+            "nothing was written there: give --out FILE to write the results elsewhere",
+            results,
+        )
     try:
         write_into_run()
     except OSError as e:

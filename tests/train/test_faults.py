@@ -351,3 +351,26 @@ def test_attention_rank_on_a_read_only_run_prints_the_scores_then_one_line(
     )
     assert json.loads((tmp_path / "p.json").read_text())["step"] == 7
     assert not rundir.attention_rank_path(run).exists()
+
+
+def test_eval_into_a_run_whose_metrics_file_is_a_directory_writes_nothing(
+    tiny_cfg, tmp_path, capsys
+):
+    """All or nothing: the results are shown and refused whole, summary.json and the
+    per-example files untouched (they were updated while metrics.jsonl was not)."""
+    cfg = tiny_cfg("causal_decoder")
+    run = tmp_path / "run"
+    params = jax.jit(build_model(cfg.model).init)(jax.random.key(3))
+    ckpt = checkpoint.Checkpointer(rundir.checkpoints_dir(run), async_save=False)
+    ckpt.save(7, {"params": params, "step": np.int32(7)}, {}, cfg)
+    ckpt.close()
+    (run / "summary.json").write_text(json.dumps({"name": "run", "steps": 7}))
+    rundir.metrics_path(run).mkdir()
+    argv = ["eval", "--workdir", str(run), "--tasks", "synthetic_probes", "--max-examples", "2"]
+    assert cli.main([*argv, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert "synthetic_probes/acc" in json.loads(out)  # the scores computed are shown
+    last = err.strip().splitlines()[-1]
+    assert "metrics.jsonl is not a file; nothing was written there" in last
+    assert json.loads((run / "summary.json").read_text()) == {"name": "run", "steps": 7}
+    assert not (run / "eval_examples").exists()
