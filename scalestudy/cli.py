@@ -63,7 +63,10 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
         type=cli_args.shot_counts,
         default=None,
         metavar="K[,K...]",
-        help="demonstrations before each question (eval.num_fewshot); several: 0,1,2,4,8",
+        help=(
+            "demonstrations before each question, for every task (eval.num_fewshot; "
+            "clears eval.num_fewshot_per_task); several: 0,1,2,4,8"
+        ),
     )
     p.add_argument("--out", default=None, help="write the scores to this JSON file instead")
     p.add_argument("--json", action="store_true")

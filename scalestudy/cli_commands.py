@@ -187,7 +187,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tasks = [t for t in args.tasks or () if not is_override(t)] or None
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
     if args.num_fewshot is not None:
-        overrides.append(f"eval.num_fewshot={args.num_fewshot}")
+        # for every task scored: a run's per-task numbers give way to the command line's
+        overrides += [f"eval.num_fewshot={args.num_fewshot}", "eval.num_fewshot_per_task=null"]
 
     def evaluate() -> dict:
         with logfile.library_logs_of(workdir):

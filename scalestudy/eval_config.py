@@ -102,6 +102,11 @@ class EvalConfig(Frozen):
     # demonstrations before each question, reported as "<task>.<K>shot/<metric>". Left out
     # of dumps (and settings keys) while zero-shot only.
     num_fewshot: Tuple = Field((0,), exclude_if=lambda v: tuple(v) == (0,))
+    # task name (as in `tasks`) -> its own numbers of demonstrations, in place of num_fewshot
+    # (e.g. the in-context probe at [0, 1, 2, 4, 8] beside zero-shot probes)
+    num_fewshot_per_task: dict[str, Tuple] = Field(
+        default_factory=dict, strict=False, exclude_if=lambda v: not v
+    )
     fewshot_seed: int = Field(1234, exclude_if=lambda v: v == 1234)  # the harness's default
     fewshot_delimiter: str = Field("\n\n", exclude_if=lambda v: v == "\n\n")
     # registered task name -> the file its demonstrations come from (another split of the
@@ -114,14 +119,26 @@ class EvalConfig(Frozen):
     @field_validator("num_fewshot", mode="before")
     @classmethod
     def _shots(cls, value):
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
-        if bad or not values:
+        return _shot_list("eval.num_fewshot", value)
+
+    @field_validator("num_fewshot_per_task", mode="before")
+    @classmethod
+    def _shots_per_task(cls, value):
+        if value is None:  # cleared (`eval --num-fewshot` sets K for every task)
+            return {}
+        if not isinstance(value, dict):
             raise ConfigError(
-                f"eval.num_fewshot={value!r}; accepted: a whole number of demonstrations >= 0, "
-                "or a list of them, e.g. 0 or [0, 1, 2, 4, 8]"
+                f"eval.num_fewshot_per_task={value!r}; accepted: a mapping of task name to "
+                "numbers of demonstrations, e.g. {incontext_probe: [0, 1, 2, 4, 8]}"
             )
-        return tuple(dict.fromkeys(values))  # in the order given, each once
+        return {
+            str(task): _shot_list(f"eval.num_fewshot_per_task.{task}", shots)
+            for task, shots in value.items()
+        }
+
+    def shots(self, task: str) -> tuple[int, ...]:
+        """The numbers of demonstrations `task` is scored with."""
+        return tuple(self.num_fewshot_per_task.get(task, self.num_fewshot))
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
@@ -137,3 +154,15 @@ class EvalConfig(Frozen):
                 "evaluated; give task names or task YAML files, e.g. eval.tasks=[synthetic_probes]"
             )
         return self
+
+
+def _shot_list(key: str, value) -> tuple[int, ...]:
+    """Numbers of demonstrations: whole numbers >= 0, each once, in the order given."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad or not values:
+        raise ConfigError(
+            f"{key}={value!r}; accepted: a whole number of demonstrations >= 0, "
+            "or a list of them, e.g. 0 or [0, 1, 2, 4, 8]"
+        )
+    return tuple(dict.fromkeys(values))

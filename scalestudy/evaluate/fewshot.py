@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +50,16 @@ def shots_of(name: str) -> int:
     """K of a result's task name ("copa.4shot" -> 4; a zero-shot task's name -> 0)."""
     m = _SHOT_NAME.search(name)
     return int(m[1]) if m else 0
+
+
+def in_context_results(tasks: Iterable[str]) -> set[str]:
+    """The result task names among `tasks` that belong to a task scored with demonstrations:
+    its "<task>.<K>shot" rows and its zero-shot row "<task>" (reports read them as one curve
+    over K, apart from the zero-shot tasks; the in-context probe is at chance at K = 0 by
+    construction)."""
+    tasks = set(tasks)
+    bases = {_SHOT_NAME.sub("", t) for t in tasks if shots_of(t)}
+    return {t for t in tasks if shots_of(t) or t in bases}
 
 
 def demonstration(task: Task, example: Example) -> str:

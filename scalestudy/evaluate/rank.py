@@ -145,9 +145,10 @@ def _fewshot(task: Task, examples, k: int, vocab, cfg: ExperimentConfig):
 
 def shot_counts(cfg: ExperimentConfig, task: Task) -> tuple[int, ...]:
     """The numbers of demonstrations `task` is scored with (held-out text: zero only)."""
+    shots = cfg.eval.shots(task.name)
     if task.kind == "text":
-        return (0,) if 0 in cfg.eval.num_fewshot else ()
-    return tuple(cfg.eval.num_fewshot)
+        return (0,) if 0 in shots else ()
+    return shots
 
 
 def beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:

@@ -339,7 +339,8 @@ def _with_demos(task: Task, eval_cfg: EvalConfig, data_dir) -> Task:
 
 
 def check_fewshot_files(eval_cfg: EvalConfig, tasks: list[Task]) -> None:
-    """Refuse eval.fewshot_files entries that name no registered task being evaluated."""
+    """Refuse eval.fewshot_files and eval.num_fewshot_per_task entries that name no task being
+    evaluated."""
     names = {t.name for t in tasks}
     bad = [n for n in eval_cfg.fewshot_files if n not in REGISTRY or n not in names]
     if bad:
@@ -347,4 +348,11 @@ def check_fewshot_files(eval_cfg: EvalConfig, tasks: list[Task]) -> None:
             f"eval.fewshot_files names {bad}: each key is a registered task being evaluated "
             f"({', '.join(sorted(names & set(REGISTRY))) or 'none here'}); a task YAML gives "
             "its demonstrations as fewshot_path"
+        )
+    unknown = sorted(set(eval_cfg.num_fewshot_per_task) - names)
+    if unknown:
+        raise ConfigError(
+            f"eval.num_fewshot_per_task names {unknown[0]!r}, which is not a task scored here "
+            f"({', '.join(sorted(names)) or 'none'}); accepted: a task's name as it is scored "
+            "(a registered name, or the `name` in a task YAML)"
         )

@@ -338,10 +338,11 @@ def fit_task_laws(
     holdout_largest: bool = False,
     loss_metric: str = "task_loss",
     acc_metric: str = "acc",
+    tasks: list[str] | None = None,
 ) -> dict:
-    """Task laws of every task with task loss and accuracy, per cell; a task or cell without
-    enough runs is reported skipped with the reason."""
-    tasks = task_names(table, loss_metric, acc_metric)
+    """Task laws of every task with task loss and accuracy (or of `tasks`), per cell; a task
+    or cell without enough runs is reported skipped with the reason."""
+    tasks = task_names(table, loss_metric, acc_metric) if tasks is None else tasks
     if not tasks:
         raise ScalingDataError(
             f"no task has both eval/<task>/{loss_metric} and eval/<task>/{acc_metric} columns; "

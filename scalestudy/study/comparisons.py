@@ -29,7 +29,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from scalestudy.evaluate.fewshot import shots_of
+from scalestudy.evaluate.fewshot import in_context_results
 from scalestudy.scaling.intervals import (
     Interval,
     accuracy_difference,
@@ -87,13 +87,20 @@ def held_equal(
     return same, differ + recipe_differences(a, b)
 
 
+def in_context_tasks(run: dict[str, Any]) -> set[str]:
+    """The run's result task names (`eval/<task>/<metric>`) of tasks scored with
+    demonstrations, each task's zero-shot row included (`fewshot.in_context_results`)."""
+    return in_context_results(key.split("/")[1] for key in run if key.count("/") == 2)
+
+
 def _accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
     """(accuracy, examples) over the run's evaluated tasks, zero-shot, example-weighted."""
     hits = total = 0.0
+    in_context = in_context_tasks(run)  # the in-context section reads those
     for key, x in run.items():
         parts = key.split("/")
         if len(parts) == 3 and parts[0] == "eval" and parts[2] == "acc" and x is not None:
-            if shots_of(parts[1]):  # a few-shot row: the in-context section reads those
+            if parts[1] in in_context:
                 continue
             n = run.get(f"eval/{parts[1]}/n") or 1.0
             hits += x * n

@@ -94,9 +94,12 @@ def curve_table(runs: list[dict[str, Any]], task: str) -> list[str]:
 
 
 def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]]) -> list[str]:
-    """The report's in-context section: per task the curve table and the verdicts (after
-    `comparisons.adjust` and `comparisons.leader_lines`)."""
-    if not found:
+    """The report's in-context section: per task scored with demonstrations, the curve table
+    and the verdicts (after `comparisons.adjust` and `comparisons.leader_lines`), or why
+    there are none."""
+    done = [r for r in runs if r.get("status") == "done"]
+    tasks = sorted({t for r in done for t, by_k in curves(r).items() if len(by_k) > 1})
+    if not tasks:
         return []
     out = [
         "## In-context learning",
@@ -107,8 +110,14 @@ def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]
         "Holm family.",
         "",
     ]
-    for task, by_question in found.items():
+    for task in tasks:
+        by_question = found.get(task, {})
         out += [f"**`{task}`**", "", *curve_table(runs, task), ""]
+        if not by_question:
+            out.append(
+                "- No comparison of the gain: no two cells have runs at one parameter count "
+                "or one training compute (within the report's tolerance)."
+            )
         for name, title in (
             ("equal_params", "Equal parameters"),
             ("equal_compute", "Equal compute"),

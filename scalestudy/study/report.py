@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
-from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.study import comparisons, incontext, lr_report, task_laws, verdicts
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
@@ -42,12 +41,14 @@ def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
 
 def _task_total(run: dict[str, Any], metric: str, weighted: bool) -> tuple[float, float]:
     """(sum over zero-shot tasks of metric, or of metric x examples when `weighted`;
-    examples). Few-shot rows (`<task>.<K>shot`) are the in-context section's."""
+    examples). A task scored with demonstrations (`<task>.<K>shot` rows and its `<task>` row)
+    is the in-context section's."""
     value = total = 0.0
+    in_context = comparisons.in_context_tasks(run)
     for key, x in run.items():
         parts = key.split("/")  # eval/<task>/<metric>; deeper keys are breakdowns
         if len(parts) == 3 and parts[0] == "eval" and parts[2] == metric and x is not None:
-            if shots_of(parts[1]):
+            if parts[1] in in_context:
                 continue
             n = run.get(key[: -len(metric)] + "n") or 1.0
             value += x * n if weighted else x

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from scalestudy.evaluate.fewshot import in_context_results
 from scalestudy.scaling.table import RunTable, ScalingDataError
 from scalestudy.scaling.task_law import fit_task_laws, task_names
 
@@ -24,13 +25,22 @@ NO_TASK_LOSS = (
 )
 
 
+def zero_shot_tasks(names: list[str]) -> list[str]:
+    """The task names (and `<task>/<group>`s) a study fits laws for: a task scored with
+    demonstrations belongs to the in-context section, its zero-shot row included."""
+    in_context = in_context_results(n.split("/")[0] for n in names)
+    return [n for n in names if n.split("/")[0] not in in_context]
+
+
 def study_task_laws(table: RunTable, settings: Any) -> dict[str, Any]:
-    """Task laws (task loss, then a sigmoid to accuracy) of every cell and task, each with the
-    backtest of its largest size; {"skipped": why} when no task has a task loss."""
-    if not task_names(table):
+    """Task laws (task loss, then a sigmoid to accuracy) of every cell and zero-shot task,
+    each with the backtest of its largest size; {"skipped": why} when no task has a task
+    loss."""
+    tasks = zero_shot_tasks(task_names(table))
+    if not tasks:
         return {"skipped": NO_TASK_LOSS}
     try:
-        return fit_task_laws(table, settings, holdout_largest=True)
+        return fit_task_laws(table, settings, holdout_largest=True, tasks=tasks)
     except ScalingDataError as e:
         return {"skipped": str(e)}
 

@@ -203,12 +203,40 @@ def test_bad_fewshot_settings_are_one_clear_error(tmp_path: Path) -> None:
     assert rank.shot_counts(cfg, task) == (0, 2)
 
 
+def test_per_task_shot_counts_replace_num_fewshot_for_the_tasks_they_name(tmp_path: Path) -> None:
+    """eval.num_fewshot_per_task gives one task its own K list (the in-context probe at
+    0..8 beside zero-shot probes); other tasks keep eval.num_fewshot; a name that is not
+    scored is refused when the tasks load; the command line's --num-fewshot clears it."""
+    path = _write_task(tmp_path)
+    sums = load_task(str(path))
+    cfg = tiny("causal_decoder", "flm", num_fewshot=[0, 1])
+    cfg = cfg.replace(
+        eval=cfg.eval.replace(tasks=[str(path), "synthetic_probes"],
+                              num_fewshot_per_task={"sums": [0, 2, 4]})
+    )  # fmt: skip
+    probes = load_task("synthetic_probes")
+    assert rank.shot_counts(cfg, sums) == (0, 2, 4)
+    assert rank.shot_counts(cfg, probes) == (0, 1)
+    assert [t.name for t in load_tasks(cfg.eval)] == ["sums", "synthetic_probes"]
+    with pytest.raises(ConfigError, match=r"num_fewshot_per_task names 'sum', which is not a"):
+        load_tasks(cfg.eval.replace(num_fewshot_per_task={"sum": [2]}))
+    with pytest.raises(ConfigError, match=r"num_fewshot_per_task.sums=\[-2\]; accepted"):
+        validate(EvalConfig, {"num_fewshot_per_task": {"sums": [-2]}}, "eval")
+    with pytest.raises(ConfigError, match=r"num_fewshot_per_task=\[2\]; accepted: a mapping"):
+        validate(EvalConfig, {"num_fewshot_per_task": [2]}, "eval")
+    # Naming a task that is scored with other tasks given (`eval --tasks`) is not an error.
+    assert [t.name for t in load_tasks(cfg.eval, names=["synthetic_probes"])] == [
+        "synthetic_probes"
+    ]
+
+
 def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path) -> None:
     from scalestudy.cli import main
     from scalestudy.evaluate.results import examples_path
     from scalestudy.train.checkpoint import Checkpointer
 
     cfg = tiny("causal_decoder", "flm", tasks=[str(_write_task(tmp_path))], max_examples=3)
+    cfg = cfg.replace(eval=cfg.eval.replace(num_fewshot_per_task={"sums": [4]}))
     model = build_model(cfg.model)
     run = tmp_path / "run"
     ckpt = Checkpointer(run / "checkpoints", async_save=False)
@@ -225,6 +253,8 @@ def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path) -> None:
     assert main(["eval", "--workdir", str(run), "--num-fewshot", "0,2"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval_config"]["num_fewshot"] == [0, 2]
+    assert "num_fewshot_per_task" not in summary["eval_config"]  # the run's [4] gave way
+    assert not any(key.startswith("sums.4shot") for key in summary["eval"])
     assert {"sums/acc", "sums.2shot/acc", "sums.2shot/shots"} <= set(summary["eval"])
     rows = [json.loads(x) for x in examples_path(run, 5, "sums.2shot").read_text().splitlines()]
     assert len(rows) == 3 and all(r["shots"] == 2 and len(r["shown"]) == 2 for r in rows)

@@ -4,7 +4,7 @@ in the report's Holm family; few-shot rows stay out of the zero-shot probe accur
 import numpy as np
 import pytest
 
-from scalestudy.study import incontext, report
+from scalestudy.study import incontext, report, task_laws
 from scalestudy.study.spec import StudySpec
 
 SHOTS = (0, 1, 2, 4, 8)
@@ -43,13 +43,24 @@ def _runs(gain: dict[str, float], seeds: int = 3, noise: float = 0.01, rng_seed:
     return runs
 
 
-def test_few_shot_rows_stay_out_of_zero_shot_probe_accuracy():
+def test_a_task_scored_with_demonstrations_stays_out_of_zero_shot_probe_accuracy():
+    """Its K-shot rows and its zero-shot row (the in-context probe is at chance there by
+    construction, and would only pull every cell toward 0.5) are the in-context section's;
+    so are its task laws."""
     run = _runs({"causal_decoder/flm": 0.4}, seeds=1)[0]
+    run["eval/incontext_probe/task_loss"] = 0.7
+    run["eval/probes/task_loss"] = 1.2
     acc, n = report.probe_accuracy(run)
-    assert n == 400 + 640 and acc == pytest.approx((0.4 * 400 + 0.5 * 640) / 1040)
+    assert (acc, n) == (0.4, 400)
     from scalestudy.study.comparisons import _accuracy
 
     assert _accuracy(run) == (acc, n)
+    # Without its few-shot rows the same task is an ordinary zero-shot task again.
+    zero_only = {k: v for k, v in run.items() if "shot" not in k}
+    assert report.probe_accuracy(zero_only) == (pytest.approx((0.4 * 400 + 0.5 * 640) / 1040), 1040)
+    names = ["probes", "probes/g1", "incontext_probe", "incontext_probe.8shot"]
+    assert task_laws.zero_shot_tasks(names) == ["probes", "probes/g1"]
+    assert task_laws.zero_shot_tasks(names[:3]) == names[:3]
 
 
 def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
@@ -86,6 +97,18 @@ def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
     # One seed: no between-run interval, no winner.
     one = report.compare(_runs(clear, seeds=1))["incontext"]["incontext_probe"]
     assert one["equal_params"]["verdict"][0].startswith("one seed")
+
+
+def test_curves_without_a_comparison_are_shown_and_say_why():
+    """One cell (nothing to compare it with): the curve table is still the section, with the
+    reason there is no verdict."""
+    runs = _runs({"causal_decoder/flm": 0.3})
+    assert report.compare(runs)["incontext"] == {}
+    study = StudySpec(name="t", ladder={"preset": "smoke"})
+    section = report.render_markdown(study, runs, {}, [])
+    section = section[section.index("## In-context learning") :]
+    assert "| causal_decoder/flm | r0 | 0.500 |" in section
+    assert "No comparison of the gain" in section
 
 
 def test_no_few_shot_rows_no_section():

@@ -193,3 +193,25 @@ def test_incontext_study_scores_every_run_at_every_k_on_a_corpus_with_episodes()
     for r in runs:
         seeds[(r.arch, r.size)].add(r.seed)
     assert all(s == {0, 1, 2} for s in seeds.values())  # every point paired by seed
+
+
+def test_the_main_job_scores_the_incontext_probe_at_every_k_with_every_demonstration():
+    """smoke.yaml: the in-context probe at K = 0..8 beside the zero-shot probes, on a corpus
+    with episodes, and every 8-shot prompt keeps its 8 demonstrations within the scoring
+    budget in every architecture (none dropped from the front)."""
+    from scalestudy.data.vocab import get_vocabulary
+    from scalestudy.evaluate.rank import _fewshot, limit_examples, scoring_config, shot_counts
+    from scalestudy.evaluate.tasks import load_tasks
+
+    _, runs = _expand("smoke.yaml")
+    for arch in ("causal_decoder", "noncausal_decoder", "encoder_decoder"):
+        cfg = next(r.cfg for r in runs if r.arch == arch)
+        assert cfg.data.synthetic.incontext_share == 0.3
+        probes, icl = load_tasks(cfg.eval, cfg.data.synthetic)
+        assert (probes.name, icl.name) == ("synthetic_probes", "incontext_probe")
+        assert shot_counts(cfg, probes) == (0,)
+        assert shot_counts(cfg, icl) == (0, 1, 2, 4, 8)
+        examples = limit_examples(icl, cfg.eval.max_examples)
+        vocab = get_vocabulary(cfg.data)
+        _, shots = _fewshot(icl, examples, 8, vocab, scoring_config(cfg))
+        assert [s.kept for s in shots] == [8] * len(examples), arch
