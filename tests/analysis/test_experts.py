@@ -1,6 +1,7 @@
 """`scalestudy experts`: the numbers behind the pictures equal a direct count of the router's
 choices, distributions sum to 1, the top tokens are right on a constructed case, and bad
-input (a dense run, a step never saved, an output path that is a file) is one error line."""
+input (a step never saved, an output path that is a file) is one error line (a dense run:
+tests/test_bad_input.py)."""
 
 import json
 from collections import Counter
@@ -179,18 +180,6 @@ def test_reading_rows_put_each_label_where_its_token_is_read():
     assert (f["encoder_input_tokens"][0] > 0).sum() == 22
     with pytest.raises(Exception, match="row 0 holds 1 ids"):
         pipeline.reading_batch(cfg, [text[:1]])
-
-
-@pytest.mark.slow  # trains a tiny run (about a minute on 2 cores)
-def test_a_dense_run_is_refused_in_one_line(tmp_path, capsys):
-    run = tmp_path / "dense"
-    loop.train(load_config(None, [*TINY, "train.steps=2"]), run)
-    capsys.readouterr()
-    assert cli.main(["experts", "--workdir", str(run)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("error:")
-    assert "has no MoE layers" in err and "model.moe.enabled=true" in err
-    assert not (run / "experts").exists()
 
 
 @pytest.mark.slow  # trains a tiny run (about a minute on 2 cores)
