@@ -32,7 +32,7 @@ def _add_step_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
-    """Commands on one run: describe, train, eval, harness, compile, attention-rank."""
+    """Commands on one run: describe, train, eval, harness, compile, attention-rank, experts."""
     p = sub.add_parser("describe", help="parameter and FLOP counts of a config (no weights)")
     _add_config_args(p)
     p.add_argument("--json", action="store_true")
@@ -108,6 +108,33 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="write the measures to this JSON file instead")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=commands.cmd_attention_rank)
+
+    p = sub.add_parser(
+        "experts", help="MoE routing pictures: experts per domain and token, load over training"
+    )
+    p.add_argument("--workdir", required=True)
+    _add_step_arg(p)
+    p.add_argument(
+        "--out", default=None, help="directory for the figures and JSON (default: WORKDIR/experts)"
+    )
+    p.add_argument(
+        "--tokens",
+        nargs="+",
+        default=None,
+        metavar="TEXT",
+        help="strings whose chosen experts are drawn (default: '.' ',' ' the' ' and')",
+    )
+    p.add_argument(
+        "--rows",
+        type=cli_args.positive_int,
+        default=64,
+        help="rows of validation text read (default 64)",
+    )
+    p.add_argument(
+        "--top", type=cli_args.positive_int, default=6, help="tokens shown per expert (default 6)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=commands.cmd_experts)
 
 
 def _add_study_commands(sub: argparse._SubParsersAction) -> None:

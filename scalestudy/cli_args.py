@@ -89,6 +89,18 @@ def output_dir(text: str, flag: str = "--out") -> Path:
     return path
 
 
+def writable_dir(path: Path, what: str) -> None:
+    """Raise unless `path` can be created or written: its nearest existing folder is a
+    writable directory."""
+    existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
+    if not existing.is_dir():
+        raise ScalestudyError(
+            f"{what} {path}: {existing} is {_kind(existing)}; expected a directory"
+        )
+    if not os.access(existing, os.W_OK):
+        raise ScalestudyError(f"{what} {path}: {existing} is not writable; give --out DIR")
+
+
 def run_dir(text: str, *, must_exist: bool) -> Path:
     """--workdir as a Path: not empty, not a file, and (for eval, probe) an existing run."""
     if not text.strip():

@@ -308,6 +308,30 @@ def cmd_attention_rank(args: argparse.Namespace) -> int:
     return _print_results(lambda: measure_run(workdir, step=args.step, out=args.out), args.json)
 
 
+def cmd_experts(args: argparse.Namespace) -> int:
+    from scalestudy.train import rundir
+
+    workdir = cli_args.run_dir(args.workdir, must_exist=True)
+    cli_args.check_step(workdir, args.step)
+    out = cli_args.output_dir(args.out) if args.out is not None else rundir.experts_dir(workdir)
+    cli_args.writable_dir(out, "--out" if args.out is not None else "the run's experts folder")
+    if args.tokens is not None and (empty := [t for t in args.tokens if not t]):
+        raise ScalestudyError(
+            f"--tokens has {len(empty)} empty string(s); give strings such as '.' ' the'"
+        )
+    _join_job()
+    from scalestudy.analysis import experts
+    from scalestudy.train import logfile
+
+    strings = experts.DEFAULT_TOKENS if args.tokens is None else tuple(args.tokens)
+    with logfile.library_logs_of(workdir):  # orbax's notes to the run's log, not the terminal
+        results = experts.measure_run(
+            workdir, args.step, out, strings=strings, rows=args.rows, top=args.top
+        )
+    _print(results, args.json)
+    return 0
+
+
 def cmd_vocab(args: argparse.Namespace) -> int:
     from scalestudy.data.vocab import train_sentencepiece
 

@@ -136,6 +136,13 @@ CASES = [
         {},
         ["-3"],
     ),
+    (
+        "experts_dense_run",
+        ["experts", "--workdir", "{run}"],
+        {},
+        ["has no MoE layers", "model.moe.enabled=true"],
+    ),
+    ("experts_step_missing", ["experts", "--workdir", "{run}", "--step", "7"], {}, ["saved: 2"]),
     ("eval_max_examples_neg", ["eval", "--workdir", "a_dir", "--max-examples", "-3"], {}, ["-3"]),
     ("fit_size_cell", ["fit", "size_cell.csv"], {}, ["non-positive N", "--drop-invalid"]),
     (

@@ -194,3 +194,45 @@ def scoring_batch(
         else:
             write_decoder(f, r, 0, cut_inp, tgt_a, 1, prefix=cfg.model.arch == "noncausal_decoder")
     return f, truncated
+
+
+# ----------------------------------------------------------------------------- reading text
+
+
+def reading_length(cfg: ExperimentConfig) -> int:
+    """Text tokens one row of `reading_batch` holds at most: a decoder-only row's positions;
+    the encoder-decoder's encoder and decoder positions together."""
+    obj = cfg.objective
+    if cfg.model.is_encoder_decoder:
+        return obj.inputs_length + obj.targets_length
+    return obj.decoder_length
+
+
+def reading_batch(cfg: ExperimentConfig, rows: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """One unpacked row per text (2 to `reading_length(cfg)` ids, each > 0), read as the
+    architecture reads text: its first part as inputs, the rest as targets. A decoder-only row
+    holds both (inputs: the first half, a bidirectional prefix for the non-causal decoder); the
+    encoder-decoder's encoder reads the inputs (at most inputs_length, at least half the text)
+    and its decoder the targets. `<stack>_input_tokens` holds the id each position reads, 0
+    where it reads none (the decoder's first position, padding): laying out another array of
+    ids > 0 of the same lengths (labels) puts each label where its token is read."""
+    obj, encdec = cfg.objective, cfg.model.is_encoder_decoder
+    S = obj.inputs_length if encdec else 0
+    L = obj.targets_length if encdec else obj.decoder_length
+    f = empty_features(len(rows), L, S)
+    for r, row in enumerate(rows):
+        text = np.asarray(row, np.int32)
+        n = text.size
+        if not 2 <= n <= reading_length(cfg) or (text <= 0).any():
+            raise DataError(
+                f"reading_batch: row {r} holds {n} ids (min {text.min(initial=0)}); give 2 to "
+                f"{reading_length(cfg)} ids, each > 0"
+            )
+        a = min(S, max(n - L, n // 2)) if encdec else n // 2
+        if encdec:
+            write_encoder(f, r, 0, text[:a], 1)
+            write_decoder(f, r, 0, text[:0], text[a:], 1, prefix=False)
+        else:
+            prefix = cfg.model.arch == "noncausal_decoder"
+            write_decoder(f, r, 0, text[:a], text[a:], 1, prefix=prefix)
+    return f

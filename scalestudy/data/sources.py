@@ -51,6 +51,29 @@ def documents(cfg: DataConfig, split: str) -> list[str]:
     return docs
 
 
+def labelled_documents(cfg: DataConfig, split: str) -> list[list[tuple[str, str]]]:
+    """The documents of `split` as (domain, text) pieces that single spaces join into each
+    document: the synthetic corpus's episode kinds (`synthetic.labelled_documents`); for
+    local text, the file each document came from (its path as given, or found under a given
+    directory); for the order corpus and TFDS, the source ("order", `data.tfds_name`)."""
+    if split not in SPLITS:
+        raise DataError(f"split {split!r} is not known; accepted: {', '.join(SPLITS)}")
+    if cfg.source == "seqio":
+        raise DataError(
+            "data.source='seqio' reads a seqio Task's examples, not documents of a source, so "
+            "its text has no domains here; domains come from data.source synthetic, text, "
+            "order or tfds"
+        )
+    if cfg.source == "synthetic":
+        docs = synthetic.labelled_documents(cfg.synthetic, split)
+    elif cfg.source == "text":
+        docs = _labelled_text_documents(cfg, split)
+    else:
+        name = "order" if cfg.source == "order" else str(cfg.tfds_name)
+        docs = [[(name, d)] for d in documents(cfg, split)]
+    return docs[: cfg.max_documents] if cfg.max_documents is not None else docs
+
+
 # ----------------------------------------------------------------------------- local text
 
 
@@ -127,6 +150,17 @@ def _text_documents(cfg: DataConfig, split: str) -> list[str]:
         )
     keep = held if split == "validation" else ~held
     return [d for d, k in zip(docs, keep) if k]
+
+
+def _labelled_text_documents(cfg: DataConfig, split: str) -> list[list[tuple[str, str]]]:
+    """`_text_documents`, each document labelled with the file it came from."""
+    given = cfg.validation_paths if cfg.validation_paths and split == "validation" else cfg.paths
+    labelled = [[(str(f), d)] for f in _files(given, "data.paths") for d in _read_all([f], cfg)]
+    if cfg.validation_paths or not labelled:
+        return labelled
+    held = held_out(len(labelled), cfg.validation_fraction)
+    keep = held if split == "validation" else ~held
+    return [d for d, k in zip(labelled, keep) if k]
 
 
 def held_out(n: int, fraction: float) -> np.ndarray:

@@ -111,8 +111,9 @@ def _weather(s: _Story, rng: random.Random) -> str:
     return f"One {rng.choice(_WEATHER)} day, {s.name} went to the {s.place}."
 
 
-def _episodes(s: _Story, rng: random.Random, every: bool) -> list[str]:
-    """The story's middle: its episodes in a random order, some of them twice (new numbers).
+def _episodes(s: _Story, rng: random.Random, every: bool) -> list[tuple[str, str]]:
+    """The story's middle: its episodes in a random order, some of them twice (new numbers),
+    as (kind, text) pieces.
 
     `every`: each kind of episode at least once (the probe split, so that every probe is a
     piece of its story)."""
@@ -122,19 +123,19 @@ def _episodes(s: _Story, rng: random.Random, every: bool) -> list[str]:
     out = []
     for kind in picked:
         if kind == "meet":
-            out.append(_meet(s))
+            out.append((kind, _meet(s)))
         elif kind == "count":
             s.count, s.things = rng.randrange(2, 8), rng.choice(_THINGS)
-            out += [_found(s), _count(s)]
+            out += [(kind, _found(s)), (kind, _count(s))]
         elif kind == "eat":
             s.had, s.food = rng.randrange(3, 11), rng.choice(_FOODS)
-            out.append(_eat(s))
+            out.append((kind, _eat(s)))
         elif kind == "animal":
-            out.append(_animal(s, rng))
+            out.append((kind, _animal(s, rng)))
         elif kind == "lost":
-            out.append(_lost(s))
+            out.append((kind, _lost(s)))
         else:
-            out.append(_weather(s, rng))
+            out.append((kind, _weather(s, rng)))
     return out
 
 
@@ -146,16 +147,27 @@ def _rng(seed: int, split: str, index: int) -> random.Random:
     return random.Random((seed * 7 + _split_salt(split)) * 1_000_003 + index)
 
 
-def _tell(s: _Story, rng: random.Random, every: bool) -> str:
+def _tell(s: _Story, rng: random.Random, every: bool) -> list[tuple[str, str]]:
     opening = f"Once upon a time, there was {_a(s.adj)} {s.kind} named {s.name}."
     ending = f"{s.name} and {s.friend} played with the {s.color} {s.obj}. The end."
-    return " ".join([opening, _own(s), *_episodes(s, rng, every), ending])
+    return [("opening", opening), ("own", _own(s)), *_episodes(s, rng, every), ("ending", ending)]
 
 
 def story(seed: int, split: str, index: int) -> str:
     """Story `index` of `split` ('train', 'validation' or 'probe') for `seed`."""
+    return " ".join(text for _, text in story_pieces(seed, split, index))
+
+
+def story_pieces(seed: int, split: str, index: int) -> list[tuple[str, str]]:
+    """Story `index` of `split` as (episode kind, text) pieces, in order; joined by single
+    spaces they are `story(seed, split, index)`. Kinds: EPISODE_KINDS."""
     rng = _rng(seed, split, index)
     return _tell(_Story(rng), rng, every=split == "probe")
+
+
+# The kinds of piece a document of the corpus is made of (`labelled_documents`).
+EPISODE_KINDS = ("opening", "own", "meet", "count", "eat", "animal", "lost", "weather", "ending")
+EPISODE_KINDS += ("incontext",)
 
 
 # In-context episodes: made-up words (no story uses them), each given a colour per document.
@@ -195,6 +207,19 @@ def documents(cfg: SyntheticConfig, split: str) -> list[str]:
     """All documents of a split ('train' or 'validation'); cached in-process."""
     n = cfg.n_train_documents if split == "train" else cfg.n_validation_documents
     return list(_documents(cfg.seed, split, n, cfg.incontext_share))
+
+
+def labelled_documents(cfg: SyntheticConfig, split: str) -> list[list[tuple[str, str]]]:
+    """`documents(cfg, split)`, each as (kind, text) pieces that single spaces join into it:
+    a story's episodes (EPISODE_KINDS), or one "incontext" piece."""
+    n = cfg.n_train_documents if split == "train" else cfg.n_validation_documents
+    share, seed = cfg.incontext_share, cfg.seed
+    return [
+        [("incontext", incontext_episode(seed, split, i))]
+        if _is_episode(seed, split, i, share)
+        else story_pieces(seed, split, i)
+        for i in range(n)
+    ]
 
 
 def incontext_probe(cfg: SyntheticConfig, n_episodes: int = 20) -> list[dict]:

@@ -110,20 +110,25 @@ class Model:
         "attention": float32 self-attention probabilities [layers, B, H, Q, K] after masking
         and softmax; "hidden": float32 residual stream entering each layer, then the
         final-normed output [layers + 1, B, L, D]; "segment_ids": [B, L] (0 = padding), as the
-        model read them from the batch."""
+        model read them from the batch; "tokens": [B, L], the token each position reads; and
+        in stacks with MoE layers, "experts": int32 [MoE layers, B, L, K], the routed experts
+        each position chose (in `moe_layers()` order)."""
         capture = nnx.capture(_forward, nnx.Intermediate)
         _, sown = capture(self._bind(params), batch, None, True, record=True)
         segments = {"decoder": _segments(batch, "decoder", batch["decoder_input_tokens"])}
         if self.cfg.arch == "encoder_decoder":
             segments["encoder"] = _segments(batch, "encoder", batch["encoder_input_tokens"])
-        return {
-            name: {
+        out = {}
+        for name, segment_BL in segments.items():
+            out[name] = {
                 "attention": sown[name]["attention_NBHLL"][0],
                 "hidden": sown[name]["hidden_NBLD"][0].astype(jnp.float32),
                 "segment_ids": segment_BL,
+                "tokens": jnp.asarray(batch[f"{name}_input_tokens"]),
             }
-            for name, segment_BL in segments.items()
-        }
+            if "moe" in sown[name]:
+                out[name]["experts"] = sown[name]["moe"][0]["expert_BLK"]
+        return out
 
     # ------------------------------------------------------------------ objectives
 
@@ -206,6 +211,21 @@ class Model:
                 mlp = stack[f"layer_{i}"]["mlp"]
                 mlp["router_bias"] = moved(mlp["router_bias"], load[name][j])
         return params
+
+    def router_biases(self, params: Params) -> dict[str, jax.Array]:
+        """Each MoE layer's balancing bias [E] by layer name ("<stack>_<layer>", as in
+        `moe_metrics`); empty without a deepseek router."""
+        if not self.cfg.moe.enabled or self.cfg.moe.router != "deepseek":
+            return {}
+        out = {}
+        for name, index in self.moe_layers().items():
+            stack = params[name]
+            for j, i in enumerate(index):
+                if "layers" in stack:  # scanned: biases stacked [N, E]
+                    out[f"{name}_{i}"] = stack["layers"]["mlp"]["router_bias"][j]
+                else:
+                    out[f"{name}_{i}"] = stack[f"layer_{i}"]["mlp"]["router_bias"]
+        return out
 
     def moe_metrics(self, moe: Mapping[str, Mapping[str, jax.Array]]) -> dict[str, jax.Array]:
         """Scalar metrics of the `loss` measurements `moe`: per MoE layer, the busiest

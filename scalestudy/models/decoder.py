@@ -135,7 +135,7 @@ class Block(nnx.Module):
     ) -> tuple[jax.Array, BlockCache | None, dict | None]:
         """The block's output, its cache with the new positions written (None without) and
         the MoE layer's measurements (None for a dense block). With `record` (static), the
-        self-attention sows its probabilities."""
+        self-attention sows its probabilities and an MoE layer its routing choices."""
         keys = [None] * 6 if rng is None else list(jax.random.split(rng, 6))
         self_kv, cross_kv = (None, None) if cache is None else cache
         h = self.self_norm(x_BLD)
@@ -152,9 +152,11 @@ class Block(nnx.Module):
                 cache=cross_kv,
             )  # fmt: skip
             x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[3], deterministic), RESIDUAL)
-        h, stats = self.mlp(self.mlp_norm(x_BLD), keys[4], deterministic), None
+        h, stats = self.mlp_norm(x_BLD), None
         if self.moe:
-            h, stats = h
+            h, stats = self.mlp(h, keys[4], deterministic, record)
+        else:
+            h = self.mlp(h, keys[4], deterministic)
         x_BLD = x_BLD + dropout(h, self.rate, keys[5], deterministic)
         cache = None if cache is None else (self_kv, cross_kv)
         return constrain(x_BLD, ACT_BLD), cache, stats
@@ -215,7 +217,8 @@ class Stack(nnx.Module):
         N axis; None without one). With `record` (static), sows "attention_NBHLL" (float32
         self-attention probabilities of each layer) and "hidden_NBLD" (the residual stream
         entering each layer, then the output) as `nnx.Intermediate` values. A stack with MoE
-        layers always sows "moe": their measurements (`moe.MoE`), stacked over those layers.
+        layers always sows "moe": their measurements (`moe.MoE`), stacked over those layers
+        (with `record`, also "expert_BLK": the routed experts each token chose).
 
         `ctx.bias_HLL`, when given, is the relative-position bias at the query and key slots
         (decoding); otherwise the stack computes it for positions 0 .. L - 1."""
@@ -235,6 +238,8 @@ class Stack(nnx.Module):
                 y, layer_cache, stats = layer(*args)
                 return y, _arrays(layer_cache), None, stats
             (y, layer_cache, stats), sown = nnx.capture(layer, nnx.Intermediate)(*args)
+            if stats is not None:  # an MoE layer: its routing choices beside its measurements
+                stats = {**stats, "expert_BLK": sown["mlp"]["expert_BLK"][0]}
             return y, _arrays(layer_cache), sown["self_attn"]["probs_BHLS"][0], stats
 
         if self.cfg.remat != "none":

@@ -167,12 +167,21 @@ class MoE(nnx.Module):
         return mul(self.act(up[..., :f]) * up[..., f:], self.wo[...].astype(dt))
 
     def __call__(
-        self, x_BLD: jax.Array, rng: jax.Array | None = None, deterministic: bool = True
+        self,
+        x_BLD: jax.Array,
+        rng: jax.Array | None = None,
+        deterministic: bool = True,
+        record: bool = False,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """The layer's output and measurements; with `record` (static), the routed experts
+        each token chose are sown as `nnx.Intermediate` "expert_BLK" (int32, the router's
+        choices, dropped ones included)."""
         m = self.cfg
         b, length, d = x_BLD.shape
         t, k, e = b * length, m.top_k, m.routed_experts
         routing = self.route(x_BLD)
+        if record:
+            self.sow(nnx.Intermediate, "expert_BLK", routing.expert_TK.reshape(b, length, k))
         expert_A = routing.expert_TK.T.reshape(-1)  # k-major: first choices have priority
         token_A = jnp.tile(jnp.arange(t, dtype=jnp.int32), k)
         rank_A, count_E = _ranks(expert_A, e)
@@ -296,8 +305,12 @@ def keep_router_bias(params: Any, before: Any) -> Any:
 def after_update(model, params: Any, before: Any, sums: dict, microbatches: int):
     """A train step's last word on MoE layers: (params with every balancing bias moved by the
     step's loads from where it was before the update, whatever the optimizer did with it (it
-    has no gradient), and the per-layer metrics as per-microbatch means)."""
+    has no gradient), and the per-layer metrics as per-microbatch means, with the range of
+    each layer's moved biases, "bias_min" and "bias_max")."""
     load = {name: stats["load_E"] for name, stats in sums.items()}
     params = model.balance(keep_router_bias(params, before), load)
     metrics = model.moe_metrics(jax.tree.map(lambda x: x / microbatches, sums))
+    for layer, bias_E in model.router_biases(params).items():
+        metrics[f"moe/{layer}/bias_min"] = bias_E.min()
+        metrics[f"moe/{layer}/bias_max"] = bias_E.max()
     return params, metrics

@@ -29,6 +29,7 @@ from scalestudy.models import counting
 from scalestudy.train import (
     checkpoint,
     distributed,
+    expert_load,
     hooks,
     logfile,
     metrics,
@@ -192,8 +193,15 @@ class Run:
                 recovery.warn_missing_rows(self.workdir, self.start, self.totals.get("train_rows"))
         self.writer = metrics.MetricsWriter(self.workdir, active=self.primary)
         per_step = self.cfg.train.batch_size * counting.flops(self.cfg)["flops_per_example"]
+        moe = self.cfg.model.moe
+        watch = expert_load.LoadWatch(moe, self.totals) if expert_load.watched(moe) else None
         self.metrics = metrics.DeferredMetrics(
-            self.writer, self.totals, per_step, self.wall_time, self.member_index
+            self.writer,
+            self.totals,
+            per_step,
+            self.wall_time,
+            self.member_index,
+            watch=watch if self.primary else None,
         )
         self.checkpointer = hooks.CheckpointHook(self.ckpt)
         self.checkpointer.last_saved = self.start

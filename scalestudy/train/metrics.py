@@ -107,7 +107,8 @@ class DeferredMetrics:
     The metrics pushed at a step may be stacked over several steps ending at it (one call of
     `Program.multi_step`); the row then holds the last of them, the totals count them all.
     A member of a group (train/group.py) reads its own `member` index of metrics that carry
-    a leading member axis.
+    a leading member axis. `watch(step, row)`, when given, reads every training row written
+    (the MoE load warning, train/expert_load.py).
     """
 
     def __init__(
@@ -117,9 +118,11 @@ class DeferredMetrics:
         flops_per_step: float,
         clock: Any,
         member: int | None = None,
+        watch: Any = None,
     ):
         self.writer, self.totals = writer, totals
         self.member = member
+        self.watch = watch
         self.flops_per_step = flops_per_step
         self.clock = clock  # () -> the run's wall time so far
         self.throughput = Throughput()
@@ -170,7 +173,10 @@ class DeferredMetrics:
         }
         # Counted in the totals a checkpoint saves: a resume can tell whether rows were lost.
         self.totals["train_rows"] = self.totals.get("train_rows", 0) + 1
-        return self.write(step, row)
+        row = self.write(step, row)
+        if self.watch is not None:
+            self.watch(step, row)
+        return row
 
     def check_last(self, step: int) -> None:
         """Raise NonFiniteMetric when the newest dispatched step's loss is not finite (waits

@@ -6,6 +6,7 @@ how they are read back. Every other module asks this one.
   config.yaml            the resolved ExperimentConfig (written atomically)
   summary.json           final counts, losses, evaluation (written atomically)
   attention_rank.json    attention-rank and collapse measures of a checkpoint (atomically)
+  experts/               `scalestudy experts`: MoE routing pictures and experts.json
   metrics.jsonl          one JSON object per logged step (appended; fsync'd at checkpoints)
   tensorboard/           TensorBoard scalar events
   checkpoints/<step>/    orbax checkpoints
@@ -32,6 +33,7 @@ from scalestudy.errors import ScalestudyError
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
 ATTENTION_RANK = "attention_rank.json"
+EXPERTS = "experts"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
@@ -53,6 +55,7 @@ def _in_run(name: str, what: str) -> Callable[[str | Path], Path]:
 config_path = _in_run(CONFIG, "resolved config file")
 summary_path = _in_run(SUMMARY, "summary file")
 attention_rank_path = _in_run(ATTENTION_RANK, "attention-rank measures")
+experts_dir = _in_run(EXPERTS, "folder of MoE routing pictures")
 metrics_path = _in_run(METRICS, "per-step metrics file")
 tensorboard_dir = _in_run(TENSORBOARD, "TensorBoard event directory")
 checkpoints_dir = _in_run(CHECKPOINTS, "orbax checkpoint directory")

@@ -33,6 +33,7 @@ def run_summary(
     flops = done * cfg.train.batch_size * counts["flops_per_example"]
     this_run_flops = (done - start) * cfg.train.batch_size * counts["flops_per_example"]
     this_run_tokens = totals["tokens"] - tokens0
+    moe = cfg.model.moe.enabled
     return {
         "name": cfg.name,
         "arch": cfg.model.arch,
@@ -61,4 +62,6 @@ def run_summary(
         "tokens_per_s": this_run_tokens / max(train_time, 1e-9),
         "mfu": mfu(this_run_flops, train_time, _peak(cfg)),
         "eval": {k[len("eval/") :]: v for k, v in final_eval.items() if k.startswith("eval/")},
+        # MoE layers whose router collapsed onto one expert (train/expert_load.py).
+        **({"moe_load_warnings": totals.get("moe_load_warnings", {})} if moe else {}),
     }

@@ -40,6 +40,30 @@ def test_text_split_modes_and_held_out_fraction(tmp_path):
         sources.documents(single, "validation")
 
 
+def test_labelled_documents_join_into_the_documents_with_their_domains(tmp_path):
+    (tmp_path / "a.txt").write_text("one<|endoftext|>two<|endoftext|>three")
+    (tmp_path / "b.txt").write_text("four<|endoftext|>five")
+    text = DataConfig(source="text", paths=[str(tmp_path)], validation_fraction=0.4)
+    synth = DataConfig(synthetic={"incontext_share": 0.3, "n_validation_documents": 40})
+    for cfg in (text, synth):
+        for split in sources.SPLITS:
+            labelled = sources.labelled_documents(cfg, split)
+            joined = [" ".join(t for _, t in doc) for doc in labelled]
+            assert joined == sources.documents(cfg, split)
+    held = sources.labelled_documents(text, "validation") + sources.labelled_documents(
+        text, "train"
+    )
+    origin = {t: d for doc in held for d, t in doc}
+    assert origin == {
+        **{w: str(tmp_path / "a.txt") for w in ("one", "two", "three")},
+        **{w: str(tmp_path / "b.txt") for w in ("four", "five")},
+    }
+    kinds = {d for doc in sources.labelled_documents(synth, "validation") for d, _ in doc}
+    assert kinds == set(synthetic.EPISODE_KINDS)  # every episode kind, incontext too
+    with pytest.raises(DataError, match="seqio"):
+        sources.labelled_documents(DataConfig(source="seqio", seqio_task="x"), "validation")
+
+
 def test_byte_vocabulary_equals_seqios():
     seqio = pytest.importorskip("seqio")
     vocab = get_vocabulary(DataConfig())
