@@ -114,6 +114,22 @@ def test_the_cli_reports_a_refused_resume_in_one_error(tiny_cfg, tmp_path, capsy
     assert "n_layers: 2" in (run / "config.yaml").read_text()  # never written
 
 
+def test_a_config_yaml_edited_since_the_checkpoint_is_refused(tiny_cfg, tmp_path, capsys):
+    """`train --workdir W` reads W/config.yaml; edited after the checkpoint was saved, it
+    would change the run as it resumes (the learning rate here), so it is refused."""
+    run = tmp_path / "run"
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=2"), run)
+    path = run / "config.yaml"
+    path.write_text(path.read_text().replace("learning_rate: 0.01", "learning_rate: 0.5"))
+    before = snapshot(run)
+    code = cli.main(["train", "--workdir", str(run), "train.stop_after_steps=4"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert "optim.learning_rate: 0.01 in the checkpoint, 0.5 in config.yaml" in err
+    assert "train.init_from=" in err
+    assert snapshot(run) == before and saved.latest_step(run) == 2
+
+
 def test_a_workdir_that_is_a_file(tiny_cfg, tmp_path, capsys):
     path = tmp_path / "file"
     path.write_text("not a directory")
