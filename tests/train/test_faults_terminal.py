@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from scalestudy.config import to_yaml
+from scalestudy.errors import ScalestudyError
 from scalestudy.train import logfile, loop, rundir, saved, stops
 
 
@@ -82,6 +83,21 @@ def test_a_config_error_found_once_the_data_starts_is_the_only_line(tiny_cfg, tm
     code, lines = _cli_train(tmp_path, tiny_cfg("causal_decoder"), "model.vocab_size=64")
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: ") and "vocab_size" in lines[0]
+    assert not (tmp_path / "run").exists()  # refused: the disk as it was found
+
+
+def test_a_run_refused_before_its_first_step_leaves_the_disk_as_found(tiny_cfg, tmp_path):
+    """config.yaml, run.lock and train.log of a run the data refused are removed again: from a
+    --workdir it made, and from one that was there (empty, or holding the user's files)."""
+    cfg = tiny_cfg("causal_decoder", None, "model.vocab_size=64")
+    with pytest.raises(ScalestudyError, match="vocab_size"):
+        loop.train(cfg, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    with pytest.raises(ScalestudyError, match="vocab_size"):
+        loop.train(cfg, tmp_path / "mine")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
 
 
 def test_a_run_lock_refusal_is_the_only_line(tiny_cfg, tmp_path):
