@@ -30,9 +30,9 @@ class Stopped(BaseException):
 
     def __str__(self) -> str:
         return (
-            f"{signal.Signals(self.signum).name} received outside the training loop (starting "
-            "up or finishing): stopped without a new checkpoint; run the same command again to "
-            "resume from the run's last checkpoint, if it has one"
+            f"{signal.Signals(self.signum).name} received: stopped at once (outside a "
+            "training loop, so no new checkpoint was saved); the same command starts again "
+            "from what was saved before"
         )
 
 
