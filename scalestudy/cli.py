@@ -8,13 +8,16 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from scalestudy import cli_args
-from scalestudy import cli_commands as commands
-from scalestudy import cli_tools as tools
 from scalestudy.errors import ScalestudyError
-from scalestudy.scaling import command as scaling_command
+from scalestudy.train import stops
+
+# The commands' modules are imported when the parser is built, not with this module: the
+# command's signal handler is set first, so a Ctrl-C during the imports is answered like
+# any other (train/stops.py).
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -33,6 +36,9 @@ def _add_step_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     """Commands on one run: describe, train, eval, harness, compile, attention-rank, experts."""
+    from scalestudy import cli_commands as commands
+    from scalestudy import cli_tools as tools
+
     p = sub.add_parser("describe", help="parameter and FLOP counts of a config (no weights)")
     _add_config_args(p)
     p.add_argument("--json", action="store_true")
@@ -139,6 +145,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_study_commands(sub: argparse._SubParsersAction) -> None:
     """Commands on a study and the stages after pretraining: study, finetune, adapt, launch."""
+    from scalestudy import cli_commands as commands
+
     p = sub.add_parser("study", help="run (or resume) a whole study from its spec")
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
@@ -182,6 +190,9 @@ def _add_study_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_results_commands(sub: argparse._SubParsersAction) -> None:
     """Commands on results tables: fit, plot."""
+    from scalestudy import cli_commands as commands
+    from scalestudy.scaling import command as scaling_command
+
     p = sub.add_parser("fit", help="fit scaling laws to a study registry or a CSV/JSONL of runs")
     p.add_argument("source", help="registry .sqlite, study directory, .csv/.tsv or .jsonl")
     scaling_command.add_data_args(p)
@@ -203,6 +214,9 @@ def _add_results_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     """Benchmarks and the vocabulary trainer: bench, vocab."""
+    from scalestudy import cli_commands as commands
+    from scalestudy import cli_tools as tools
+
     p = sub.add_parser("bench", help="benchmarks: data pipeline, train step, evaluation")
     p.add_argument("what", choices=["data", "train", "eval", "peer", "gpu"])
     _add_config_args(p, required=False)
@@ -270,12 +284,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the command itself, not a caller in Python: before TF is imported
-        from scalestudy.train import logfile
-
-        logfile.quiet_terminal()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the command itself, not a caller in Python
+        stops.catch()  # first: a signal at any moment gets one `stopped:` line
     try:
+        if argv is None:  # before TF is imported
+            from scalestudy.train import logfile
+
+            logfile.quiet_terminal()
+        args = parse_args(sys.argv[1:] if argv is None else argv)
         status = args.fn(args)
         sys.stdout.flush()
         return status
@@ -284,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     except ScalestudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except (stops.Stopped, KeyboardInterrupt) as e:  # KeyboardInterrupt: a second Ctrl-C
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"stopped: {stops.Stopped(signum)}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

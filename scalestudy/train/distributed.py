@@ -18,6 +18,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from scalestudy.train import stops
+
 
 def is_primary() -> bool:
     """Whether this process writes the run's files."""
@@ -97,12 +99,15 @@ class _Stopper:
     def __init__(self, check_every: int):
         from jax._src import distributed as jax_distributed
 
-        self.signum: int | None = None
+        # A signal seen before the loop whose exception a library swallowed: stop at once.
+        self.signum: int | None = stops.pending()
         self.check_every = check_every
         self.multi = jax.process_count() > 1
         self.manager = (
             self.multi and jax_distributed.global_state.preemption_sync_manager is not None
         )
+        if self.manager and self.signum is not None:
+            signal.raise_signal(signal.SIGTERM)  # to the manager's own (C++) handler
 
     def handler(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.signum is not None:

@@ -85,9 +85,14 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     if workdir.exists() and not workdir.is_dir():
         raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
     sharding.check_host_batch(cfg, distributed.process_layout()[1])
+    before = rundir.entries(workdir)
     try:
         with claim(workdir):
             return _train(cfg, workdir, eval_fn)
+    except ScalestudyError as e:  # refused (a config the data, vocabulary or init_from reject)
+        if distributed.is_primary() and not isinstance(e, Preempted):
+            rundir.undo_start(workdir, before)
+        raise
     except OSError as e:  # a file could not be read or written: one line, checkpoints kept
         latest = None
         with contextlib.suppress(Exception):

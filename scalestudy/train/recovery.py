@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 from scalestudy.config import ExperimentConfig
 from scalestudy.train import distributed, rundir, saved
 from scalestudy.train.checkpoint import (
+    CHECKSUMS,
     ITEMS,
     Checkpointer,
     CheckpointError,
@@ -66,7 +67,7 @@ def restore(
                 f"available: {ckpt.all_steps() or 'none'}"
             )
         return _restore_agreed(ckpt, step, abstract_state, fall_back=False)
-    unreadable: list[int] = []
+    unreadable = _set_aside_strays(ckpt)
     while True:
         candidates = [s for s in ckpt.all_steps() if s not in unreadable]
         s = distributed.agreed(candidates[-1] if candidates else -1)
@@ -87,6 +88,30 @@ def restore(
     return None
 
 
+def _set_aside_strays(ckpt: Checkpointer) -> list[int]:
+    """Steps whose entry in the checkpoint directory is not a directory (a file put where a
+    step was): orbax does not list them, so the run would go back to an older checkpoint,
+    or to step 0, without a word. Each is moved to `corrupt_checkpoints/` with a warning."""
+    primary = distributed.is_primary()
+    strays = (
+        sorted(int(p.name) for p in ckpt.directory.iterdir() if p.name.isdigit() and not p.is_dir())
+        if primary and ckpt.directory.is_dir()
+        else []
+    )
+    if not distributed.agreed(len(strays)) or ckpt.read_only:
+        return strays
+    for s in strays:
+        moved = set_aside(ckpt.directory, s)
+        warnings.warn(
+            f"{ckpt.directory / str(s)} is not a checkpoint directory (a file or another kind "
+            f"of entry was found there); moved it to {moved}; trying the checkpoints before it",
+            stacklevel=3,
+        )
+    distributed.barrier("scalestudy_set_aside_strays")
+    ckpt.reload()
+    return strays
+
+
 def _restore_agreed(
     ckpt: Checkpointer, s: int, abstract_state: dict, *, fall_back: bool
 ) -> tuple[dict, dict, int] | None:
@@ -102,6 +127,8 @@ def _restore_agreed(
             error = e
         if distributed.on_all(error is None):
             if distributed.on_all(_finite(state)):
+                if primary:
+                    _warn_unverified(ckpt.directory, s)
                 return state, data_state, s
             reason = "it holds NaN or infinite values"
         elif primary:
@@ -132,6 +159,22 @@ def _restore_agreed(
         stacklevel=3,
     )
     return None
+
+
+def _warn_unverified(directory: Path, s: int) -> None:
+    """Say that the checkpoint at step `s`, just restored, has no checksums to be checked
+    against: what could be checked was (every item read back, every value finite), but a
+    changed array or data cursor would not have been seen."""
+    if (directory / str(s) / CHECKSUMS).exists():
+        return
+    warnings.warn(
+        f"checkpoint at step {s} in {directory} has no {CHECKSUMS}, so its files could not be "
+        "checked against what was saved (it was saved by an older release, cut off before "
+        "its checksums were written, or they were deleted); it was restored unverified: "
+        "every item read back and every value is finite, but a changed array or data "
+        "cursor would not be seen",
+        stacklevel=4,
+    )
 
 
 def _finite(state: dict) -> bool:
@@ -196,8 +239,10 @@ def set_aside(directory: Path, step: int) -> Path:
     src = directory / str(step)
     dst = rundir.corrupt_dir(directory.parent) / str(step)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.exists():
+    if dst.is_dir() and not dst.is_symlink():
         shutil.rmtree(dst)  # an older copy of the same corrupt step
+    elif dst.exists() or dst.is_symlink():
+        dst.unlink()
     shutil.move(src, dst)
     return dst
 

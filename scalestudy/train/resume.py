@@ -6,6 +6,10 @@ differs in anything that changes shapes or semantics (model, objective, data, op
 length, seed, ...) would silently turn it into another experiment, so it is refused with the
 differing keys named. Only keys in `SAFE_ON_RESUME` (cadence, stopping point, retention,
 evaluation, device layout) may differ; the new values are then what `config.yaml` records.
+
+`config.yaml` is itself checked against the config recorded in the newest checkpoint: a
+`config.yaml` edited since (a new learning rate, say) would otherwise change the run as it
+resumes, with nothing on the command line to say so.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ def check_resume(cfg: ExperimentConfig, workdir: Path) -> None:
         return
     changed = changed_keys(old, cfg)
     if not changed:
+        _check_recorded(cfg, workdir)
         return
     lines = "\n".join(f"  {k}: {a!r} in the run, {b!r} given" for k, (a, b) in changed.items())
     raise ResumeConfigError(
@@ -93,4 +98,31 @@ def check_resume(cfg: ExperimentConfig, workdir: Path) -> None:
         f"new config, use another --workdir and train.init_from={workdir} "
         f"(train.init_step=N for a given step). Keys that may change on resume: "
         f"{', '.join(s.rstrip('.') + ('.*' if s.endswith('.') else '') for s in SAFE_ON_RESUME)}"
+    )
+
+
+def _check_recorded(cfg: ExperimentConfig, workdir: Path) -> None:
+    """Raise ResumeConfigError when the config recorded with the newest checkpoint differs
+    from `cfg` (read from `config.yaml`, which agrees with it) in a key that may not change:
+    `config.yaml` was edited since that checkpoint was saved."""
+    latest = saved.latest_step(workdir)
+    if latest is None or not rundir.config_path(workdir).is_file():
+        return  # without config.yaml, run_config read the checkpoint's config itself
+    try:
+        recorded = saved.load_config(workdir, latest)
+    except Exception:  # a damaged checkpoint: restoring finds it, sets it aside or stops
+        return
+    changed = changed_keys(recorded, cfg)
+    if not changed:
+        return
+    path = rundir.config_path(workdir)
+    lines = "\n".join(
+        f"  {k}: {a!r} in the checkpoint, {b!r} in {path.name}" for k, (a, b) in changed.items()
+    )
+    raise ResumeConfigError(
+        f"{path} differs from the config recorded in the run's checkpoint of step {latest} "
+        f"in keys that would change what the run is (was {path.name} edited?), so it is not "
+        f"resumed (nothing was changed):\n{lines}\nTo resume the run as it was trained, put "
+        f"the checkpoint's values back into {path.name}. To train with the new values, use "
+        f"another --workdir with train.init_from={workdir} (a branch from its checkpoint)."
     )

@@ -64,6 +64,36 @@ log_path = _in_run(LOG, "library log file")
 lock_path = _in_run(LOCK, "lock file")
 
 
+# What a run writes before its first step: a run stopped by an error with nothing more than
+# these (made by that invocation) has nothing worth keeping.
+START_UP = (CONFIG, LOCK, LOG, CHECKPOINTS)
+
+
+def entries(workdir: str | Path) -> set[str] | None:
+    """The names in `workdir`, or None when it does not exist (what `undo_start` compares)."""
+    workdir = Path(workdir)
+    return {p.name for p in workdir.iterdir()} if workdir.is_dir() else None
+
+
+def undo_start(workdir: str | Path, before: set[str] | None) -> None:
+    """After a run was refused before its first step: remove what it made in `workdir`
+    (`before`: `entries` as it started), so that the disk is left as it was found. Nothing is
+    removed when it made anything beyond its start-up files (a checkpoint, a metrics row)."""
+    workdir = Path(workdir)
+    made = (entries(workdir) or set()) - (before or set())
+    if not made or not made <= set(START_UP):
+        return
+    steps = checkpoints_dir(workdir)
+    if CHECKPOINTS in made and steps.is_dir() and any(steps.iterdir()):
+        return
+    with contextlib.suppress(OSError):
+        for name in made:
+            path = workdir / name
+            path.rmdir() if path.is_dir() else path.unlink()
+        if before is None:
+            workdir.rmdir()
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` so that a reader (or a crash) sees the old file or the new
     one, never half of one."""

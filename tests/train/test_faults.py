@@ -4,6 +4,7 @@ run directory that is a file. Each must stop with one clear error and lose nothi
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,6 +113,22 @@ def test_the_cli_reports_a_refused_resume_in_one_error(tiny_cfg, tmp_path, capsy
     assert code == 2 and err.startswith("error: --workdir") and "Traceback" not in err
     assert "model.n_layers: 2 in the run, 3 given" in err
     assert "n_layers: 2" in (run / "config.yaml").read_text()  # never written
+
+
+def test_a_config_yaml_edited_since_the_checkpoint_is_refused(tiny_cfg, tmp_path, capsys):
+    """`train --workdir W` reads W/config.yaml; edited after the checkpoint was saved, it
+    would change the run as it resumes (the learning rate here), so it is refused."""
+    run = tmp_path / "run"
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=2"), run)
+    path = run / "config.yaml"
+    path.write_text(path.read_text().replace("learning_rate: 0.01", "learning_rate: 0.5"))
+    before = snapshot(run)
+    code = cli.main(["train", "--workdir", str(run), "train.stop_after_steps=4"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert "optim.learning_rate: 0.01 in the checkpoint, 0.5 in config.yaml" in err
+    assert "train.init_from=" in err
+    assert snapshot(run) == before and saved.latest_step(run) == 2
 
 
 def test_a_workdir_that_is_a_file(tiny_cfg, tmp_path, capsys):
@@ -272,6 +289,41 @@ def test_a_silently_corrupted_newest_checkpoint_is_set_aside(tiny_cfg, straight,
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
     assert (tmp_path / rundir.CORRUPT / "8").is_dir()
     assert losses(tmp_path) == straight  # resumed from step 4, identical to the straight run
+
+
+def test_a_checkpoint_without_checksums_is_restored_with_a_warning(tiny_cfg, straight, tmp_path):
+    """Its files cannot be checked against what was saved (a changed data cursor would pass):
+    it is restored, and the run says it is unverified."""
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=4"), tmp_path)
+    (tmp_path / "checkpoints" / "4" / checkpoint.CHECKSUMS).unlink()
+    with pytest.warns(UserWarning, match=r"step 4 .* has no checksums.json.*unverified"):
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
+    assert losses(tmp_path) == straight
+
+
+@pytest.mark.parametrize("only", [False, True], ids=["an-older-one", "none-older"])
+def test_a_file_in_place_of_a_checkpoint_is_set_aside_not_skipped(tiny_cfg, tmp_path, only):
+    """`checkpoints/8` replaced by a plain file: orbax does not list it, and the run went back
+    to the older checkpoint (or to step 0) without a word, rewriting the metrics rows."""
+    cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
+    loop.train(cfg, tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints" / "8")
+    if only:
+        shutil.rmtree(tmp_path / "checkpoints" / "4")
+    (tmp_path / "checkpoints" / "8").write_text("not a checkpoint")
+    rows = (tmp_path / "metrics.jsonl").read_bytes()
+    if only:
+        with (
+            pytest.warns(UserWarning, match="is not a checkpoint directory"),
+            pytest.raises(checkpoint.CheckpointError, match="no readable checkpoint"),
+        ):
+            loop.train(cfg, tmp_path)
+        assert (tmp_path / "metrics.jsonl").read_bytes() == rows  # never restarted from 0
+    else:
+        with pytest.warns(UserWarning, match="checkpoints/8 is not a checkpoint directory"):
+            loop.train(cfg, tmp_path)
+        assert saved.latest_step(tmp_path) == 8
+    assert (tmp_path / rundir.CORRUPT / "8").read_text() == "not a checkpoint"
 
 
 def test_a_nan_right_after_a_restore_names_the_checkpoint(tiny_cfg, tmp_path, monkeypatch):

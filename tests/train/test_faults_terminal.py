@@ -4,16 +4,19 @@ asyncio's leftovers of a failed save print, go to the run's train.log instead.""
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 from scalestudy.config import to_yaml
-from scalestudy.train import logfile, loop, rundir, saved
+from scalestudy.errors import ScalestudyError
+from scalestudy.train import logfile, loop, rundir, saved, stops
 
 
 def _user_env() -> dict[str, str]:
@@ -80,6 +83,21 @@ def test_a_config_error_found_once_the_data_starts_is_the_only_line(tiny_cfg, tm
     code, lines = _cli_train(tmp_path, tiny_cfg("causal_decoder"), "model.vocab_size=64")
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: ") and "vocab_size" in lines[0]
+    assert not (tmp_path / "run").exists()  # refused: the disk as it was found
+
+
+def test_a_run_refused_before_its_first_step_leaves_the_disk_as_found(tiny_cfg, tmp_path):
+    """config.yaml, run.lock and train.log of a run the data refused are removed again: from a
+    --workdir it made, and from one that was there (empty, or holding the user's files)."""
+    cfg = tiny_cfg("causal_decoder", None, "model.vocab_size=64")
+    with pytest.raises(ScalestudyError, match="vocab_size"):
+        loop.train(cfg, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    with pytest.raises(ScalestudyError, match="vocab_size"):
+        loop.train(cfg, tmp_path / "mine")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
 
 
 def test_a_run_lock_refusal_is_the_only_line(tiny_cfg, tmp_path):
@@ -233,3 +251,73 @@ def test_a_log_on_a_full_disk_never_hides_the_runs_error(tmp_path, capfd):
             logging.getLogger("orbax").error("a failed write of the save " + "x" * 200)
         raise SaveFailed
     assert capfd.readouterr().err == ""
+
+
+# ----------------------------------------------------------------------------- signals
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (Python sets none of its own: this is
+    the command's, set as its first act)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def _signalled_train(tmp_path, cfg, signum, when) -> tuple[int, str]:
+    """`scalestudy train` sent `signum` once `when(run directory, pid)` holds; (status, stderr)."""
+    (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
+    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    proc = subprocess.Popen(
+        [*command, "--workdir", "run"],
+        cwd=tmp_path,
+        env=_user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while (
+        not when(tmp_path / "run", proc.pid) and proc.poll() is None and time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize(
+    "signum, moment",
+    [
+        (signal.SIGINT, "importing"),
+        (signal.SIGTERM, "importing"),
+        (signal.SIGINT, "building"),
+        (signal.SIGTERM, "building"),
+    ],
+)
+def test_a_signal_during_start_up_stops_with_one_line(tiny_cfg, tmp_path, signum, moment):
+    """Ctrl-C or SIGTERM before the training loop starts (imports, data, compiling): one
+    `stopped:` line and 128 + signal, as inside the loop. They were a KeyboardInterrupt
+    traceback, a SIGTERM death without a word, or a Ctrl-C swallowed and the run trained on."""
+    if moment == "importing":  # the command's handler is set; the commands are not imported
+        when = lambda run, pid: _catches_sigterm(pid)
+    else:  # the run directory is locked: its data and program are being built
+        when = lambda run, pid: (run / rundir.LOCK).exists()
+    status, err = _signalled_train(tmp_path, tiny_cfg("causal_decoder"), signum, when)
+    lines = err.splitlines()
+    assert status == 128 + signum, err
+    assert len(lines) == 1 and lines[0].startswith("stopped: "), err
+    assert signal.Signals(signum).name in lines[0]
+
+
+def test_a_swallowed_signal_still_stops_the_run_at_its_first_step(tiny_cfg, tmp_path):
+    """A start-up signal whose exception a library dropped (raised inside a garbage-collection
+    callback) is recorded; the loop stops at its first step boundary instead of training."""
+    stops._caught[:] = [signal.SIGINT]
+    try:
+        with pytest.raises(loop.Preempted, match="SIGINT received: no step had completed"):
+            loop.train(tiny_cfg("causal_decoder"), tmp_path)
+    finally:
+        stops._caught.clear()
+    assert saved.latest_step(tmp_path) is None and not rundir.read_metrics(tmp_path)

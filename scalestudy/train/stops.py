@@ -1,0 +1,67 @@
+"""Stop signals outside the training loop: one answer to SIGINT and SIGTERM at any moment.
+
+While the training loop runs, its own handler (train/distributed.py) turns a signal into a
+checkpoint at the next step boundary. Before it starts (imports, building the data, compiling,
+restoring) and after it ends, the command line's handler raises `Stopped` where the process
+is; the command prints one `stopped:` line and exits 128 + the signal. A signal whose
+exception a library swallowed (one raised inside a garbage-collection callback is printed as
+"exception ignored" and dropped) is still recorded: `pending()` gives it to the training
+loop, which stops at its first step boundary instead of training on.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_caught: list[int] = []  # the first signal `catch`'s handler saw, in this process
+
+
+class Stopped(BaseException):
+    """A stop signal outside the training loop. A BaseException, like KeyboardInterrupt: no
+    `except Exception` on the way out may take it for an error of its own (a restore that
+    failed, say)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return (
+            f"{signal.Signals(self.signum).name} received: stopped at once (outside a "
+            "training loop, so no new checkpoint was saved); the same command starts again "
+            "from what was saved before"
+        )
+
+
+def catch() -> None:
+    """From now on in this process, SIGINT and SIGTERM raise Stopped (outside the training
+    loop's own handler). A SIGINT ignored by whoever started the process (a background job)
+    stays ignored, as Python leaves it."""
+    _caught.clear()
+    for signum in SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _handle)
+    if sys.unraisablehook is not _unraisable:
+        _unraisable.previous = sys.unraisablehook  # type: ignore[attr-defined]
+        sys.unraisablehook = _unraisable
+
+
+def _unraisable(unraisable: Any) -> None:
+    """A Stopped that a callback could not raise is recorded already (`pending`); the rest
+    as before."""
+    if not isinstance(unraisable.exc_value, Stopped):
+        _unraisable.previous(unraisable)  # type: ignore[attr-defined]
+
+
+def _handle(signum: int, frame: Any) -> None:
+    if not _caught:
+        _caught.append(signum)
+    raise Stopped(signum)
+
+
+def pending() -> int | None:
+    """The first signal `catch`'s handler saw (also one whose Stopped a library swallowed)."""
+    return _caught[0] if _caught else None
