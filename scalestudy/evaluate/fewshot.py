@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +60,11 @@ def in_context_results(tasks: Iterable[str]) -> set[str]:
     tasks = set(tasks)
     bases = {_SHOT_NAME.sub("", t) for t in tasks if shots_of(t)}
     return {t for t in tasks if shots_of(t) or t in bases}
+
+
+def in_context_tasks(results: Mapping[str, object]) -> set[str]:
+    """`in_context_results` of the task names in a run's results (`eval/<task>/<metric>`)."""
+    return in_context_results(key.split("/")[1] for key in results if key.count("/") == 2)
 
 
 def demonstration(task: Task, example: Example) -> str:

@@ -29,7 +29,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from scalestudy.evaluate.fewshot import in_context_results
+from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling.intervals import (
     Interval,
     accuracy_difference,
@@ -85,12 +85,6 @@ def held_equal(
             ratio = f"{ma / mb:.2f}x" if mb else "vs 0"
             differ.append(f"{what} ({ratio})")
     return same, differ + recipe_differences(a, b)
-
-
-def in_context_tasks(run: dict[str, Any]) -> set[str]:
-    """The run's result task names (`eval/<task>/<metric>`) of tasks scored with
-    demonstrations, each task's zero-shot row included (`fewshot.in_context_results`)."""
-    return in_context_results(key.split("/")[1] for key in run if key.count("/") == 2)
 
 
 def _accuracy(run: dict[str, Any]) -> tuple[float, float] | None:

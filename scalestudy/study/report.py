@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.errors import ScalestudyError
+from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.study import comparisons, incontext, lr_report, task_laws, verdicts
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
@@ -44,7 +45,7 @@ def _task_total(run: dict[str, Any], metric: str, weighted: bool) -> tuple[float
     examples). A task scored with demonstrations (`<task>.<K>shot` rows and its `<task>` row)
     is the in-context section's."""
     value = total = 0.0
-    in_context = comparisons.in_context_tasks(run)
+    in_context = in_context_tasks(run)
     for key, x in run.items():
         parts = key.split("/")  # eval/<task>/<metric>; deeper keys are breakdowns
         if len(parts) == 3 and parts[0] == "eval" and parts[2] == metric and x is not None:
