@@ -5,7 +5,9 @@ with parameters and optimizer state sharded over their "embed" dimension, gather
 by XLA), "expert" (expert parallelism: the routed experts of mixture-of-experts layers split
 over it, tokens exchanged between its devices by the dispatch), "tensor" (Megatron-style model
 parallelism over heads, feed-forward and vocabulary). The batch dimension is split over data,
-fsdp and expert together.
+fsdp and expert together. A group of members (train/group_program.py) may split its member
+axis over "data" (`mesh.members: data`); inside a member's step the rules then leave that
+axis to the members.
 
 Models name their parameter and activation dimensions logically (`Model.param_axes()`,
 `layers.constrain`); this module is the only place those names meet mesh axes.
