@@ -103,6 +103,13 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="--topology: rank every data x fsdp x tensor and remat policy by estimated step time",
     )
+    p.add_argument(
+        "--members",
+        type=cli_args.positive_int,
+        default=1,
+        metavar="K",
+        help="plan a group of K runs of the shape as one program (split as mesh.members says)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=tools.cmd_compile)
 

@@ -132,7 +132,8 @@ def _train_members(args: argparse.Namespace, workdir: Path) -> int:
     _join_job()
     from scalestudy.train import sharding
 
-    sharding.make_mesh(base.mesh, model=base.model, batch=base.train)
+    mesh = sharding.make_mesh(base.mesh, model=base.model, batch=base.train)
+    sharding.check_members_fit(base.mesh, dict(mesh.shape), len(cfgs))
     eval_fns = [None] * len(cfgs)
     if args.eval:
         from scalestudy.evaluate.rank import make_eval_fn

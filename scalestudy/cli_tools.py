@@ -104,6 +104,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if (args.config is None) == (args.spec is None):
         raise ScalestudyError("compile: give --config FILE (one run) or --spec STUDY (every shape)")
+    from scalestudy.train.members import MAX_MEMBERS
+
+    if args.members > MAX_MEMBERS:
+        raise ScalestudyError(
+            f"compile --members {args.members}: a group holds at most {MAX_MEMBERS} members"
+        )
+    if args.members > 1 and (args.spec or args.search):
+        raise ScalestudyError(
+            f"compile --members {args.members} plans one group of --config's shape; it does not "
+            f"combine with {'--spec' if args.spec else '--search'}: give --config FILE alone"
+        )
     if args.spec:  # every shape of the study: pretraining and the stages after it
         from scalestudy.study.compile_plan import compile_study
 
@@ -119,5 +130,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from scalestudy.train.plan_search import main as search
 
         return search(cfg, args.topology, args.json)
-    _print(compile_plan(cfg, topology=args.topology, costs=not args.memory_only), args.json)
+    plan = compile_plan(
+        cfg, topology=args.topology, costs=not args.memory_only, members=args.members
+    )
+    _print(plan, args.json)
     return 0

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from scalestudy.errors import ConfigError
@@ -18,6 +20,12 @@ class MeshConfig(Frozen):
     # data). Left out of dumps while 1.
     expert: int = Field(1, exclude_if=lambda v: v == 1)
     tensor: int = 1
+    # A group's member axis (train/members.py): "none" keeps every member on every device
+    # group (each member's rows split over the batch axes, as a run's are); "data" splits the
+    # members over the data axis, so that each data slice trains whole members (the group's
+    # size a multiple of the data axis's). A run alone has no member axis and ignores it.
+    # Left out of dumps while "none".
+    members: Literal["none", "data"] = Field("none", exclude_if=lambda v: v == "none")
 
     @property
     def shape(self) -> dict[str, int]:

@@ -152,8 +152,7 @@ def agreement(arch: str, objective: str, position: str) -> dict[str, Any]:
 
 def member_steps(k: int) -> dict[str, Any]:
     """Wall time per step of K members of a 10M-parameter causal decoder in one program."""
-    from scalestudy.bench.members import _seeded
-    from scalestudy.train import members
+    from scalestudy.train import group_program, members
 
     cfg = _config(
         "model.d_model=384", "model.n_heads=6", "model.n_layers=6", "model.d_ff=1536",
@@ -165,7 +164,7 @@ def member_steps(k: int) -> dict[str, Any]:
         program = step.build_program(cfg, batch)
         run, state, device_batch = program.train_step, program.init(0), program.shard_batch(batch)
     else:
-        group = members.build_group_program([_seeded(cfg, s) for s in range(k)], batch)
+        group = group_program.build_group_program(members.seeded(cfg, k), batch)
         state, device_batch = group.init(range(k)), group.shard([batch] * k)
 
         def run(state, batch_):

@@ -29,15 +29,7 @@ import numpy as np
 from scalestudy.config import ExperimentConfig, to_yaml
 from scalestudy.data import pipeline
 from scalestudy.models import counting
-from scalestudy.train import members, step
-
-
-def _seeded(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
-    return cfg.replace(
-        name=f"{cfg.name}.seed{seed}",
-        train=cfg.train.replace(seed=seed),
-        data=cfg.data.replace(seed=seed),
-    )
+from scalestudy.train import group_program, members, step
 
 
 def _timer(run: Any, state: Any, batch: Any, extra: tuple = ()) -> tuple[Any, Any]:
@@ -75,9 +67,9 @@ def step_curve(
     flops = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     rows = []
     for size in sizes:
-        cfgs = [_seeded(cfg, s) for s in range(size)]
+        cfgs = members.seeded(cfg, size)
         t = time.process_time()
-        program = members.build_group_program(cfgs, batch)
+        program = group_program.build_group_program(cfgs, batch)
         compile_cpu = time.process_time() - t
         state = program.init(range(size))
         if k > 1:

@@ -5,6 +5,9 @@ of the shapes training feeds it, and reports what a launch needs to know before 
 exists: per-chip memory against the chip's HBM (fits or not), XLA's FLOPs against the counted
 model FLOPs, and on a TPU a roofline estimate of the step time and MFU (`train/roofline.py`)
 beside the compiler's own estimate (`optimal_seconds`, which libtpu often leaves negative).
+With `members=K` it plans a group instead (train/group_program.py: K runs of the shape as one
+vmapped step, their member axis whole or split over the data axis as `mesh.members` says):
+the group's memory per chip, and FLOPs counted for K runs.
 
 TPU topologies need the TPU compiler (the `tpu` extra: libtpu), which runs on any Linux
 host; no TPU is needed. Names: "v4:4x4x8" (chips along each axis) or a Cloud TPU type
@@ -148,20 +151,25 @@ def abstract_batch(cfg: ExperimentConfig) -> dict[str, np.ndarray]:
     return empty_features(cfg.train.batch_size, decoder, encoder)
 
 
-def state_bytes_per_device(program: step.Program) -> int:
-    """Bytes of parameters and optimizer state held by one device under the state sharding."""
+def state_bytes_per_device(abstract_state: step.State) -> int:
+    """Bytes of parameters and optimizer state held by one device under the state sharding
+    (the abstract state's leaves carry their shardings)."""
     total = 0
-    for leaf in jax.tree.leaves(program.abstract_state):
+    for leaf in jax.tree.leaves(abstract_state):
         shard = leaf.sharding.shard_shape(leaf.shape)
         total += math.prod(shard) * np.dtype(leaf.dtype).itemsize
     return total
 
 
-def _describe(cfg: ExperimentConfig, where: str, kind: str, mesh: Any) -> dict[str, Any]:
+def _describe(
+    cfg: ExperimentConfig, where: str, kind: str, mesh: Any, members: int
+) -> dict[str, Any]:
+    group = {"members": members, "members_split": cfg.mesh.members} if members > 1 else {}
     return {
         "target": where,
         "device_kind": kind,
         "mesh": dict(mesh.shape),
+        **group,
         "params": counting.count_params(cfg.model)["total"],
         "batch": cfg.train.batch_size,
         "microbatches": cfg.train.microbatches,
@@ -169,28 +177,41 @@ def _describe(cfg: ExperimentConfig, where: str, kind: str, mesh: Any) -> dict[s
     }
 
 
-def _compile(cfg: ExperimentConfig, devices: list) -> tuple[Any, Any, step.Program]:
-    """(compiled train step or the compiler's refusal text, mesh, program) for `devices`."""
-    # The batch is checked against the mesh before anything is lowered (one line if not).
+def _compile(cfg: ExperimentConfig, devices: list, members: int = 1) -> tuple[Any, Any, step.State]:
+    """(compiled train step or the compiler's refusal text, mesh, abstract state) for
+    `devices`: one run's step, or with `members` > 1 the step of a group of that many."""
+    # The batch (and a group's size) is checked against the mesh before anything is lowered.
     mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model, batch=cfg.train)
     batch = abstract_batch(cfg)
-    program = step.build_program(cfg, batch, mesh, compile=False)
-    shaped = {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=program.batch_sharding)
-        for k, v in batch.items()
-    }
-    with sharding.axis_rules(mesh):
-        lowered = program.train_step.lower(program.abstract_state, shaped)
+    if members > 1:
+        from scalestudy.train import group_program
+        from scalestudy.train import members as member_keys
+
+        split = sharding.member_axis(cfg.mesh)
+        lowered, abstract = group_program.lower_group_step(
+            member_keys.seeded(cfg, members), batch, mesh
+        )
+    else:
+        split = None
+        program = step.build_program(cfg, batch, mesh, compile=False)
+        abstract = program.abstract_state
+        shaped = {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=program.batch_sharding)
+            for k, v in batch.items()
+        }
+        with sharding.axis_rules(mesh):
+            lowered = program.train_step.lower(abstract, shaped)
+    with sharding.axis_rules(mesh, split):
         try:
-            return lowered.compile(), mesh, program
+            return lowered.compile(), mesh, abstract
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             # The TPU compiler refuses a program that cannot fit: that is the answer.
-            return str(e), mesh, program
+            return str(e), mesh, abstract
 
 
-def unrolled_costs(cfg: ExperimentConfig, devices: list) -> dict[str, Any]:
+def unrolled_costs(cfg: ExperimentConfig, devices: list, members: int = 1) -> dict[str, Any]:
     """Per-device costs (`roofline.program_costs`) of the step at `cfg`'s depth, from the same
     program unrolled at one layer per stack and at two layers in each stack in turn,
     extrapolated linearly in depth (XLA's cost analysis counts a scanned loop body once)."""
@@ -203,7 +224,7 @@ def unrolled_costs(cfg: ExperimentConfig, devices: list) -> dict[str, Any]:
     for depth in depths:
         layers = {**dict(zip(stacks, depth, strict=True)), "scan_layers": False}
         probe = cfg.replace(model={**cfg.model.model_dump(), **layers})
-        compiled, mesh, _ = _compile(probe, devices)
+        compiled, mesh, _ = _compile(probe, devices, members)
         if isinstance(compiled, str):
             raise ScalestudyError(f"compile: a {depth}-layer probe of the step did not fit")
         costs.append(_costs(compiled, mesh))
@@ -216,10 +237,11 @@ def _costs(compiled: Any, mesh: Any) -> dict[str, Any]:
 
 
 def compile_plan(
-    cfg: ExperimentConfig, topology: str | None = None, costs: bool = True
+    cfg: ExperimentConfig, topology: str | None = None, costs: bool = True, members: int = 1
 ) -> dict[str, Any]:
-    """Compile the train step of `cfg` for the local devices or a TPU `topology` and report
-    per-chip memory, XLA and counted FLOPs, and (TPU) a roofline step-time estimate.
+    """Compile the train step of `cfg` (or of a group of `members` runs of its shape) for the
+    local devices or a TPU `topology` and report per-chip memory, XLA and counted FLOPs, and
+    (TPU) a roofline step-time estimate.
 
     `costs=False` reports memory and fit alone: no FLOPs, no roofline, and so none of the
     unrolled probe programs a scanned stack's costs need (one more compile per layer stack
@@ -232,16 +254,17 @@ def compile_plan(
         where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
     kind = devices[0].device_kind
     t = time.perf_counter()
-    compiled, mesh, program = _compile(cfg, devices)
+    compiled, mesh, abstract = _compile(cfg, devices, members)
+    described = _describe(cfg, where, kind, mesh, members)
     if isinstance(compiled, str):
-        return {**_describe(cfg, where, kind, mesh), "fits": False, "compiler": compiled[:300]}
+        return {**described, "fits": False, "compiler": compiled[:300]}
     seconds = time.perf_counter() - t
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
 
     gib = 2**30
-    out = {**_describe(cfg, where, kind, mesh), "compile_s": round(seconds, 1)}
+    out = {**described, "compile_s": round(seconds, 1)}
     sizes = {
         name: getattr(memory, f"{name}_size_in_bytes", 0) or 0
         for name in ("argument", "output", "temp", "generated_code", "alias")
@@ -252,7 +275,7 @@ def compile_plan(
     total = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
     total += sizes["generated_code"]
     out["total_gib_per_chip"] = round(total / gib, 3)
-    state = state_bytes_per_device(program)
+    state = state_bytes_per_device(abstract)
     out["state_gib_per_chip"] = round(state / gib, 3)  # parameters + optimizer state
     entry = chips.chip(kind)
     if entry is not None:
@@ -260,7 +283,7 @@ def compile_plan(
         out["fits"] = total <= entry.hbm_gib * gib
     out["scanned"] = scanned(cfg.model)
     if costs:
-        out.update(_cost_report(cfg, compiled, mesh, devices, entry))
+        out.update(_cost_report(cfg, compiled, mesh, devices, entry, members))
         # The compiler's own estimate; negative or absent where it has none.
         out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
     out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
@@ -268,13 +291,21 @@ def compile_plan(
 
 
 def _cost_report(
-    cfg: ExperimentConfig, compiled: Any, mesh: Any, devices: list, entry: chips.Chip | None
+    cfg: ExperimentConfig,
+    compiled: Any,
+    mesh: Any,
+    devices: list,
+    entry: chips.Chip | None,
+    members: int = 1,
 ) -> dict[str, Any]:
     """XLA's FLOPs against the counted ones and, for a chip with ICI figures, the roofline."""
-    counted = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
+    counted = members * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     # XLA counts one device's share of the step, and a scanned loop body once: the costs of
     # a scanned program come from its unrolled probes.
-    costs = unrolled_costs(cfg, devices) if scanned(cfg.model) else _costs(compiled, mesh)
+    if scanned(cfg.model):
+        costs = unrolled_costs(cfg, devices, members)
+    else:
+        costs = _costs(compiled, mesh)
     out: dict[str, Any] = {"xla_flops_per_step": costs["flops"] * mesh.size}
     out["counted_flops_per_step"] = counted
     out["xla_over_counted"] = round(out["xla_flops_per_step"] / counted, 3)

@@ -31,6 +31,7 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ConfigError
 from scalestudy.train import (
     distributed,
+    group_program,
     hooks,
     logfile,
     loop,
@@ -39,6 +40,7 @@ from scalestudy.train import (
     recovery,
     resume,
     rundir,
+    sharding,
 )
 from scalestudy.train import saved as saved_runs
 
@@ -56,12 +58,12 @@ class Member(loop.Run):
         self.measured: dict[str, Any] = {}  # what the hooks measured at the latest hook step
 
     @property
-    def program(self) -> members.GroupProgram:
+    def program(self) -> group_program.GroupProgram:
         return self.group.program
 
     @property
     def state(self) -> Any:
-        return members.GroupProgram.member(self.group.state, self.member_index)
+        return group_program.GroupProgram.member(self.group.state, self.member_index)
 
     @state.setter
     def state(self, value: Any) -> None:  # Run.start_from: the restored or fresh state
@@ -103,6 +105,11 @@ def train_group(
     parts: dict[int, list[int]] = {}
     for i, step in enumerate(steps):
         parts.setdefault(step, []).append(i)
+    mesh_cfg = cfgs[0].mesh  # every part split as the mesh says, checked before any trains
+    sizes = sharding.mesh_shape(mesh_cfg, jax.device_count())
+    for index in parts.values():
+        if len(index) > 1:
+            sharding.check_members_fit(mesh_cfg, sizes, len(index))
     if len(parts) > 1:  # each part from its own step; a part of one is an ordinary run
         results: list[Result] = [None] * len(cfgs)  # type: ignore[list-item]
         for index in parts.values():
@@ -134,7 +141,7 @@ class Group:
         self.members = [
             Member(self, i, c, w, f) for i, (c, w, f) in enumerate(zip(cfgs, workdirs, eval_fns))
         ]
-        self.program = members.build_group_program(cfgs, self.members[0].val_host[0])
+        self.program = group_program.build_group_program(cfgs, self.members[0].val_host[0])
         eval_batches = len(self.members[0].val_host)
         self.val_batches = [
             self.program.shard([m.val_host[j] for m in self.members]) for j in range(eval_batches)
@@ -170,7 +177,9 @@ class Group:
             init = self.program.init(seeds)  # only the fresh members' slices are used
             self.state = self.program.stack(
                 [
-                    m.restored if m.restored is not None else members.GroupProgram.member(init, i)
+                    m.restored
+                    if m.restored is not None
+                    else group_program.GroupProgram.member(init, i)
                     for i, m in enumerate(self.members)
                 ]
             )

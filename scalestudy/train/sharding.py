@@ -5,7 +5,9 @@ with parameters and optimizer state sharded over their "embed" dimension, gather
 by XLA), "expert" (expert parallelism: the routed experts of mixture-of-experts layers split
 over it, tokens exchanged between its devices by the dispatch), "tensor" (Megatron-style model
 parallelism over heads, feed-forward and vocabulary). The batch dimension is split over data,
-fsdp and expert together.
+fsdp and expert together. A group of members (train/group_program.py) may split its member
+axis over "data" (`mesh.members: data`); inside a member's step the rules then leave that
+axis to the members.
 
 Models name their parameter and activation dimensions logically (`Model.param_axes()`,
 `layers.constrain`); this module is the only place those names meet mesh axes.
@@ -53,17 +55,45 @@ AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
-def rules(axis_names: tuple[str, ...] = DENSE_AXES) -> tuple:
+# `mesh.members` -> the mesh axis a group's leading member axis is split over (None: whole).
+MEMBER_AXES: dict[str, str | None] = {"none": None, "data": "data"}
+
+
+def rules(axis_names: tuple[str, ...] = DENSE_AXES, members: str | None = None) -> tuple:
     """AXIS_RULES for a mesh of `axis_names`: mesh axes it lacks are dropped (a mesh without
-    an expert axis keeps experts whole)."""
+    an expert axis keeps experts whole). `members`, the mesh axis a group's member axis is
+    split over, is dropped too: inside a member's step it is the member's, not the batch's."""
     out = []
     for name, target in AXIS_RULES:
         if isinstance(target, tuple):
-            target = tuple(a for a in target if a in axis_names) or None
-        elif target not in axis_names:
+            target = tuple(a for a in target if a in axis_names and a != members) or None
+        elif target not in axis_names or target == members:
             target = None
         out.append((name, target))
     return tuple(out)
+
+
+def member_axis(cfg: MeshConfig) -> str | None:
+    """The mesh axis `cfg.members` splits a group's member axis over (None: not split)."""
+    return MEMBER_AXES[cfg.members]
+
+
+def check_members_fit(cfg: MeshConfig, sizes: Mapping[str, int], k: int) -> None:
+    """Raise MeshError when a group of `k` members cannot be split over the member axis."""
+    axis = member_axis(cfg)
+    if axis is None:
+        return
+    if k % sizes[axis]:
+        raise MeshError(
+            f"mesh.members={cfg.members} splits the {k} members over mesh.{axis}={sizes[axis]} "
+            f"device groups, which does not divide {k}; give a multiple of {sizes[axis]} "
+            f"members, a mesh.{axis} dividing {k}, or mesh.members=none"
+        )
+    if jax.process_count() > 1:
+        raise MeshError(
+            f"mesh.members={cfg.members} needs one process (each process reads every member's "
+            f"rows); this job has {jax.process_count()}: use mesh.members=none"
+        )
 
 
 class MeshError(ConfigError):
@@ -244,11 +274,14 @@ def make_mesh(
     return Mesh(device_grid(devices, shape, topology), axes)
 
 
-def logical_to_mesh_spec(axes: tuple[str | None, ...], mesh: Mesh | None = None) -> PartitionSpec:
+def logical_to_mesh_spec(
+    axes: tuple[str | None, ...], mesh: Mesh | None = None, members: str | None = None
+) -> PartitionSpec:
     """The PartitionSpec of an array whose dimensions have these logical names, on `mesh`
-    (default: a mesh without an expert axis)."""
+    (default: a mesh without an expert axis), inside a member's step when `members` names
+    the mesh axis of a group's member axis."""
     names = DENSE_AXES if mesh is None else tuple(mesh.axis_names)
-    return linen_spmd.logical_to_mesh_axes(tuple(axes), rules(names))
+    return linen_spmd.logical_to_mesh_axes(tuple(axes), rules(names, members))
 
 
 def is_axes(x: Any) -> bool:
@@ -293,9 +326,10 @@ def optimizer_state_shardings(
     return jax.tree_util.tree_map_with_path(one, abstract_opt_state)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Sharding of [B, ...] batch arrays: rows over (data, fsdp), the rest replicated."""
-    return NamedSharding(mesh, logical_to_mesh_spec(("batch",), mesh))
+def batch_sharding(mesh: Mesh, members: str | None = None) -> NamedSharding:
+    """Sharding of [B, ...] batch arrays: rows over (data, fsdp), the rest replicated (a
+    member's rows leave `members`, its group's member axis, to the members)."""
+    return NamedSharding(mesh, logical_to_mesh_spec(("batch",), mesh, members))
 
 
 def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -319,10 +353,10 @@ def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Ar
 
 
 @contextlib.contextmanager
-def axis_rules(mesh: Mesh) -> Iterator[Mesh]:
+def axis_rules(mesh: Mesh, members: str | None = None) -> Iterator[Mesh]:
     """Activate the mesh and the logical rules, so models' activation constraints apply while
-    tracing inside this block."""
-    with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(rules(tuple(mesh.axis_names))):
+    tracing inside this block (a group's members split over the mesh axis `members`)."""
+    with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(rules(tuple(mesh.axis_names), members)):
         yield mesh
 
 

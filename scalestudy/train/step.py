@@ -71,14 +71,14 @@ def state_shardings(
     return {"step": replicated, "params": param_sh, "opt_state": opt_sh, "rng": replicated}
 
 
-def _split_microbatches(batch: Batch, k: int, mesh: jax.sharding.Mesh) -> Batch:
+def _split_microbatches(batch: Batch, k: int, rows: NamedSharding) -> Batch:
     """[B, ...] -> [k, B/k, ...] with microbatch j = rows j, j+k, ...: each device's rows
-    feed every microbatch, so no data moves between devices."""
+    feed every microbatch, so no data moves between devices (`rows`: the batch's rows)."""
 
     def split(x: jax.Array) -> jax.Array:
         x = x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
-        spec = sharding.logical_to_mesh_spec((None, "batch") + (None,) * (x.ndim - 2), mesh)
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        spec = PartitionSpec(None, *rows.spec, *(None,) * (x.ndim - 2))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(rows.mesh, spec))
 
     return {name: split(x) for name, x in batch.items()}
 
@@ -89,8 +89,9 @@ def make_train_step(
     tx: optax.GradientTransformation,
     schedule: optim.Schedule,
     mesh: jax.sharding.Mesh,
+    members: str | None = None,
 ) -> Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]:
-    """The pure train step `(state, batch) -> (state, metrics)` for `cfg`."""
+    """The pure train step `(state, batch) -> (state, metrics)` of `cfg` (a member's: `members`)."""
     k, z_loss = cfg.train.microbatches, cfg.train.z_loss
     summed = (*_SUMMED, "moe_aux_loss") if cfg.model.moe.enabled else _SUMMED
 
@@ -121,7 +122,7 @@ def make_train_step(
                 return jax.tree.map(jnp.add, carry, (g, s)), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            micro = _split_microbatches(batch, k, mesh)
+            micro = _split_microbatches(batch, k, sharding.batch_sharding(mesh, members))
             first = jax.tree.map(lambda x: x[0], micro)
             shapes = jax.eval_shape(grad_fn, params, first, rng)[1]
             sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
@@ -176,13 +177,13 @@ class CompiledOnFirstCall:
     `steps_per_call` > 1 the single step runs only where a log, hook or stop step breaks a
     call, which many runs never meet; compiling it up front cost them a program each."""
 
-    def __init__(self, jitted: Any, mesh: jax.sharding.Mesh, *abstract_args: Any) -> None:
+    def __init__(self, jitted: Any, mesh: Any, *abstract_args: Any, members: Any = None) -> None:
         self.jitted, self.mesh, self.abstract_args = jitted, mesh, abstract_args
-        self.compiled = None
+        self.members, self.compiled = members, None  # members: as sharding.axis_rules takes
 
     def __call__(self, *args: Any) -> Any:
         if self.compiled is None:
-            with sharding.axis_rules(self.mesh):
+            with sharding.axis_rules(self.mesh, self.members):
                 self.compiled = self.jitted.lower(*self.abstract_args).compile()
         return self.compiled(*args)
 

@@ -220,7 +220,7 @@ def test_cost_probes_vary_each_stack_of_the_model_in_turn(
     # encoder layer, 1 fixed): the extrapolation must recover the full depth's costs.
     probes = []
 
-    def fake_compile(cfg, devices):
+    def fake_compile(cfg, devices, members=1):
         m = cfg.model
         probes.append((m.n_layers, m.n_encoder_layers, m.scan_layers))
         return object(), None, None
@@ -296,7 +296,7 @@ def test_memory_only_plan_reports_the_same_memory_without_the_cost_probes(monkey
     overrides = ["model.scan_layers=true", "model.n_layers=3", "mesh.fsdp=2"]
     probed = []
 
-    def stand_in_probes(cfg, devices):
+    def stand_in_probes(cfg, devices, members=1):
         probed.append(cfg.model.n_layers)
         return {"flops": 1.0}
 
@@ -330,3 +330,26 @@ def test_a_lighter_remat_policy_compiles_to_temporaries_between_none_and_full(ti
         compiled = grad.lower(model.abstract_params(), batch).compile()
         temp[policy] = compiled.memory_analysis().temp_size_in_bytes
     assert temp["none"] > temp["save_attention"] > temp["full"], temp
+
+
+@needs_libtpu
+def test_a_group_plan_holds_k_members_state_whole_or_one_per_data_slice(tiny_cfg):
+    # v5e-8: 8 chips, mesh data=8. Whole members: every chip holds all 4 members' parameters
+    # and Adam moments (4x a run's, to the byte: the step, RNG and count gain a member axis
+    # too). Split over data, 8 members: each chip holds one member, a run's bytes.
+    cfg = tiny_cfg("causal_decoder", None, "model.dropout=0.0", "model.n_layers=1")
+    plans = {
+        name: aot.compile_plan(cfg.replace(mesh=cfg.mesh.replace(members=split)), "v5e-8", False, k)
+        for name, split, k in (("run", "none", 1), ("whole", "none", 4), ("split", "data", 8))
+    }
+    run, whole, split = plans["run"], plans["whole"], plans["split"]
+    assert "members" not in run and whole["members"] == 4 and split["members"] == 8
+    assert whole["members_split"] == "none" and split["members_split"] == "data"
+    state = run["bytes_per_chip"]["state"]
+    assert whole["bytes_per_chip"]["state"] == 4 * state
+    assert split["bytes_per_chip"]["state"] == state
+    # The compiler's own argument buffers (state and a chip's rows) follow: whole members'
+    # rows are 4 members x 2 rows per chip, a split member's all 16 of its rows.
+    assert whole["bytes_per_chip"]["argument"] > 3.5 * run["bytes_per_chip"]["argument"]
+    assert split["bytes_per_chip"]["argument"] < 1.5 * run["bytes_per_chip"]["argument"]
+    assert all(p["fits"] and p["device_kind"] == "TPU v5 lite" for p in plans.values())

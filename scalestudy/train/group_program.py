@@ -1,0 +1,286 @@
+"""A group's compiled program: the single run's train step under `jax.vmap`, over a leading
+member axis of the train state, the batches and the members' differing optimizer numbers
+(which the step receives as traced scalars). Which runs may be members is train/members.py;
+the loop over the members' run directories is train/group.py.
+
+The member axis is whole on every device group by default (each member's rows split over the
+batch axes as a run's are). With `mesh.members: data` it is split over the data axis instead:
+each data slice of the mesh holds whole members (their state and their rows, the rows split
+over the remaining batch axes), and the step's activation constraints give that mesh axis to
+the member axis (`jax.vmap(..., spmd_axis_name=...)`, `sharding.rules(..., members=...)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from scalestudy.config import ExperimentConfig
+from scalestudy.models.api import Model, build_model
+from scalestudy.train import optim, sharding, step
+from scalestudy.train.members import check, hyperparameters
+
+
+def _with_member_axis(sh: NamedSharding, axis: str | None) -> NamedSharding:
+    return NamedSharding(sh.mesh, PartitionSpec(axis, *sh.spec))
+
+
+@dataclasses.dataclass
+class GroupProgram:
+    """Compiled functions of a group of `size` members: every array carries a leading
+    member axis (state, batches, metrics); `hyper` holds the members' differing optimizer
+    numbers, passed to every step."""
+
+    model: Model
+    mesh: jax.sharding.Mesh
+    member_axis: str | None  # the mesh axis the member axis is split over (None: whole)
+    size: int
+    hyper: dict[str, jax.Array]
+    member_abstract_state: step.State  # one member's, with its shardings (for restoring)
+    state_sharding: step.State  # the group's
+    init_fn: Any  # (seeds int32[K]) -> State
+    train_step: Any  # (State, Batch [K, B, ...], hyper) -> (State, metrics [K])
+    multi_step: Any  # (State, Batch [K, k, B, ...], hyper) -> (State, metrics [K, k]) or None
+    eval_step: Any  # (params, Batch [K, B, ...]) -> sums [K]
+    compile_s: float
+    steps_per_call: int = 1
+
+    def init(self, seeds: Sequence[int]) -> step.State:
+        return self.init_fn(np.asarray(seeds, np.int32))
+
+    def shard(self, batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, jax.Array]:
+        """One host batch per member -> [K, B, ...] arrays (rows split as a run's are)."""
+        return _stack(self.mesh, self.member_axis, [[b] for b in batches], steps=False)
+
+    def shard_steps(self, batches: Sequence[Sequence[Mapping[str, np.ndarray]]]) -> dict:
+        """`steps_per_call` host batches per member -> [K, k, B, ...] arrays."""
+        return _stack(self.mesh, self.member_axis, batches, steps=True)
+
+    def stack(self, states: Sequence[step.State]) -> step.State:
+        """Member states (each a run's state) -> the group's state."""
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+        return jax.device_put(stacked, self.state_sharding)
+
+    @staticmethod
+    def member(state: step.State, index: int) -> step.State:
+        """Member `index`'s slice of the group's state: a run's state."""
+        return jax.tree.map(lambda x: x[index], state)
+
+
+def _batch_sharding(mesh: jax.sharding.Mesh, axis: str | None, steps: bool) -> NamedSharding:
+    """[K, (k,) B, ...] batches: members over `axis`, each member's rows as a run's (less
+    `axis`)."""
+    row_spec = sharding.batch_sharding(mesh, axis).spec
+    return NamedSharding(mesh, PartitionSpec(axis, *([None] if steps else []), *row_spec))
+
+
+def _stack(
+    mesh: jax.sharding.Mesh,
+    axis: str | None,
+    batches: Sequence[Sequence[Mapping]],
+    *,
+    steps: bool,
+) -> dict:
+    """Per member, per step host batches -> global arrays [K, (k,) B, ...]."""
+    lead = 2 if steps else 1
+    sh = _batch_sharding(mesh, axis, steps)
+    out = {}
+    for name in batches[0][0]:
+        local = np.stack([np.stack([np.asarray(b[name]) for b in member]) for member in batches])
+        if not steps:
+            local = local[:, 0]
+        rows = local.shape[lead] * jax.process_count()
+        global_shape = (*local.shape[:lead], rows, *local.shape[lead + 1 :])
+        out[name] = jax.make_array_from_process_local_data(sh, local, global_shape)
+    return out
+
+
+@dataclasses.dataclass
+class _Jitted:
+    """A group's jitted (not yet compiled) functions and the abstract arguments they are
+    lowered for."""
+
+    init: Any
+    train_step: Any
+    eval_step: Any
+    multi_step: Any  # None unless steps_per_call > 1
+    group_abstract: step.State
+    member_abstract: step.State
+    group_sharding: step.State
+    abstract_batch: dict[str, jax.ShapeDtypeStruct]
+    abstract_steps: dict[str, jax.ShapeDtypeStruct] | None
+    abstract_hyper: dict[str, jax.ShapeDtypeStruct]
+    hyper: dict[str, jax.Array]
+
+
+def _jit_group(
+    cfgs: Sequence[ExperimentConfig],
+    model: Model,
+    example_batch: Mapping[str, Any],
+    mesh: jax.sharding.Mesh,
+    axis: str | None,
+) -> _Jitted:
+    cfg = cfgs[0]
+    axes = model.param_axes()
+    masks = {
+        "decay_mask": step.decay_mask(axes),
+        "stacked": step.stacked_mask(axes),
+        "axes": axes,
+    }
+    total = optim.schedule_steps(cfg.optim, cfg.train.steps)
+    tx, _ = optim.make_optimizer(cfg.optim, total, **masks)
+
+    def member_step(state: step.State, batch: step.Batch, hyper: dict) -> tuple:
+        own = cfg.optim.model_copy(update=hyper)  # traced numbers: no validation here
+        tx, schedule = optim.make_optimizer(own, total, **masks)
+        return step.make_train_step(cfg, model, tx, schedule, mesh, axis)(state, batch)
+
+    def member_steps(state: step.State, batches: step.Batch, hyper: dict) -> tuple:
+        return jax.lax.scan(lambda s, b: member_step(s, b, hyper), state, batches)
+
+    param_sh = sharding.param_shardings(mesh, axes)
+    seed = jax.ShapeDtypeStruct((), jnp.int32)
+    abstract = jax.eval_shape(lambda s: step.init_state(model, tx, s), seed)
+    member_sh = step.state_shardings(mesh, abstract, model, param_sh)
+    member_abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, member_sh
+    )
+    k_members = len(cfgs)
+    group_sh = jax.tree.map(lambda s: _with_member_axis(s, axis), member_sh)
+    group_abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct((k_members, *a.shape), a.dtype, sharding=s),
+        abstract,
+        group_sh,
+    )
+    replicated = NamedSharding(mesh, PartitionSpec())
+    hyper = {k: jax.device_put(v, replicated) for k, v in hyperparameters(cfgs).items()}
+    abstract_hyper = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in hyper.items()
+    }
+    batch_sh = _batch_sharding(mesh, axis, steps=False)
+    shapes = {
+        k: (np.shape(v)[0] * jax.process_count(), *np.shape(v)[1:])
+        for k, v in example_batch.items()
+    }
+    dtypes = {k: np.asarray(v).dtype for k, v in example_batch.items()}
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct((k_members, *shape), dtypes[k], sharding=batch_sh)
+        for k, shape in shapes.items()
+    }
+    # Members split over a mesh axis: the vmapped axis of every value inside the step is
+    # that axis's (its activation constraints gain it in front).
+    vmap = functools.partial(jax.vmap, spmd_axis_name=axis)
+    n = cfg.train.steps_per_call
+    multi_step = abstract_steps = None
+    if n > 1:
+        steps_sh = _batch_sharding(mesh, axis, steps=True)
+        abstract_steps = {
+            k: jax.ShapeDtypeStruct((k_members, n, *shape), dtypes[k], sharding=steps_sh)
+            for k, shape in shapes.items()
+        }
+        multi_step = jax.jit(
+            vmap(member_steps),
+            in_shardings=(group_sh, steps_sh, replicated),
+            out_shardings=(group_sh, replicated),
+            donate_argnums=0,
+        )
+    return _Jitted(
+        init=jax.jit(vmap(lambda s: step.init_state(model, tx, s)), out_shardings=group_sh),
+        train_step=jax.jit(
+            vmap(member_step),
+            in_shardings=(group_sh, batch_sh, replicated),
+            out_shardings=(group_sh, replicated),
+            donate_argnums=0,
+        ),
+        eval_step=jax.jit(
+            vmap(step.make_eval_step(cfg, model)),
+            in_shardings=(group_sh["params"], batch_sh),
+            out_shardings=replicated,
+        ),
+        multi_step=multi_step,
+        group_abstract=group_abstract,
+        member_abstract=member_abstract,
+        group_sharding=group_sh,
+        abstract_batch=abstract_batch,
+        abstract_steps=abstract_steps,
+        abstract_hyper=abstract_hyper,
+        hyper=hyper,
+    )
+
+
+def _mesh_of(cfgs: Sequence[ExperimentConfig], mesh: jax.sharding.Mesh | None) -> tuple:
+    """(mesh, member axis) of a group, checked against its size."""
+    check(cfgs)
+    cfg = cfgs[0]
+    if mesh is None:
+        mesh = sharding.make_mesh(cfg.mesh, model=cfg.model, batch=cfg.train)
+    sharding.check_members_fit(cfg.mesh, dict(mesh.shape), len(cfgs))
+    return mesh, sharding.member_axis(cfg.mesh)
+
+
+def lower_group_step(
+    cfgs: Sequence[ExperimentConfig],
+    example_batch: Mapping[str, Any],
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[Any, step.State]:
+    """(the group's train step lowered for `example_batch`'s shapes, the group's abstract
+    state with its shardings), compiling nothing: for ahead-of-time plans (train/aot.py)."""
+    mesh, axis = _mesh_of(cfgs, mesh)
+    jitted = _jit_group(cfgs, build_model(cfgs[0].model), example_batch, mesh, axis)
+    with sharding.axis_rules(mesh, axis):
+        lowered = jitted.train_step.lower(
+            jitted.group_abstract, jitted.abstract_batch, jitted.abstract_hyper
+        )
+    return lowered, jitted.group_abstract
+
+
+def build_group_program(
+    cfgs: Sequence[ExperimentConfig],
+    example_batch: Mapping[str, Any],
+    mesh: jax.sharding.Mesh | None = None,
+) -> GroupProgram:
+    """Compile the group program of `cfgs` (checked with `check`) for batches shaped like
+    `example_batch` (one member's host rows)."""
+    mesh, axis = _mesh_of(cfgs, mesh)
+    step.enable_compilation_cache()
+    step.tune_host_allocator()
+    model = build_model(cfgs[0].model)
+    j = _jit_group(cfgs, model, example_batch, mesh, axis)
+    k_members = len(cfgs)
+    multi_step = None
+    t0 = time.perf_counter()
+    with sharding.axis_rules(mesh, axis):
+        init = j.init.lower(jax.ShapeDtypeStruct((k_members,), jnp.int32)).compile()
+        args = (j.group_abstract, j.abstract_batch, j.abstract_hyper)
+        if j.multi_step is None:
+            train_step = j.train_step.lower(*args).compile()
+        else:  # as for a run: the single step only where a log or hook step breaks a call
+            train_step = step.CompiledOnFirstCall(j.train_step, mesh, *args, members=axis)
+        eval_step = j.eval_step.lower(j.group_abstract["params"], j.abstract_batch).compile()
+        if j.multi_step is not None:
+            multi_step = j.multi_step.lower(
+                j.group_abstract, j.abstract_steps, j.abstract_hyper
+            ).compile()
+    return GroupProgram(
+        model=model,
+        mesh=mesh,
+        member_axis=axis,
+        size=k_members,
+        hyper=j.hyper,
+        member_abstract_state=j.member_abstract,
+        state_sharding=j.group_sharding,
+        init_fn=init,
+        train_step=train_step,
+        multi_step=multi_step,
+        eval_step=eval_step,
+        compile_s=time.perf_counter() - t0,
+        steps_per_call=cfgs[0].train.steps_per_call,
+    )
