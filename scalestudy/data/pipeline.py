@@ -171,6 +171,14 @@ def scoring_batch(
     refusal = scores_zero_shot(cfg.objective)
     if refusal:
         raise DataError(refusal)
+    return _pair_rows(cfg, inputs, targets)
+
+
+def _pair_rows(
+    cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]]
+) -> tuple[dict[str, np.ndarray], int]:
+    """`scoring_batch`'s rows, for any objective: inputs where the architecture reads its
+    inputs, targets where it predicts; (batch, rows truncated)."""
     encdec = cfg.model.is_encoder_decoder
     obj = cfg.objective
     S = obj.inputs_length if encdec else 0
@@ -217,9 +225,7 @@ def reading_batch(cfg: ExperimentConfig, rows: list[np.ndarray]) -> dict[str, np
     where it reads none (the decoder's first position, padding): laying out another array of
     ids > 0 of the same lengths (labels) puts each label where its token is read."""
     obj, encdec = cfg.objective, cfg.model.is_encoder_decoder
-    S = obj.inputs_length if encdec else 0
-    L = obj.targets_length if encdec else obj.decoder_length
-    f = empty_features(len(rows), L, S)
+    inputs, targets = [], []
     for r, row in enumerate(rows):
         text = np.asarray(row, np.int32)
         n = text.size
@@ -228,11 +234,7 @@ def reading_batch(cfg: ExperimentConfig, rows: list[np.ndarray]) -> dict[str, np
                 f"reading_batch: row {r} holds {n} ids (min {text.min(initial=0)}); give 2 to "
                 f"{reading_length(cfg)} ids, each > 0"
             )
-        a = min(S, max(n - L, n // 2)) if encdec else n // 2
-        if encdec:
-            write_encoder(f, r, 0, text[:a], 1)
-            write_decoder(f, r, 0, text[:0], text[a:], 1, prefix=False)
-        else:
-            prefix = cfg.model.arch == "noncausal_decoder"
-            write_decoder(f, r, 0, text[:a], text[a:], 1, prefix=prefix)
-    return f
+        a = min(obj.inputs_length, max(n - obj.targets_length, n // 2)) if encdec else n // 2
+        inputs.append(text[:a])
+        targets.append(text[a:])
+    return _pair_rows(cfg, inputs, targets)[0]  # every part fits: nothing is cut
