@@ -143,7 +143,7 @@ class Model:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Mean cross-entropy over loss-bearing tokens plus z-loss (and the MoE layers'
         auxiliary losses), and token counts (with MoE layers, "moe_aux_loss" and "moe": each
-        stack's measurements, `moe_metrics` reads them)."""
+        stack's measurements, `moe.layer_metrics` reads them)."""
         moe = {}
         if self.cfg.moe.enabled:
             capture = nnx.capture(_forward, nnx.Intermediate)
@@ -186,62 +186,6 @@ class Model:
             depths["encoder"] = self.cfg.encoder_layers
         layers = {name: self.cfg.moe.layers(name, n) for name, n in depths.items()}
         return {name: index for name, index in layers.items() if index}
-
-    def balance(self, params: Params, load: Mapping[str, jax.Array]) -> Params:
-        """`params` with each MoE layer's balancing bias (DeepSeek-V3's auxiliary-loss-free
-        balancing) moved by `model.moe.bias_rate * sign(mean load - load)`, from `load`: per
-        stack, the assignments each expert received [MoE layers, E] (the "load_E" of the
-        `loss` measurements). Without a deepseek router, `params` unchanged."""
-        m = self.cfg.moe
-        if not m.enabled or m.router != "deepseek" or m.bias_rate == 0:
-            return params
-        params = jax.tree.map(lambda x: x, params)  # a copy of the dict structure
-
-        def moved(bias: jax.Array, load_E: jax.Array) -> jax.Array:
-            step = m.bias_rate * jnp.sign(load_E.mean(axis=-1, keepdims=True) - load_E)
-            return bias + step.astype(bias.dtype)
-
-        for name, index in self.moe_layers().items():
-            stack = params[name]
-            if "layers" in stack:  # scanned: every layer an MoE layer, biases stacked [N, E]
-                mlp = stack["layers"]["mlp"]
-                mlp["router_bias"] = moved(mlp["router_bias"], load[name])
-                continue
-            for j, i in enumerate(index):
-                mlp = stack[f"layer_{i}"]["mlp"]
-                mlp["router_bias"] = moved(mlp["router_bias"], load[name][j])
-        return params
-
-    def router_biases(self, params: Params) -> dict[str, jax.Array]:
-        """Each MoE layer's balancing bias [E] by layer name ("<stack>_<layer>", as in
-        `moe_metrics`); empty without a deepseek router."""
-        if not self.cfg.moe.enabled or self.cfg.moe.router != "deepseek":
-            return {}
-        out = {}
-        for name, index in self.moe_layers().items():
-            stack = params[name]
-            for j, i in enumerate(index):
-                if "layers" in stack:  # scanned: biases stacked [N, E]
-                    out[f"{name}_{i}"] = stack["layers"]["mlp"]["router_bias"][j]
-                else:
-                    out[f"{name}_{i}"] = stack[f"layer_{i}"]["mlp"]["router_bias"]
-        return out
-
-    def moe_metrics(self, moe: Mapping[str, Mapping[str, jax.Array]]) -> dict[str, jax.Array]:
-        """Scalar metrics of the `loss` measurements `moe`: per MoE layer, the busiest
-        expert's load over the mean load ("load_max"), the share of assignments dropped
-        ("dropped") and the router's mean entropy in nats ("entropy")."""
-        out = {}
-        for name, index in self.moe_layers().items():
-            stats = moe[name]
-            load_NE = stats["load_E"]
-            ratio_N = load_NE.max(axis=-1) / jnp.maximum(load_NE.mean(axis=-1), 1e-9)
-            dropped_N = stats["dropped"] / jnp.maximum(stats["assignments"], 1.0)
-            for j, i in enumerate(index):
-                out[f"moe/{name}_{i}/load_max"] = ratio_N[j]
-                out[f"moe/{name}_{i}/dropped"] = dropped_N[j]
-                out[f"moe/{name}_{i}/entropy"] = stats["entropy"][j]
-        return out
 
     def score(self, params: Params, batch: Batch) -> dict[str, jax.Array]:
         """Per-example sum of target log-probabilities where loss weights > 0 (rank

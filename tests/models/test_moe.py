@@ -160,7 +160,7 @@ def test_capacity_drops_are_counted_and_contribute_nothing():
 
 def test_balancing_bias_moves_a_skewed_load_toward_balance():
     """Tokens that all lean towards expert 0: the update bias += gamma * sign(mean - load)
-    (Model.balance's rule) brings the busiest expert's load down to near the mean."""
+    (moe.balance's rule) brings the busiest expert's load down to near the mean."""
     layer = _layer(shared_experts=0)
     direction = jax.random.normal(jax.random.key(3), (32,))
     x = direction + 0.5 * _x(rows=4, length=16)
@@ -182,7 +182,7 @@ def test_model_balance_moves_each_layers_bias_by_its_own_load():
         model = build_model(moe_cfg(scan_layers=scan, bias_rate=0.5, every=1))
         params = jax.jit(model.init)(jax.random.key(0))
         load = {"decoder": jnp.array([[5.0, 1.0, 1.0, 1.0], [2.0, 2.0, 3.0, 1.0]])}
-        moved = model.balance(params, load)
+        moved = moe.balance(model, params, load)
         stack = moved["decoder"]
         bias = (
             stack["layers"]["mlp"]["router_bias"]
@@ -272,7 +272,7 @@ def test_a_short_training_lowers_the_loss(arch):
             )
             updates, opt = tx.update(grads, opt, params)
             load = {name: stats["load_E"] for name, stats in aux["moe"].items()}
-            params = model.balance(optax.apply_updates(params, updates), load)
+            params = moe.balance(model, optax.apply_updates(params, updates), load)
             return (params, opt), (loss, aux["moe_aux_loss"])
 
         return jax.lax.scan(one, (params, opt), None, length=20)[1]
