@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from scalestudy.scaling.allocation import allocation_result, isoflop_groups, power_laws
-from scalestudy.scaling.flags import seed_flag
+from scalestudy.scaling.flags import repeat_groups, seed_flag
 from scalestudy.scaling.table import RunTable, ScalingDataError, finished_curves
 
 
@@ -139,8 +139,9 @@ def _approach1_finals(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
 
 def frontier_points(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(C, loss, run index) of the compute-efficient frontier: the envelope of curves whose
-    points end finished schedules (cooldown branches), else the runs no cheaper run beats
-    (final losses; a curve logged mid-schedule is never used).
+    points end finished schedules (cooldown branches), else the final losses of the points no
+    cheaper point beats (`final_frontier`: seeds of one point judged together; a curve logged
+    mid-schedule is never used).
 
     The envelope is taken only at compute where at least two curves compete, plus the end of
     the longest run: beyond the second-longest run's end a single curve is left, mid-way
@@ -158,11 +159,25 @@ def frontier_points(table: RunTable) -> tuple[np.ndarray, np.ndarray, np.ndarray
         end = table.curves[table.run_id[last]]
         c = np.append(budgets[ok], end["C"][-1])
         return c, np.append(lb[ok], end["loss"][-1]), np.append(best[ok], last)
-    order = np.argsort(table.C)
-    keep, best = [], np.inf
-    for j in order:
-        if table.loss[j] < best:
-            keep.append(j)
-            best = table.loss[j]
-    idx = np.array(keep)
+    idx = final_frontier(table)
     return table.C[idx], table.loss[idx], idx
+
+
+def final_frontier(table: RunTable) -> np.ndarray:
+    """Indices of the runs on the frontier of final losses, every seed of each point kept.
+
+    Seeds of one planned run (`repeat_groups` on C, N and D) are one point, judged by their
+    mean log loss: a point is on the frontier when no cheaper point's mean is lower, and then
+    all its runs are, so a lucky seed is not picked and an unlucky one not dropped (as the laws
+    in N keep every seed of the best training length). Without repeats this is the runs that
+    no cheaper run beats."""
+    cols = [table.C] + [a for a in (table.N, table.D) if np.isfinite(a).all()]
+    groups = repeat_groups(np.log(np.stack(cols).astype(float)))
+    mean_c = [float(np.mean(table.C[g])) for g in groups]
+    keep, best = [], np.inf
+    for i in np.argsort(mean_c, kind="stable"):
+        m = float(np.mean(np.log(table.loss[groups[i]])))
+        if m < best:
+            keep += groups[i].tolist()
+            best = m
+    return np.array(sorted(keep, key=lambda j: (table.C[j], j)), dtype=int)

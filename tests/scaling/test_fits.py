@@ -349,3 +349,37 @@ def test_law_in_n_keeps_every_seed_of_the_best_budget_not_the_luckiest_run():
     assert kept(0.01) == sorted(["r0", "r6", "r7", *rest])
     # Better than the seeds' mean: that budget is the size's point.
     assert kept(-0.015) == sorted(["r8", *rest])
+
+
+def test_compute_frontier_judges_the_seeds_of_a_point_together():
+    # Three sizes, three seeds each, on a falling law: the middle size's seeds spread so that
+    # one of them ends above the smallest size's luckiest seed. Judged run by run, that seed
+    # would leave the frontier (and a lucky seed of a worse point could enter it); judged by
+    # the point's mean, every seed of every point on the law stays.
+    from scalestudy.scaling.table import RunTable
+
+    N = np.repeat([1e4, 3e4, 1e5], 3)
+    D = np.repeat([2e5, 6e5, 2e6], 3) * np.tile([1.0, 1.0004, 0.9997], 3)  # packing: within 1%
+    C = 6 * N * D
+    base = (1e9 / C) ** 0.05
+    off = np.array([-0.02, 0.0, 0.02, -0.13, 0.0, 0.13, 0.0, 0.01, -0.01])
+    loss = base * np.exp(off)
+    t = RunTable([f"r{i}" for i in range(9)], ["all"] * 9, N, D, C, loss)
+    assert sorted(frontier.final_frontier(t).tolist()) == list(range(9))
+    assert loss[5] > loss[0]  # run by run, r5 would have been dropped
+    # A size whose mean is above a cheaper size's mean leaves the frontier with all its seeds,
+    # even when one seed of it is the lowest run below the cheaper point's mean.
+    worse = loss.copy()
+    worse[3:6] = base[0] * np.exp([0.05, 0.06, -0.03])
+    t2 = RunTable(t.run_id, t.cell, N, D, C, worse)
+    assert sorted(frontier.final_frontier(t2).tolist()) == [0, 1, 2, 6, 7, 8]
+    # Without repeats it is the runs that no cheaper run beats.
+    t3 = RunTable(
+        [f"r{i}" for i in range(4)],
+        ["all"] * 4,
+        N[::3][[0, 1, 2, 2]],
+        D[::3][[0, 1, 2, 2]] * [1, 1, 1, 3],
+        C[::3][[0, 1, 2, 2]] * [1, 1, 1, 3],
+        np.array([2.0, 2.1, 1.9, 1.8]),
+    )
+    assert frontier.final_frontier(t3).tolist() == [0, 2, 3]
