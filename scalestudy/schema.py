@@ -1,10 +1,13 @@
-"""The base of every config model: frozen, typed, strict, and no unknown keys."""
+"""The base of every config model (frozen, typed, strict, and no unknown keys) and the counts
+configs write with suffixes ('300K', '1.5e18')."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from scalestudy.errors import ConfigError
 
 Tuple = Annotated[tuple, Field(strict=False)]  # YAML gives lists; accept them for tuples.
 
@@ -19,3 +22,26 @@ class Frozen(BaseModel):
     def replace(self, **changes: Any) -> Frozen:
         """A validated copy with `changes` applied (nested models may be given as dicts)."""
         return type(self).model_validate({**self.model_dump(), **changes})
+
+
+_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_count(value: Any) -> Any:
+    """Read a count written as a number, '1e6', '1.5e18' or with a suffix ('300K', '168B')."""
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        scale = _COUNT_SUFFIXES.get(text[-1:].upper(), 1.0) if text else 1.0
+        if scale != 1.0:
+            text = text[:-1]
+        try:
+            return float(text) * scale
+        except ValueError:
+            raise ConfigError(
+                f"cannot read {value!r} as a count; write a number such as 2e6, 1.5e18, "
+                "300K, 20M or 168B"
+            ) from None
+    return value
+
+
+Count = Annotated[float, BeforeValidator(parse_count), Field(strict=False, gt=0)]

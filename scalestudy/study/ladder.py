@@ -26,7 +26,8 @@ from typing import Any
 from scalestudy.config import ExperimentConfig, ModelConfig
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.study.spec import BudgetConfig, LadderConfig, parse_count
+from scalestudy.schema import parse_count
+from scalestudy.study.spec import BudgetConfig, LadderConfig
 from scalestudy.yamlio import read_yaml
 
 # Named rungs: targets of non-embedding parameters per decoder stack, 1e5 .. 1e11.

@@ -19,31 +19,10 @@ from scalestudy.config import (
     check_cell,
 )
 from scalestudy.errors import ConfigError
-from scalestudy.schema import Frozen, Tuple
+from scalestudy.schema import Count, Frozen, Tuple, parse_count
 from scalestudy.study import groups
 from scalestudy.study.stages import StagesSpec
 
-_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-
-
-def parse_count(value: Any) -> Any:
-    """Read a count written as a number, '1e6', '1.5e18' or with a suffix ('300K', '168B')."""
-    if isinstance(value, str):
-        text = value.strip().replace("_", "")
-        scale = _COUNT_SUFFIXES.get(text[-1:].upper(), 1.0) if text else 1.0
-        if scale != 1.0:
-            text = text[:-1]
-        try:
-            return float(text) * scale
-        except ValueError:
-            raise ConfigError(
-                f"cannot read {value!r} as a count; write a number such as 2e6, 1.5e18, "
-                "300K, 20M or 168B"
-            ) from None
-    return value
-
-
-Count = Annotated[float, BeforeValidator(parse_count), Field(strict=False, gt=0)]
 MatchingMode = Literal[
     "equal_total_params",
     "equal_stack_shape",
@@ -101,6 +80,10 @@ class BudgetConfig(Frozen):
 
     kind: Literal["steps", "tokens", "tokens_per_param", "isoflop"] = "steps"
     steps: int | None = Field(None, ge=1)
+    # kind steps: some sizes' own step counts ({size: steps}; the others train `steps`), so a
+    # ladder can hold tokens per parameter within a stated factor while it spans a wide range
+    # of sizes (study/sweep.py checks the names against the ladder).
+    steps_per_size: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     tokens: Count | None = None
     # Chinchilla's ratio is 20 tokens per parameter counting *every* parameter; `param_kind`
     # says which count this ratio multiplies (the report states the tokens per both counts).
@@ -114,6 +97,11 @@ class BudgetConfig(Frozen):
         need = {"steps": self.steps, "tokens": self.tokens}.get(self.kind, True)
         if need is None:
             raise ConfigError(f"budget.kind={self.kind!r} needs budget.{self.kind} to be set")
+        if self.steps_per_size and self.kind != "steps":
+            raise ConfigError(
+                f"budget.steps_per_size is for budget.kind='steps' (got kind {self.kind!r}); "
+                "give every size's steps there, or drop steps_per_size"
+            )
         if self.kind == "isoflop":
             if not self.compute:
                 raise ConfigError("budget.kind='isoflop' needs budget.compute: a list of FLOPs")
@@ -121,6 +109,12 @@ class BudgetConfig(Frozen):
                 if not isinstance(parse_count(c), int | float) or parse_count(c) <= 0:
                     raise ConfigError(f"budget.compute: {c!r} is not a positive FLOP count")
         return self
+
+    def for_size(self, size: str) -> BudgetConfig:
+        """This budget as the size `size` trains it (its own steps where given)."""
+        if size not in self.steps_per_size:
+            return self
+        return self.model_copy(update={"steps": self.steps_per_size[size]})
 
 
 class RepeatSeedsConfig(Frozen):

@@ -184,6 +184,9 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
         )
     sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
     seeds_of = _size_seeds(study, [r.name for r in rungs])
+    _size_names(
+        "budget.steps_per_size", tuple(study.budget.steps_per_size), [r.name for r in rungs]
+    )
     for key in study.cell_base:
         if tuple(key.split("/")) not in grid:
             accepted = ", ".join(f"{a}/{o}" for a, o in grid)
@@ -233,9 +236,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
                 },
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
-            steps = matched.match_steps(
-                cfg, shape, study.budget, compute, reference_params, matching
-            )
+            budget = study.budget.for_size(rung.name)
+            steps = matched.match_steps(cfg, shape, budget, compute, reference_params, matching)
             if steps == 0:
                 continue  # an IsoFLOP point too short for this size
             cfg = cfg.replace(train=cfg.train.replace(steps=steps))

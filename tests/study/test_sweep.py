@@ -127,6 +127,29 @@ def test_repeat_seeds_add_seeds_at_only_the_sizes_named(tiny_spec):
         _expand(tiny_spec, ["repeat_seeds={seeds: [1]}"])
 
 
+def test_steps_per_size_gives_the_named_sizes_their_own_steps(tiny_spec):
+    plain = _expand(tiny_spec)
+    runs = _expand(tiny_spec, ["budget.steps_per_size={s: 6}"])
+    steps = {(r.arch, r.size): r.cfg.train.steps for r in runs}
+    # The named size trains its own steps in every cell, the others the budget's; under
+    # equal_documents the encoder-decoder's steps follow the causal decoder's at its size.
+    assert {k: v for k, v in steps.items() if k[1] == "xs"} == {
+        (r.arch, r.size): r.cfg.train.steps for r in plain if r.size == "xs"
+    }
+    assert steps[("causal_decoder", "s")] == 6
+    assert {r.run_id for r in plain if r.size == "xs"} <= {r.run_id for r in runs}
+    docs = _expand(tiny_spec, ["budget.steps_per_size={s: 6}", "matching=equal_documents"])
+    flm = next(r for r in docs if r.size == "s" and r.arch == "causal_decoder")
+    ed = next(r for r in docs if r.size == "s" and r.arch == "encoder_decoder")
+    assert flm.cfg.train.steps == 6 and ed.cfg.train.steps != 4
+    with pytest.raises(ConfigError, match=r"budget.steps_per_size: \['m'\] are not sizes"):
+        _expand(tiny_spec, ["budget.steps_per_size={m: 6}"])
+    with pytest.raises(ConfigError, match="budget.steps_per_size is for budget.kind='steps'"):
+        _expand(tiny_spec, ["budget={kind: tokens, tokens: 1000, steps_per_size: {s: 6}}"])
+    with pytest.raises(ConfigError, match="steps_per_size"):
+        _expand(tiny_spec, ["budget.steps_per_size={s: 0}"])
+
+
 def test_cell_base_changes_only_the_cell_it_names(tiny_spec):
     over = "cell_base={encoder_decoder/mlm: {optim: {learning_rate: 0.02}, train: {batch_size: 4}}}"
     runs = _expand(tiny_spec, [over, "base.optim.learning_rate=0.004"])
