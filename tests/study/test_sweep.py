@@ -144,7 +144,7 @@ def test_steps_per_size_gives_the_named_sizes_their_own_steps(tiny_spec):
     assert flm.cfg.train.steps == 6 and ed.cfg.train.steps != 4
     with pytest.raises(ConfigError, match=r"budget.steps_per_size: \['m'\] are not sizes"):
         _expand(tiny_spec, ["budget.steps_per_size={m: 6}"])
-    with pytest.raises(ConfigError, match="budget.steps_per_size is for budget.kind='steps'"):
+    with pytest.raises(ConfigError, match=r"budget\.steps_per_size is for budget\.kind='steps'"):
         _expand(tiny_spec, ["budget={kind: tokens, tokens: 1000, steps_per_size: {s: 6}}"])
     with pytest.raises(ConfigError, match="steps_per_size"):
         _expand(tiny_spec, ["budget.steps_per_size={s: 0}"])
