@@ -42,6 +42,7 @@ import numpy as np
 from scipy import stats as sps
 
 from scalestudy.decoder_only import stats
+from scalestudy.scaling import intervals
 
 # exponents profiled for the asymptote; below 0.5 a fit over budgets 8x apart extrapolates a
 # noisy curve far beyond the data
@@ -176,7 +177,7 @@ def _interval(s: dict, digits: int = 3) -> str:
     if s["low"] is None:
         return f"{s['mean']:+.{digits}f} (n = {s['n']}, no interval)"
     p = f", Holm p {s['p_holm']:.2g}" if s.get("p_holm") is not None else ""
-    return f"{s['mean']:+.{digits}f} [{s['low']:+.{digits}f}, {s['high']:+.{digits}f}]{p}"
+    return intervals.span(s["mean"], s["low"], s["high"], digits) + p
 
 
 CALLS = {

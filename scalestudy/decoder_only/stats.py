@@ -16,7 +16,7 @@ from typing import Any
 from scipy import stats
 
 from scalestudy.scaling import intervals
-from scalestudy.study import report
+from scalestudy.study import report, verdicts
 
 
 def t95(df: int) -> float:
@@ -111,12 +111,10 @@ def verdict(
             "(needs at least two seeds common to both)."
         )
     span = (
-        f"difference {d:+.4f}, 95% interval [{d - half:+.4f}, {d + half:+.4f}], {n}, "
+        f"difference {intervals.span(d, d - half, d + half, 4)} (95%), {n}, "
         f"Holm-adjusted p = {p_holm:.3g}"
     )
-    if p_holm >= 0.05:
+    said = verdicts.outcome(d, p_holm, None if lower is None else not lower)
+    if said == "not distinguishable":
         return f"{name} vs {ref}, {what}: not distinguishable ({span})."
-    if lower is None:
-        return f"{name} is {'lower' if d < 0 else 'higher'} than {ref} on {what} ({span})."
-    better = (d < 0) == lower
-    return f"{name} is {'better' if better else 'worse'} than {ref} on {what} ({span})."
+    return f"{name} is {said} than {ref} on {what} ({span})."

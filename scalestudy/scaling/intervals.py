@@ -45,9 +45,17 @@ class Interval:
         n = f"{self.seeds} seed{'s' if self.seeds != 1 else ''}"
         if self.examples:
             n += f" x {self.examples} examples"
-        return (
-            f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}] (n = {n})"
-        )
+        return f"{span(self.mean, self.low, self.high, digits)} (n = {n})"
+
+    def text(self, digits: int = 3, scale: float = 1.0) -> str:
+        """`mean [low, high]` (times `scale`), marked when the interval is over examples only."""
+        got = span(scale * self.mean, scale * self.low, scale * self.high, digits)
+        return got + ("" if self.between_runs else " (examples only)")
+
+
+def span(mean: float, low: float, high: float, digits: int = 3) -> str:
+    """`+mean [+low, +high]`: how every report writes an estimate with its interval."""
+    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
 def _t(level: float, df: float) -> float:

@@ -9,6 +9,7 @@ import numpy as np
 
 from scalestudy.scaling.flags import extrapolation
 from scalestudy.scaling.forms import get_form
+from scalestudy.scaling.intervals import span
 from scalestudy.scaling.resample import interval
 from scalestudy.scaling.table import ScalingDataError
 
@@ -259,10 +260,11 @@ def format_task_laws(task_laws: dict) -> str:
             if bt and "skipped" in bt:
                 lines.append(f"  backtest skipped: {bt['skipped']}")
             elif bt:
+                err = bt["error_ci"]
+                err = span(bt["error"], *err) if err else f"{bt['error']:+.3f}"
                 lines.append(
                     f"  backtest at N = {bt['N']:.3g} (held out {len(bt['held_out'])} run(s)): "
                     f"predicted {bt['predicted']:.3f}{_ci(bt['predicted_ci'])}, observed "
-                    f"{bt['observed']:.3f}{_ci(bt.get('observed_ci'))}, error "
-                    f"{bt['error']:+.3f}{_ci(bt['error_ci'])}"
+                    f"{bt['observed']:.3f}{_ci(bt.get('observed_ci'))}, error {err}"
                 )
     return "\n".join(lines)

@@ -31,6 +31,7 @@ import numpy as np
 
 from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling import figstyle as fs
+from scalestudy.scaling.intervals import span
 
 Z95 = 1.959964
 MAX_PARTS = 12  # parts of one task drawn as panels of their own
@@ -250,7 +251,7 @@ def trend_row(cell: str, t: dict[str, Any], digits: int = 2) -> str:
     """One row of a trend table: `| cell | runs (sizes) | examples | slope [95%] | p | p |`."""
     f, e = t["fit"], t["per_example"]
     fit = (
-        f"{f['slope']:+.{digits}f} [{f['lo']:+.{digits}f}, {f['hi']:+.{digits}f}] | {f['p']:.2g}"
+        f"{span(f['slope'], f['lo'], f['hi'], digits)} | {f['p']:.2g}"
         if f
         else "- (fewer than 3 runs) | -"
     )

@@ -26,26 +26,32 @@ QUESTIONS = (
 )
 
 
+def outcome(difference: float, p_holm: float, higher_better: bool | None, level: float = LEVEL):
+    """ "better", "worse" (for the first side, whose value minus the second's is `difference`),
+    or "not distinguishable" at `level` after Holm; "higher"/"lower" for a measure with no
+    better (`higher_better` None)."""
+    if p_holm >= 1 - level:
+        return "not distinguishable"
+    if higher_better is None:
+        return "higher" if difference > 0 else "lower"
+    return "better" if (difference > 0) == higher_better else "worse"
+
+
 def word(test: dict[str, Any], higher_better: bool, level: float = LEVEL) -> str:
     """The outcome of one paired test: which side is better, "not distinguishable", or why
     there is no verdict (one run per side)."""
     iv: Interval = test["interval"]
     if "p_holm" not in test:
         return "no verdict: one run per side" if iv.between_runs else "no verdict: one seed"
-    if test["p_holm"] >= 1 - level:
-        return "not distinguishable"
-    better = (iv.mean > 0) == higher_better
-    return f"{test['cell']} {'better' if better else 'worse'}"
+    said = outcome(iv.mean, test["p_holm"], higher_better, level)
+    return said if said == "not distinguishable" else f"{test['cell']} {said}"
 
 
 def cells(test: dict[str, Any], digits: int = 3) -> list[str]:
     """[difference [95% interval], Holm-adjusted p, n (runs)] of one paired test."""
     iv: Interval = test["interval"]
-    span = f"{iv.mean:+.{digits}f} [{iv.low:+.{digits}f}, {iv.high:+.{digits}f}]"
-    if not iv.between_runs:
-        span += " (examples only)"
     p = f"{test['p_holm']:.2g}" if "p_holm" in test else "none"
-    return [span, p, str(iv.seeds)]
+    return [iv.text(digits), p, str(iv.seeds)]
 
 
 def table(head: list[str], rows: list[list[str]]) -> list[str]:

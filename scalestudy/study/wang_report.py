@@ -231,12 +231,7 @@ def _paired(recs: list[dict], a_key: str, b_key: str) -> str:
 
 
 def _interval(got: Any, scale: float) -> str:
-    digits = 1 if scale == 100 else 3
-    text = (
-        f"{scale * got.mean:+.{digits}f} [{scale * got.low:+.{digits}f}, "
-        f"{scale * got.high:+.{digits}f}]"
-    )
-    return text + ("" if got.between_runs else " (examples only)")
+    return got.text(1 if scale == 100 else 3, scale)
 
 
 def lineage_lines(runs: dict[str, dict]) -> list[str]:
