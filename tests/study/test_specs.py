@@ -45,6 +45,9 @@ def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
         assert len(sizes) >= 3 and all(sum(r.size == s for r in mine) >= 2 for s in sizes)
         ratio = [r.cfg.train.steps / r.params[study.fit.n_kind] for r in mine]
         assert max(ratio) / min(ratio) <= flags.MAX_TOKENS_PER_PARAM_RATIO, cell
+        # ... while the sizes span enough to pin an exponent (the old 3.3x did not).
+        n = [r.params[study.fit.n_kind] for r in mine]
+        assert max(n) / min(n) >= 8, cell
 
 
 def test_smoke_probes_mostly_fit_the_scoring_length():
