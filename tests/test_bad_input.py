@@ -482,3 +482,53 @@ def test_an_unknown_key_inside_an_optional_section_lists_that_sections_keys():
     line = str(err.value).splitlines()[-1]
     assert "unknown key 'experiments.bogus'; accepted keys here: " in line
     assert "budgets" in line and not line.rstrip().endswith(":")
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        # Keys that were ignored without a word.
+        ({"ladder": {**SPEC["ladder"], "preset": "smoke"}}, "give a preset or sizes, not both"),
+        (
+            {"ladder": {"sizes": [{**SPEC["ladder"]["sizes"][0], "arch": "encoder_decoder"}]}},
+            r"\['arch'\] are set by each cell",
+        ),
+        (
+            {"cell_base": {"causal_decoder/flm": {"model": {"arch": "encoder_decoder"}}}},
+            r"\['model.arch'\] would change the cell itself",
+        ),
+        (
+            {"cell_base": {"causal_decoder/flm": {"objective": {"name": "mlm"}}}},
+            r"\['objective.name'\] would change the cell itself",
+        ),
+        # Names that would write outside the study's directory.
+        ({"name": "../../x"}, "names become directory names"),
+        (
+            {"ladder": {"sizes": [{**SPEC["ladder"]["sizes"][0], "name": "../../escape"}]}},
+            "names become directory names",
+        ),
+    ],
+)
+def test_spec_keys_that_would_be_ignored_or_escape_are_refused(changes, message):
+    from scalestudy.errors import ConfigError
+    from scalestudy.study.spec import StudySpec
+    from scalestudy.yamlio import validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(StudySpec, {**SPEC, **changes}, "spec")
+
+
+def test_a_dry_run_refuses_what_every_run_would_refuse_at_its_first_step(tmp_path, capsys):
+    """warmup >= steps: every run would fail once started; the plan says so, nothing written."""
+    import yaml
+
+    from scalestudy.cli import main
+
+    spec = {**SPEC, "base": {**BASE, "optim": {"warmup_steps": 4}}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert main(["study", "--spec", str(path), "--out", str(out), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "warmup_steps=4 must be smaller than train.steps=4" in err[0]
+    assert "causal_decoder.flm.xs.s0" in err[0] and not out.exists()

@@ -32,6 +32,7 @@ from scalestudy.data.pipeline import document_tokens_per_row
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 from scalestudy.study import ladder, loss_tokens
+from scalestudy.train import optim
 from scalestudy.yamlio import parse_yaml, validate
 
 MODES = (
@@ -128,6 +129,17 @@ def match_steps(
     per_row = document_tokens_per_row if mode == "equal_documents" else loss_tokens_per_row
     total = ref_steps * per_row(flm)
     return max(1, round(total / per_row(cfg)))
+
+
+def with_steps(cfg: ExperimentConfig, steps: int, name: str) -> ExperimentConfig:
+    """`cfg` training `steps` steps, its schedule checked as the run's first step would check
+    it (warmup shorter than the run, ...), so a plan refuses what its runs would refuse."""
+    cfg = cfg.replace(train=cfg.train.replace(steps=steps))
+    try:
+        optim.make_schedule(cfg.optim, optim.schedule_steps(cfg.optim, steps))
+    except ConfigError as e:
+        raise ConfigError(f"run {name} ({steps} steps): {e}") from None
+    return cfg
 
 
 def planned_counts(cfg: ExperimentConfig, context: int) -> dict[str, float]:

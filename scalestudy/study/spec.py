@@ -6,10 +6,9 @@ point, seed).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from scalestudy.config import (
     ARCHS,
@@ -21,6 +20,7 @@ from scalestudy.config import (
 from scalestudy.errors import ConfigError
 from scalestudy.schema import Count, Frozen, Tuple, parse_count
 from scalestudy.study import groups
+from scalestudy.study.launch_spec import SlurmConfig, TpuConfig
 from scalestudy.study.stages import StagesSpec
 
 MatchingMode = Literal[
@@ -62,6 +62,21 @@ class LadderConfig(Frozen):
             raise ConfigError(
                 "ladder: give a preset (e.g. ladder.preset=smoke) or a list of ladder.sizes"
             )
+        if self.preset is not None and self.sizes:
+            raise ConfigError(
+                f"ladder: give a preset or sizes, not both (preset {self.preset!r} would be "
+                "ignored); to use part of a preset, list its sizes under ladder.sizes (over a "
+                "spec with a preset, add ladder.preset=null)"
+            )
+        for entry in self.sizes:
+            if isinstance(entry, dict):
+                _check_name("ladder.sizes[].name", entry.get("name"))
+                given = sorted({"arch", "n_encoder_layers"} & set(entry))
+                if given:
+                    raise ConfigError(
+                        f"ladder.sizes[{entry.get('name')}]: {given} are set by each cell "
+                        "(its architecture and matching), not by a size; drop them"
+                    )
         for cell, names in self.cell_sizes.items():
             if cell.count("/") != 1 or not names:
                 raise ConfigError(
@@ -69,6 +84,16 @@ class LadderConfig(Frozen):
                     f"size names; got {cell!r}: {list(names)!r}"
                 )
         return self
+
+
+def _check_name(key: str, name: Any) -> None:
+    """A study or size name becomes part of run directory names: no path separators, no
+    leading dot (`../x` would write outside the study's directory)."""
+    if isinstance(name, str) and ("/" in name or "\\" in name or name.startswith(".")):
+        raise ConfigError(
+            f"{key}: {name!r} is not accepted; names become directory names, so no '/', "
+            "'\\' or leading '.'"
+        )
 
 
 class BudgetConfig(Frozen):
@@ -167,50 +192,6 @@ class FitConfig(Frozen):
 
 # sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds, or no limit.
-_SLURM_TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE)$", re.I)
-
-
-def _slurm_time(value: Any) -> Any:
-    if isinstance(value, str) and not _SLURM_TIME.match(value.strip()):
-        raise ConfigError(
-            f"slurm.time={value!r} is not a SLURM time limit; accepted: MINUTES, MM:SS, "
-            "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (e.g. 24:00:00 or 2-00:00:00)"
-        )
-    return value
-
-
-class SlurmConfig(Frozen):
-    """SLURM job-array settings (the job array rendered by study/cluster.py)."""
-
-    partition: str | None = None
-    account: str | None = None
-    time: Annotated[str, AfterValidator(_slurm_time)] = "24:00:00"
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(8, ge=0)
-    cpus_per_task: int = Field(16, ge=1)
-    mem: str | None = None
-    max_parallel: int | None = Field(None, ge=1)
-    # SIGTERM this many seconds before the time limit: the run checkpoints and is requeued.
-    signal_seconds: int = Field(120, ge=1)
-    setup: Tuple = ()  # shell lines run before training (module load, venv activation, ...)
-    scalestudy: str = "scalestudy"  # the command, e.g. /path/.venv/bin/scalestudy
-
-
-class TpuConfig(Frozen):
-    """TPU VM settings for `gcloud compute tpus` (the script rendered by study/cluster.py)."""
-
-    name: str = "scalestudy"
-    project: str | None = None
-    zone: str = "us-central2-b"
-    accelerator_type: str = "v4-8"
-    runtime_version: str = "tpu-ubuntu2204-base"
-    queued: bool = True  # queued resources rather than a directly created TPU VM
-    spot: bool = False
-    # Give up (non-zero exit) when a queued resource is not ACTIVE after this long.
-    queue_timeout_minutes: float = Field(24 * 60, gt=0)
-    repo_dir: str = "~/scalestudy"
-    setup: Tuple = ()
-    scalestudy: str = ".venv/bin/scalestudy"
 
 
 class VariantConfig(Frozen):
@@ -367,6 +348,18 @@ class StudySpec(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> StudySpec:
+        _check_name("name", self.name)
+        for cell, changes in self.cell_base.items():
+            fixed = [
+                f"{section}.{key}"
+                for section, key in (("model", "arch"), ("objective", "name"))
+                if key in (changes.get(section) or {})
+            ]
+            if fixed:
+                raise ConfigError(
+                    f"cell_base[{cell}]: {fixed} would change the cell itself; a cell's "
+                    "architecture and objective are its key ('arch/objective'): add that cell"
+                )
         for arch in self.archs:
             if arch not in ARCHS:
                 raise ConfigError(f"archs: got {arch!r}; accepted: {', '.join(ARCHS)}")

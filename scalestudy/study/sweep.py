@@ -240,7 +240,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
             steps = matched.match_steps(cfg, shape, budget, compute, reference_params, matching)
             if steps == 0:
                 continue  # an IsoFLOP point too short for this size
-            cfg = cfg.replace(train=cfg.train.replace(steps=steps))
+            cfg = matched.with_steps(cfg, steps, name)
             runs.append(
                 PlannedRun(
                     run_id=cfg.hash(),

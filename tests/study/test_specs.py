@@ -116,6 +116,7 @@ def test_realtext_spec_runs_at_tiny_scale(tmp_path):
         "base.train.async_checkpoint=false",
         f"tasks=[{','.join(tasks)}]",
         "cells=[[noncausal_decoder,mlm]]",
+        "ladder.preset=null",
         "ladder.sizes=[{name: xs, d_model: 16, n_layers: 2, d_ff: 32}]",
         "budget.steps=3",
         "fit.bootstrap=0",
