@@ -532,3 +532,32 @@ def test_a_dry_run_refuses_what_every_run_would_refuse_at_its_first_step(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "warmup_steps=4 must be smaller than train.steps=4" in err[0]
     assert "causal_decoder.flm.xs.s0" in err[0] and not out.exists()
+
+
+def test_refused_commands_leave_the_disk_as_they_found_it(tmp_path, capsys):
+    """plot with a missing source makes no --out; fit on another SQLite file adds no tables
+    to it; --collect with nothing to collect (or a learning-rate search) writes no study."""
+    import sqlite3
+
+    import yaml
+
+    from scalestudy.cli import main
+
+    out = tmp_path / "figs"
+    assert main(["plot", str(tmp_path / "none.sqlite"), "--out", str(out)]) == 2
+    assert not out.exists()
+    other = tmp_path / "mine.sqlite"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE notes (x)")
+    assert main(["fit", str(other)]) == 2
+    assert "not a study registry" in capsys.readouterr().err
+    with sqlite3.connect(other) as c:
+        assert [r[0] for r in c.execute("SELECT name FROM sqlite_master")] == ["notes"]
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    for path, extra in ((spec, []), (REPO / "configs/studies/smoke.yaml", [])):
+        dest = tmp_path / f"collect_{path.stem}"
+        assert main(["study", "--spec", str(path), "--out", str(dest), "--collect", *extra]) == 2
+        assert not dest.exists()
+    err = capsys.readouterr().err
+    assert "2 of 2 run(s) are not complete" in err and "lr_search" in err

@@ -220,15 +220,15 @@ def _writable_file(path: str, flag: str) -> Path:
 
 
 def _writable_dir(path: str, flag: str) -> Path:
+    """A directory the figures can go to, checked without creating it (a refused command
+    leaves the disk as it found it; the figures' writer makes it)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ScalingDataError(f"{flag} {p} is a file; give a directory for the figures")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ScalingDataError(f"{flag} {p}: cannot create the directory ({e.strerror})") from None
-    if not os.access(p, os.W_OK):
-        raise ScalingDataError(f"{flag} {p}: the directory is not writable")
+    here = next(q for q in (p.absolute(), *p.absolute().parents) if q.exists())
+    if not here.is_dir() or not os.access(here, os.W_OK):
+        what = "the directory is" if here == p.absolute() else f"{here} is"
+        raise ScalingDataError(f"{flag} {p}: {what} not a writable directory")
     return p
 
 

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.study import groups, stopping
 from scalestudy.study.progress import StudyProgress
 from scalestudy.study.registry import Registry
@@ -353,6 +353,15 @@ def _unfinished(workdir: Path, steps: int) -> tuple[bool, str]:
         f"unfinished: logged up to step {max(logged, default=0)} of {steps} and {where}; "
         "re-submit its job to resume it"
     )
+
+
+def check_collect(out: Path, n_runs: int) -> None:
+    """Refuse --collect, before anything is written, where no cluster run can be found."""
+    if not (out / "runs").is_dir():
+        raise ConfigError(
+            f"--collect: {n_runs} of {n_runs} run(s) are not complete ({out / 'runs'} does "
+            "not exist). Collecting never trains: run the cluster jobs, then collect"
+        )
 
 
 def collect(reg: Registry, out: Path, runs: list) -> list[str]:

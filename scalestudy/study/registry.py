@@ -38,7 +38,7 @@ class Registry:
         if not create and not self.path.is_file():
             raise RegistryError(f"no study registry at {self.path}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = connect(self.path)
+        self._conn = connect(self.path, create)
         self._conn.row_factory = sqlite3.Row
 
     def close(self) -> None:

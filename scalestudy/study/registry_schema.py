@@ -106,10 +106,20 @@ class RegistryError(ScalestudyError):
     """The registry file is missing, unreadable or not a scalestudy registry."""
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """An open, migrated connection to the registry at `path` (created when missing)."""
+def connect(path: Path, create: bool = True) -> sqlite3.Connection:
+    """An open, migrated connection to the registry at `path` (created when missing). With
+    `create` False the file must already be a registry: another SQLite file is refused
+    before anything is written to it."""
     try:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        if not create:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if "runs" not in tables:
+                conn.close()
+                raise RegistryError(
+                    f"{path} is an SQLite file but not a study registry (no `runs` table); "
+                    "give a study's registry.sqlite or its directory"
+                )
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         (version,) = conn.execute("PRAGMA user_version").fetchone()

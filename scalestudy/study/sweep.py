@@ -379,10 +379,11 @@ def run_study(
             print(f"  one program: {names}")
         return study, runs
     out = Path(out)
+    if collect:  # refused before anything is written to OUT
+        lr_search.not_on_clusters(study, "--collect")
+        executors.check_collect(out, len(runs))
     with study_lock(out):  # one process per study directory
         (out / "spec.yaml").write_text(to_yaml(study))
-        if collect:
-            lr_search.not_on_clusters(study, "--collect")
         runs, searched = lr_search.resolve(
             study, spec.parent, out, runs, expand, train_fn=train_fn, workers=workers, members=cap
         )

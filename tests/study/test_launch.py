@@ -297,6 +297,7 @@ def test_cli_collect_exits_nonzero_with_a_message(tiny_spec, tmp_path, capsys):
     assert cli.main(["study", "--collect", "--spec", str(tiny_spec), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "4 of 4 run(s) are not complete" in err and "never trains" in err
+    assert not out.exists()  # refused before anything is written
 
 
 # ----------------------------------------------------------------------------- eval in the job
