@@ -561,3 +561,21 @@ def test_refused_commands_leave_the_disk_as_they_found_it(tmp_path, capsys):
         assert not dest.exists()
     err = capsys.readouterr().err
     assert "2 of 2 run(s) are not complete" in err and "lr_search" in err
+
+
+def test_a_failed_vocabulary_leaves_no_folders_and_a_cells_own_rate_is_blamed(tmp_path, capsys):
+    from scalestudy.cli import main
+    from scalestudy.errors import ConfigError
+    from scalestudy.study import sweep
+    from scalestudy.study.spec import StudySpec
+    from scalestudy.yamlio import validate
+
+    text = tmp_path / "t.txt"
+    text.write_text("a few words of text\n")
+    out = tmp_path / "no" / "such" / "v.model"
+    assert main(["vocab", "train", str(text), "--out", str(out), "--vocab-size", "300"]) == 2
+    assert "SentencePiece training failed" in capsys.readouterr().err
+    assert not (tmp_path / "no").exists()
+    spec = {**SPEC, "cell_base": {"causal_decoder/flm": {"optim": {"learning_rate": -1}}}}
+    with pytest.raises(ConfigError, match=r"cell_base\[causal_decoder/flm\]\.optim"):
+        sweep.expand(validate(StudySpec, spec, "spec"), REPO)

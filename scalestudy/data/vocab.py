@@ -10,6 +10,7 @@ gives seqio's own object, for seqio tasks, which need TensorFlow anyway.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Iterable
@@ -212,6 +213,7 @@ def train_sentencepiece(
     stamp_file = out.with_suffix(".model.sha")
     if out.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp:
         return out
+    made = [p for p in reversed(out.parents) if not p.exists()]  # removed again on failure
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         spm.SentencePieceTrainer.train(
@@ -230,6 +232,9 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as e:
+        for p in reversed(made):  # a refused command leaves the disk as it found it
+            with contextlib.suppress(OSError):
+                p.rmdir()
         raise DataError(f"vocab train: SentencePiece training failed: {e}") from None
     stamp_file.write_text(stamp)
     return out

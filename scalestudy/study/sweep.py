@@ -182,11 +182,9 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
             f"the study has no valid cells: archs={list(study.archs)}, "
             f"objectives={list(study.objectives)}"
         )
-    sizes_of = _cell_sizes(study, grid, [r.name for r in rungs])
-    seeds_of = _size_seeds(study, [r.name for r in rungs])
-    _size_names(
-        "budget.steps_per_size", tuple(study.budget.steps_per_size), [r.name for r in rungs]
-    )
+    names = [r.name for r in rungs]
+    sizes_of, seeds_of = _cell_sizes(study, grid, names), _size_seeds(study, names)
+    _size_names("budget.steps_per_size", tuple(study.budget.steps_per_size), names)
     for key in study.cell_base:
         if tuple(key.split("/")) not in grid:
             accepted = ", ".join(f"{a}/{o}" for a, o in grid)
@@ -220,7 +218,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
                     ModelConfig, {**model.model_dump(), **variant.model}, f"variant {vname}"
                 )
             name = ".".join(p for p in (arch, objective, vname, rung.name, tag, f"s{seed}") if p)
-            cell_base = deep_merge(base, dict(study.cell_base.get(f"{arch}/{objective}", {})))
+            cell = f"{arch}/{objective}"
+            cell_base = deep_merge(base, dict(study.cell_base.get(cell, {})))
             if rates and (rate := rates((arch, objective, vname, rung.name, tag))) is not None:
                 cell_base = deep_merge(cell_base, {"optim": {"learning_rate": rate}})
             data = deep_merge(
@@ -232,7 +231,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
                     "train": {"seed": seed},
                     # A seed replicates the whole run: data order too (seed 0: the base's).
                     "data": {"seed": cell_base.get("data", {}).get("seed", 0) + seed},
-                    "optim": {"learning_rate": _learning_rate(study, cell_base, shape)},
+                    "optim": {"learning_rate": _learning_rate(study, cell_base, shape, cell)},
                 },
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
@@ -312,9 +311,10 @@ def _cell_variants(study: StudySpec, grid: list[tuple[str, str]]) -> list[tuple[
     ]
 
 
-def _learning_rate(study: StudySpec, base: dict, shape: ModelConfig) -> float:
-    """The rung's peak learning rate (scaled by width when the ladder asks for it)."""
-    lr = validate(OptimConfig, base.get("optim", {}), "base.optim").learning_rate
+def _learning_rate(study: StudySpec, base: dict, shape: ModelConfig, cell: str = "") -> float:
+    """The rung's peak rate (scaled by width where the ladder asks); errors name `cell_base`."""
+    where = "base" if "optim" not in study.cell_base.get(cell, {}) else f"cell_base[{cell}]"
+    lr = validate(OptimConfig, base.get("optim", {}), f"{where}.optim").learning_rate
     if study.ladder.lr_scaling == "inverse_width":
         lr *= study.ladder.lr_reference_width / shape.d_model
     return lr
