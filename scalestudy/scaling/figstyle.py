@@ -161,6 +161,14 @@ def form_curves(law: str, fit: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndar
     return y[0], y[1:]
 
 
+def fitted_grid(x: np.ndarray, n: int = 60) -> np.ndarray:
+    """Log-spaced points over the range of the runs a law was fitted to: where its band is
+    drawn (beyond the runs the curve goes on, faded, and the band does not)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x) & (x > 0)]
+    return np.geomspace(x.min(), x.max(), n) if x.size else x
+
+
 def band(ax, x, samples_KX, colour, ci: float, gid: str) -> None:
     """Shade the percentile interval of the bootstrap curves (nothing without samples)."""
     s = np.asarray(samples_KX, dtype=np.float64)

@@ -39,17 +39,20 @@ def fig_loss_vs_compute(t: RunTable, fits: dict):
         drawn_fits = [(kaplan, f), ("chinchilla3", fs.get_fit(fits, cell, "chinchilla3"))]
         label = fs.cell_label(cell, drawn_fits)
         ax.scatter(sub.C, sub.loss, label=label, edgecolor="k", lw=0.4, **st)
+        fitted = fs.fitted_grid(sub.C)  # bands only where the cell's runs are
         if f:
-            y, ys = fs.form_curves(kaplan, f, c_grid)
+            y, _ = fs.form_curves(kaplan, f, c_grid)
             fs.split_line(ax, c_grid, y, c_max, color=st["color"], lw=1.5)
-            fs.band(ax, c_grid, ys, st["color"], ci, f"band:{cell}:{kaplan}")
+            ys = fs.form_curves(kaplan, f, fitted)[1]
+            fs.band(ax, fitted, ys, st["color"], ci, f"band:{cell}:{kaplan}")
             drawn.add("kaplan_c")
         if f := fs.get_fit(fits, cell, "chinchilla3"):
             k = fits["cells"][cell]["flops_per_nd"]["k"]
             theta = np.array([f["theta"], *f.get("theta_samples", [])], dtype=np.float64)
             lc = loss_at_compute("chinchilla3", theta, c_grid, k)
             fs.split_line(ax, c_grid, lc[0], c_max, color=st["color"], ls="--", lw=1.5)
-            fs.band(ax, c_grid, lc[1:], st["color"], ci, f"band:{cell}:chinchilla3")
+            band = loss_at_compute("chinchilla3", theta, fitted, k)[1:]
+            fs.band(ax, fitted, band, st["color"], ci, f"band:{cell}:chinchilla3")
             drawn.add("chinchilla3")
     if "kaplan_c" in drawn:
         ax.plot([], [], "k-", label="L(C) frontier fit (Kaplan)")
@@ -85,9 +88,11 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
             ax.scatter(x, sub.loss, label=entry, edgecolor="k", lw=0.4, **st)
             if f:
                 g = np.geomspace(np.nanmin(x) / 2, np.nanmax(x) * 5, 80)
-                y, ys = fs.form_curves(law, f, g)
+                y, _ = fs.form_curves(law, f, g)
                 fs.split_line(ax, g, y, np.nanmax(x), color=st["color"])
-                fs.band(ax, g, ys, st["color"], ci, f"band:{cell}:{law}")
+                fitted = fs.fitted_grid(x)
+                ys = fs.form_curves(law, f, fitted)[1]
+                fs.band(ax, fitted, ys, st["color"], ci, f"band:{cell}:{law}")
                 x_max, x_end = max(x_max, np.nanmax(x)), max(x_end, g[-1])
         if np.isfinite(x_max):
             fs.mark_extrapolation(ax, x_max, x_end)

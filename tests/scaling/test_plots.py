@@ -288,6 +288,12 @@ def test_laws_without_E_are_drawn_with_their_bands(tmp_path, make_isoflop):
     gids = {a.get_gid() for a in fig.axes[0].get_children() if a.get_gid()}
     assert {f"band:{c}:kaplan_c_noE" for c in t.cells()} <= gids
     assert "L(C) frontier fit (Kaplan)" in [x.get_text() for x in fig.axes[0].get_legend().texts]
+    # Bands cover the range of the cell's own runs only; the curve alone goes on beyond it.
+    for c in t.cells():
+        (poly,) = [a for a in fig.axes[0].get_children() if a.get_gid() == f"band:{c}:kaplan_c_noE"]
+        xs = poly.get_paths()[0].vertices[:, 0]
+        sub = t.subset(c).C
+        assert xs.min() >= sub.min() * (1 - 1e-9) and xs.max() <= sub.max() * (1 + 1e-9)
     plt.close(fig)
     fig = fig_loss_vs_size(t, fits)
     gids = {a.get_gid() for a in fig.axes[0].get_children() if a.get_gid()}
