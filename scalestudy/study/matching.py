@@ -136,7 +136,7 @@ def with_steps(cfg: ExperimentConfig, steps: int, name: str) -> ExperimentConfig
     it (warmup shorter than the run, ...), so a plan refuses what its runs would refuse."""
     cfg = cfg.replace(train=cfg.train.replace(steps=steps))
     try:
-        optim.make_schedule(cfg.optim, optim.schedule_steps(cfg.optim, steps))
+        optim.check_schedule(cfg.optim, steps)
     except ConfigError as e:
         raise ConfigError(f"run {name} ({steps} steps): {e}") from None
     return cfg

@@ -88,6 +88,13 @@ def _check_lengths(cfg: OptimConfig, total_steps: int, warmup: int, cooldown: in
         )
 
 
+def check_schedule(cfg: OptimConfig, train_steps: int) -> None:
+    """Raise ConfigError where `cfg`'s schedule cannot be laid over a run of `train_steps`
+    (warmup not shorter than the run, a wsd cooldown overlapping the warmup)."""
+    total = schedule_steps(cfg, train_steps)
+    _check_lengths(cfg, total, cfg.warmup_steps, cooldown_steps(cfg, total))
+
+
 def schedule_steps(cfg: OptimConfig, train_steps: int) -> int:
     """The updates a run's schedule is laid over: `optim.schedule_steps`, else the run's."""
     return cfg.schedule_steps if cfg.schedule_steps is not None else train_steps
