@@ -16,7 +16,12 @@ def _gpu_plugin_installed() -> bool:
     return False
 
 
-if not _glob.glob("/dev/accel*") and not _glob.glob("/dev/vfio/[0-9]*"):
+def tpu_chip_present() -> bool:
+    """Whether this host has a TPU chip (its device files: /dev/accel* or /dev/vfio/N)."""
+    return bool(_glob.glob("/dev/accel*") or _glob.glob("/dev/vfio/[0-9]*"))
+
+
+if not tpu_chip_present():
     # No TPU chip on this host. libtpu takes a host-wide lock file when any process loads it, so
     # a CPU-only process (a study, a test) would make every other process that compiles for a
     # TPU topology fail: let every process load the compiler.

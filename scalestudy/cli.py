@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
             logfile.quiet_terminal()
         args = parse_args(sys.argv[1:] if argv is None else argv)
+        cli_args.check_environment()
         status = args.fn(args)
         sys.stdout.flush()
         return status
@@ -306,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         return cli_args.quiet_broken_pipe()
     except ScalestudyError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # raised where JAX first starts, which may be any command's work
+        error = cli_args.backend_error(e)
+        if error is None:
+            raise
+        print(f"error: {error}", file=sys.stderr)
         return 2
     except (stops.Stopped, KeyboardInterrupt) as e:  # KeyboardInterrupt: a second Ctrl-C
         signum = getattr(e, "signum", signal.SIGINT)

@@ -175,3 +175,45 @@ def quiet_broken_pipe() -> int:
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 141  # 128 + SIGPIPE, as a shell reports a pipeline cut short
+
+
+# XLA's flag for the number of CPU devices (8 fake devices test a mesh on one host).
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """The environment variables JAX reads at start-up, checked before it starts: a device
+    count XLA cannot take, or a TPU asked for on a host without one, is refused here by name
+    rather than deep inside the backend (libtpu would print its failed search first)."""
+    import scalestudy
+
+    environ = os.environ if environ is None else environ
+    platforms = environ.get("JAX_PLATFORMS", "").split(",")
+    if "tpu" in platforms and not scalestudy.tpu_chip_present():
+        raise ScalestudyError(
+            f"JAX_PLATFORMS={environ['JAX_PLATFORMS']!r} asks for a TPU, and this host has none "
+            "(no /dev/accel* or /dev/vfio/N); set JAX_PLATFORMS=cpu, or unset it (`compile "
+            "--topology` compiles for a TPU without one)"
+        )
+    for flag in environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.partition("=")
+        if name == DEVICE_COUNT_FLAG and not (value.isdecimal() and int(value) >= 1):
+            raise ScalestudyError(
+                f"XLA_FLAGS: {flag} is not a number of CPU devices; a whole number >= 1 is "
+                "accepted (or leave the flag out for one device)"
+            )
+
+
+def backend_error(e: RuntimeError) -> ScalestudyError | None:
+    """The error for a JAX backend that cannot start (JAX_PLATFORMS names a platform this host
+    does not have, or none JAX knows), or None for any other RuntimeError."""
+    text = str(e)
+    if not text.startswith("Unable to initialize backend"):
+        return None
+    reason = text.split(" (set JAX_PLATFORMS")[0].removeprefix("Unable to initialize backend ")
+    chosen = os.environ.get("JAX_PLATFORMS")
+    where = f"JAX_PLATFORMS={chosen!r} chose it" if chosen else "no JAX_PLATFORMS was set"
+    return ScalestudyError(
+        f"cannot start JAX's backend {reason} ({where}); set JAX_PLATFORMS to a platform this "
+        "host has (cpu, or cuda/tpu where there is one), or unset it"
+    )

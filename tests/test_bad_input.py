@@ -267,6 +267,34 @@ CASES = [
         ["a_file.txt", "is a file"],
     ),
     ("compare_at_negative", ["fit", "runs.csv", "--compare-at", "-1e21"], {}, ["--compare-at"]),
+    # The environment JAX reads, and TPU slices libtpu crashed on
+    *[
+        (
+            f"device_count_{count}",
+            ["describe", "--config", TINY],
+            {"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}"},
+            [f"device_count={count} is not a number of CPU devices", ">= 1"],
+        )
+        for count in ("0", "-4", "x")
+    ],
+    (
+        "tpu_platform_without_a_chip",
+        ["describe", "--config", TINY],
+        {"JAX_PLATFORMS": "tpu"},
+        ["JAX_PLATFORMS='tpu'", "has none", "JAX_PLATFORMS=cpu"],
+    ),
+    (
+        "topology_beyond_any_slice",
+        ["compile", "--config", TINY, "--topology", "v4:1000x1000x1000"],
+        {},
+        ["1000000000 chips", "1 to 4096 chips"],
+    ),
+    (
+        "topology_size_zero",
+        ["compile", "--config", TINY, "--topology", "v5e:0x4"],
+        {},
+        ["0 chips", "each size at least 1"],
+    ),
 ]
 
 
@@ -324,6 +352,28 @@ def test_bad_input_gets_one_clear_error(argv, env, words, inputs, request, monke
     for word in words:
         assert word in err, f"{word!r} not in: {err}"
     assert not (inputs / "w" / "checkpoints").exists()  # nothing trained
+
+
+def test_a_platform_jax_does_not_know_is_one_line(tmp_path):
+    """JAX_PLATFORMS is read when JAX first starts a backend, inside the command's work: the
+    backend's error becomes one line naming the variable (a process of its own: this one's
+    backends have started)."""
+    env = {**os.environ, "JAX_PLATFORMS": "bogus"}
+    argv = ["train", "--config", TINY, "--workdir", "w", "train.steps=2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "scalestudy.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-800:]
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot start JAX's backend 'bogus'"), last
+    assert "JAX_PLATFORMS='bogus' chose it" in last
+    assert not (tmp_path / "w").exists()
 
 
 def test_spec_without_budget_trains_the_base_steps(inputs):

@@ -45,6 +45,8 @@ _GENERATIONS = {
     "v5litepod": ("v5e", 2, 1),
     "v6e": ("v6e", 2, 1),
 }
+# The largest slice of each generation, in chips (libtpu crashes on shapes far beyond them).
+_MAX_CHIPS = {"v4": 4096, "v5p": 8960, "v5e": 256, "v6e": 256}
 _TOPOLOGY = re.compile(r"^(v4|v5p|v5e|v6e):(\d+(?:x\d+)+)$")
 _CLOUD_TYPE = re.compile(r"^(v4|v5p|v5e|v5litepod|v6e)-(\d+)$")
 _ACCEPTED = (
@@ -76,6 +78,11 @@ def resolve_topology(name: str) -> tuple[str, int]:
             raise TopologyError(
                 f"--topology {name!r}: {gen} chips form a {dims}-D torus, so give {dims} "
                 f"sizes; accepted: {_ACCEPTED}"
+            )
+        if min(sizes) < 1 or math.prod(sizes) > _MAX_CHIPS[gen]:
+            raise TopologyError(
+                f"--topology {name!r}: {math.prod(sizes)} chips; a {gen} slice has 1 to "
+                f"{_MAX_CHIPS[gen]} chips, each size at least 1"
             )
         return name, math.prod(sizes)
     if m := _CLOUD_TYPE.match(name):
