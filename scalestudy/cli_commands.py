@@ -345,11 +345,13 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from scalestudy.study import stages
+    from scalestudy.train import logfile
 
     cli_args.output_dir(args.out)
     _join_job()
     prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt
-    cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)
+    with logfile.library_logs_dropped():  # orbax's notes on the parent's checkpoints
+        cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)
     summary = stages.run_stage(cfg, record, Path(args.out), evaluate=args.command == "finetune")
     _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0

@@ -629,3 +629,26 @@ def test_a_failed_vocabulary_leaves_no_folders_and_a_cells_own_rate_is_blamed(tm
     spec = {**SPEC, "cell_base": {"causal_decoder/flm": {"optim": {"learning_rate": -1}}}}
     with pytest.raises(ConfigError, match=r"cell_base\[causal_decoder/flm\]\.optim"):
         sweep.expand(validate(StudySpec, spec, "spec"), REPO)
+
+
+def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_runs(
+    tmp_path, capsys, monkeypatch
+):
+    """XLA's analysis of the compiled step against the device's memory (here a device made
+    small, as the CPU is for a finetune's default 1,024 x 1,280 batch): one line naming the
+    batch and lengths and what to lower, and the new run directory is gone again."""
+    import jax
+
+    from scalestudy.train import chips
+
+    monkeypatch.setattr(chips, "device_memory", lambda device: 2**10)
+    argv = ["train", "--config", TINY, "--workdir", str(tmp_path / "w"), "train.steps=2"]
+    assert main([*argv, "train.batch_size=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "GiB per device, more than the 0.0 GiB a cpu device has" in err[0]
+    assert f"train.batch_size=8 over {jax.device_count()} devices" in err[0]
+    assert "train.microbatches" in err[0]
+    assert not (tmp_path / "w").exists()
+    monkeypatch.setattr(chips, "device_memory", lambda device: 2**40)
+    assert main([*argv, "train.batch_size=8", "train.progress=false"]) == 0

@@ -362,6 +362,7 @@ def prepare_adapt(
 
 def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool) -> dict[str, Any]:
     """Train the stage's run in `out` (resuming it when interrupted); record its lineage."""
+    from scalestudy.train import logfile
     from scalestudy.train.loop import train
 
     out = Path(out)
@@ -372,7 +373,8 @@ def run_stage(cfg: ExperimentConfig, record: dict, out: Path, *, evaluate: bool)
         eval_fn = make_eval_fn(cfg, out)
         before = (read_lineage(out) or {}).get("eval_before")
         if before is None:  # the parent zero-shot with the very same tasks, prompts, lengths
-            before = _evaluate_parent(cfg, record)
+            with logfile.library_logs_dropped():  # the stage's run has no log yet
+                before = _evaluate_parent(cfg, record)
         record = {**record, "eval_before": before}
     summary = train(cfg, out, eval_fn=eval_fn)
     lineage = {k: record[k] for k in ("stage", "parent", "parent_step")}

@@ -278,9 +278,7 @@ def compile_plan(
     }
     for name, value in sizes.items():
         out[f"{name}_gib"] = round(value / gib, 3)
-    # Donated state: outputs aliased to arguments take no second buffer.
-    total = sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]
-    total += sizes["generated_code"]
+    total = chips.program_bytes(compiled) or 0  # donated state is not counted twice
     out["total_gib_per_chip"] = round(total / gib, 3)
     state = state_bytes_per_device(abstract)
     out["state_gib_per_chip"] = round(state / gib, 3)  # parameters + optimizer state

@@ -131,3 +131,38 @@ def mfu(model_flops: float, seconds: float, peak_flops_per_s: float | None = Non
         return 0.0
     peak = peak_flops_per_s if peak_flops_per_s is not None else peak_flops()["flops_per_s"]
     return model_flops / seconds / peak
+
+
+def program_bytes(compiled: Any) -> int | None:
+    """Device memory one compiled program holds while it runs, per device: its arguments, its
+    outputs (less those aliased to donated arguments), its temporaries and its code (XLA's own
+    memory analysis of the compiled executable; None where the backend gives none)."""
+    try:
+        memory = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError, AttributeError):
+        return None
+    if memory is None:
+        return None
+    size = {
+        name: getattr(memory, f"{name}_size_in_bytes", 0) or 0
+        for name in ("argument", "output", "temp", "generated_code", "alias")
+    }
+    return size["argument"] + size["output"] - size["alias"] + size["temp"] + size["generated_code"]
+
+
+def device_memory(device: Any) -> int | None:
+    """Bytes one device can allocate: an accelerator's allocator limit; a CPU device's share of
+    this host's memory (fake CPU devices share it); None where neither is known."""
+    if device.platform == "cpu":
+        import os
+
+        try:
+            host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+        return host // max(1, len(jax.local_devices(backend="cpu")))
+    try:
+        stats = device.memory_stats() or {}
+    except (NotImplementedError, RuntimeError):
+        return None
+    return stats.get("bytes_limit")

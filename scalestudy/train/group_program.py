@@ -269,6 +269,7 @@ def build_group_program(
             multi_step = j.multi_step.lower(
                 j.group_abstract, j.abstract_steps, j.abstract_hyper
             ).compile()
+    step.check_fits(cfgs[0], multi_step or train_step, mesh, members=k_members)
     return GroupProgram(
         model=model,
         mesh=mesh,

@@ -289,3 +289,13 @@ class _HeldLoader(importlib.abc.Loader):
         module.__spec__.loader = module.__loader__ = self.loader
         with native_output_held(module.__name__):
             self.loader.exec_module(module)
+            if module.__name__ == "tensorflow":
+                _host_only(module)
+
+
+def _host_only(tf: Any) -> None:
+    """TensorFlow only feeds data here, on the host: hide its GPUs. Listing them starts CUDA,
+    which prints its failure on a host without a GPU (so this runs inside the import's held
+    output), and on a host with one TensorFlow would take the memory JAX trains in."""
+    with contextlib.suppress(RuntimeError, ValueError):  # devices already in use: leave them
+        tf.config.set_visible_devices([], "GPU")

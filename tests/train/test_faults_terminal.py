@@ -177,6 +177,27 @@ def test_the_first_import_is_held_and_later_ones_are_normal(tmp_path, capfd, mon
     del sys.modules["noisy_native"]
 
 
+def test_tensorflow_feeds_data_on_the_host_and_says_nothing_on_the_terminal():
+    """The command's TensorFlow sees no GPU (it would take the memory JAX trains in), and its
+    search for one (CUDA's failure on a host without a GPU) is held with its start-up output."""
+    pytest.importorskip("tensorflow")
+    code = (
+        "from scalestudy.train import logfile\n"
+        "logfile.quiet_terminal()\n"
+        "import tensorflow as tf\n"
+        "ds = tf.data.Dataset.range(3).map(lambda x: x + 1)\n"
+        "print(list(map(int, ds.as_numpy_iterator())), tf.config.get_visible_devices('GPU'))\n"
+    )
+    drop = (logfile.TF_LOG_LEVEL, logfile.TF_LOG_LEVEL_DEFAULTED)  # the suite's own level
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.split() == ["[1,", "2,", "3]", "[]"]
+    assert done.stderr == ""
+
+
 def test_a_users_tensorflow_log_level_is_left_alone(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
