@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ScalestudyError, path_kind
 
 
 def checkpoint_step(text: str) -> int:
@@ -54,7 +54,7 @@ def shot_counts(text: str) -> list[int]:
 
 
 def _kind(path: Path) -> str:
-    return "a directory" if path.is_dir() else "a file" if path.is_file() else "not a file"
+    return path_kind(path)
 
 
 def output_file(text: str | None, flag: str = "--out") -> Path | None:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from scalestudy.errors import ConfigError
+from scalestudy.errors import ConfigError, not_found
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -124,10 +124,8 @@ def deep_merge(base: dict, update: dict) -> dict:
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a YAML mapping, resolving `include:` lists relative to the file."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; give a YAML file")
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(not_found(path, "config file", "a YAML file"))
     resolved = path.resolve()
     if resolved in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, resolved))
@@ -161,6 +159,10 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     return deep_merge(merged, raw)
 
 
+# The words YAML reads as null in an override's value (`key=null` clears a setting).
+_NULLS = ("~", "null", "Null", "NULL")
+
+
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict."""
     out = dict(data)
@@ -173,6 +175,8 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         try:
             value = parse_yaml(text) if text else ""
         except yaml.YAMLError:
+            value = text
+        if value is None and text.strip() not in _NULLS:  # `---`, `#x`: YAML syntax, not null
             value = text
         *parents, leaf = key.split(".")
         node: dict[str, Any] = {leaf: value}

@@ -267,6 +267,27 @@ CASES = [
         ["a_file.txt", "is a file"],
     ),
     ("compare_at_negative", ["fit", "runs.csv", "--compare-at", "-1e21"], {}, ["--compare-at"]),
+    # Paths of the wrong kind: what was found and what is expected, never "not found"
+    (
+        "config_is_a_pipe",
+        ["describe", "--config", "a_pipe"],
+        {},
+        ["config file a_pipe is a named pipe; expected a YAML file"],
+    ),
+    ("config_is_a_device", ["describe", "--config", "/dev/null"], {}, ["is a character device"]),
+    ("runs_source_is_a_pipe", ["fit", "a_pipe"], {}, ["runs source a_pipe is a named pipe"]),
+    (
+        "vocab_input_is_a_pipe",
+        ["vocab", "train", "a_pipe", "--out", "v.model", "--vocab-size", "50"],
+        {},
+        ["input a_pipe is a named pipe; expected a text file or a directory"],
+    ),
+    (
+        "text_path_is_a_pipe",
+        [*TRAIN, "data.source=text", "data.paths=[a_pipe]"],
+        {},
+        ["data.paths: 'a_pipe' is a named pipe"],
+    ),
     # The environment JAX reads, and TPU slices libtpu crashed on
     *[
         (
@@ -307,6 +328,7 @@ def inputs(tmp_path_factory) -> Path:
     for name, content in FILES.items():
         (d / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     (d / "a_dir").mkdir()
+    os.mkfifo(d / "a_pipe")
     return d
 
 

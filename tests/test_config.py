@@ -67,6 +67,9 @@ def test_overrides_parse_yaml_scalars_and_lists():
     assert cfg.optim.learning_rate == pytest.approx(3e-4)
     assert cfg.data.paths == ("a", "b")
     assert apply_overrides({"a": {"b": 1, "c": 2}}, ["a.b=3"]) == {"a": {"b": 3, "c": 2}}
+    # YAML syntax as a value is the text itself; only YAML's null words clear a setting.
+    assert apply_overrides({}, ["data.delimiter=---"]) == {"data": {"delimiter": "---"}}
+    assert apply_overrides({}, ["a=#x", "b=null", "c=~"]) == {"a": "#x", "b": None, "c": None}
 
 
 def test_includes_merge_then_file_then_overrides(tmp_path: Path):

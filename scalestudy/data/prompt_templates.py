@@ -16,6 +16,7 @@ import jinja2
 import yaml
 
 from scalestudy.data import DataError
+from scalestudy.errors import not_found
 
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined)
 _JINJA.globals["zip"] = zip  # promptsource templates use it
@@ -36,7 +37,7 @@ def read_templates(
     uses: only those marked `original_task` with answer choices when `original_task_only`,
     only those named in `names` when given."""
     if not path.is_file():
-        raise DataError(f"prompted task {task!r}: templates file not found: {path}")
+        raise DataError(not_found(path, f"prompted task {task!r}: templates file"))
     raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_TemplateLoader) or {}
     kept = []
     for t in (raw.get("templates") or {}).values():

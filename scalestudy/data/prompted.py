@@ -34,7 +34,7 @@ from scalestudy.config import SyntheticConfig
 from scalestudy.data import DataError, require_seqio
 from scalestudy.data.prompt_templates import compile_expression, read_templates, render
 from scalestudy.data.synthetic import probe_tasks
-from scalestudy.errors import ConfigError
+from scalestudy.errors import ConfigError, not_found
 from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
@@ -258,7 +258,7 @@ def _read_rows(mixture: PromptedMixture, task: PromptedTask) -> list[tuple[dict,
         return rows
     path = _resolve(task.path, mixture.data_dir, mixture.base_dir)
     if not path.is_file():
-        raise DataError(f"prompted task {task.name!r}: data file not found: {path}")
+        raise DataError(not_found(path, f"prompted task {task.name!r}: data file"))
     rows = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, start=1):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import numpy as np
 from scalestudy.config import DataConfig
 from scalestudy.data import DataError, order_task, require_seqio, synthetic
 from scalestudy.data.objectives import uniforms
+from scalestudy.errors import path_kind
 
 SPLITS = ("train", "validation")
 _TEXT_SUFFIXES = (".txt", ".text")  # directories: plain text only; give .jsonl files by path
@@ -90,7 +92,8 @@ def _files(paths: tuple, key: str) -> list[Path]:
                 raise DataError(f"{key}: directory {str(p)!r} holds no *.txt files")
             files.extend(found)
         else:
-            raise DataError(f"{key}: {str(p)!r} does not exist (give text files or directories)")
+            found = "does not exist" if path_kind(p) == "nothing" else f"is {path_kind(p)}"
+            raise DataError(f"{key}: {str(p)!r} {found} (give text files or directories)")
     return files
 
 
@@ -105,11 +108,37 @@ def split_text(text: str, cfg: DataConfig) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+# A file where more than this share of the bytes are not UTF-8 is not text (a binary file).
+_MAX_UNDECODED = 0.01
+
+
+def read_text(f: Path) -> str:
+    """A text file (training or evaluation text) as UTF-8: a binary file (NUL bytes, or more
+    than 1% of it not UTF-8) is refused; a few bytes that are not UTF-8 are read as U+FFFD,
+    with a warning."""
+    raw = f.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - raw.count("\ufffd".encode())
+    nul = b"\0" in raw
+    if nul or bad > _MAX_UNDECODED * len(raw):
+        held = ", and it holds NUL bytes" if nul else ""
+        raise DataError(
+            f"{str(f)!r} is not UTF-8 text ({bad} of {len(raw)} bytes are not UTF-8{held}): "
+            "a binary file, or text in another encoding? Give UTF-8 text files"
+        )
+    if bad:
+        warnings.warn(
+            f"{str(f)!r}: {bad} byte(s) are not UTF-8; read as U+FFFD replacement characters",
+            stacklevel=2,
+        )
+    return text
+
+
 def _read_all(files: list[Path], cfg: DataConfig) -> list[str]:
     docs: list[str] = []
     for f in files:
         try:
-            text = f.read_text(encoding="utf-8", errors="replace")
+            text = read_text(f)
         except OSError as e:
             raise DataError(f"cannot read {str(f)!r}: {e}") from None
         docs.extend(

@@ -21,6 +21,7 @@ import numpy as np
 
 from scalestudy.config import DataConfig
 from scalestudy.data import DataError
+from scalestudy.errors import not_found
 
 if TYPE_CHECKING:
     import seqio
@@ -189,9 +190,9 @@ def train_sentencepiece(
     """
     import sentencepiece as spm
 
-    missing = [str(p) for p in inputs if not Path(p).exists()]
-    if missing:
-        raise DataError(f"vocab train: input files not found: {', '.join(missing)}")
+    for p in inputs:
+        if not (Path(p).is_file() or Path(p).is_dir()):
+            raise DataError(not_found(p, "vocab train: input", "a text file or a directory"))
     files = sorted(
         str(f) for p in inputs for f in ([p] if Path(p).is_file() else Path(p).rglob("*.txt"))
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ScalestudyError, not_found
 
 
 class TaskDataError(ScalestudyError):
@@ -73,6 +73,8 @@ def require_file(path: str | Path, what: str = "task file") -> Path:
         parent = path.parent
         near = sorted(p.name for p in parent.iterdir())[:12] if parent.is_dir() else []
         hint = f"; {parent} holds: {', '.join(near)}" if near else f"; {parent} does not exist"
+        if path.exists() or path.is_symlink():
+            raise TaskDataError(not_found(path, what))
         raise TaskDataError(f"{what} not found: {path}{hint}")
     return path
 
@@ -89,7 +91,7 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
         )
     path = Path(data_dir)
     if not path.is_dir():
-        raise TaskDataError(f"evaluation data directory not found: {path}")
+        raise TaskDataError(not_found(path, "evaluation data directory", "a directory"))
     return path
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from scalestudy.errors import not_found
 from scalestudy.evaluate import prompts
 from scalestudy.evaluate.examples import Example, Task
 from scalestudy.evaluate.formats import Row, TaskDataError, resolve_data_dir, source_id
@@ -31,7 +32,7 @@ for _tag in ("!Template", "!TemplateMetadata"):
 def load_templates(path: Path) -> list[dict]:
     """Templates of one dataset that score the original task with answer choices."""
     if not path.is_file():
-        raise TaskDataError(f"promptsource templates not found: {path}")
+        raise TaskDataError(not_found(path, "promptsource templates"))
     raw = yaml.load(path.read_text(), Loader=_TemplateLoader)
     kept = []
     for t in (raw or {}).get("templates", {}).values():

@@ -20,7 +20,7 @@ import numpy as np
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import feature_lengths, scores_zero_shot
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.errors import ConfigError, ScalestudyError, not_found
 from scalestudy.evaluate import fewshot
 from scalestudy.evaluate.budget import context_budget, fit_pairs, text_lengths
 from scalestudy.evaluate.examples import Task
@@ -237,7 +237,7 @@ def load_run(
     its config describes (scored there as training placed them)."""
     workdir = Path(workdir)
     if not workdir.is_dir():
-        raise ScalestudyError(f"run directory not found: {workdir}")
+        raise ScalestudyError(not_found(workdir, "run directory", "a run directory"))
     if saved.latest_step(workdir) is None:
         raise ScalestudyError(
             f"no checkpoint in {workdir}: nothing to evaluate; train first "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalestudy.config import SyntheticConfig
-from scalestudy.data import require_seqio
+from scalestudy.data import require_seqio, sources
 from scalestudy.data.synthetic import INCONTEXT_DELIMITER, incontext_probe, probe_tasks
 from scalestudy.errors import ConfigError
 from scalestudy.eval_config import EvalConfig, TaskConfig
@@ -252,7 +252,7 @@ def _incontext(synthetic: SyntheticConfig | None) -> Task:
 
 def _text(path: str, name: str = "text") -> Task:
     file = require_file(path, "text file")
-    text = file.read_text(encoding="utf-8", errors="replace")
+    text = sources.read_text(file)
     if not text.strip():
         raise TaskDataError(f"{file}: empty text file")
     return Task(name, "text", (Example(("",), (text,)),), str(file), "bpb")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalestudy.errors import not_found
 from scalestudy.scaling.select import row_mask
 from scalestudy.scaling.table import (
     DataSettings,
@@ -197,8 +198,8 @@ def _validate(t: RunTable, drop_invalid: bool) -> RunTable:
 def load_table(path: str | Path, settings: DataSettings | None = None) -> RunTable:
     """Read a CSV/TSV or JSONL table of runs into a RunTable."""
     path = Path(path)
-    if not path.exists():
-        raise ScalingDataError(f"runs source not found: {path}")
+    if not path.is_file():
+        raise ScalingDataError(not_found(path, "runs source", "a .csv/.tsv or .jsonl file"))
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
         rows, kind = _read_jsonl(path), "jsonl"

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from scalestudy.errors import not_found
 from scalestudy.scaling.io import build_table
 from scalestudy.scaling.io import load_table as load_table_file
 from scalestudy.scaling.laws import FitSettings, fit_cells
@@ -108,8 +109,10 @@ def _curves(rows: list[dict], table: RunTable) -> dict[str, dict]:
 def load_table(source: str | Path, settings: DataSettings | None = None) -> RunTable:
     """The runs of a registry (a file or a study directory) or a CSV/TSV/JSONL table."""
     path = Path(source)
-    if not path.exists():
-        raise ScalingDataError(f"runs source not found: {path}")
+    if not (path.is_file() or path.is_dir()):
+        raise ScalingDataError(
+            not_found(path, "runs source", "a registry, a study directory or a table file")
+        )
     registry = find_registry(path)
     if registry is None:
         return load_table_file(path, settings)

@@ -40,6 +40,23 @@ def test_text_split_modes_and_held_out_fraction(tmp_path):
         sources.documents(single, "validation")
 
 
+def test_a_binary_file_is_refused_and_a_few_bytes_not_utf8_are_said(tmp_path):
+    """A file that is not text is one error naming it; a text file with a stray byte trains
+    on U+FFFD with one warning naming the file and the count (never silently)."""
+    binary = tmp_path / "random.txt"
+    binary.write_bytes(np.random.default_rng(0).bytes(4000))
+    cfg = DataConfig(source="text", paths=[str(binary)], split_by="line")
+    with pytest.raises(DataError, match=r"'.*random.txt' is not UTF-8 text \(\d+ of 4000 bytes"):
+        sources.documents(cfg, "train")
+    stray = tmp_path / "stray.txt"
+    stray.write_bytes(b"".join(b"line %d of text\n" % i for i in range(200)) + b"caf\xe9\n")
+    with pytest.warns(UserWarning, match=r"'.*stray.txt': 1 byte\(s\) are not UTF-8"):
+        docs = sources.documents(cfg.replace(paths=[str(stray)]), "train") + sources.documents(
+            cfg.replace(paths=[str(stray)]), "validation"
+        )
+    assert "caf\ufffd" in docs and len(docs) == 201
+
+
 def test_labelled_documents_join_into_the_documents_with_their_domains(tmp_path):
     (tmp_path / "a.txt").write_text("one<|endoftext|>two<|endoftext|>three")
     (tmp_path / "b.txt").write_text("four<|endoftext|>five")
