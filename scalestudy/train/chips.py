@@ -12,10 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+
+from scalestudy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from scalestudy.config import ExperimentConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,3 +171,32 @@ def device_memory(device: Any) -> int | None:
     except (NotImplementedError, RuntimeError):
         return None
     return stats.get("bytes_limit")
+
+
+class ProgramMemoryError(ConfigError):
+    """A compiled train step needs more memory than a device has: refused before it runs."""
+
+
+def check_fits(
+    cfg: ExperimentConfig, compiled: Any, mesh: jax.sharding.Mesh, members: int = 1
+) -> None:
+    """Refuse a compiled train step (of one run, or of a group of `members`) whose memory
+    (XLA's analysis of the executable) is more than one of the mesh's devices has, before its
+    first allocation fails deep in the runtime. A step not compiled yet
+    (`CompiledOnFirstCall`) is not checked."""
+    need = program_bytes(compiled) if hasattr(compiled, "memory_analysis") else None
+    device = mesh.devices.flat[0]
+    have = device_memory(device)
+    if need is None or have is None or need <= have:
+        return
+    t, o = cfg.train, cfg.objective
+    shape = f"train.batch_size={t.batch_size} over {mesh.devices.size} devices"
+    shape += f", {members} members" if members > 1 else ""
+    shape += f", objective.inputs_length={o.inputs_length}, targets_length={o.targets_length}"
+    fewer = "train fewer members together, " if members > 1 else ""
+    raise ProgramMemoryError(
+        f"the train step needs about {need / 2**30:.1f} GiB per device, more than the "
+        f"{have / 2**30:.1f} GiB a {device.platform} device has here ({shape}); lower the "
+        "batch size (a finetune's batch_size=) or the lengths, split the batch with "
+        f"train.microbatches, {fewer}or add devices"
+    )

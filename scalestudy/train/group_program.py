@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.models.api import Model, build_model
-from scalestudy.train import optim, sharding, step
+from scalestudy.train import chips, optim, sharding, step
 from scalestudy.train.members import check, hyperparameters
 
 
@@ -97,9 +97,7 @@ def _stack(
         local = np.stack([np.stack([np.asarray(b[name]) for b in member]) for member in batches])
         if not steps:
             local = local[:, 0]
-        rows = local.shape[lead] * jax.process_count()
-        global_shape = (*local.shape[:lead], rows, *local.shape[lead + 1 :])
-        out[name] = jax.make_array_from_process_local_data(sh, local, global_shape)
+        out[name] = sharding.global_rows(sh, local, lead)
     return out
 
 
@@ -269,7 +267,7 @@ def build_group_program(
             multi_step = j.multi_step.lower(
                 j.group_abstract, j.abstract_steps, j.abstract_hyper
             ).compile()
-    step.check_fits(cfgs[0], multi_step or train_step, mesh, members=k_members)
+    chips.check_fits(cfgs[0], multi_step or train_step, mesh, members=k_members)
     return GroupProgram(
         model=model,
         mesh=mesh,

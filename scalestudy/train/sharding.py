@@ -347,9 +347,16 @@ def shard_batch(mesh: Mesh, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Ar
                 f"{split} data-parallel shards ({' x '.join(f'mesh.{a}' for a in axes)}); choose "
                 f"train.batch_size as a multiple of {split}"
             )
-        global_shape = (rows, *local.shape[1:])
-        out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+        out[name] = global_rows(sharding, local, 0)
     return out
+
+
+def global_rows(sh: NamedSharding, local: np.ndarray, rows_axis: int) -> jax.Array:
+    """One global array from this process's `local` array, whose axis `rows_axis` holds its
+    batch rows (after stacked axes: members, steps); the other processes hold theirs."""
+    shape = list(local.shape)
+    shape[rows_axis] *= jax.process_count()
+    return jax.make_array_from_process_local_data(sh, local, tuple(shape))
 
 
 @contextlib.contextmanager

@@ -34,7 +34,6 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.errors import ConfigError
 from scalestudy.models import attention, moe
 from scalestudy.models.api import Model, build_model
 from scalestudy.train import chips, optim, sharding
@@ -189,35 +188,6 @@ class CompiledOnFirstCall:
         return self.compiled(*args)
 
 
-class ProgramMemoryError(ConfigError):
-    """A compiled train step needs more memory than a device has: refused before it runs."""
-
-
-def check_fits(
-    cfg: ExperimentConfig, compiled: Any, mesh: jax.sharding.Mesh, members: int = 1
-) -> None:
-    """Refuse a compiled train step (of one run, or of a group of `members`) whose memory
-    (XLA's analysis of the executable) is more than one of the mesh's devices has, before its
-    first allocation fails deep in the runtime. A step not compiled yet
-    (`CompiledOnFirstCall`) is not checked."""
-    need = chips.program_bytes(compiled) if hasattr(compiled, "memory_analysis") else None
-    device = mesh.devices.flat[0]
-    have = chips.device_memory(device)
-    if need is None or have is None or need <= have:
-        return
-    t, o = cfg.train, cfg.objective
-    shape = f"train.batch_size={t.batch_size} over {mesh.devices.size} devices"
-    shape += f", {members} members" if members > 1 else ""
-    shape += f", objective.inputs_length={o.inputs_length}, targets_length={o.targets_length}"
-    fewer = "train fewer members together, " if members > 1 else ""
-    raise ProgramMemoryError(
-        f"the train step needs about {need / 2**30:.1f} GiB per device, more than the "
-        f"{have / 2**30:.1f} GiB a {device.platform} device has here ({shape}); lower the "
-        "batch size (a finetune's batch_size=) or the lengths, split the batch with "
-        f"train.microbatches, {fewer}or add devices"
-    )
-
-
 @dataclasses.dataclass
 class Program:
     """Compiled functions and shardings for one (config, batch shapes, mesh)."""
@@ -303,8 +273,7 @@ def _shard_stacked(
     out = {}
     for name in batches[0]:
         local = np.stack([np.asarray(b[name]) for b in batches])
-        global_shape = (local.shape[0], local.shape[1] * jax.process_count(), *local.shape[2:])
-        out[name] = jax.make_array_from_process_local_data(stacked_sh, local, global_shape)
+        out[name] = sharding.global_rows(stacked_sh, local, 1)
     return out
 
 
@@ -429,7 +398,7 @@ def build_program(
             eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
             if multi_step is not None:
                 multi_step = multi_step.lower(abstract, abstract_stacked).compile()
-        check_fits(cfg, multi_step or train_step, mesh)
+        chips.check_fits(cfg, multi_step or train_step, mesh)
     program = Program(
         model=model,
         mesh=mesh,
