@@ -104,12 +104,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if (args.config is None) == (args.spec is None):
         raise ScalestudyError("compile: give --config FILE (one run) or --spec STUDY (every shape)")
-    from scalestudy.train.members import MAX_MEMBERS
+    from scalestudy.train.members import check_count
 
-    if args.members > MAX_MEMBERS:
-        raise ScalestudyError(
-            f"compile --members {args.members}: a group holds at most {MAX_MEMBERS} members"
-        )
+    check_count(args.members, "compile --members")
     if args.members > 1 and (args.spec or args.search):
         raise ScalestudyError(
             f"compile --members {args.members} plans one group of --config's shape; it does not "

@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scalestudy.errors import ConfigError
-
 # `members: auto`. On the 2-core CPU a member-step is cheapest at 4 members (0.64-0.67 of a
 # run's step at 10K-300K parameters) and dearer at 8 (0.77-0.80: the group's step costs 6.1-6.4
 # runs'; docs/performance.md, Members). On an accelerator a small model's step is bound by
@@ -28,14 +26,9 @@ def cap(members: Any) -> int:
         import jax
 
         return AUTO_MEMBERS if jax.default_backend() == "cpu" else AUTO_MEMBERS_ACCELERATOR
-    from scalestudy.train.members import MAX_MEMBERS
+    from scalestudy.train.members import check_count
 
-    if isinstance(members, bool) or not isinstance(members, int) or not 1 <= members <= MAX_MEMBERS:
-        raise ConfigError(
-            f"members: got {members!r}; accepted: auto, or a number of runs per group from 1 "
-            f"(every run alone) to {MAX_MEMBERS}"
-        )
-    return members
+    return check_count(members, "members", " (1: every run alone), or auto")
 
 
 def plan(runs: list, most: int) -> list[list]:

@@ -143,6 +143,16 @@ def seeded(cfg: ExperimentConfig, k: int) -> list[ExperimentConfig]:
 # state and batches are K times a run's, and past a few members on a CPU the step costs
 # K times one run's anyway (README, Performance).
 MAX_MEMBERS = 64
+
+
+def check_count(count: Any, where: str, hint: str = "") -> int:
+    """`count` as a number of members of one group (1 to MAX_MEMBERS), or one ConfigError
+    naming `where` it was given (`--members`, a spec's `members`) and the accepted range."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_MEMBERS:
+        raise ConfigError(f"{where}: got {count!r}; a group holds 1 to {MAX_MEMBERS} members{hint}")
+    return count
+
+
 # `seed=S` in a member grid: the run's whole replicate, initialisation and data order.
 SEED_SHORTHAND = "seed"
 
@@ -182,11 +192,7 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
             for name, ov in grid
             for v in values
         ]
-    if len(grid) > MAX_MEMBERS:
-        raise ConfigError(
-            f"--members: the grid has {len(grid)} members, more than {MAX_MEMBERS} per group; "
-            "split it over several commands"
-        )
+    check_count(len(grid), "--members (the grid's members)", "; split it over several commands")
     return grid
 
 

@@ -213,12 +213,26 @@ def test_a_member_directory_holding_another_run_is_refused_before_writing(tiny_c
         (["seed="], "empty value"),
         (["seed"], "is not KEY=V1,V2"),
         (["seed=0,1", "seed=2"], "given twice"),
-        ([f"seed={','.join(map(str, range(members.MAX_MEMBERS + 1)))}"], "more than"),
+        (
+            [f"seed={','.join(map(str, range(members.MAX_MEMBERS + 1)))}"],
+            "got 65; a group holds 1 to 64",
+        ),
     ],
 )
 def test_bad_member_grids_are_one_error(grid, needle):
     with pytest.raises(ConfigError, match=needle):
         members.parse_grid(grid)
+
+
+@pytest.mark.parametrize("count", [0, 65, True, "4", 2.0])
+def test_a_spec_and_compile_refuse_a_count_outside_a_group_by_one_rule(count):
+    from scalestudy.study import groups
+
+    with pytest.raises(ConfigError, match=rf"^members: got {count!r}; a group holds 1 to 64"):
+        groups.cap(count)
+    with pytest.raises(ConfigError, match=rf"^compile --members: got {count!r}; a group holds"):
+        members.check_count(count, "compile --members")
+    assert groups.cap(64) == members.check_count(64, "x") == 64
 
 
 def test_a_grid_is_every_combination_and_seed_is_the_whole_replicate():
