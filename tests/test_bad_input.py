@@ -40,6 +40,7 @@ SPECS = {  # file name -> changes to SPEC (None removes the key)
     "dup_seeds.yaml": {"seeds": [0, 1, 0]},
     "bad_law.yaml": {"fit": {"laws": ["kaplan_q"]}},
     "bad_task.yaml": {"tasks": ["no_such_task"]},
+    "missing_text_task.yaml": {"tasks": ["synthetic_probes", "text:no/such.txt"]},
     "banana.yaml": {"slurm": {"time": "banana"}},
     "no_budget.yaml": {"budget": None, "base": {**BASE, "train": {**BASE["train"], "steps": 7}}},
 }
@@ -288,6 +289,16 @@ CASES = [
         {},
         ["data.paths: 'a_pipe' is a named pipe"],
     ),
+    # A task file every run would miss: refused by the dry run and before a study trains
+    *[
+        (
+            f"missing_task_file{flag}",
+            ["study", "--spec", "missing_text_task.yaml", "--out", "o", *flag.split()],
+            {},
+            ["tasks: 'text:no/such.txt': the task's data not found: no/such.txt"],
+        )
+        for flag in ("", " --dry-run")
+    ],
     # The environment JAX reads, and TPU slices libtpu crashed on
     *[
         (

@@ -304,6 +304,22 @@ def load_task(
     raise TaskDataError(f"unknown task {spec!r}; accepted: {', '.join(accepted)}")
 
 
+def task_path(spec: str) -> tuple[Path, tuple[str, ...]] | None:
+    """The local path a task name reads and the kinds it may be ("a file", "a directory"),
+    for `text:PATH`, `blimp:PATH`, `NAME:PATH` and `FILE.yaml`; None for a task read from the
+    data directory, TFDS or built in."""
+    head, sep, tail = spec.partition(":")
+    if sep and head == "text":
+        return Path(tail), ("a file",)
+    if sep and head == "blimp":
+        return Path(tail), ("a directory",)
+    if sep and head in REGISTRY:
+        return Path(tail), ("a file", "a directory")
+    if spec.endswith((".yaml", ".yml")):
+        return Path(spec), ("a file",)
+    return None
+
+
 def load_tasks(
     eval_cfg: EvalConfig,
     synthetic: SyntheticConfig | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
-from scalestudy.errors import ConfigError
+from scalestudy.errors import ConfigError, not_found, path_kind
 from scalestudy.evaluate.tasks import BUILT_IN as BUILT_IN_TASKS
 from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
 from scalestudy.evaluate.tasks import TFDS_NAMES
@@ -147,6 +147,22 @@ def _check_tasks(names: Any) -> None:
             accepted = [*BUILT_IN_TASKS, *TASK_REGISTRY, "NAME:PATH", "text:PATH"]
             accepted += ["tfds:NAME", "FILE.yaml"]
             raise ConfigError(f"tasks: unknown task {name!r}; accepted: {', '.join(accepted)}")
+
+
+def _check_task_paths(runs: list[PlannedRun]) -> None:
+    """The files the runs' tasks read (text:PATH, blimp:PATH, a task YAML, ...) exist here,
+    where the study runs them: one that does not is refused before any run trains. (A
+    cluster's runs read theirs there: `launch` does not look.)"""
+    from scalestudy.evaluate.tasks import task_path
+
+    for name in sorted({t for r in runs for t in r.cfg.eval.tasks}):
+        found = task_path(name)
+        if found is None:
+            continue
+        path, kinds = found
+        if path_kind(path) not in kinds:
+            expected = " or ".join(kinds)
+            raise ConfigError(f"tasks: {name!r}: " + not_found(path, "the task's data", expected))
 
 
 def base_config(study: StudySpec, spec_dir: Path | None = None) -> dict:
@@ -368,6 +384,8 @@ def run_study(
     runs = expand(study, spec.parent)
     print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
     cap = groups.cap(study.members)
+    if not collect:  # the runs are evaluated here
+        _check_task_paths(runs)
     if dry_run:
         print(plan_table(runs))
         if study.lr_search:
