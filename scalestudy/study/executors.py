@@ -201,6 +201,7 @@ class LocalExecutor:
         stopped: list[str] = []
         finished = 0
         context = multiprocessing.get_context("spawn")  # no forked JAX runtime
+        stopping.start_resource_tracker(self.out / stopping.TRACKER_LOG)
         halt = context.Event()  # set: every worker checkpoints its run and starts no other
         pool = ProcessPoolExecutor(
             self.workers,

@@ -172,6 +172,27 @@ def set_parent_death_signal(signum: int) -> bool:
         return False
 
 
+# Where multiprocessing's resource tracker writes, in the study directory.
+TRACKER_LOG = "workers.log"
+
+
+def start_resource_tracker(log: Any) -> None:
+    """Start multiprocessing's resource tracker (a process of its own that outlives a killed
+    study and reports the semaphores its workers' queues left: "There appear to be 10 leaked
+    semaphore objects") with its stderr on `log`, not the terminal. A tracker this process
+    started earlier keeps its own."""
+    from multiprocessing import resource_tracker
+
+    with open(log, "a") as f:
+        saved = os.dup(2)
+        try:
+            os.dup2(f.fileno(), 2)
+            resource_tracker.ensure_running()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def worker_init(parent: int, stop: Any, grace_s: float = 300.0) -> None:
     """Initializer of a study's worker process: die with the study, stop when it stops.
 
