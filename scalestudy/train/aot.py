@@ -17,11 +17,13 @@ types count chips).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -34,7 +36,7 @@ from scalestudy.errors import ScalestudyError
 from scalestudy.models import counting
 from scalestudy.models.api import stack_depths
 from scalestudy.models.decoder import scanned
-from scalestudy.train import chips, roofline, sharding, step
+from scalestudy.train import chips, logfile, roofline, sharding, step
 
 # Chip generation -> (name in libtpu's topology names, torus dimensions, cores per chip in
 # the Cloud TPU type name).
@@ -140,7 +142,9 @@ def tpu_devices(name: str) -> list:
     try:
         # "megacore": one JAX device per v4/v5p chip (its two TensorCores), as on the hardware.
         options = {"chip_config_name": "megacore"} if topo.split(":")[0] in ("v4", "v5p") else {}
-        devices = topologies.get_topology_desc(topo, "tpu", **options).devices
+        # libtpu's search for chips and hosts (no TPU here) is held: shown only on failure.
+        with logfile.native_output_held("libtpu"):
+            devices = topologies.get_topology_desc(topo, "tpu", **options).devices
     except Exception as e:
         raise TopologyError(
             f"--topology {name!r} ({topo}): the TPU compiler refused it "
@@ -149,6 +153,20 @@ def tpu_devices(name: str) -> list:
     if len(devices) != chips:
         raise TopologyError(f"--topology {name!r}: expected {chips} chips, got {len(devices)}")
     return list(devices)
+
+
+@contextlib.contextmanager
+def _outside_the_cache(outside: bool) -> Iterator[None]:
+    """JAX's persistent compilation cache off while the block compiles, when `outside`: a
+    program compiled for a TPU topology cannot be loaded back from it without a TPU client
+    (reading the entry only warns)."""
+    before = jax.config.jax_enable_compilation_cache
+    if outside:
+        jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
 
 
 def abstract_batch(cfg: ExperimentConfig) -> dict[str, np.ndarray]:
@@ -261,7 +279,8 @@ def compile_plan(
         where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
     kind = devices[0].device_kind
     t = time.perf_counter()
-    compiled, mesh, abstract = _compile(cfg, devices, members)
+    with _outside_the_cache(topology is not None):
+        compiled, mesh, abstract = _compile(cfg, devices, members)
     described = _describe(cfg, where, kind, mesh, members)
     if isinstance(compiled, str):
         return {**described, "fits": False, "compiler": compiled[:300]}

@@ -353,3 +353,44 @@ def test_a_group_plan_holds_k_members_state_whole_or_one_per_data_slice(tiny_cfg
     assert whole["bytes_per_chip"]["argument"] > 3.5 * run["bytes_per_chip"]["argument"]
     assert split["bytes_per_chip"]["argument"] < 1.5 * run["bytes_per_chip"]["argument"]
     assert all(p["fits"] and p["device_kind"] == "TPU v5 lite" for p in plans.values())
+
+
+@needs_libtpu
+def test_an_expert_parallel_moe_plans_for_a_tpu_slice_quietly(tmp_path):
+    """`compile --topology` plans a 16-expert MoE split over an 8-chip expert axis: the
+    routed experts' state is divided over the chips (against the same model with the batch
+    split instead), and the command says nothing but its plan, also when it compiles the
+    same program again (JAX's persistent cache cannot load a topology's program back)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SCALESTUDY_JAX_CACHE": str(tmp_path / "cache")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    moe = ["model.moe.enabled=true", "model.moe.routed_experts=16", "model.d_ff=256"]
+    base = ["compile", "--config", "configs/models/tiny.yaml", "--topology", "v5e-8"]
+    base += ["--memory-only", "--json", "train.batch_size=64", *moe]
+
+    def plan(*mesh: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-m", "scalestudy.cli", *base, *mesh],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0 and done.stderr == "", done.stderr[-800:]
+        return json.loads(done.stdout)
+
+    experts = plan("mesh.expert=8", "mesh.data=1")
+    assert experts["mesh"] == {"data": 1, "fsdp": 1, "expert": 8, "tensor": 1} and experts["fits"]
+    again = plan("mesh.expert=8", "mesh.data=1")
+    assert {**again, "compile_s": 0} == {**experts, "compile_s": 0}
+    batch = plan()
+    assert batch["mesh"]["data"] == 8
+    # 2 layers x 16 experts x 3 matrices (gated GELU) of 32 x 256, float32 with two Adam
+    # moments: each chip holds an eighth of them.
+    expert_state = 2 * 16 * 3 * 32 * 256 * 4 * 3
+    saved = batch["bytes_per_chip"]["state"] - experts["bytes_per_chip"]["state"]
+    assert saved == pytest.approx(expert_state * 7 / 8, rel=0.05)
