@@ -31,9 +31,25 @@ def cap(members: Any) -> int:
     return check_count(members, "members", " (1: every run alone), or auto")
 
 
+def member_multiple(cfg: Any) -> int:
+    """What a group's size must be a multiple of for `cfg`'s mesh: the data axis's size where
+    `mesh.members: data` splits the members over it (each data slice trains whole members),
+    else 1."""
+    from scalestudy.train import sharding
+
+    axis = sharding.member_axis(cfg.mesh)
+    if axis is None:
+        return 1
+    import jax
+
+    return sharding.mesh_shape(cfg.mesh, jax.device_count())[axis]
+
+
 def plan(runs: list, most: int) -> list[list]:
     """`runs` as groups of at most `most` that can share one program, in the order of each
-    group's first run (so a study's size-major order is kept)."""
+    group's first run (so a study's size-major order is kept). Where the members are split
+    over the data axis, a group's size is a multiple of that axis's (the runs left over train
+    alone, without a member axis)."""
     if most <= 1:
         return [[r] for r in runs]
     from scalestudy.train import members
@@ -43,12 +59,16 @@ def plan(runs: list, most: int) -> list[list]:
         by_key.setdefault(members.program_key(run.cfg), []).append(run)
     groups: list[list] = []
     for same in by_key.values():
-        for i in range(0, len(same), most):
-            chunk = same[i : i + most]
+        multiple = member_multiple(same[0].cfg)
+        size = most - most % multiple
+        whole = len(same) - len(same) % multiple if size else 0
+        for i in range(0, whole, size or 1):
+            chunk = same[i : min(i + size, whole)]
             if members.program_difference([r.cfg for r in chunk]) is None:
                 groups.append(chunk)
             else:  # a member key set for some runs and None for others (clipping on/off)
                 groups.extend([r] for r in chunk)
+        groups.extend([r] for r in same[whole:])
     order = {id(r): i for i, r in enumerate(runs)}
     return sorted(groups, key=lambda g: order[id(g[0])])
 

@@ -76,6 +76,25 @@ def test_groups_keep_the_study_order_and_respect_the_cap(tmp_path):
     assert groups.plan(runs, 1) == [[r] for r in runs]
 
 
+def test_groups_split_over_the_data_axis_hold_whole_multiples_of_it(tmp_path):
+    """With `mesh.members: data` each data slice trains whole members, so a group's size is a
+    multiple of mesh.data: 7 seeds of a cell at a cap of 5 over mesh.data=2 train as groups of
+    4 and 2 (never 5, or the 1 left over) and one run alone, without a member axis."""
+    import jax
+
+    spec = _spec(tmp_path)
+    mesh = ["base.mesh.data=2", f"base.mesh.fsdp={jax.device_count() // 2}"]
+    mesh += ["seeds=[0,1,2,3,4,5,6]"]
+    runs = expand(load_study(spec, [*mesh, "base.mesh.members=data"]), tmp_path)
+    jobs = groups.plan(runs, 5)
+    assert [len(j) for j in jobs] == [4, 4, 2, 2, 1, 1]  # per cell: 4, 2 and 1 alone
+    assert sorted(id(r) for j in jobs for r in j) == sorted(map(id, runs))
+    assert groups.member_multiple(runs[0].cfg) == 2
+    unsplit = expand(load_study(spec, mesh), tmp_path)
+    assert [len(j) for j in groups.plan(unsplit, 5)] == [5, 5, 2, 2]
+    assert [len(j) for j in groups.plan(runs, 1)] == [1] * 14
+
+
 @pytest.mark.parametrize("bad", [0, -1, "most", 1000, True])
 def test_a_bad_members_value_is_one_error(tmp_path, bad):
     with pytest.raises(ConfigError, match="members"):
