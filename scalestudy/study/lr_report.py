@@ -4,7 +4,8 @@ point, what it chose, and how much the choice matters.
 Per point: the final validation loss at every rate (the chosen one in bold), the peak rate
 trained, an "edge" mark when the choice lies at an end of the range, the margin to the
 runner-up in seed standard deviations of the study's runs there, and the learning-rate
-sensitivity of Wortsman et al. (2023); then a figure of loss against rate per cell.
+sensitivity of Wortsman et al. (2023); whether the cells' order by held-out loss changes when
+every cell trains at its runner-up rate instead; then a figure of loss against rate per cell.
 """
 
 from __future__ import annotations
@@ -35,6 +36,48 @@ def _spread(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
             m = sum(v) / len(v)
             out[key] = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
     return out
+
+
+def _runner_up(losses: list[float | None]) -> int | None:
+    """The index of the second-lowest finite loss (None with fewer than two)."""
+    finite = sorted((v, j) for j, v in enumerate(losses) if v is not None and math.isfinite(v))
+    return finite[1][1] if len(finite) > 1 else None
+
+
+def flips(records: list[dict[str, Any]]) -> list[str]:
+    """Whether the order of cells would change with the rate: per objective and searched size,
+    the cells ordered by held-out loss at their chosen rates and at their runner-up rates
+    (the search's own runs: nothing is retrained, and no scored task is read). One line each
+    (Markdown list items), naming the pairs that swap."""
+    by: dict[tuple[str, str, str], list[tuple[str, float, float]]] = {}
+    for rec in records:
+        arch, objective, variant, size, budget = rec["point"]
+        second = _runner_up(rec["loss"])
+        if second is None:
+            continue
+        cell = "/".join(p for p in (arch, variant) if p)
+        chosen, runner = rec["loss"][rec["chosen_index"]], rec["loss"][second]
+        by.setdefault((objective, size, budget), []).append((cell, chosen, runner))
+    lines = []
+    for (objective, size, budget), cells in by.items():
+        if len(cells) < 2:
+            continue
+        at_best = [c for c, *_ in sorted(cells, key=lambda c: c[1])]
+        at_second = [c for c, *_ in sorted(cells, key=lambda c: c[2])]
+        swapped = [
+            f"{a} and {b}"
+            for i, a in enumerate(at_best)
+            for b in at_best[i + 1 :]
+            if at_second.index(a) > at_second.index(b)
+        ]
+        where = f"{objective.upper()} at {size}" + (f" {budget}" if budget else "")
+        said = "the same order" if not swapped else "swapped: " + "; ".join(swapped)
+        best = "the best cell stays best" if at_best[0] == at_second[0] else "a new best cell"
+        lines.append(
+            f"- {where}: {' < '.join(at_best)} at the chosen rates; at each cell's runner-up "
+            f"rate {' < '.join(at_second)} ({said}; {best})."
+        )
+    return lines
 
 
 def section(out: Path, runs: list[dict[str, Any]]) -> list[str]:
@@ -91,6 +134,16 @@ def section(out: Path, runs: list[dict[str, Any]]) -> list[str]:
         lines += [
             f"At {edges} of {len(records)} points the chosen rate is at an end of the swept "
             "range: the best rate may lie beyond it (widen `lr_search.rates`).",
+            "",
+        ]
+    swaps = flips(records)
+    if swaps:
+        lines += [
+            "Would the order of cells change with the rate? Held-out loss of the search's "
+            "runs (one seed each) with every cell at its chosen rate, and with every cell at "
+            "its runner-up rate instead:",
+            "",
+            *swaps,
             "",
         ]
     if figure(records, Path(out) / "figures"):

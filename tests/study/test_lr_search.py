@@ -112,6 +112,38 @@ def test_the_choice_is_the_lowest_loss_and_a_diverged_rate_counts_as_the_start()
         lr_search.choose(runs[:3], {"a0": None, "a1": math.nan}, (*RATES, 1.0))
 
 
+def test_the_report_says_which_cells_swap_at_their_runner_up_rates():
+    """Cells of one objective and size ordered by held-out loss at their chosen and at their
+    runner-up rates; a cell alone, or with one finite loss, says nothing."""
+    from scalestudy.study import lr_report
+
+    def rec(arch, objective, losses):
+        finite = [v for v in losses if v is not None]
+        point = (arch, objective, "", "20K", "")
+        return {"point": point, "loss": losses, "chosen_index": losses.index(min(finite))}
+
+    records = [
+        rec("causal_decoder", "plm", [3.0, 2.0, 2.1]),
+        rec("noncausal_decoder", "plm", [2.05, 2.5, 2.2]),
+        rec("encoder_decoder", "plm", [2.3, 2.4, None]),
+        rec("causal_decoder", "flm", [2.0, 2.1, 2.2]),
+        rec("encoder_decoder", "mlm", [1.0, None, None]),
+        rec("noncausal_decoder", "mlm", [1.1, 1.2, None]),
+    ]
+    (line,) = lr_report.flips(records)
+    assert line == (
+        "- PLM at 20K: causal_decoder < noncausal_decoder < encoder_decoder at the chosen "
+        "rates; at each cell's runner-up rate causal_decoder < noncausal_decoder < "
+        "encoder_decoder (the same order; the best cell stays best)."
+    )
+    records[1]["loss"][2] = 2.08  # the non-causal decoder's runner-up beats the causal's
+    (line,) = lr_report.flips(records)
+    assert line.endswith(
+        "runner-up rate noncausal_decoder < causal_decoder < encoder_decoder (swapped: "
+        "causal_decoder and noncausal_decoder; a new best cell)."
+    )
+
+
 def test_bad_searches_are_one_error_each(tmp_path):
     for bad, match in (
         ({"rates": [1e-3]}, "at least 2"),
