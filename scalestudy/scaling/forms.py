@@ -10,11 +10,19 @@ Forms:
 - `PowerLaw("N")`: L = (N_c/N)^alpha_N [+ E] (Kaplan et al. 2020, also for D and C).
 - `Chinchilla()`: L = E + A/N^alpha + B/D^beta (Hoffmann et al. 2022).
 - `KaplanND()`: L = [(N_c/N)^(alpha_N/alpha_D) + D_c/D]^alpha_D [+ E] (Kaplan et al. 2020).
+- `ClarkMoE()`: log10 L = a log10 N + b log10 E + c log10 N log10 E + d, for mixtures of
+  experts: N parameters (dense-equivalent: active) and E experts (Clark et al. 2022).
+- `KrajewskiMoE()`: L = c + (g/G^gamma + a)/N^alpha + b/D^beta, for mixtures of experts of
+  granularity G (Krajewski et al. 2024).
+
+The inputs E (experts) and G (granularity) are table columns (`scaling/io.py`); a dense
+model is E = 1, G = 1.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import ClassVar
 
 import numpy as np
 
@@ -198,6 +206,82 @@ class KaplanND(Form):
         return "[(N_c/N)^(alpha_N/alpha_D) + D_c/D]^alpha_D" + (" + E" if self.with_E else "")
 
 
+_LN10 = float(np.log(10.0))
+
+
+class ClarkMoE(Form):
+    """log10 L(N, E) = a log10 N + b log10 E + c log10 N log10 E + d (Clark et al. 2022,
+    eq. 1, without their saturating transform of E). A dense model is E = 1 (its law:
+    log10 L = a log10 N + d). Linear in its parameters: fitted by least squares in log space.
+    """
+
+    inputs = ("N", "E")
+    params = ("a", "b", "c", "d")
+    name = "clark_ne"
+    with_E = False
+
+    def predict(self, theta_KQ, x_VP):
+        u, v = x_VP[0][None] / _LN10, x_VP[1][None] / _LN10  # log10 N, log10 E
+        a, b, c, d = (theta_KQ[:, i : i + 1] for i in range(4))
+        f = _LN10 * (a * u + b * v + c * u * v + d)
+        K, P = f.shape
+        cols = [u, v, u * v, np.ones((1, P))]
+        return f, np.stack([_LN10 * np.broadcast_to(col, (K, P)) for col in cols], axis=-1)
+
+    def grid(self, x_VP):
+        return _grid([-0.2, -0.05], [-0.1, 0.0], [0.0], [0.0, 1.0, 2.0])
+
+    def named(self, theta_KQ):
+        return {name: theta_KQ[:, i] for i, name in enumerate(self.params)}
+
+    def formula(self):
+        return "log10 L = a log10 N + b log10 E + c log10 N log10 E + d"
+
+
+class KrajewskiMoE(Form):
+    """L(N, D, G) = c + (g/G^gamma + a)/N^alpha + b/D^beta (Krajewski et al. 2024), fitted
+    like Chinchilla's law (Huber loss of log residuals). `published`: their constants, to be
+    read beside ours with the caveat of scale (their models: 10^7 to 10^9 parameters)."""
+
+    inputs = ("N", "D", "G")
+    robust = True
+    name = "krajewski_ndg"
+    with_E = True
+    # log g, gamma, log a, alpha, log b, beta, log c
+    params = ("lg", "gamma", "la", "alpha", "lb", "beta", "lc")
+    published: ClassVar[dict[str, float]] = {
+        "a": 18.1, "alpha": 0.115, "b": 30.8, "beta": 0.147, "g": 2.1, "gamma": 0.58, "c": 0.47
+    }  # fmt: skip
+
+    def predict(self, theta_KQ, x_VP):
+        lg, gamma, la, alpha, lb, beta, lc = (theta_KQ[:, i : i + 1] for i in range(7))
+        n, d, g = (x[None] for x in x_VP)
+        s, q = _softmax_lse(np.stack([lg - gamma * g, np.broadcast_to(la, (len(la), g.shape[1]))]))
+        t1, t2 = s - alpha * n, lb - beta * d
+        f, p = _softmax_lse(
+            np.stack([t1, np.broadcast_to(t2, t1.shape), np.broadcast_to(lc, t1.shape)])
+        )
+        cols = [p[0] * q[0], -p[0] * q[0] * g, p[0] * q[1], -p[0] * n, p[1], -p[1] * d, p[2]]
+        return f, np.stack([np.broadcast_to(c, f.shape) for c in cols], axis=-1)
+
+    def grid(self, x_VP):
+        return _grid(
+            [0.0, 2.0, 4.0], [0.3, 0.6], [0.0, 2.5, 5.0], [0.1, 0.3], [0.0, 5.0, 10.0],
+            [0.1, 0.3], [-1.0, 0.0, 0.5],
+        )  # fmt: skip
+
+    def named(self, theta_KQ):
+        lg, gamma, la, alpha, lb, beta, lc = theta_KQ.T
+        with np.errstate(over="ignore"):
+            return {
+                "g": np.exp(lg), "gamma": gamma, "a": np.exp(la), "alpha": alpha,
+                "b": np.exp(lb), "beta": beta, "c": np.exp(lc),
+            }  # fmt: skip
+
+    def formula(self):
+        return "c + (g/G^gamma + a)/N^alpha + b/D^beta"
+
+
 def get_form(law: str) -> Form:
     """The form fitted by a law name (see LAWS)."""
     forms = {
@@ -211,6 +295,8 @@ def get_form(law: str) -> Form:
         "kaplan_nd_E": lambda: KaplanND(True),
         "chinchilla3": lambda: Chinchilla(True),
         "chinchilla3_noE": lambda: Chinchilla(False),
+        "clark_ne": ClarkMoE,
+        "krajewski_ndg": KrajewskiMoE,
     }
     return forms[law]()
 
@@ -226,4 +312,6 @@ FORM_LAWS = (
     "kaplan_nd_E",
     "chinchilla3",
     "chinchilla3_noE",
+    "clark_ne",
+    "krajewski_ndg",
 )

@@ -30,6 +30,12 @@ _AUTO = {
     "loss": ("loss", "finalloss", "valloss", "evalloss", "validationloss"),
 }
 
+# Mixture-of-experts inputs of the MoE laws (scaling/forms.py), found by name only.
+_MOE = {
+    "E": ("e", "experts", "routedexperts", "numexperts", "nexperts"),
+    "G": ("g", "granularity"),
+}
+
 # ----------------------------------------------------------------------------- columns
 
 
@@ -135,6 +141,15 @@ def build_table(rows: list[dict], settings: DataSettings, kind: str) -> RunTable
     for col in columns:
         if col.startswith("eval/"):
             extra[col] = _values(rows, col, 1.0)
+    for var, names in _MOE.items():
+        found = [c for c in columns if _norm(c) in names]
+        if len(found) > 1:
+            raise ScalingDataError(
+                f"several columns could be {var} (the MoE laws' input): {', '.join(found)}; "
+                "keep one"
+            )
+        if found:
+            extra[var] = _values(rows, found[0], 1.0)
     table = RunTable(ids, cell, N, D, C, loss, extra, table_curves, budget=budget)
     table.choices = {
         "source_kind": kind,

@@ -10,6 +10,10 @@ Laws (names accepted by `--law` and `FitSettings.laws`):
 - chinchilla3: L(N, D) = E + A/N^alpha + B/D^beta, fitted as in Hoffmann et al. (2022) (Huber
   loss of log residuals), with the implied compute-optimal N_opt(C) = G (C/k)^a,
   D_opt(C) = (1/G) (C/k)^b for C = k N D.
+- clark_ne: log10 L(N, E) = a log10 N + b log10 E + c log10 N log10 E + d, for mixtures of E
+  experts (Clark et al. 2022); krajewski_ndg: L(N, D, G) = c + (g/G^gamma + a)/N^alpha +
+  b/D^beta, for granularity G (Krajewski et al. 2024), with their constants beside ours. E and
+  G come from table columns (experts, granularity); `auto` does not include them.
 - auto: every law the data support (the others are reported as skipped, with the reason).
 Every parameter and derived exponent carries a percentile bootstrap interval over runs, and
 every fit a list of flags saying why the data may not support it (scaling/flags.py).
@@ -125,10 +129,13 @@ def _inputs(table: RunTable, form: Form):
             raise ScalingDataError(f"{form.name} needs compute C (or N and D for C = 6ND)")
         c, loss, run = frontier.frontier_points(table)
         return np.log(c)[None], np.log(loss), run
-    cols = {"N": table.N, "D": table.D}
+    cols = {"N": table.N, "D": table.D, **{v: table.extra.get(v) for v in ("E", "G")}}
     for v in form.inputs:
-        if np.isnan(cols[v]).all():
-            raise ScalingDataError(f"{form.name} needs {v}, which the runs do not have")
+        if cols[v] is None or np.isnan(cols[v]).all():
+            where = {"E": " (a column named experts)", "G": " (a column named granularity)"}
+            raise ScalingDataError(
+                f"{form.name} needs {v}, which the runs do not have{where.get(v, '')}"
+            )
     x = np.log(np.stack([cols[v] for v in form.inputs]))
     run = np.arange(len(table.loss))
     if len(form.inputs) == 1:
@@ -224,9 +231,8 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
         v = form.inputs[0]
         flags += prediction_span_flag(np.exp(pred[0]), np.exp(pred_R), s.ci, np.exp(x[0]), v)
     # Training and seeds are properties of the cell's runs, not only of the points kept.
-    flags += fit_flags(
-        resid, x[0], table.N, table.D, f"log {form.inputs[0]}", len(form.inputs) == 2
-    )
+    in_n_and_d = len(form.inputs) > 1 and "D" in form.inputs
+    flags += fit_flags(resid, x[0], table.N, table.D, f"log {form.inputs[0]}", in_n_and_d)
     flags += [
         f"bound: {name}: {bad:.0%} of bootstrap fits failed"
         for name, v in samples.items()
@@ -270,6 +276,8 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             f"per distinct {form.inputs[0]}, every run of the training length with the lowest "
             "mean loss"
         )
+    if published := getattr(form, "published", None):
+        out["published"] = published  # the paper's constants, beside ours
     if s.holdout > 0:
         out["holdout"] = resample.holdout(form, table, x, y, run, grid, s)
     if s.kfold:

@@ -165,6 +165,9 @@ def _fit_lines(law: str, fit: dict) -> list[str]:
     lines = [f"  {law:<16} {fit['formula']}   {extra}{mark}"]
     for name, p in fit["params"].items():
         lines.append(f"      {name:<8} {_g(p['value']):>11}  {_ci(p.get('ci'))}")
+    if "published" in fit:
+        said = ", ".join(f"{k} {_g(v)}" for k, v in fit["published"].items())
+        lines.append(f"      published: {said} (their scale, not this study's)")
     if "holdout" in fit and "rmse_log" in fit["holdout"]:
         lines.append(f"      held-out rmse(log) {fit['holdout']['rmse_log']:.3g}")
     cv = fit.get("crossval")

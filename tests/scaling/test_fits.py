@@ -383,3 +383,78 @@ def test_compute_frontier_judges_the_seeds_of_a_point_together():
         np.array([2.0, 2.1, 1.9, 1.8]),
     )
     assert frontier.final_frontier(t3).tolist() == [0, 2, 3]
+
+
+@pytest.mark.parametrize("law", ["clark_ne", "krajewski_ndg"])
+def test_moe_forms_jacobians_equal_central_differences(law):
+    form = get_form(law)
+    rng = np.random.default_rng(3)
+    x = np.log(rng.uniform([1e7, 1e9, 1.0][: len(form.inputs)], 1e9, (9, len(form.inputs))).T)
+    theta = form.grid(x)[::97][:4] + rng.normal(0, 0.05, (4, len(form.params)))
+    _, jac = form.predict(theta, x)
+    for q in range(theta.shape[1]):
+        step = np.zeros_like(theta)
+        step[:, q] = 1e-6
+        numeric = (form.predict(theta + step, x)[0] - form.predict(theta - step, x)[0]) / 2e-6
+        np.testing.assert_allclose(jac[..., q], numeric, rtol=1e-5, atol=1e-7)
+
+
+def _moe_table(path, rows):
+    import csv
+
+    from scalestudy.scaling.io import load_table
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return load_table(path)
+
+
+def test_clark_law_in_parameters_and_experts_is_least_squares_in_log10(tmp_path):
+    """The law of Clark et al. (2022) from a table with an `experts` column (a dense model is
+    E = 1): exact data give back its coefficients, noisy data give ordinary least squares in
+    log10 L on (log10 N, log10 E, their product, 1)."""
+    a, b, c, d = -0.082, -0.108, 0.009, 1.104
+    N, E = np.meshgrid([1e7, 3e7, 1e8, 3e8, 1e9], [1, 4, 16, 64])
+    u, v = np.log10(N.ravel()), np.log10(E.ravel())
+    log10_L = a * u + b * v + c * u * v + d
+    noise = np.random.default_rng(4).normal(0, 0.004, u.size)
+    form = get_form("clark_ne")
+    for eps in (0.0, noise):
+        rows = [
+            {"params": n, "experts": e, "tokens": 20 * n, "loss": 10**y}
+            for n, e, y in zip(N.ravel(), E.ravel(), log10_L + eps)
+        ]
+        table = _moe_table(tmp_path / "clark.csv", rows)
+        fit = fit_form(form, table, np.zeros((0, u.size)), FitSettings(), 6.0)
+        A = np.stack([u, v, u * v, np.ones_like(u)], axis=1)
+        expected = np.linalg.lstsq(A, log10_L + eps, rcond=None)[0]
+        got = [fit["params"][k]["value"] for k in "abcd"]
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(expected, [a, b, c, d], atol=0.03)  # the noise moves them little
+
+
+def test_krajewski_law_recovers_its_constants_and_shows_the_published_ones(tmp_path):
+    """Data made by the law of Krajewski et al. (2024) with their constants, over N, D and
+    granularity G: the fit gives them back, and the result carries the published values."""
+    from scalestudy.scaling.report import _fit_lines
+
+    form = get_form("krajewski_ndg")
+    p = form.published
+    rows = []
+    for n in (3e7, 1e8, 3e8, 1e9):
+        for d in (1e9, 4e9, 1.6e10):
+            for g in (1, 2, 4, 8, 16):
+                loss = p["c"] + (p["g"] / g ** p["gamma"] + p["a"]) / n ** p["alpha"]
+                rows.append(
+                    {"N": n, "D": d, "granularity": g, "loss": loss + p["b"] / d ** p["beta"]}
+                )
+    table = _moe_table(tmp_path / "kraj.csv", rows)
+    fit = fit_form(form, table, np.zeros((0, len(rows))), FitSettings(), 6.0)
+    for name, value in p.items():
+        assert fit["params"][name]["value"] == pytest.approx(value, rel=0.02), name
+    assert fit["published"] == p
+    assert any(line.strip().startswith("published: a 18.1") for line in _fit_lines("k", fit))
+    with pytest.raises(ScalingDataError, match=r"clark_ne needs E.*a column named experts"):
+        fit_form(get_form("clark_ne"), table, np.zeros((0, len(rows))), FitSettings(), 6.0)
