@@ -55,9 +55,9 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--c-unit", default="", help="multiplier of C values: 1e18, PF-days, ...")
     p.add_argument(
         "--n-kind",
-        choices=["total", "non_embedding"],
+        choices=["total", "non_embedding", "active"],
         default="non_embedding",
-        help="registry: which parameter count is N",
+        help="registry: which parameter count is N (active: non-embedding, used per token)",
     )
     p.add_argument(
         "--d-kind",

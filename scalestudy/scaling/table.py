@@ -41,7 +41,7 @@ class DataSettings:
     curve_points: str = "mid_schedule"
     budget_col: str | None = None  # IsoFLOP budget labels; None: 'budget' when present
     group_cols: tuple[str, ...] | None = None  # None: arch,objective when present
-    n_kind: str = "non_embedding"  # registry: "total" | "non_embedding"
+    n_kind: str = "non_embedding"  # registry: "total" | "non_embedding" | "active"
     d_kind: str = "positions"  # registry: "positions" | "tokens" (loss-bearing)
     c_kind: str | None = None  # "counted" | "6nd"; None: counted if a C column exists
     n_unit: str = ""

@@ -47,7 +47,8 @@ def registry_table(
 ) -> RunTable:
     """A RunTable from registry rows (`registry.load_runs`, `registry.load_curves`).
 
-    N is `params_total` or `params_non_embedding` (`settings.n_kind`), D the processed
+    N is `params_total`, `params_non_embedding` or `params_active` (`settings.n_kind`;
+    E and G, for the MoE laws, come from `experts` and `granularity`), D the processed
     positions or loss-bearing tokens (`d_kind`), C the counted `flops`, the loss the final
     validation loss; runs without one yet are left out and counted. The curves are training
     losses logged mid-schedule (never ends of finished schedules)."""
@@ -59,8 +60,8 @@ def registry_table(
             "a registry's curves are training loss logged mid-schedule, not ends of finished "
             "schedules; record cooldown branches as runs of their own instead"
         )
-    if s.n_kind not in ("total", "non_embedding"):
-        raise ScalingDataError(f"n_kind {s.n_kind!r}; accepted: total, non_embedding")
+    if s.n_kind not in ("total", "non_embedding", "active"):
+        raise ScalingDataError(f"n_kind {s.n_kind!r}; accepted: total, non_embedding, active")
     if s.d_kind not in ("positions", "tokens"):
         raise ScalingDataError(f"d_kind {s.d_kind!r}; accepted: positions, tokens")
     loss_col = s.loss_col or "loss"

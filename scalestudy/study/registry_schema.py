@@ -25,8 +25,9 @@ from scalestudy.errors import ScalestudyError
 # `interrupted`: stopped by a signal after saving a checkpoint (resumed by the next run).
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
 
-# 1: the columns up to `error` below; 2: lineage of stage runs (`stage` ... `matches_run_id`).
-SCHEMA_VERSION = 2
+# 1: the columns up to `error` below; 2: lineage of stage runs (`stage` ... `matches_run_id`);
+# 3: mixture-of-experts shape (`params_active`, `experts`, `granularity`).
+SCHEMA_VERSION = 3
 
 # Columns of `runs` besides the id, in order; numbers are REAL/INTEGER, the rest TEXT.
 RUN_COLUMNS: dict[str, str] = {
@@ -85,6 +86,11 @@ RUN_COLUMNS: dict[str, str] = {
     "parent_run_id": "TEXT",
     "parent_step": "INTEGER",
     "matches_run_id": "TEXT",
+    # Mixture of experts (schema 3): non-embedding parameters one token uses, routed experts
+    # (1: dense) and granularity d_ff / d_expert (1: dense), the MoE laws' inputs.
+    "params_active": "INTEGER",
+    "experts": "INTEGER",
+    "granularity": "REAL",
 }
 
 _SCHEMA = f"""

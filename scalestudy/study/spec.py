@@ -184,7 +184,7 @@ class FitConfig(Frozen):
     """Scaling-law fits run at the end of a study (scalestudy.scaling)."""
 
     laws: Tuple = ("kaplan_n", "chinchilla3")
-    n_kind: Literal["total", "non_embedding"] = "non_embedding"
+    n_kind: Literal["total", "non_embedding", "active"] = "non_embedding"
     c_kind: Literal["6nd", "counted"] = "counted"
     bootstrap: int = Field(200, ge=0)
     seed: int = 0

@@ -178,3 +178,43 @@ def test_a_study_without_task_losses_says_why_it_has_no_task_laws():
     fits = {"cells": {"any": {}}, "task_laws": study_task_laws(registry_table(rows, [], s.data), s)}
     text = "\n".join(section(fits))
     assert "Task laws were not fitted: no run has a task loss" in text
+
+
+def test_a_registry_of_moe_runs_fits_the_moe_laws_on_active_parameters(tmp_path):
+    """A study plans each run's MoE shape into the registry (active parameters, experts,
+    granularity); `n_kind: active` and the `experts` column give Clark et al.'s law."""
+    from scalestudy.study.sweep import expand, load_study
+    from tests.study.conftest import write_spec
+
+    moe = {"enabled": True, "routed_experts": 8, "top_k": 2, "d_expert": 16}
+    spec = write_spec(tmp_path / "moe.yaml", base={"model": {"moe": moe}})
+    (run, *_) = expand(load_study(spec), tmp_path)
+    row = run.row("moe", tmp_path / "r")
+    assert row["experts"] == 8 and row["granularity"] == run.cfg.model.d_ff / 16
+    assert row["params_active"] < row["params_non_embedding"]
+    a, b, c, d = -0.08, -0.1, 0.01, 1.1
+    runs = []
+    for i, (n, e) in enumerate((n, e) for n in (1e6, 3e6, 1e7, 3e7) for e in (1, 4, 16)):
+        loss = 10 ** (a * np.log10(n) + b * np.log10(e) + c * np.log10(n) * np.log10(e) + d)
+        runs.append(
+            {
+                "run_id": f"r{i}",
+                "arch": "causal_decoder",
+                "objective": "flm",
+                "params_total": int(n * e),
+                "params_non_embedding": int(n * e),
+                "params_active": int(n),
+                "experts": e,
+                "granularity": 1.0,
+                "summary": {"tokens": 20 * n, "positions": 20 * n, "flops": 120 * n * n,
+                            "final_val_loss": float(loss)},
+            }
+        )  # fmt: skip
+    _registry(tmp_path / "registry.sqlite", runs)
+    table = load_table(tmp_path, DataSettings(n_kind="active"))
+    np.testing.assert_allclose(table.N, [int(r["params_active"]) for r in runs])
+    np.testing.assert_allclose(table.extra["E"], [r["experts"] for r in runs])
+    res = fit_cells(table, settings=FitSettings(laws=("clark_ne",), bootstrap=0))
+    params = res["cells"]["causal_decoder/flm"]["fits"]["clark_ne"]["params"]
+    got = [params[k]["value"] for k in "abcd"]
+    np.testing.assert_allclose(got, [a, b, c, d], atol=1e-4)  # active N, rounded to integers
