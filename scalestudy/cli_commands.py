@@ -305,8 +305,13 @@ def cmd_attention_rank(args: argparse.Namespace) -> int:
     cli_args.output_file(args.out)
     _join_job()
     from scalestudy.decoder_only.attention_rank import measure_run
+    from scalestudy.train import logfile
 
-    return _print_results(lambda: measure_run(workdir, step=args.step, out=args.out), args.json)
+    def measure() -> dict:
+        with logfile.library_logs_of(workdir):  # orbax's notes to the run's log
+            return measure_run(workdir, step=args.step, out=args.out)
+
+    return _print_results(measure, args.json)
 
 
 def cmd_experts(args: argparse.Namespace) -> int:

@@ -396,7 +396,9 @@ def test_eval_keeps_the_libraries_notes_in_the_runs_log(tmp_path: Path, capfd) -
     ckpt.save(3, {"params": model.init(jax.random.key(0)), "step": np.int32(3)}, {"cursor": 0}, cfg)
     ckpt.close()
     capfd.readouterr()
-    assert main(["eval", "--workdir", str(tmp_path)]) == 0
-    err = capfd.readouterr().err
-    assert "absl" not in err and "read only" not in err, err
-    assert "read only" in (tmp_path / "train.log").read_text()  # orbax's note, kept
+    for command in (["eval"], ["attention-rank"]):  # each: notes to the log, none shown
+        (tmp_path / "train.log").unlink(missing_ok=True)
+        assert main([*command, "--workdir", str(tmp_path)]) == 0
+        err = capfd.readouterr().err
+        assert "absl" not in err and "read only" not in err, (command, err)
+        assert "read only" in (tmp_path / "train.log").read_text()  # orbax's note, kept
