@@ -219,3 +219,17 @@ def test_the_main_job_scores_the_incontext_probe_at_every_k_with_every_demonstra
         vocab = get_vocabulary(cfg.data)
         _, shots = _fewshot(icl, examples, 8, vocab, scoring_config(cfg))
         assert [s.kept for s in shots] == [8] * len(examples), arch
+
+
+def test_the_moe_laws_spec_varies_only_the_experts_at_each_size(tmp_path):
+    """configs/studies/moe_laws.yaml: at each rung the 4- and 16-expert variants use the dense
+    model's active parameters per token plus their routers (top-1 experts as wide as the
+    dense MLP), so Clark et al.'s law sees E change at nearly fixed N; the rows carry both."""
+    study, runs = _expand("moe_laws.yaml")
+    assert study.fit.laws == ("clark_ne",) and study.fit.n_kind == "active"
+    rows = [r.row(study.name, tmp_path / r.dirname) for r in runs]
+    assert {r["experts"] for r in rows} == {1, 4, 16} and {r["granularity"] for r in rows} == {1.0}
+    for r in rows:  # the same active parameters as the dense model but for each layer's router
+        dense = next(d for d in rows if d["size"] == r["size"] and d["experts"] == 1)
+        router = r["n_layers"] * (r["d_model"] + 1) * r["experts"] if r["experts"] > 1 else 0
+        assert r["params_active"] - dense["params_active"] == router
