@@ -103,8 +103,8 @@ class PowerLaw(Form):
         alpha = theta_KQ[:, 1]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             out = {f"alpha_{self.var}": alpha, f"{self.var}_c": np.exp(theta_KQ[:, 0] / alpha)}
-        if self.with_E:
-            out["E"] = np.exp(theta_KQ[:, 2])
+            if self.with_E:
+                out["E"] = np.exp(theta_KQ[:, 2])
         return out
 
     def formula(self):
@@ -145,14 +145,16 @@ class Chinchilla(Form):
         return _grid(ab, ex, ab, ex, [-1.0, -0.5, 0.0, 0.5, 1.0])
 
     def named(self, theta_KQ):
-        out = {
-            "A": np.exp(theta_KQ[:, 0]),
-            "alpha": theta_KQ[:, 1],
-            "B": np.exp(theta_KQ[:, 2]),
-            "beta": theta_KQ[:, 3],
-        }
-        if self.with_E:
-            out["E"] = np.exp(theta_KQ[:, 4])
+        # A bootstrap fit that ran off to a huge coefficient is inf here; the flags name it.
+        with np.errstate(over="ignore"):
+            out = {
+                "A": np.exp(theta_KQ[:, 0]),
+                "alpha": theta_KQ[:, 1],
+                "B": np.exp(theta_KQ[:, 2]),
+                "beta": theta_KQ[:, 3],
+            }
+            if self.with_E:
+                out["E"] = np.exp(theta_KQ[:, 4])
         return out
 
     def formula(self):
@@ -198,8 +200,8 @@ class KaplanND(Form):
         u, v, r, ad = theta_KQ[:, :4].T
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             out = {"alpha_N": r * ad, "alpha_D": ad, "N_c": np.exp(u / r), "D_c": np.exp(v)}
-        if self.with_E:
-            out["E"] = np.exp(theta_KQ[:, 4])
+            if self.with_E:
+                out["E"] = np.exp(theta_KQ[:, 4])
         return out
 
     def formula(self):

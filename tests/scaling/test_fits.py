@@ -458,3 +458,17 @@ def test_krajewski_law_recovers_its_constants_and_shows_the_published_ones(tmp_p
     assert any(line.strip().startswith("published: a 18.1") for line in _fit_lines("k", fit))
     with pytest.raises(ScalingDataError, match=r"clark_ne needs E.*a column named experts"):
         fit_form(get_form("clark_ne"), table, np.zeros((0, len(rows))), FitSettings(), 6.0)
+
+
+@pytest.mark.parametrize("law", ["chinchilla3", "kaplan_n", "kaplan_nd_E", "krajewski_ndg"])
+def test_a_runaway_bootstrap_fit_is_inf_not_a_warning(law):
+    """A resample whose fit ran off to a huge log coefficient: its named parameters are inf
+    (the `bound` flag counts them), and nothing is printed on the terminal."""
+    import warnings
+
+    form = get_form(law)
+    theta = np.full((1, len(form.params)), 800.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        named = form.named(theta)
+    assert any(np.isinf(v).all() for v in named.values())
