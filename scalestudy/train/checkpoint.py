@@ -11,13 +11,14 @@ A checkpoint (`<workdir>/checkpoints/<step>/`) holds four items:
 
 Saves are asynchronous (the device-to-host copy blocks, the writing does not) and atomic:
 orbax writes into a temporary directory and renames it when complete, so an interrupted save
-never looks like a checkpoint. A save that fails (disk full, unwritable directory) raises
+never looks like a checkpoint. Each save has a directory of its own for that
+(`.save-<step>-<token>-<n>`, see train/checkpoint_writers.py), never the one of an earlier
+save of the same step. A save that fails (disk full, unwritable directory) raises
 `CheckpointWriteError` naming the step and the cause at that save, or for an asynchronous
 save at the next `poll()`/`wait()`, i.e. the next step boundary. Before it raises, the failed
-save is over: orbax's writer threads are joined, the writes they left in flight (tensorstore
-finishes the other arrays of a failed batch on its own threads) have stopped touching the
-disk, and the failed step's temporary directory is removed, so the same process can resume,
-remount or exit at once.
+save is over: orbax's writer threads are joined, no file of it is open, and its directory is
+sealed (replaced by an empty file), so that the writes tensorstore still holds for it (orbax
+no longer awaits them) can only fail. The same process can resume, remount or exit at once.
 
 Restoring through damage is train/recovery.py; reading a finished run (its config, its
 parameters) is train/saved.py. Nothing is deleted except by the keep-last-N / keep-every-K
@@ -33,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -196,17 +198,27 @@ class Checkpointer:
         policies: list[Any] = [LatestN(keep_last)]
         if keep_every is not None:
             policies.append(EveryNSteps(keep_every))
+        # {str(final step directory): the directory its save writes in}, for orbax's
+        # temporary paths; `_token` and `_saves` name those directories.
+        self._save_dirs: dict[str, Path] = {}
+        self._token: int | None = None
+        self._saves = 0
         options = ocp.CheckpointManagerOptions(
             preservation_policy=AnyPreservationPolicy(policies),
             enable_async_checkpointing=async_save,
             create=not read_only,
             read_only=read_only,
             cleanup_tmp_directories=not read_only,
+            temporary_path_class=(
+                None if read_only else checkpoint_writers.save_path_class(self._save_dirs)
+            ),
         )
         self.read_only = read_only
         self._pending: int | None = None  # step of a save not yet checked for errors
         self._failed: int | None = None  # step whose save failed (reported once)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        if not read_only:
+            checkpoint_writers.remove_stale_saves(self.directory)
 
     def all_steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -227,8 +239,19 @@ class Checkpointer:
         )
         self.wait()  # orbax waits for the previous save anyway; its error names its step
         self._pending = step
+        self._save_dirs[str(self.directory / str(step))] = self._new_save_dir(step)
         with self._write_errors(step):
             self._manager.save(step, args=args, force=True)
+
+    def _new_save_dir(self, step: int) -> Path:
+        """The directory the next save (of `step`) writes in: named alike on every process
+        (every process saves, in the same order), and by no earlier save of this directory."""
+        if self._token is None:
+            self._token = distributed.agreed(random.getrandbits(31))
+        self._saves += 1
+        save_dir = self.directory / checkpoint_writers.save_dir_name(step, self._token, self._saves)
+        checkpoint_writers.claim(save_dir)
+        return save_dir
 
     def poll(self) -> None:
         """Raise CheckpointWriteError if the last asynchronous save has failed (cheap: only
@@ -243,6 +266,10 @@ class Checkpointer:
             self._manager.check_for_errors()
             if self._pending is not None and distributed.is_primary() and not self.read_only:
                 write_checksums(self.directory / str(self._pending))
+        if self._pending is not None:
+            save_dir = self._save_dirs.pop(str(self.directory / str(self._pending)), None)
+            if save_dir is not None:
+                checkpoint_writers.release(save_dir)
         self._pending = None
 
     def close(self) -> None:
@@ -271,7 +298,10 @@ class Checkpointer:
             self._failed = step
             with contextlib.suppress(Exception):  # orbax re-raises the failure it already gave
                 self._manager.wait_until_finished()
-            checkpoint_writers.settle_failed_save(self.directory, step)
+            save_dir = (
+                None if step is None else self._save_dirs.get(str(self.directory / str(step)))
+            )
+            checkpoint_writers.settle_failed_save(self.directory, save_dir, step)
             try:
                 self._manager.reload()
                 kept = self.all_steps()

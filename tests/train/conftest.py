@@ -57,8 +57,8 @@ def compilation_cache(tmp_path_factory):
 @pytest.fixture
 def small_disk(tmp_path):
     """An 8 MiB tmpfs (root only; where mounting is not allowed the test is skipped): room for
-    two tiny checkpoints, a failed save's leftovers (and its late writes, should any land
-    after the save was settled) and train.log once the filler is gone."""
+    two tiny checkpoints, what a failed save wrote before it was sealed (nothing of it lands
+    after) and train.log once the filler is gone."""
     path = tmp_path / "disk"
     path.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:

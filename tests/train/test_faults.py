@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -161,8 +162,10 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     assert "intact (steps [4])" in message
     assert max(r["step"] for r in rundir.read_metrics(run)) <= 12  # the next boundary at most
     assert saved.latest_step(run) == 4
-    # The failed save is over: nothing of it is left in flight or on the disk.
+    # The failed save is over: nothing of it is left running, open or unfinished on the disk.
     assert not list((run / "checkpoints").glob(f"*{checkpoint_writers.TMP_SUFFIX}*"))
+    assert checkpoint_writers.unfinished_saves(run / "checkpoints") == []
+    assert checkpoint_writers.open_files_under(run / "checkpoints") == []
     (small_disk / "filler").unlink()
     with (run / rundir.METRICS).open("a") as f:
         f.write('{"step": 13, "train/lo')  # what a full disk or a power cut leaves
@@ -178,27 +181,35 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
 def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypatch):
     """The same as the full disk above, anywhere: orbax's writer reports ENOSPC at step 8 the
     way tensorstore does (a ValueError carrying the OS error code) while another write of
-    that save is still in flight on a thread of its own, holding a file open. When the error
-    arrives that write is over and the failed step's temporary directory is gone."""
+    that save is still in flight on a thread of its own, its file open in the save's own
+    directory. When the error arrives that write is over and nothing of the save is left
+    unfinished on the disk."""
     import threading
 
     import orbax.checkpoint as ocp
 
-    real = ocp.CheckpointManager.save
-    writers = []
+    real, real_claim = ocp.CheckpointManager.save, checkpoint_writers.claim
+    save_dirs, writers, written = [], [], []
 
-    def write_slowly(path):
-        with path.open("wb") as f:
+    def claim(save_dir):
+        save_dirs.append(save_dir)
+        real_claim(save_dir)
+
+    def write_slowly(f):
+        with f:
             for _ in range(15):
                 f.write(b"\0" * 4096)
                 f.flush()
                 time.sleep(0.1)
+            written.append(f.name)  # before the file is closed, so before the error
 
     def full_at_8(self, step, *args, **kwargs):
         if step == 8:
-            tmp = tmp_path / "checkpoints" / f"8{checkpoint_writers.TMP_SUFFIX}" / "params"
+            tmp = save_dirs[-1] / f"8{checkpoint_writers.TMP_SUFFIX}" / "params"
             tmp.mkdir(parents=True)
-            writers.append(threading.Thread(target=write_slowly, args=(tmp / "chunk",)))
+            writers.append(
+                threading.Thread(target=write_slowly, args=((tmp / "chunk").open("wb"),))
+            )
             writers[0].start()
             raise ValueError(
                 'RESOURCE_EXHAUSTED: Error writing "params": No space left on device '
@@ -206,11 +217,15 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
             )
         return real(self, step, *args, **kwargs)
 
+    monkeypatch.setattr(checkpoint_writers, "claim", claim)
     monkeypatch.setattr(ocp.CheckpointManager, "save", full_at_8)
     with pytest.raises(checkpoint.CheckpointWriteError) as error:
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
+    assert len(written) == 1
+    writers[0].join(timeout=60)  # a safety net: it ends as it closes its file
     assert not writers[0].is_alive()
     assert not list((tmp_path / "checkpoints").glob(f"*{checkpoint_writers.TMP_SUFFIX}*"))
+    assert checkpoint_writers.unfinished_saves(tmp_path / "checkpoints") == []
     assert checkpoint_writers.open_files_under(tmp_path / "checkpoints") == []
     assert str(error.value).startswith(
         "cannot write the checkpoint of step 8 to "
@@ -219,6 +234,53 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
     )
     assert saved.latest_step(tmp_path) == 4
     assert max(r["step"] for r in rundir.read_metrics(tmp_path)) <= 8
+
+
+def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    """A failed save leaves tensorstore writes behind that nothing can wait for: orbax awaits
+    them no more, some run a moment later (under load, seconds), some never. Here the save of
+    step 8 fails (its data item reports ENOSPC) and one of its parameter writes lands only
+    while the run resumed in the same process saves step 8 again, through tensorstore's file
+    driver, which makes the directories it is missing. It must land nowhere: not in the new
+    checkpoint of step 8, and not as a directory the failed save left behind."""
+    import threading
+
+    import tensorstore as ts
+
+    real = checkpoint.ProcessJsonHandler._save_fn
+    failed, landed = [], []
+
+    def late_write(item_dir):
+        """The failed save's write of a parameter chunk, as tensorstore makes it."""
+        params = item_dir.parent / f"params{checkpoint_writers.TMP_SUFFIX}"
+        store = ts.KvStore.open(f"file://{params}/").result()
+        try:
+            store.write("ocdbt.process_0/d/late", b"\0" * 4096).result()
+            landed.append(str(params))
+        except ValueError:  # no directory can be made there: the write fails, unread
+            pass
+
+    async def save_fn(self, x, directory):
+        if directory.parent.name.startswith(f"8{checkpoint_writers.TMP_SUFFIX}"):
+            if not failed:
+                failed.append(Path(directory))
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            writer = threading.Thread(target=late_write, args=(failed[0],))
+            writer.start()
+            writer.join()  # landed, or failed, before this save goes on
+        await real(self, x, directory)
+
+    monkeypatch.setattr(checkpoint.ProcessJsonHandler, "_save_fn", save_fn)
+    with pytest.raises(checkpoint.CheckpointWriteError, match=r"step 8 .*No space left on device"):
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
+    assert checkpoint_writers.unfinished_saves(tmp_path / "checkpoints") == []
+    loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
+    assert saved.latest_step(tmp_path) == 8
+    assert landed == [] and not list((tmp_path / "checkpoints").rglob("late"))
+    assert checkpoint_writers.unfinished_saves(tmp_path / "checkpoints") == []
+    assert checkpoint.checksum_problem(tmp_path / "checkpoints" / "8") is None
 
 
 # ----------------------------------------------------------------------------- faults, round 3
