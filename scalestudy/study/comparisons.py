@@ -43,12 +43,21 @@ from scalestudy.study.recipe import recipe_differences
 # (what, the run keys to read, first present wins)
 QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("total parameters", ("params_total",)),
+    ("active parameters", ("params_active",)),
     ("training FLOPs", ("flops", "planned_flops")),
     ("document tokens", ("document_tokens", "planned_document_tokens")),
     ("positions", ("positions",)),
     ("loss-bearing tokens", ("loss_tokens", "tokens")),
     ("inference FLOPs per generated token", ("inference_flops_per_token",)),
 )
+# Said only where a side has routed experts: in a dense model they are its non-embedding
+# parameters, a fixed share of the total.
+MOE_ONLY = frozenset({"active parameters"})
+
+
+def has_experts(runs: list[dict[str, Any]]) -> bool:
+    """Whether any of `runs` is a mixture-of-experts model (more than one routed expert)."""
+    return any((r.get("experts") or 1) > 1 for r in runs)
 
 
 def label(run: dict[str, Any]) -> str:
@@ -72,7 +81,10 @@ def held_equal(
     """(quantities held equal, quantities that differ as 'what (a/b = r)' or 'what (unknown)')
     between the runs `a` and `b` (each averaged over its runs)."""
     same, differ = [], []
+    moe = has_experts([*a, *b])
     for what, keys in QUANTITIES:
+        if what in MOE_ONLY and not moe:
+            continue
         va = [v for r in a if (v := _value(r, keys)) is not None]
         vb = [v for r in b if (v := _value(r, keys)) is not None]
         if not va or not vb:
@@ -360,8 +372,9 @@ def _score(values: dict[int, float], metric: str, examples: int) -> Interval:
 
 
 def _quantities_at(rows: list[dict[str, Any]], x_key: str, x: float) -> dict[str, float]:
-    """Each of QUANTITIES at `x` (seed means per x, interpolated in log-log), as a run dict."""
-    out: dict[str, float] = {}
+    """Each of QUANTITIES at `x` (seed means per x, interpolated in log-log), as a run dict
+    (with the most routed experts of `rows`)."""
+    out: dict[str, float] = {"experts": max((r.get("experts") or 1) for r in rows)}
     for _, keys in QUANTITIES:
         points: dict[float, list[float]] = defaultdict(list)
         for r in rows:

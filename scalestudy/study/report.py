@@ -117,11 +117,11 @@ def compare(
     out["not_scaling"] = not_scaling(done)
     out["matched"] = comparisons.compare(done, tolerance, family=False)
     leaders = []
-    for name, x_key in (
-        ("equal_params", n_key),
-        ("equal_compute", "flops"),
-        ("equal_inference", "inference_flops_per_token"),
-    ):
+    questions = [("equal_params", n_key)]
+    if comparisons.has_experts(done):  # MoE against dense at the parameters a token uses
+        questions.append(("equal_active", "params_active"))
+    questions += [("equal_compute", "flops"), ("equal_inference", "inference_flops_per_token")]
+    for name, x_key in questions:
         if got := comparisons.leader(done, x_key, "acc", tolerance):
             out[name] = got
             leaders.append(got)
@@ -322,6 +322,7 @@ def render_markdown(
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
     for name, title, x_what in (
         ("equal_params", "Equal parameters", n_what),
+        ("equal_active", "Equal active parameters", "active non-embedding parameters"),
         ("equal_compute", "Equal compute", "training FLOPs"),
         ("equal_inference", "Equal inference cost", "inference FLOPs per generated token"),
     ):
@@ -336,13 +337,13 @@ def render_markdown(
                 *_score_table(c, "probe accuracy"),
                 "",
             ]
-        for obj, c in cmp[name + "_loss"].items():
+        for obj, c in cmp.get(name + "_loss", {}).items():
             lines += [
                 f"- {title.lower()}, validation loss within `{obj}` (at {c['at']:.3g} "
                 f"{x_what}; lower is better): " + c["verdict"][0],
                 *c["verdict"][1:],
             ]
-        if cmp[name + "_loss"]:
+        if cmp.get(name + "_loss"):
             lines.append("")
     lines += incontext.lines(cmp["incontext"], runs)
     lines += comparisons.lines(
@@ -401,6 +402,10 @@ def finalize(study: StudySpec, out: Path) -> Path:
     data_dir = study.base.get("eval", {}).get("data_dir") or os.environ.get("SCALESTUDY_EVAL_DIR")
     if blimp_lines := blimp_report.section(done, blimp_report.reference_dir(study.tasks, data_dir)):
         text += "\n" + "\n".join(blimp_lines)
+    from scalestudy.study import expert_report
+
+    if expert_lines := expert_report.section(done, out):
+        text += "\n" + "\n".join(expert_lines)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(render_html(text))
     print(f"report: {out / 'report.md'}")

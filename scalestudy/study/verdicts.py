@@ -6,8 +6,9 @@ runs of one seed are paired and the interval is over the per-seed differences,
 reads the same everywhere: `word` names the outcome, `cells` gives the difference, its 95%
 interval, the adjusted p and n (runs), and `table` lays rows of them out. `answer` is the
 first screen of a study's report: one row per question (at equal parameters, compute and
-inference cost; probe accuracy across every cell, validation loss within each objective) with
-the best cell, whether it is ahead of every other, and its narrowest margin.
+inference cost, and at equal active parameters where there are mixture-of-experts runs; probe
+accuracy across every cell, validation loss within each objective) with the best cell,
+whether it is ahead of every other, and its narrowest margin.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ LEVEL = 0.95
 # (report key, what is held equal, the x it is read at)
 QUESTIONS = (
     ("equal_params", "parameters", "total parameters"),
+    ("equal_active", "active parameters", "active non-embedding parameters"),
     ("equal_compute", "compute", "training FLOPs"),
     ("equal_inference", "inference cost", "inference FLOPs per generated token"),
 )

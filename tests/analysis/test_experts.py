@@ -194,3 +194,46 @@ def test_bad_step_and_out_are_refused_before_any_work(moe_run, tmp_path, capsys)
     assert err.count("\n") == 0 and "expected a directory" in err
     assert cli.main(["experts", "--workdir", str(moe_run), "--tokens", ""]) == 2
     assert "--tokens" in capsys.readouterr().err
+
+
+def test_a_study_report_shows_each_moe_cells_routing(moe_run, tmp_path):
+    """The report's experts section measures each MoE cell's largest rung (first seed) as
+    `scalestudy experts` does, shows the numbers of its experts.json, links its pictures
+    relative to the report, and leaves dense runs out."""
+    from scalestudy.study import expert_report
+
+    def row(name, experts, active, seed, workdir):
+        return {
+            "name": name, "arch": "causal_decoder", "objective": "flm", "size": name[-5:-3],
+            "seed": seed, "status": "done", "experts": experts, "params_active": active,
+            "workdir": str(workdir),
+        }  # fmt: skip
+
+    missing = tmp_path / "nothing"
+    runs = [
+        row("t.causal_decoder.flm.e4.r0.s0", E, 100, 0, missing),  # a smaller rung
+        row("t.causal_decoder.flm.e4.r1.s1", E, 200, 1, missing),  # a later seed
+        row("t.causal_decoder.flm.e4.r1.s0", E, 200, 0, moe_run),
+        row("t.causal_decoder.flm.dense.r1.s0", 1, 200, 0, missing),
+    ]
+    assert expert_report.measured(runs) == [runs[2]]
+    lines = expert_report.section(runs, moe_run.parent)
+    got = json.loads((moe_run / "experts" / experts.EXPERTS_JSON).read_text())
+    table = [line for line in lines if line.startswith("| causal_decoder/flm/e4 |")]
+    assert len(table) == len(got["layers"]) >= 1
+    for line, (name, layer) in zip(table, sorted(got["layers"].items()), strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == name and float(cells[3]) == pytest.approx(layer["load_max"], abs=5e-3)
+        assert float(cells[5]) == pytest.approx(layer["mi_domain_bits"], abs=5e-4)
+        dropped = layer["training"]["dropped"]["values"][-1]
+        assert float(cells[4]) == pytest.approx(dropped, abs=5e-4)
+    links = [line for line in lines if line.startswith("![")]
+    assert links == [
+        f"![causal_decoder/flm/e4: {n}]({moe_run.name}/experts/experts_{n}.png)"
+        for n in sorted(got["layers"])
+    ]
+    # A run that cannot be measured is named with the reason; the section is still written.
+    runs[2]["workdir"] = str(missing)
+    lines = expert_report.section(runs, tmp_path)
+    assert any("not measured:" in line and "e4" in line for line in lines)
+    assert expert_report.section([runs[3]], tmp_path) == []

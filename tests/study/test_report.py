@@ -258,3 +258,40 @@ def test_a_cell_whose_runs_end_below_the_others_is_left_out_and_named():
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "(left out: causal_decoder/mlm)" in md
     assert "Left out (their runs end below this x): causal_decoder/mlm." in md
+
+
+def test_moe_runs_add_a_verdict_at_equal_active_parameters():
+    """MoE against dense: at equal total parameters the MoE cell uses fewer parameters per
+    token, at equal active parameters more in all; the report asks both, and says which
+    count each verdict holds equal. A dense-only study never mentions active parameters."""
+    from scalestudy.study.spec import StudySpec
+
+    runs = []
+    for variant, experts, total, gain in (("dense", 1, 1.0, 0.0), ("e8", 8, 4.0, 0.05)):
+        for i, active in enumerate((1e5, 1e6)):
+            for s in range(3):
+                r = _run("causal_decoder", "flm", i, active * total, active * 6e5, 0.5 + gain,
+                         2.0 - 0.2 * i - gain + 0.01 * s, seed=s)  # fmt: skip
+                r |= {"name": f"t.causal_decoder.flm.{variant}.r{i}.s{s}", "experts": experts}
+                runs.append(r | {"params_active": active, "run_id": r["name"]})
+    cmp = report.compare(runs)
+    active = cmp["equal_active"]
+    assert active["at"] == pytest.approx(1e6) and active["leader"] == "causal_decoder/flm/e8"
+    [test] = active["tests"]
+    assert "active parameters" in test["held_equal"] and "training FLOPs" in test["held_equal"]
+    assert "total parameters (4.00x)" in test["not_equal"]
+    [test] = cmp["equal_params"]["tests"]  # at 1e6 total: the dense model's top rung
+    assert cmp["equal_params"]["at"] == pytest.approx(1e6)
+    assert "total parameters" in test["held_equal"]
+    assert any(d.startswith("active parameters (0.25x)") for d in test["not_equal"])
+    md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
+    assert "| equal active parameters (1e+06 active non-embedding parameters) |" in md
+    assert "**Equal active parameters** (probe accuracy at 1e+06 active" in md
+    dense = [r for r in runs if r["experts"] == 1]
+    for r in dense:
+        r["name"] = r["name"].replace(".dense.", ".")
+    other = [r | {"arch": "noncausal_decoder", "run_id": r["run_id"] + "n"} for r in dense]
+    md = report.render_markdown(
+        StudySpec(name="t", ladder={"preset": "smoke"}), dense + other, {}, []
+    )
+    assert "active" not in md
