@@ -170,7 +170,7 @@ class ModelConfig(Frozen):
         depths = {"decoder": self.n_layers}
         if self.is_encoder_decoder:
             depths["encoder"] = self.encoder_layers
-        self.moe.check(depths, self.is_encoder_decoder)
+        self.moe.check(depths, self.is_encoder_decoder, self.d_ff)
         return self
 
     def _check_attention_impl(self) -> None:

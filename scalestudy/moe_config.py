@@ -22,8 +22,10 @@ class MoEConfig(Frozen):
     shared_experts: int = 0  # N_s, always applied (DeepSeek-V3)
     top_k: int = 2  # K_r: routed experts per token
     # Hidden width of each expert (routed and shared); default model.d_ff. The granularity G of
-    # Krajewski et al. (2024) is d_ff / d_expert.
+    # Krajewski et al. (2024) is d_ff / d_expert; `granularity` gives G instead of a width
+    # (experts d_ff / G wide at every size of a ladder), never both.
     d_expert: int | None = None
+    granularity: int | None = None
     # Layer i (0-based) of the decoder-only stack, or of the encoder-decoder's decoder, is an
     # MoE layer when (i + 1) % every == 0 (1: all, 2: every second, 0: none); `encoder_every`
     # is the same for the encoder-decoder's encoder (default: `every`).
@@ -47,6 +49,8 @@ class MoEConfig(Frozen):
 
     def width(self, d_ff: int) -> int:
         """Each expert's hidden width."""
+        if self.granularity is not None:
+            return d_ff // self.granularity
         return self.d_expert if self.d_expert is not None else d_ff
 
     def stack_every(self, stack: str) -> int:
@@ -62,8 +66,9 @@ class MoEConfig(Frozen):
         k = self.stack_every(stack)
         return tuple(i for i in range(n_layers) if k and (i + 1) % k == 0)
 
-    def check(self, depths: dict[str, int], encoder_decoder: bool) -> None:
-        """Raise ConfigError on an impossible section; `depths` maps stack name to depth."""
+    def check(self, depths: dict[str, int], encoder_decoder: bool, d_ff: int) -> None:
+        """Raise ConfigError on an impossible section; `depths` maps stack name to depth,
+        `d_ff` is the dense MLP's width."""
         if not self.enabled:
             given = sorted(self.model_fields_set - {"enabled"})
             if given:
@@ -87,6 +92,17 @@ class MoEConfig(Frozen):
             )
         if self.d_expert is not None and self.d_expert < 1:
             raise ConfigError(f"model.moe.d_expert={self.d_expert}; give a width >= 1")
+        if (g := self.granularity) is not None:
+            if self.d_expert is not None:
+                raise ConfigError(
+                    f"model.moe.granularity={g} and model.moe.d_expert={self.d_expert} both "
+                    "set each expert's width; give one (granularity G: d_ff / G)"
+                )
+            if g < 1 or d_ff % g:
+                raise ConfigError(
+                    f"model.moe.granularity={g} with model.d_ff={d_ff}: experts are d_ff / G "
+                    f"wide, so G must be a divisor of d_ff >= 1 (e.g. 1, 2, 4 where d_ff allows)"
+                )
         if not self.capacity_factor > 0:
             raise ConfigError(
                 f"model.moe.capacity_factor={self.capacity_factor}: the slots per expert are "

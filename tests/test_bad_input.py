@@ -88,6 +88,25 @@ CASES = [
         ["model.moe.capacity_factor=0", "factor > 0"],
     ),
     (
+        "moe_granularity_not_a_divisor",
+        ["describe", "--config", TINY, "model.moe.enabled=true", "model.moe.granularity=3"],
+        {},
+        ["model.moe.granularity=3", "model.d_ff=64", "divisor of d_ff"],
+    ),
+    (
+        "moe_granularity_and_width",
+        [
+            "describe",
+            "--config",
+            TINY,
+            "model.moe.enabled=true",
+            "model.moe.granularity=2",
+            "model.moe.d_expert=16",
+        ],
+        {},
+        ["model.moe.granularity=2", "model.moe.d_expert=16", "give one"],
+    ),
+    (
         "moe_expert_axis",
         ["describe", "--config", TINY, "model.moe.enabled=true", "mesh.expert=3"],
         {},

@@ -22,9 +22,9 @@ E, K = 4, 2
 
 
 def moe_cfg(arch: str = "causal_decoder", **kw):
-    """A tiny model with MoE layers; `kw` go to model.moe, except `scan_layers` and
-    `n_layers`."""
-    model = {k: kw.pop(k) for k in ("scan_layers", "n_layers") if k in kw}
+    """A tiny model with MoE layers; `kw` go to model.moe, except `scan_layers`, `n_layers`
+    and `d_ff`."""
+    model = {k: kw.pop(k) for k in ("scan_layers", "n_layers", "d_ff") if k in kw}
     spec = {"enabled": True, "routed_experts": E, "top_k": K, "shared_experts": 1, **kw}
     return tiny(arch, **{"scan_layers": True, **model}, moe=spec)
 
@@ -309,6 +309,18 @@ def test_counted_moe_params_equal_the_model_and_active_ones_by_hand(arch, kw):
     idle = n_moe * (m.routed_experts - m.top_k) * expert  # the routed experts a token skips
     assert counts["total"] - counts["active"] == idle
     assert counts["non_embedding"] - counts["active_non_embedding"] == idle
+
+
+def test_granularity_makes_experts_d_ff_over_g_wide_at_every_width():
+    """`granularity: G` is `d_expert: d_ff / G` for each d_ff (a ladder's sizes), parameter
+    for parameter."""
+    for d_ff in (64, 128):
+        by_g = moe_cfg("causal_decoder", granularity=4, d_ff=d_ff)
+        by_width = moe_cfg("causal_decoder", d_expert=d_ff // 4, d_ff=d_ff)
+        shapes = [jax.tree.map(lambda x: x.shape, build_model(c).abstract_params())
+                  for c in (by_g, by_width)]  # fmt: skip
+        assert shapes[0] == shapes[1] and by_g.moe.width(d_ff) == d_ff // 4
+        assert counting_.count_params(by_g) == counting_.count_params(by_width)
 
 
 @pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
