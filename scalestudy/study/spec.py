@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from scalestudy.config import (
     ARCHS,
@@ -116,6 +116,12 @@ class BudgetConfig(Frozen):
     param_kind: Literal["total", "non_embedding"] = "non_embedding"
     compute: Tuple = ()  # isoflop: training FLOPs budgets, e.g. [1e15, 3e15]
     min_steps: int = Field(10, ge=1)  # isoflop: drop (size, budget) points shorter than this
+
+    @field_validator("steps_per_size", mode="before")
+    @classmethod
+    def _null_is_none(cls, value: Any) -> Any:
+        """`steps_per_size: null` clears what an included spec gave."""
+        return {} if value is None else value
 
     @model_validator(mode="after")
     def _check(self) -> BudgetConfig:

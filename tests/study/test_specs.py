@@ -233,3 +233,27 @@ def test_the_moe_laws_spec_varies_only_the_experts_at_each_size(tmp_path):
         dense = next(d for d in rows if d["size"] == r["size"] and d["experts"] == 1)
         router = r["n_layers"] * (r["d_model"] + 1) * r["experts"] if r["experts"] > 1 else 0
         assert r["params_active"] - dense["params_active"] == router
+
+
+def test_the_granularity_spec_varies_n_d_and_g_at_fixed_expansion(tmp_path):
+    """configs/studies/moe_granularity.yaml: at each size the three granularities have the
+    same active and total parameters but for their routers (4G experts d_ff / G wide, top
+    G), and the two IsoFLOP budgets give each (size, G) two token counts, so Krajewski et
+    al.'s law sees N, D and G vary apart."""
+    study, runs = _expand("moe_granularity.yaml")
+    assert study.fit.laws == ("krajewski_ndg",) and study.fit.n_kind == "active"
+    rows = [r.row(study.name, tmp_path / r.dirname) for r in runs]
+    assert {r["granularity"] for r in rows} == {1.0, 2.0, 4.0}
+    for r in rows:
+        g = int(r["granularity"])
+        assert r["experts"] == 4 * g
+        g1 = next(
+            d for d in rows
+            if d["size"] == r["size"] and d["granularity"] == 1 and d["steps"] >= r["steps"] * 0.9
+            and d["steps"] <= r["steps"] * 1.1
+        )  # fmt: skip
+        router = r["n_layers"] * (r["d_model"] + 1) * (r["experts"] - g1["experts"])
+        assert r["params_active"] - g1["params_active"] == router
+        assert r["params_total"] - g1["params_total"] == router
+    for size in {r["size"] for r in rows}:
+        assert len({r["steps"] for r in rows if r["size"] == size and r["granularity"] == 1}) == 2
