@@ -32,6 +32,7 @@ import numpy as np
 from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling.intervals import span
+from scalestudy.scaling.io import cell_label
 
 Z95 = 1.959964
 MAX_PARTS = 12  # parts of one task drawn as panels of their own
@@ -86,7 +87,7 @@ def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
             out.append(
                 TaskScore(
                     task=parts[-2],
-                    cell=f"{run['arch']}/{run['objective']}",
+                    cell=cell_label(run),
                     size=str(run.get("size", "")),
                     flops=float(run["flops"]),
                     params=float(run.get("params_non_embedding") or run.get("params_total") or 0),

@@ -16,6 +16,7 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate import blimp
+from scalestudy.scaling.io import cell_label
 from scalestudy.scaling.zeroshot_plots import (
     TREND_TEXT,
     TaskScore,
@@ -45,10 +46,6 @@ def _scored(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in runs if r.get(f"eval/{TASK}/acc") is not None and r.get(f"eval/{TASK}/n")]
 
 
-def _cell(run: dict[str, Any]) -> str:
-    return f"{run['arch']}/{run['objective']}"
-
-
 def _params(run: dict[str, Any]) -> float:
     return float(run.get("params_non_embedding") or run.get("params_total") or 0.0)
 
@@ -60,7 +57,7 @@ def _fields(runs: list[dict[str, Any]]) -> list[str]:
 
 def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
     """Markdown lines of the BLiMP section for finished `runs` (none without BLiMP results)."""
-    scored = sorted(_scored(runs), key=lambda r: (_cell(r), _params(r), r.get("seed") or 0))
+    scored = sorted(_scored(runs), key=lambda r: (cell_label(r), _params(r), r.get("seed") or 0))
     if not scored:
         return []
     fields = _fields(scored)
@@ -80,7 +77,8 @@ def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
         lo, hi = wilson(acc * n, n)
         per_field = [r.get(f"eval/{TASK}/field/{f}/acc") for f in fields]
         lines.append(
-            f"| {_cell(r)} | {r.get('size', '')} | {r.get('seed', '')} | {_params(r):.3g} | {n} | "
+            f"| {cell_label(r)} | {r.get('size', '')} | {r.get('seed', '')} | "
+            f"{_params(r):.3g} | {n} | "
             f"{acc:.3f} [{lo:.3f}, {hi:.3f}] | "
             + " | ".join("-" if a is None else f"{a:.3f}" for a in per_field)
             + " |"
@@ -93,7 +91,7 @@ def _trend_lines(scored: list[dict[str, Any]]) -> list[str]:
     scores = [
         TaskScore(
             task=TASK,
-            cell=_cell(r),
+            cell=cell_label(r),
             size=str(r.get("size", "")),
             flops=float(r["flops"]),
             params=_params(r),
@@ -126,7 +124,7 @@ def _reference_lines(scored: list[dict[str, Any]], reference: Path | None) -> li
         return []
     largest: dict[str, dict[str, Any]] = {}
     for r in scored:
-        largest[_cell(r)] = r  # sorted by size within a cell: the last is the largest
+        largest[cell_label(r)] = r  # sorted by size within a cell: the last is the largest
     tables = []
     for cell, run in largest.items():
         try:

@@ -37,6 +37,7 @@ from scalestudy.scaling.intervals import (
     holm,
     paired_difference,
 )
+from scalestudy.scaling.io import cell_label
 from scalestudy.study import verdicts
 from scalestudy.study.recipe import recipe_differences
 
@@ -60,12 +61,8 @@ def has_experts(runs: list[dict[str, Any]]) -> bool:
     return any((r.get("experts") or 1) > 1 for r in runs)
 
 
-def label(run: dict[str, Any]) -> str:
-    """The run's cell, with its variant when it has one ("arch/objective[/variant]")."""
-    parts = str(run.get("name") or "").split(".")[1:]  # study.arch.objective[.variant]...
-    variant = parts[2] if len(parts) > 2 and parts[2] != run.get("size") else ""
-    cell = f"{run['arch']}/{run['objective']}"
-    return f"{cell}/{variant}" if variant else cell
+# The run's cell, with its variant when it has one ("arch/objective[/variant]").
+label = cell_label
 
 
 def _value(run: dict[str, Any], keys: tuple[str, ...]) -> float | None:

@@ -13,12 +13,9 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ScalestudyError
+from scalestudy.scaling.io import cell_label
 from scalestudy.study.registry import Registry
 from scalestudy.yamlio import parse_yaml, validate
-
-
-def _cell(run: dict[str, Any]) -> str:
-    return f"{run['arch']}/{run['objective']}"
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -59,7 +56,7 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
     """The report section: per cell, loss-bearing tokens per example (a float, or why it was
     not measured) and in total (the runs' `tokens`), and a line per objective whose cells
     differ by more than 10% per example."""
-    cells = sorted({_cell(r) for r in runs} | set(per_example))
+    cells = sorted({cell_label(r) for r in runs} | set(per_example))
     if not cells:
         return []
     out = [
@@ -74,7 +71,7 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
     ]
     measured = {c: v for c, v in per_example.items() if not isinstance(v, str)}
     for cell in cells:
-        mine = [r for r in runs if _cell(r) == cell]
+        mine = [r for r in runs if cell_label(r) == cell]
         total = sum(r.get("tokens") or 0.0 for r in mine)
         positions = sum(r.get("positions") or 0.0 for r in mine)
         out.append(
@@ -98,13 +95,13 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
     return out + [line for note in notes for line in (note, "")]
 
 
-def per_cell(registry: Path, batches: int = 2) -> dict[str, float | str]:
+def percell_label(registry: Path, batches: int = 2) -> dict[str, float | str]:
     """Cell -> mean loss-bearing tokens per example, measured on the config of the cell's
     first run in `registry`; a cell whose data cannot be read here gets the reason instead."""
     configs: dict[str, str] = {}
     with Registry(registry, create=False) as reg:
         for row in reg.runs():
-            configs.setdefault(_cell(row), row.get("config") or "")
+            configs.setdefault(cell_label(row), row.get("config") or "")
     out: dict[str, float | str] = {}
     for cell, text in sorted(configs.items()):
         try:

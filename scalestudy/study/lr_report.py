@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from scalestudy.scaling.io import cell_label
+
 CHOICE = "choice.json"  # in OUT/lr_search/, written by lr_search.run
 
 
@@ -29,7 +31,7 @@ def _spread(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     by: dict[tuple[str, str], list[float]] = {}
     for r in runs:
         if r.get("status") == "done" and r.get("loss") is not None:
-            by.setdefault((f"{r['arch']}/{r['objective']}", r["size"]), []).append(r["loss"])
+            by.setdefault((cell_label(r), r["size"]), []).append(r["loss"])
     out = {}
     for key, v in by.items():
         if len(v) > 1:

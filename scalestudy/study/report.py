@@ -24,6 +24,7 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate.fewshot import in_context_tasks
+from scalestudy.scaling.io import cell_label
 from scalestudy.study import comparisons, incontext, lr_report, task_laws, verdicts
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
@@ -73,10 +74,6 @@ def truncated_share(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
     return max(shares) if shares else None
 
 
-def _cell(run: dict[str, Any]) -> str:
-    return f"{run['arch']}/{run['objective']}"
-
-
 def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean probe accuracy over seeds and its 95% half-width (binomial over the examples, plus
     the seed spread); every seed scores the same examples, so they are counted once."""
@@ -92,11 +89,13 @@ def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
-    """Cells whose validation loss does not fall at every step up the ladder (seed means)."""
+    """Cells whose validation loss does not fall at every step up the ladder (seed means; per
+    budget where a study has several, e.g. IsoFLOP, named "cell at budget")."""
     losses: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         if r.get("loss") is not None and r.get("params_total"):
-            losses[_cell(r)][float(r["params_total"])].append(r["loss"])
+            cell = cell_label(r) + (f" at {r['budget']}" if r.get("budget") else "")
+            losses[cell][float(r["params_total"])].append(r["loss"])
     bad = []
     for cell, by_n in sorted(losses.items()):
         means = [sum(v) / len(v) for _, v in sorted(by_n.items())]
@@ -158,7 +157,7 @@ def limits(
     ]
     per_point = defaultdict(int)
     for r in done:
-        per_point[(_cell(r), r["size"], r.get("budget"))] += 1
+        per_point[(cell_label(r), r["size"], r.get("budget"))] += 1
     out = [
         "## What this study cannot tell",
         "",
@@ -216,7 +215,7 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
             depth = f"{r.get('n_encoder_layers')}+{r.get('n_layers')}"
         acc = probe_accuracy(r)
         lines.append(
-            f"| {_cell(r)} | {r.get('size')} | {r.get('d_model')} | {depth} "
+            f"| {cell_label(r)} | {r.get('size')} | {r.get('d_model')} | {depth} "
             f"| {_fmt(r.get('params_total'))} "
             f"| {_fmt(r.get('params_non_embedding'))} | {r.get('steps')} | {_fmt(r.get('tokens'))} "
             f"| {_fmt(r.get('flops'), '.2e')} | {_fmt(r.get('loss'), '.4f')} "
@@ -391,7 +390,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
-    per_example = loss_token_report.per_cell(out / "registry.sqlite")
+    per_example = loss_token_report.percell_label(out / "registry.sqlite")
     rates = lr_report.section(out, done)
     text = render_markdown(study, runs, fits, figures, notes, per_example, rates)
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late

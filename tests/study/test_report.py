@@ -146,6 +146,28 @@ def test_not_scaling_names_cells_whose_loss_rises_up_the_ladder():
     assert report.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
 
 
+def test_variants_and_budgets_are_ladders_of_their_own():
+    """A sparse variant's runs (more total parameters, higher loss) are not rungs of the
+    dense cell's ladder, nor are the runs of another budget; each point counts its own
+    runs."""
+    from scalestudy.study.spec import StudySpec
+
+    runs = []
+    for variant, total, offset in (("dense", 1.0, 0.0), ("e16", 8.0, 0.5)):
+        for budget, gain in (("C1e10", 0.0), ("C1e11", 0.2)):
+            for i, n in enumerate((1e5, 1e6)):
+                for s in range(2):
+                    r = _run("causal_decoder", "flm", i, n * total, 1e10, 0.3,
+                             2.0 - 0.1 * i + offset - gain, seed=s)  # fmt: skip
+                    name = f"t.causal_decoder.flm.{variant}.r{i}.{budget}.s{s}"
+                    runs.append(r | {"name": name, "run_id": name, "budget": budget})
+    assert report.not_scaling(runs) == []
+    runs[-1]["loss"] = runs[-2]["loss"] = 9.0  # e16's top rung at C1e11, both seeds
+    assert report.not_scaling(runs) == ["causal_decoder/flm/e16 at C1e11"]
+    md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
+    assert "- Runs per point: 2 to 2." in md
+
+
 class _Page(HTMLParser):
     """The text, tags and images of an HTML page, as a browser would lay them out."""
 
