@@ -317,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     except (stops.Stopped, KeyboardInterrupt) as e:  # KeyboardInterrupt: a second Ctrl-C
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"stopped: {stops.Stopped(signum)}", file=sys.stderr)
+        if argv is None:  # the command itself: no interpreter shutdown (see stops.leave)
+            stops.leave(128 + signum)
         return 128 + signum
 
 

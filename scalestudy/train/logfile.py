@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from scalestudy.train import rundir
+from scalestudy.train import rundir, stops
 
 # Loggers of the libraries under the loop; their records would otherwise reach the terminal.
 LIBRARY_LOGGERS = (
@@ -198,13 +198,22 @@ def quiet_terminal() -> None:
     global _cli
     _cli = True
     warnings.showwarning = _show_warning
+    _hold_import("jax", output=False)
     user_level = TF_LOG_LEVEL in os.environ and TF_LOG_LEVEL_DEFAULTED not in os.environ
     if user_level or "tensorflow" in sys.modules:
         return
     os.environ[TF_LOG_LEVEL] = DEFAULT_TF_LOG_LEVEL
     os.environ[TF_LOG_LEVEL_DEFAULTED] = "1"
-    if not any(isinstance(f, _HeldImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _HeldImport("tensorflow"))
+    _hold_import("tensorflow", output=True)
+
+
+def _hold_import(name: str, output: bool) -> None:
+    """Hold stop signals (and with `output`, file descriptor 2) while `name` is first
+    imported (`_HeldImport`)."""
+    if name not in sys.modules and not any(
+        isinstance(f, _HeldImport) and f.name == name for f in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _HeldImport(name, output))
 
 
 def _show_warning(
@@ -253,11 +262,12 @@ def native_output_held(what: str) -> Iterator[None]:
 
 
 class _HeldImport(importlib.abc.MetaPathFinder):
-    """Runs the first import of one module with file descriptor 2 held (see
+    """Runs the first import of one module with stop signals held (`stops.held`: a signal
+    is answered once the import is over) and, with `output`, file descriptor 2 held (see
     `native_output_held`); later imports are the normal ones."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, output: bool = True):
+        self.name, self.output = name, output
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != self.name:
@@ -287,7 +297,10 @@ class _HeldLoader(importlib.abc.Loader):
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self.finder)  # imported once: later imports are the normal ones
         module.__spec__.loader = module.__loader__ = self.loader
-        with native_output_held(module.__name__):
+        output = (
+            native_output_held(module.__name__) if self.finder.output else contextlib.nullcontext()
+        )
+        with stops.held(), output:
             self.loader.exec_module(module)
             if module.__name__ == "tensorflow":
                 _host_only(module)

@@ -11,12 +11,15 @@ loop, which stops at its first step boundary instead of training on.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _caught: list[int] = []  # the first signal `catch`'s handler saw, in this process
+_holding: list[bool] = []  # inside `held`: signals are recorded, raised when it ends
 
 
 class Stopped(BaseException):
@@ -59,9 +62,44 @@ def _unraisable(unraisable: Any) -> None:
 def _handle(signum: int, frame: Any) -> None:
     if not _caught:
         _caught.append(signum)
-    raise Stopped(signum)
+    if not _holding:
+        raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A stop signal inside the block is recorded and raised as Stopped once the block is
+    over: for the import of a native library (JAX, TensorFlow), which an exception raised
+    half-way through its initialisation can leave broken, so that the process crashes (a
+    segfault, with no `stopped:` line) instead of stopping."""
+    _holding.append(True)
+    try:
+        yield
+    finally:
+        _holding.pop()
+    if _caught and not _holding and signal.getsignal(_caught[0]) is _handle:
+        raise Stopped(_caught[0])
 
 
 def pending() -> int | None:
     """The first signal `catch`'s handler saw (also one whose Stopped a library swallowed)."""
     return _caught[0] if _caught else None
+
+
+def leave(status: int) -> None:
+    """End the command-line process at once with `status` after a stop, without Python's
+    shutdown, where a native library that a signal interrupted can crash (a segfault after
+    the `stopped:` line). Files are closed by then (the stop came through every `finally`);
+    logging is flushed here. While child processes of this one run, it returns, and the
+    process ends as usual (Python's shutdown ends them)."""
+    import logging
+    import multiprocessing
+    import os
+
+    if multiprocessing.active_children():
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)

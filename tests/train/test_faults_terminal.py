@@ -177,6 +177,30 @@ def test_the_first_import_is_held_and_later_ones_are_normal(tmp_path, capfd, mon
     del sys.modules["noisy_native"]
 
 
+def test_a_signal_during_a_held_import_stops_once_the_import_is_over(tmp_path, monkeypatch):
+    """A stop signal while a native library is first imported is answered once its import is
+    over: raised half-way through, it could leave the library broken (a segfault, with no
+    `stopped:` line, in 2 of 20 Ctrl-Cs at start-up)."""
+    (tmp_path / "slow_native.py").write_text(
+        "import os, pathlib, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
+        f"pathlib.Path({str(tmp_path / 'finished')!r}).touch()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hook = logfile._HeldImport("slow_native", output=False)
+    monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
+    previous = {s: signal.getsignal(s) for s in stops.SIGNALS}
+    stops.catch()
+    try:
+        with pytest.raises(stops.Stopped, match="SIGINT"):
+            import slow_native  # noqa: F401
+        assert (tmp_path / "finished").exists()  # the whole module ran first
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        stops._caught.clear()
+        sys.modules.pop("slow_native", None)
+
+
 def test_tensorflow_feeds_data_on_the_host_and_says_nothing_on_the_terminal():
     """The command's TensorFlow sees no GPU (it would take the memory JAX trains in), and its
     search for one (CUDA's failure on a host without a GPU) is held with its start-up output."""
