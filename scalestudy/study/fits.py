@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from scalestudy.errors import not_found
-from scalestudy.scaling.io import build_table
+from scalestudy.scaling.forms import FORM_LAWS, get_form
+from scalestudy.scaling.io import build_table, cell_label
 from scalestudy.scaling.io import load_table as load_table_file
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.plots import make_all_plots
@@ -122,6 +123,13 @@ def load_table(source: str | Path, settings: DataSettings | None = None) -> RunT
     return table
 
 
+def pools_variants(laws: Any) -> bool:
+    """Whether `laws` take a variant's routed experts E or granularity G as an input (the MoE
+    laws), so that the variants of an architecture x objective are fitted together; every
+    other law fits each variant alone."""
+    return any(law in FORM_LAWS and {"E", "G"} & set(get_form(law).inputs) for law in laws)
+
+
 def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:
     """The fits and figures of a finished study's runs (registry rows); writes `out/fits.json`
     and `out/figures/`.
@@ -129,15 +137,22 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
     The spec's `fit` section chooses laws, N, C and the bootstrap. When it asks for a law a
     cell's data cannot support (e.g. too few sizes), every law that cell's data do support is
     fitted for it instead, with a warning; the other cells keep the spec's laws. Tasks with a
-    task loss get task laws with the largest-size backtest.
+    task loss get task laws with the largest-size backtest. A study's variants are cells of
+    their own, except for laws that take the variants' experts or granularity as an input
+    (`pools_variants`).
     """
     f = study.fit
+    pooled = pools_variants(f.laws)
     settings = FitSettings(
         laws=tuple(f.laws),
-        data=DataSettings(n_kind=f.n_kind, c_kind=f.c_kind),
+        data=DataSettings(
+            n_kind=f.n_kind, c_kind=f.c_kind, group_cols=None if pooled else ("cell",)
+        ),
         bootstrap=f.bootstrap,
         seed=f.seed,
     )
+    if not pooled:  # each variant a cell of its own, as in the report's comparisons
+        runs = [r | {"cell": cell_label(r)} for r in runs]
     table = registry_table(runs, curves, settings.data)
     fits = fit_cells(table, settings, fallback=replace(settings, laws=("auto",)))
     fits["task_laws"] = study_task_laws(table, settings)

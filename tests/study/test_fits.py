@@ -218,3 +218,29 @@ def test_a_registry_of_moe_runs_fits_the_moe_laws_on_active_parameters(tmp_path)
     params = res["cells"]["causal_decoder/flm"]["fits"]["clark_ne"]["params"]
     got = [params[k]["value"] for k in "abcd"]
     np.testing.assert_allclose(got, [a, b, c, d], atol=1e-4)  # active N, rounded to integers
+
+
+def test_a_studys_variants_are_fitted_alone_unless_the_law_takes_their_experts(tmp_path):
+    """Two variants of one cell on different power laws: a dense law fits each alone (one
+    fit over both would blend their exponents); an MoE law, whose inputs hold what the
+    variants differ in, fits them together."""
+    from scalestudy.study import fits
+
+    assert fits.pools_variants(["clark_ne"]) and fits.pools_variants(["kaplan_n", "krajewski_ndg"])
+    assert not fits.pools_variants(["kaplan_n", "chinchilla3", "auto"])
+    runs = []
+    for variant, alpha in (("rope", 0.3), ("nope", 0.15)):
+        for i, n in enumerate((1e5, 3e5, 1e6, 3e6, 1e7)):
+            runs.append(
+                {"run_id": f"{variant}{i}", "name": f"t.causal_decoder.flm.{variant}.s{i}.s0",
+                 "size": f"s{i}", "arch": "causal_decoder", "objective": "flm",
+                 "params_total": n, "params_non_embedding": n, "positions": 20 * n,
+                 "tokens": 20 * n, "flops": 120 * n * n, "loss": (8e4 / n) ** alpha}
+            )  # fmt: skip
+    fit = SimpleNamespace(laws=["kaplan_n_noE"], n_kind="non_embedding", c_kind="counted",
+                          bootstrap=0, seed=0)  # fmt: skip
+    got, _ = fits.fit_study(SimpleNamespace(fit=fit), tmp_path, runs, [])
+    assert set(got["cells"]) == {"causal_decoder/flm/rope", "causal_decoder/flm/nope"}
+    for variant, alpha in (("rope", 0.3), ("nope", 0.15)):
+        params = got["cells"][f"causal_decoder/flm/{variant}"]["fits"]["kaplan_n_noE"]["params"]
+        assert params["alpha_N"]["value"] == pytest.approx(alpha, rel=1e-3)
