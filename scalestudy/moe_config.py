@@ -23,9 +23,10 @@ class MoEConfig(Frozen):
     top_k: int = 2  # K_r: routed experts per token
     # Hidden width of each expert (routed and shared); default model.d_ff. The granularity G of
     # Krajewski et al. (2024) is d_ff / d_expert; `granularity` gives G instead of a width
-    # (experts d_ff / G wide at every size of a ladder), never both.
+    # (experts d_ff / G wide at every size of a ladder), never both. Left out of dumps when
+    # unset, so the run ids of MoE runs from before it existed are unchanged.
     d_expert: int | None = None
-    granularity: int | None = None
+    granularity: int | None = Field(None, exclude_if=lambda v: v is None)
     # Layer i (0-based) of the decoder-only stack, or of the encoder-decoder's decoder, is an
     # MoE layer when (i + 1) % every == 0 (1: all, 2: every second, 0: none); `encoder_every`
     # is the same for the encoder-decoder's encoder (default: `every`).

@@ -321,6 +321,10 @@ def test_granularity_makes_experts_d_ff_over_g_wide_at_every_width():
                   for c in (by_g, by_width)]  # fmt: skip
         assert shapes[0] == shapes[1] and by_g.moe.width(d_ff) == d_ff // 4
         assert counting_.count_params(by_g) == counting_.count_params(by_width)
+    # Unset, it is not in a config's dump: the run ids of earlier MoE runs stay as they were.
+    from scalestudy.config import to_yaml
+
+    assert "granularity" not in to_yaml(moe_cfg()) and "granularity: 4" in to_yaml(by_g)
 
 
 @pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
