@@ -69,16 +69,6 @@ class StageRun:
         return self.extra_steps * self.cfg.train.batch_size * per_example
 
 
-def _finetune_settings(study: StudySpec, spec_dir: Path) -> stages.FinetuneConfig | None:
-    ft = study.stages.finetune if study.stages else None
-    if ft is None or ft.mixture is None:
-        return ft
-    mixture = Path(ft.mixture)
-    if not mixture.is_absolute():
-        mixture = (spec_dir / mixture).resolve()
-    return ft.replace(mixture=str(mixture))
-
-
 def scratch_config(adapted: ExperimentConfig, total_flops: float, name: str) -> ExperimentConfig:
     """The adapted run's config trained from scratch for the whole step count whose FLOPs come
     nearest `total_flops` (the adapted run's pretraining + adaptation)."""
@@ -96,7 +86,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
 
     if study.stages is None:
         return []
-    ft = _finetune_settings(study, spec_dir)
+    ft = stages.finetune_settings(study.stages, spec_dir)
     mixture = prompted.load_mixture(ft.mixture) if ft and ft.mixture else None
     out = Path(out)
     planned: list[StageRun] = []
@@ -127,7 +117,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
             parents.append((out / "stages" / scratch_name, s_cfg, "scratch", via, s_cfg.hash()))
         if ft is None or mixture is None:
             continue
-        held = tuple(sorted({t.eval_task for t in mixture.held_out_tasks if t.eval_task}))
+        eval_tasks = stages.finetune_eval_tasks(mixture, ft, "stages.finetune.eval_tasks")
         for pdir, pcfg, role, via, pid in parents:
             cfg = stages.finetune_config(
                 pcfg,
@@ -136,7 +126,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
                 ft,
                 prompted.mixture_name(mixture),
                 None,
-                tuple(ft.eval_tasks) or held,
+                eval_tasks,
             )
             extra = cfg.train.steps - pcfg.train.steps
             planned.append(
@@ -234,8 +224,6 @@ def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: boo
     planned = plan(study, Path(spec_dir), out, runs)
     if not planned:
         return
-    if study.stages.published:  # read now: a bad file is one line before anything trains
-        wang_report.read_published(Path(spec_dir) / study.stages.published)
     print(f"study {study.name}: {len(planned)} stage runs after pretraining")
     if dry_run:
         print(plan_table(planned))

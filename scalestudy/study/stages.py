@@ -14,23 +14,27 @@ fresh), and the step count goes on from the parent's, as T5X continues a run.
 Every check runs before anything is written: a `--from` run that is missing, unfinished or of
 another architecture than the stage expects, an empty mixture, a held-out task in the training
 mixture, a template rendering empty, an adaptation between incompatible architectures.
-The stage writes `stage.json` (lineage: parent run and step, the stage's settings) and adds
-the same lineage to the run's `summary.json`.
+A study spec's stages meet the same checks when the spec is read and expanded (`check_spec`,
+`check_adaptations`), before its pretraining. The stage writes `stage.json` (lineage: parent
+run and step, the stage's settings) and adds the same lineage to the run's `summary.json`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from scalestudy.config import Arch, ExperimentConfig, ObjectiveName
-from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.errors import ConfigError, ScalestudyError, not_found
 from scalestudy.models import api
 from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, validate
+
+if TYPE_CHECKING:
+    from scalestudy.data.prompted import PromptedMixture
 
 STAGE_FILE = "stage.json"
 
@@ -101,6 +105,40 @@ class StagesSpec(Frozen):
     published: str | None = None  # published numbers to print beside (relative to the spec)
 
 
+def finetune_settings(spec: StagesSpec, spec_dir: Path) -> FinetuneConfig | None:
+    """The spec's finetuning with its mixture path resolved against the spec's folder."""
+    ft = spec.finetune
+    if ft is None or ft.mixture is None:
+        return ft
+    mixture = Path(ft.mixture)
+    if not mixture.is_absolute():
+        mixture = (Path(spec_dir) / mixture).resolve()
+    return ft.replace(mixture=str(mixture))
+
+
+def check_spec(spec: StagesSpec, spec_dir: Path, cells: list[tuple[str, str]]) -> None:
+    """ConfigError, when the spec is read, for what the stages would refuse only after
+    pretraining: an adaptation from a cell the study lacks, finetuning evaluated on a task it
+    trains on, published numbers that are not there."""
+    for i, ad in enumerate(spec.adapt):
+        if tuple(ad.from_cell) not in cells:
+            accepted = ", ".join(f"[{a}, {o}]" for a, o in cells)
+            raise ConfigError(
+                f"stages.adapt[{i}].from_cell: {list(ad.from_cell)} is not a cell of the "
+                f"study; accepted: {accepted}"
+            )
+    ft = finetune_settings(spec, spec_dir)
+    if ft is not None and ft.mixture is not None:
+        from scalestudy.data import prompted
+
+        finetune_eval_tasks(prompted.load_mixture(ft.mixture), ft, "stages.finetune.eval_tasks")
+    published = Path(spec_dir) / spec.published if spec.published else None
+    if published is not None and not published.is_file():
+        raise ConfigError(
+            "stages.published: " + not_found(published, "the published numbers", "a YAML file")
+        )
+
+
 # ----------------------------------------------------------------------------- parents
 
 
@@ -151,6 +189,25 @@ def _apply(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
 
 
 # ----------------------------------------------------------------------------- finetune
+
+
+def finetune_eval_tasks(
+    mixture: PromptedMixture, ft: FinetuneConfig, key: str = "finetune"
+) -> tuple[str, ...]:
+    """The tasks a finetuned run is evaluated on zero-shot (`ft.eval_tasks`, default the
+    prompted `mixture`'s held-out tasks with an `eval_task`); ConfigError, naming `key`, where
+    one of them is trained on."""
+    held = {t.eval_task for t in mixture.held_out_tasks if t.eval_task}
+    eval_tasks = tuple(ft.eval_tasks) or tuple(sorted(held))
+    trained = {t.eval_task or t.name for t in mixture.train_tasks}
+    leaked = sorted(set(eval_tasks) & trained)
+    if leaked:
+        raise ConfigError(
+            f"{key}: evaluation tasks {leaked} are in the training mixture "
+            f"{mixture.name!r} (it trains {sorted(trained)}); zero-shot evaluation needs "
+            "held-out tasks"
+        )
+    return eval_tasks
 
 
 def finetune_config(
@@ -228,15 +285,7 @@ def prepare_finetune(
     prompted.check_mixture(mixture)
     for task in mixture.train_tasks:  # renders every template now: empty ones fail here
         prompted.examples(mixture, task.name, "train")
-    held = {t.eval_task for t in mixture.held_out_tasks if t.eval_task}
-    eval_tasks = tuple(ft.eval_tasks) or tuple(sorted(held))
-    trained = {t.eval_task or t.name for t in mixture.train_tasks}
-    leaked = sorted(set(eval_tasks) & trained)
-    if leaked:
-        raise ConfigError(
-            f"finetune: evaluation tasks {leaked} are in the training mixture; zero-shot "
-            "evaluation needs held-out tasks"
-        )
+    eval_tasks = finetune_eval_tasks(mixture, ft)
     data_dir = None
     if mixture.data_dir is not None:
         data_dir = str(prompted._resolve(".", mixture.data_dir, mixture.base_dir))
@@ -323,6 +372,25 @@ def _check_same_parameters(parent_cfg: ExperimentConfig, cfg: ExperimentConfig) 
                 f"model (model.position={parent_cfg.model.position!r}); adapt between models "
                 "whose parameters match, e.g. with model.position rope or none"
             )
+
+
+def check_adaptations(adapt: tuple[AdaptStage, ...], parents: list[ExperimentConfig]) -> None:
+    """What `prepare_adapt` would refuse once the pretrained runs had trained, checked on
+    their configs before they train: ConfigError naming the adaptation (`stages.adapt[i]`)
+    that changes the architecture or the parameter tree of a run of its `from_cell`."""
+    seen = set()
+    for parent in parents:
+        cell = (parent.model.arch, parent.objective.name)
+        for i, ad in enumerate(adapt):
+            key = (i, parent.model.model_dump_json())
+            if tuple(ad.from_cell) != cell or key in seen:
+                continue
+            seen.add(key)
+            try:
+                cfg = adapt_config(parent, Path(parent.name), parent.train.steps, ad)
+                _check_same_parameters(parent, cfg)
+            except StageError as e:
+                raise ConfigError(f"stages.adapt[{i}] (from {'/'.join(cell)}): {e}") from None
 
 
 def prepare_adapt(

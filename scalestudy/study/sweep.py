@@ -22,7 +22,7 @@ from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
 from scalestudy.evaluate.tasks import TFDS_NAMES
 from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
-from scalestudy.study import executors, groups, ladder, lr_search, report
+from scalestudy.study import executors, groups, ladder, lr_search, report, stages, wang_report
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
@@ -121,9 +121,25 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     try:
         _check_laws(study.fit.laws)
         _check_tasks(tasks)
+        _check_after_training(study, path.parent)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return study
+
+
+def _check_after_training(study: StudySpec, spec_dir: Path) -> None:
+    """What the stages and experiments after pretraining would refuse only then: checked
+    when the spec is read, so a dry run refuses it and a study trains nothing first."""
+    grid = cells(study)
+    if study.stages is not None:
+        stages.check_spec(study.stages, spec_dir, grid)
+        if study.stages.published:
+            wang_report.read_published(spec_dir / study.stages.published)
+    if study.experiments is not None:  # groups labelled as decoder_only/run.py's `label`
+        labels = [
+            "/".join((*cell, v.name) if v else cell) for cell, v in _cell_variants(study, grid)
+        ]
+        study.experiments.check_names(labels, [v.name for v in study.variants])
 
 
 def _check_laws(laws: tuple) -> None:
@@ -276,6 +292,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
             )
     if not runs:
         raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
+    if study.stages is not None:  # the adaptations' parameter trees, before anything trains
+        stages.check_adaptations(study.stages.adapt, [r.cfg for r in runs])
     return runs
 
 

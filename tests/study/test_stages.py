@@ -383,7 +383,12 @@ def test_adapted_vs_scratch_is_paired_by_seed_with_an_interval(tmp_path: Path):
     from scalestudy.study import pipeline, wang_report
     from scalestudy.study.sweep import load_study
 
-    study = load_study(SMOKE, [*SMOKE_TINY, "seeds=[0,1]", "cells=[[causal_decoder,flm]]"])
+    only = (
+        "[{from_cell: [causal_decoder, flm], arch: noncausal_decoder, objective: mlm, "
+        "fraction: 0.25}]"
+    )
+    cells = ["cells=[[causal_decoder,flm]]", f"stages.adapt={only}"]  # one cell, its adaptation
+    study = load_study(SMOKE, [*SMOKE_TINY, "seeds=[0,1]", *cells])
     planned = [r for r in pipeline.plan(study, SMOKE.parent, tmp_path) if r.stage != "finetune"]
     losses = {("adapt", 0): 2.0, ("adapt", 1): 2.2, ("scratch", 0): 2.5, ("scratch", 1): 2.9}
     runs = {}
