@@ -89,13 +89,13 @@ def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
-    """Cells whose validation loss does not fall at every step up the ladder (seed means; per
-    budget where a study has several, e.g. IsoFLOP, named "cell at budget")."""
+    """Cells whose validation loss does not fall at every step up the ladder (seed means).
+    Runs of an IsoFLOP budget (tagged, e.g. "C6e10") are left out: at equal compute a larger
+    model reads fewer tokens, and loss against size is a valley, not a slope."""
     losses: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        if r.get("loss") is not None and r.get("params_total"):
-            cell = cell_label(r) + (f" at {r['budget']}" if r.get("budget") else "")
-            losses[cell][float(r["params_total"])].append(r["loss"])
+        if r.get("loss") is not None and r.get("params_total") and not r.get("budget"):
+            losses[cell_label(r)][float(r["params_total"])].append(r["loss"])
     bad = []
     for cell, by_n in sorted(losses.items()):
         means = [sum(v) / len(v) for _, v in sorted(by_n.items())]
