@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from scalestudy.errors import ScalestudyError, path_kind
@@ -107,7 +109,7 @@ def run_dir(text: str, *, must_exist: bool) -> Path:
         raise ScalestudyError("--workdir is empty; give a run directory, e.g. --workdir runs/tiny")
     path = Path(text)
     if path.exists() and not path.is_dir():
-        raise ScalestudyError(f"--workdir {path} is a file; expected a run directory")
+        raise ScalestudyError(f"--workdir {path} is {_kind(path)}; expected a run directory")
     if must_exist and not path.exists():
         raise ScalestudyError(f"--workdir {path}: run directory not found")
     # A folder inside a run (its checkpoints, one step) is not a run: results would land there.
@@ -125,10 +127,11 @@ def check_step(workdir: Path, step: int | None) -> None:
     """Raise unless `step` (when given) is a checkpointed step of the run, listing those."""
     if step is None:
         return
-    from scalestudy.train import checkpoint, saved
+    from scalestudy.train import checkpoint, logfile, saved
 
     directory = saved.checkpoint_dir(workdir)
-    steps = checkpoint.Checkpointer(directory, read_only=True).all_steps()
+    with logfile.library_logs_dropped():  # orbax's notes on opening them read-only
+        steps = checkpoint.Checkpointer(directory, read_only=True).all_steps()
     if step not in steps:
         saved = ", ".join(map(str, steps)) if steps else "none"
         raise ScalestudyError(
@@ -151,6 +154,29 @@ def check_data_kinds(args: argparse.Namespace) -> None:
         )
     args.n_kind = args.n_kind or "non_embedding"
     args.d_kind = args.d_kind or "positions"
+
+
+def check_stage_keys(stage: str, overrides: list[str], stage_keys: Iterable[str]) -> None:
+    """`finetune` and `adapt` take the stage's own keys (`steps=`, `mixture=`, ...) and the
+    run's config keys (`train.log_every=`): refuse any other first key, listing both (the
+    config would list only its sections). Keys inside a section are the config's to check."""
+    from scalestudy.config import ExperimentConfig
+
+    own = sorted(stage_keys)
+    # a key of both is the stage's (adapt's `objective`: the objective adapted to)
+    run = sorted(set(ExperimentConfig.model_fields) - set(own))
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        top = key.split(".")[0]
+        if not sep or not top or top in own or top in run:
+            continue  # a malformed override is named as such where overrides are applied
+        close = difflib.get_close_matches(top, [*own, *run], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        sections = ", ".join(k if k == "name" else f"{k}.*" for k in run)
+        raise ScalestudyError(
+            f"{stage}: unknown key {top!r}{hint}; accepted: the {stage} keys {', '.join(own)}; "
+            f"or the run's config keys {sections} (e.g. train.log_every=10)"
+        )
 
 
 # A value that starts with "-" and is a number (`--compare-at -1e21`): argparse would take it

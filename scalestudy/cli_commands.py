@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scalestudy import cli_args
-from scalestudy.config import load_config
+from scalestudy.config import ExperimentConfig, load_config
 from scalestudy.errors import ScalestudyError
 
 
@@ -52,8 +52,19 @@ def _join_job() -> None:
     initialize_distributed()
 
 
+def _load_config(path: str | Path, overrides: list[str]) -> ExperimentConfig:
+    """The experiment config of a command, with the evaluation tasks it names checked: a
+    misspelt task, or a task file that is not there, would otherwise be found only when the
+    trained run is evaluated (evaluate/tasks.py `check_names`)."""
+    from scalestudy.evaluate.tasks import check_names
+
+    cfg = load_config(path, overrides)
+    check_names(cfg.eval.tasks)
+    return cfg
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = _load_config(args.config, args.overrides)
     from scalestudy.models import counting
 
     info = counting.describe(cfg)
@@ -85,7 +96,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "start a run, or --workdir of an existing run to resume it"
             )
         cfg_path = resolved
-    cfg = load_config(cfg_path, args.overrides)
+    cfg = _load_config(cfg_path, args.overrides)
     _join_job()
     from scalestudy.train import sharding
 
@@ -123,7 +134,7 @@ def _train_members(args: argparse.Namespace, workdir: Path) -> int:
                 f"--config not given and {cfg_path} does not exist; give --config FILE to "
                 "start the group, or the --workdir and --members of an existing group"
             )
-    base = load_config(cfg_path, args.overrides)
+    base = _load_config(cfg_path, args.overrides)
     cfgs = [
         load_config(cfg_path, [*args.overrides, *ov, f"name={base.name}.{name}"])
         for name, ov in grid
@@ -353,6 +364,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from scalestudy.train import logfile
 
     cli_args.output_dir(args.out)
+    settings = stages.FinetuneConfig if args.command == "finetune" else stages.AdaptConfig
+    cli_args.check_stage_keys(args.command, args.overrides, settings.model_fields)
     _join_job()
     prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt
     with logfile.library_logs_dropped():  # orbax's notes on the parent's checkpoints

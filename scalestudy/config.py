@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from scalestudy.errors import ConfigError
 from scalestudy.eval_config import EvalConfig
 from scalestudy.mesh_config import MeshConfig
+from scalestudy.model_limits import MAX_DIM, check_param_sizes
 from scalestudy.moe_config import MoEConfig
 from scalestudy.schema import Frozen, Tuple
-from scalestudy.yamlio import apply_overrides, read_yaml, validate
+from scalestudy.yamlio import apply_overrides, read_yaml, shown, validate
 
 Arch = Literal["causal_decoder", "noncausal_decoder", "encoder_decoder"]
 ObjectiveName = Literal["flm", "plm", "mlm", "bmlm"]
@@ -74,17 +75,17 @@ class ModelConfig(Frozen):
     """Transformer shape and family options; T5.1.1 conventions by default."""
 
     arch: Arch = "causal_decoder"
-    vocab_size: int = Field(384, ge=2)
-    d_model: int = Field(64, ge=1)
-    n_layers: int = Field(2, ge=1)  # decoder-only depth, or the decoder stack of enc-dec
-    n_encoder_layers: int | None = Field(None, ge=1)  # enc-dec only; defaults to n_layers
-    n_heads: int = Field(4, ge=1)
-    d_kv: int | None = Field(None, ge=1)  # per-head width; defaults to d_model // n_heads
-    d_ff: int = Field(256, ge=1)
+    vocab_size: int = Field(384, ge=2, le=MAX_DIM)
+    d_model: int = Field(64, ge=1, le=MAX_DIM)
+    n_layers: int = Field(2, ge=1, le=MAX_DIM)  # decoder-only depth, or enc-dec's decoder
+    n_encoder_layers: int | None = Field(None, ge=1, le=MAX_DIM)  # enc-dec; default n_layers
+    n_heads: int = Field(4, ge=1, le=MAX_DIM)
+    d_kv: int | None = Field(None, ge=1, le=MAX_DIM)  # per-head width; default d_model // n_heads
+    d_ff: int = Field(256, ge=1, le=MAX_DIM)
     activation: Literal["gated_gelu", "gated_silu", "gelu", "relu"] = "gated_gelu"
     position: Literal["relative_bias", "rope", "none"] = "relative_bias"
-    rel_buckets: int = Field(32, ge=2)
-    rel_max_distance: int = Field(128, ge=2)
+    rel_buckets: int = Field(32, ge=2, le=MAX_DIM)
+    rel_max_distance: int = Field(128, ge=2, le=MAX_DIM)
     # Relative-position buckets of the non-causal decoder (models/layers.py): "mirrored" tells
     # prefix pairs apart by direction (a second table half for the future); "causal" is T5X's
     # decoder-only model as Wang et al. (2022) ran it: one causal table, future keys in bucket
@@ -171,6 +172,7 @@ class ModelConfig(Frozen):
         if self.is_encoder_decoder:
             depths["encoder"] = self.encoder_layers
         self.moe.check(depths, self.is_encoder_decoder, self.d_ff)
+        check_param_sizes(self)
         return self
 
     def _check_attention_impl(self) -> None:
@@ -235,6 +237,18 @@ class DataConfig(Frozen):
     seqio_module: str | None = None
     max_documents: int | None = Field(None, ge=1)  # per split; caps large (TFDS) corpora
     seed: int = Field(0, ge=0, le=MAX_SEED)  # data order, objective randomness
+
+    @field_validator("paths", "validation_paths")
+    @classmethod
+    def _path_list(cls, value: tuple, info: ValidationInfo) -> tuple:
+        for i, path in enumerate(value):
+            if not isinstance(path, str) or not path.strip():
+                raise ConfigError(
+                    f"data.{info.field_name}[{i}] is {shown(path)}; each entry is a text file or a "
+                    f"directory, as a non-empty string (e.g. data.{info.field_name}="
+                    "[corpus/train.txt])"
+                )
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:

@@ -63,32 +63,50 @@ _YamlLoader.add_implicit_resolver(
 # Values a YAML document may expand to: anchors and aliases share one object per alias, so a
 # few hundred bytes of nested aliases can stand for billions of values once walked.
 MAX_VALUES = 1_000_000
+# Lists and mappings inside one another: a config nests a few levels; the YAML parser and
+# the code reading a config recurse once (or more) per level, into Python's recursion limit.
+MAX_DEPTH = 64
+
+
+class NestingError(yaml.YAMLError):
+    """A document nests lists or mappings deeper than MAX_DEPTH."""
+
+
+_TOO_DEEP = (
+    f"it nests lists or mappings more than {MAX_DEPTH} levels deep; a config nests a few "
+    "levels (check for unclosed or repeated [ and {)"
+)
 
 
 def parse_yaml(text: str) -> Any:
     """Parse YAML text (safe; scientific notation without a dot is a float); refused when
-    aliases expand it past MAX_VALUES values."""
-    data = yaml.load(text, Loader=_YamlLoader)
+    aliases expand it past MAX_VALUES values or it nests deeper than MAX_DEPTH."""
+    try:
+        data = yaml.load(text, Loader=_YamlLoader)
+    except RecursionError:  # the parser recurses per level: thousands of `[` end here
+        raise NestingError(_TOO_DEEP) from None
     _check_expansion(data)
     return data
 
 
 def _check_expansion(data: Any) -> None:
-    """Count the values `data` holds as if every alias were copied; stop past MAX_VALUES."""
-    stack, seen = [data], 0
+    """Count the values `data` holds as if every alias were copied; stop past MAX_VALUES, or
+    at a list or mapping nested deeper than MAX_DEPTH."""
+    stack, seen = [(data, 0)], 0
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
             raise yaml.YAMLError(
                 f"it expands to more than {MAX_VALUES:,} values through anchors and aliases; "
                 "a config is far smaller: write the values out, or alias less"
             )
+        if isinstance(node, dict | list) and depth >= MAX_DEPTH:
+            raise NestingError(_TOO_DEEP)
         if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
+            stack.extend((child, depth + 1) for child in (*node.keys(), *node.values()))
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((child, depth + 1) for child in node)
 
 
 def shown(value: Any, limit: int = 200) -> str:
@@ -132,7 +150,7 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"include cycle: {chain}")
     try:
         raw = parse_yaml(path.read_text(encoding="utf-8")) or {}
-    except DuplicateKeyError as e:
+    except (DuplicateKeyError, NestingError) as e:
         raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
@@ -174,6 +192,8 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
             )
         try:
             value = parse_yaml(text) if text else ""
+        except NestingError as e:
+            raise ConfigError(f"override {key}: {e}") from None
         except yaml.YAMLError:
             value = text
         if value is None and text.strip() not in _NULLS:  # `---`, `#x`: YAML syntax, not null

@@ -5,7 +5,9 @@ Rows run `scalestudy.cli.main` in this process on tiny inputs written once per m
 that need a run directory share one 2-step run.
 """
 
+import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +55,7 @@ FILES: dict[str, str | bytes] = {
     "runs.csv": "N,loss\n1e6,3.0\n2e6,2.9\n4e6,2.7\n8e6,2.5\n1.6e7,2.4\n",
     "a_file.txt": "not a directory\n",
     "corpus.txt": "some text to train a vocabulary on.\n" * 50,
+    "deep.yaml": "[" * 5000 + "]" * 5000 + "\n",
 }
 
 MULTI = {"SCALESTUDY_NUM_PROCESSES": "2", "SCALESTUDY_PROCESS_ID": "0"}
@@ -345,6 +348,85 @@ CASES = [
         ["compile", "--config", TINY, "--topology", "v5e:0x4"],
         {},
         ["0 chips", "each size at least 1"],
+    ),
+    # Tracebacks, misleading lines and silent successes of the second sweep
+    (
+        "parameter_beyond_32_bit_count",
+        [*TRAIN, "model.d_model=1000000", "model.d_ff=1000000"],
+        {},
+        ["model.d_model=1000000 x model.n_heads=4", "1,000,000,000,000 elements", "4,294,967,296"],
+    ),
+    (
+        "dimension_beyond_int32",
+        ["describe", "--config", TINY, "model.n_layers=99999999999"],
+        {},
+        ["model.n_layers", "2147483647"],
+    ),
+    (
+        "text_path_null",
+        [*TRAIN, "data.source=text", "data.paths=[null]"],
+        {},
+        ["data.paths[0] is None", "non-empty string"],
+    ),
+    (
+        "validation_path_empty",
+        ["describe", "--config", TINY, "data.validation_paths=[a_dir, '']"],
+        {},
+        ["data.validation_paths[1] is ''", "non-empty string"],
+    ),
+    (
+        "config_nests_too_deep",
+        ["train", "--config", "deep.yaml", "--workdir", "w"],
+        {},
+        ["deep.yaml", "nests lists or mappings more than 64 levels deep"],
+    ),
+    (
+        "override_nests_too_deep",
+        ["describe", "--config", TINY, "name=" + "[" * 3000],
+        {},
+        ["override name", "more than 64 levels deep"],
+    ),
+    (
+        "eval_task_unknown_train",
+        [*TRAIN, "eval.tasks=[nonexistent_task]"],
+        {},
+        ["eval.tasks: unknown task 'nonexistent_task'", "synthetic_probes", "FILE.yaml"],
+    ),
+    (
+        "eval_task_unknown_describe",
+        ["describe", "--config", TINY, "eval.tasks=[copa_x]"],
+        {},
+        ["eval.tasks: unknown task 'copa_x' (did you mean 'copa'?)"],
+    ),
+    (
+        "eval_task_file_missing",
+        ["describe", "--config", TINY, "eval.tasks=[synthetic_probes, text:no/such.txt]"],
+        {},
+        ["eval.tasks: 'text:no/such.txt': the task's data not found: no/such.txt"],
+    ),
+    (
+        "eval_workdir_is_a_pipe",
+        ["eval", "--workdir", "a_pipe", "--tasks", "synthetic_probes"],
+        {},
+        ["--workdir a_pipe is a named pipe; expected a run directory"],
+    ),
+    (
+        "train_workdir_is_a_pipe",
+        ["train", "--config", TINY, "--workdir", "a_pipe"],
+        {},
+        ["--workdir a_pipe is a named pipe"],
+    ),
+    (
+        "finetune_unknown_key",
+        ["finetune", "--from", "a_dir", "--out", "O", "mixture=m.yaml", "stepz=2"],
+        {},
+        ["finetune: unknown key 'stepz' (did you mean 'steps'?)", "mixture", "eval_tasks"],
+    ),
+    (
+        "adapt_unknown_key",
+        ["adapt", "--from", "a_dir", "--out", "O", "objective=plm", "bogus=1"],
+        {},
+        ["adapt: unknown key 'bogus'", "fraction", "train.*"],
     ),
 ]
 
@@ -689,11 +771,17 @@ def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_ru
     """XLA's analysis of the compiled step against the device's memory (here a device made
     small, as the CPU is for a finetune's default 1,024 x 1,280 batch): one line naming the
     batch and lengths and what to lower, and the new run directory is gone again."""
+    from collections import OrderedDict
+
     import jax
 
-    from scalestudy.train import chips
+    from scalestudy.train import chips, step
 
-    monkeypatch.setattr(chips, "device_memory", lambda device: 2**10)
+    # compiled here: a program cached by an earlier run of this module is not checked again
+    monkeypatch.setattr(step, "_PROGRAMS", OrderedDict())
+    # more than the parameters alone (refused before compiling, as in the test below), less
+    # than the step
+    monkeypatch.setattr(chips, "device_memory", lambda device: 2**17)
     argv = ["train", "--config", TINY, "--workdir", str(tmp_path / "w"), "train.steps=2"]
     assert main([*argv, "train.batch_size=8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -704,3 +792,97 @@ def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_ru
     assert not (tmp_path / "w").exists()
     monkeypatch.setattr(chips, "device_memory", lambda device: 2**40)
     assert main([*argv, "train.batch_size=8", "train.progress=false"]) == 0
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.d_model=1000000", "model.d_ff=1000000"],
+        ["data.source=text", "data.paths=[null]"],
+        ["eval.tasks=[nonexistent_task]"],
+    ],
+    ids=["huge_model", "null_path", "unknown_task"],
+)
+def test_a_train_its_config_refuses_leaves_the_workdir_as_found(overrides, tmp_path, capsys):
+    """Refused as the config loads: no config.yaml, run.lock or train.log left behind, in a
+    workdir that did not exist or one that was empty."""
+    for workdir in (tmp_path / "new", tmp_path / "empty"):
+        if workdir.name == "empty":
+            workdir.mkdir()
+        argv = ["train", "--config", TINY, "--workdir", str(workdir), "train.steps=2"]
+        assert main([*argv, *overrides]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.startswith("error: "), err
+        assert workdir.exists() == (workdir.name == "empty")
+        assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_a_model_whose_parameters_alone_exceed_the_devices_is_refused_before_compiling(
+    tmp_path, capsys, monkeypatch
+):
+    """Parameters that all of the job's devices together cannot hold: one line naming the
+    sizes, before anything is compiled or written."""
+    from scalestudy.train import chips, step
+
+    monkeypatch.setattr(chips, "device_memory", lambda device: 2**20)
+    monkeypatch.setattr(step, "build_program", lambda *a, **k: pytest.fail("compiled"))
+    argv = ["train", "--config", TINY, "--workdir", str(tmp_path / "w"), "train.steps=2"]
+    assert main([*argv, "model.d_model=256", "model.d_ff=8192"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "the model's 13,305,216 parameters alone need" in err[0]
+    assert "model.d_model=256, model.d_ff=8192" in err[0]
+    assert not (tmp_path / "w").exists()
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes each record to the `sys.stderr` of the moment (pytest swaps it between phases)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+@pytest.fixture
+def records_on_stderr(capfd):
+    """Library log records printed on stderr as on the command line: there the root logger
+    has no handler, and absl's first record calls `logging.basicConfig()` (under pytest the
+    root logger holds pytest's handlers, and nothing would be printed)."""
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    logging.root.addHandler(handler)
+    yield capfd
+    logging.root.removeHandler(handler)
+
+
+@pytest.mark.slow
+def test_a_step_never_saved_is_refused_without_orbax_notes(trained_run, records_on_stderr):
+    """orbax's notes on opening the checkpoints read-only (`WARNING:absl:...`) never come
+    before the error line."""
+    records_on_stderr.readouterr()
+    assert main(["eval", "--workdir", str(trained_run), "--step", "7"]) == 2
+    err = records_on_stderr.readouterr().err
+    assert "WARNING:absl" not in err, err
+    assert err.strip().splitlines() == [
+        f"error: --step 7: {trained_run} has no checkpoint at that step; steps saved: 2 (leave "
+        "out --step for the latest)"
+    ]
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_take_its_lock_stops_without_orbax_notes(
+    trained_run, tmp_path, records_on_stderr
+):
+    """A run directory whose files cannot be written (here run.lock is a directory; a
+    read-only disk is the same): the error line names the checkpoints kept, and orbax's
+    notes on reading them are not printed before it."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    (run / "run.lock").unlink()
+    (run / "run.lock").mkdir()
+    records_on_stderr.readouterr()
+    assert main(["train", "--workdir", str(run)]) == 2
+    err = records_on_stderr.readouterr().err
+    assert "WARNING:absl" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "checkpoints up to step 2 are intact" in lines[0], lines

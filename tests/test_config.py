@@ -145,7 +145,13 @@ def _validate_any(path: Path) -> object:
         from scalestudy.data.prompted import load_mixture
 
         return load_mixture(path)
-    return load_config(path)  # models, mesh presets, experiments: complete experiment configs
+    # models, mesh presets, experiments: complete experiment configs, whose eval tasks the
+    # command line checks as it loads them
+    from scalestudy.evaluate.tasks import check_names
+
+    cfg = load_config(path)
+    check_names(cfg.eval.tasks)
+    return cfg
 
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

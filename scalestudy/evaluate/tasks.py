@@ -16,13 +16,15 @@ A task name resolves, in order, to:
 from __future__ import annotations
 
 import dataclasses
+import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from scalestudy.config import SyntheticConfig
 from scalestudy.data import require_seqio, sources
 from scalestudy.data.synthetic import INCONTEXT_DELIMITER, incontext_probe, probe_tasks
-from scalestudy.errors import ConfigError
+from scalestudy.errors import ConfigError, not_found, path_kind
 from scalestudy.eval_config import EvalConfig, TaskConfig
 from scalestudy.evaluate import generic, prompts
 from scalestudy.evaluate.blimp import load_blimp
@@ -38,7 +40,7 @@ from scalestudy.evaluate.formats import (
 from scalestudy.evaluate.promptsource import promptsource_task
 from scalestudy.yamlio import read_yaml, validate
 
-__all__ = ["REGISTRY", "Spec", "Task", "load_task", "load_tasks"]
+__all__ = ["REGISTRY", "Spec", "Task", "check_names", "load_task", "load_tasks"]
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,30 @@ def _text(path: str, name: str = "text") -> Task:
     return Task(name, "text", (Example(("",), (text,)),), str(file), "bpb")
 
 
+def _reader(spec: str) -> str | None:
+    """Which of the forms in this module's docstring the task name `spec` has (the reader
+    `load_task` gives it), or None for a name no reader takes."""
+    head, sep, _ = spec.partition(":")
+    if spec in ("synthetic_probes", "incontext_probe"):
+        return spec
+    if sep and head in ("text", "tfds"):
+        return head
+    if spec == "blimp" or (sep and head == "blimp"):
+        return "blimp"
+    if sep and head in REGISTRY:
+        return "registered_file"
+    if spec.endswith((".yaml", ".yml")):
+        return "yaml"
+    if spec in REGISTRY:
+        return "registered"
+    if "/" in spec and head in TFDS_NAMES:
+        return "tfds_name"
+    return None
+
+
+ACCEPTED = (*BUILT_IN, *REGISTRY, "NAME:PATH", "text:PATH", "tfds:NAME", "FILE.yaml")
+
+
 def load_task(
     name_or_path: str | TaskConfig,
     data_dir: str | Path | None = None,
@@ -272,52 +298,64 @@ def load_task(
     spec = str(name_or_path)
     if prompts not in ("harness", "promptsource"):
         raise ConfigError(f"eval.prompts={prompts!r}; accepted: harness, promptsource")
-    if spec == "synthetic_probes":
-        return _probes(synthetic)
-    if spec == "incontext_probe":
-        return _incontext(synthetic)
     head, sep, tail = spec.partition(":")
-    if sep and head == "text":
+    reader = _reader(spec)
+    if reader == "synthetic_probes":
+        return _probes(synthetic)
+    if reader == "incontext_probe":
+        return _incontext(synthetic)
+    if reader == "text":
         return _text(tail)
-    if sep and head == "tfds":
-        return _tfds(tail, tfds_data_dir)
-    if spec == "blimp" or (sep and head == "blimp"):
+    if reader in ("tfds", "tfds_name"):
+        return _tfds(tail if reader == "tfds" else spec, tfds_data_dir)
+    if reader == "blimp":
         return load_blimp(Path(tail) if sep else resolve_data_dir(data_dir) / "blimp")
-    if sep and head in REGISTRY:
+    if reader == "registered_file":
         return _registered(head, Path(tail), data_dir, prompts)
-    if spec.endswith((".yaml", ".yml")):
+    if reader == "yaml":
         path = require_file(spec, "task YAML file")
         cfg = validate(TaskConfig, read_yaml(path), str(path))
         return generic.generic_task(cfg, data_dir, base_dir=path.parent)
-    if spec in REGISTRY:
+    if reader == "registered":
         return _registered(spec, None, data_dir, prompts)
-    if "/" in spec and spec.split(":")[0] in TFDS_NAMES:
-        return _tfds(spec, tfds_data_dir)
-    accepted = [
-        *BUILT_IN,
-        *REGISTRY,
-        "NAME:PATH",
-        "text:PATH",
-        "tfds:NAME",
-        "FILE.yaml",
-    ]
-    raise TaskDataError(f"unknown task {spec!r}; accepted: {', '.join(accepted)}")
+    raise TaskDataError(f"unknown task {spec!r}; accepted: {', '.join(ACCEPTED)}")
 
 
 def task_path(spec: str) -> tuple[Path, tuple[str, ...]] | None:
     """The local path a task name reads and the kinds it may be ("a file", "a directory"),
     for `text:PATH`, `blimp:PATH`, `NAME:PATH` and `FILE.yaml`; None for a task read from the
     data directory, TFDS or built in."""
-    head, sep, tail = spec.partition(":")
-    if sep and head == "text":
+    _, sep, tail = spec.partition(":")
+    reader = _reader(spec)
+    if reader == "text":
         return Path(tail), ("a file",)
-    if sep and head == "blimp":
-        return Path(tail), ("a directory",)
-    if sep and head in REGISTRY:
+    if reader == "blimp" and sep:  # a directory of paradigm files, or one paradigm's file
+        return Path(tail), ("a directory", "a file")
+    if reader == "registered_file":
         return Path(tail), ("a file", "a directory")
-    if spec.endswith((".yaml", ".yml")):
+    if reader == "yaml":
         return Path(spec), ("a file",)
     return None
+
+
+def check_names(names: Sequence[str], key: str = "eval.tasks") -> None:
+    """ConfigError, naming `key`, for a task name no reader takes, or one whose local file
+    (`text:PATH`, `blimp:PATH`, `NAME:PATH`, `FILE.yaml`) is not there: checked where a
+    config is loaded, not first when a trained run is evaluated. Tasks read from the data
+    directory or TFDS are looked for then (`--data-dir` may name it)."""
+    for name in names:
+        if _reader(name) is None:
+            close = difflib.get_close_matches(name, [*BUILT_IN, *REGISTRY], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{key}: unknown task {name!r}{hint}; accepted: {', '.join(ACCEPTED)}"
+            )
+        found = task_path(name)
+        if found is not None and path_kind(found[0]) not in found[1]:
+            expected = " or ".join(found[1])
+            raise ConfigError(
+                f"{key}: {name!r}: " + not_found(found[0], "the task's data", expected)
+            )
 
 
 def load_tasks(

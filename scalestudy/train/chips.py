@@ -177,6 +177,31 @@ class ProgramMemoryError(ConfigError):
     """A compiled train step needs more memory than a device has: refused before it runs."""
 
 
+def check_params_fit(cfg: ExperimentConfig) -> None:
+    """Refuse, before anything is built or written, a model whose parameters alone need more
+    memory than all of this job's devices have together: what training holds is more
+    (optimizer state, gradients, activations), and `check_fits` would refuse it only after
+    compiling the step."""
+    from scalestudy.models.counting import count_params
+
+    device = jax.local_devices()[0]
+    per_device = device_memory(device)
+    if per_device is None:
+        return
+    have = per_device * jax.device_count()
+    m = cfg.model
+    n = count_params(m)["total"]
+    need = n * jnp.dtype(m.param_dtype).itemsize
+    if need > have:
+        raise ProgramMemoryError(
+            f"the model's {n:,} parameters alone need {need / 2**30:.1f} GiB in {m.param_dtype} "
+            f"(model.param_dtype), more than the {have / 2**30:.1f} GiB of this job's "
+            f"{jax.device_count()} {device.platform} device(s) together, before any optimizer "
+            f"state or activations; lower model.d_model={m.d_model}, model.d_ff={m.d_ff}, "
+            f"model.n_layers={m.n_layers} or model.vocab_size={m.vocab_size}, or add devices"
+        )
+
+
 def check_fits(
     cfg: ExperimentConfig, compiled: Any, mesh: jax.sharding.Mesh, members: int = 1
 ) -> None:

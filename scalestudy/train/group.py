@@ -28,7 +28,7 @@ from typing import Any
 import jax
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.errors import ConfigError
+from scalestudy.errors import ConfigError, path_kind
 from scalestudy.train import (
     distributed,
     group_program,
@@ -97,7 +97,9 @@ def train_group(
     with logfile.library_logs_dropped():  # no run log yet: nothing may be written
         for cfg, workdir in zip(cfgs, workdirs):
             if workdir.exists() and not workdir.is_dir():
-                raise loop.RunDirError(f"member {cfg.name}: {workdir} is a file, not a directory")
+                raise loop.RunDirError(
+                    f"member {cfg.name}: {workdir} is {path_kind(workdir)}, not a directory"
+                )
             resume.check_resume(cfg, workdir)  # a directory holding another run: refused
         steps = [saved_runs.latest_step(w) or 0 for w in workdirs]
     if len(cfgs) == 1:

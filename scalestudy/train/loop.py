@@ -24,10 +24,11 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig, to_yaml
 from scalestudy.data import pipeline
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ScalestudyError, path_kind
 from scalestudy.models import counting
 from scalestudy.train import (
     checkpoint,
+    chips,
     distributed,
     expert_load,
     hooks,
@@ -83,8 +84,11 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     """Train (or resume) the run in `workdir`; returns what it writes to summary.json."""
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
-        raise RunDirError(f"--workdir {workdir} is a file; give a directory (created when missing)")
+        raise RunDirError(
+            f"--workdir {workdir} is {path_kind(workdir)}; give a directory (created when missing)"
+        )
     sharding.check_host_batch(cfg, distributed.process_layout()[1])
+    chips.check_params_fit(cfg)
     before = rundir.entries(workdir)
     try:
         with claim(workdir):
@@ -95,7 +99,9 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         raise
     except OSError as e:  # a file could not be read or written: one line, checkpoints kept
         latest = None
-        with contextlib.suppress(Exception):
+        # orbax's notes on opening the checkpoints read-only: not for the terminal, and the
+        # run's log may be what cannot be written
+        with contextlib.suppress(Exception), logfile.library_logs_dropped():
             latest = saved.latest_step(workdir)
         kept = f"checkpoints up to step {latest} are intact" if latest else "no checkpoint yet"
         raise RunDirError(
