@@ -338,11 +338,9 @@ def task_path(spec: str) -> tuple[Path, tuple[str, ...]] | None:
     return None
 
 
-def check_names(names: Sequence[str], key: str = "eval.tasks") -> None:
-    """ConfigError, naming `key`, for a task name no reader takes, or one whose local file
-    (`text:PATH`, `blimp:PATH`, `NAME:PATH`, `FILE.yaml`) is not there: checked where a
-    config is loaded, not first when a trained run is evaluated. Tasks read from the data
-    directory or TFDS are looked for then (`--data-dir` may name it)."""
+def check_spelling(names: Sequence[str], key: str = "eval.tasks") -> None:
+    """ConfigError, naming `key`, for a task name no reader takes (files are not looked
+    for: a study's cluster runs read theirs where they run)."""
     for name in names:
         if _reader(name) is None:
             close = difflib.get_close_matches(name, [*BUILT_IN, *REGISTRY], n=1)
@@ -350,6 +348,15 @@ def check_names(names: Sequence[str], key: str = "eval.tasks") -> None:
             raise ConfigError(
                 f"{key}: unknown task {name!r}{hint}; accepted: {', '.join(ACCEPTED)}"
             )
+
+
+def check_names(names: Sequence[str], key: str = "eval.tasks") -> None:
+    """ConfigError, naming `key`, for a task name no reader takes, or one whose local file
+    (`text:PATH`, `blimp:PATH`, `NAME:PATH`, `FILE.yaml`) is not there: checked where a
+    config is loaded, not first when a trained run is evaluated. Tasks read from the data
+    directory or TFDS are looked for then (`--data-dir` may name it)."""
+    check_spelling(names, key)
+    for name in names:
         found = task_path(name)
         if found is not None and path_kind(found[0]) not in found[1]:
             expected = " or ".join(found[1])

@@ -17,9 +17,7 @@ from typing import Any
 
 from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
 from scalestudy.errors import ConfigError, not_found, path_kind
-from scalestudy.evaluate.tasks import BUILT_IN as BUILT_IN_TASKS
-from scalestudy.evaluate.tasks import REGISTRY as TASK_REGISTRY
-from scalestudy.evaluate.tasks import TFDS_NAMES
+from scalestudy.evaluate.tasks import check_spelling
 from scalestudy.models import counting
 from scalestudy.scaling.laws import LAWS
 from scalestudy.study import executors, groups, ladder, lr_search, report, stages, wang_report
@@ -153,19 +151,7 @@ def _check_tasks(names: Any) -> None:
     (the spelling only: task files are read when the runs are evaluated)."""
     if isinstance(names, str) or not isinstance(names, list | tuple):
         raise ConfigError(f"tasks: a list of task names; got {names!r}")
-    for name in names:
-        head, sep, _ = str(name).partition(":")
-        known = (
-            name in BUILT_IN_TASKS
-            or name in TASK_REGISTRY
-            or (sep and head in ("text", "tfds", "blimp", *TASK_REGISTRY))
-            or str(name).endswith((".yaml", ".yml"))
-            or ("/" in str(name) and head in TFDS_NAMES)
-        )
-        if not known:
-            accepted = [*BUILT_IN_TASKS, *TASK_REGISTRY, "NAME:PATH", "text:PATH"]
-            accepted += ["tfds:NAME", "FILE.yaml"]
-            raise ConfigError(f"tasks: unknown task {name!r}; accepted: {', '.join(accepted)}")
+    check_spelling([str(n) for n in names], "tasks")
 
 
 def _check_task_paths(runs: list[PlannedRun]) -> None:
