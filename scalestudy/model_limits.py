@@ -4,12 +4,9 @@ read (config.py), before anything is built or written."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from scalestudy.errors import ConfigError
-
-if TYPE_CHECKING:
-    from scalestudy.config import ModelConfig
 
 MAX_DIM = 2**31 - 1  # a size XLA's int32 indices and positions reach on every platform
 # A parameter's elements are numbered in 32 bits as it is initialised (models/layers.py
@@ -17,9 +14,10 @@ MAX_DIM = 2**31 - 1  # a size XLA's int32 indices and positions reach on every p
 MAX_PARAM_ELEMENTS = 2**32
 
 
-def check_param_sizes(model: ModelConfig) -> None:
-    """Refuse a parameter of more than MAX_PARAM_ELEMENTS elements, naming the sizes whose
-    product it is (before anything is built: the initialiser would fail on it)."""
+def check_param_sizes(model: Any) -> None:
+    """Refuse a parameter of the ModelConfig `model` of more than MAX_PARAM_ELEMENTS
+    elements, naming the sizes whose product it is (before anything is built: the
+    initialiser would fail on it)."""
     d, h = model.d_model, model.n_heads
     head = "model.d_kv" if model.d_kv is not None else "head width (d_model/n_heads)"
     weights = {  # what: {size: value}, whose product is its number of elements

@@ -36,6 +36,7 @@ ROOM_OF = {
     "eval_config": "config",
     "moe_config": "config",
     "mesh_config": "config",
+    "model_limits": "config",
     "__init__": "config",
     "cli_args": "cli",
     "cli_commands": "cli",

@@ -359,3 +359,20 @@ def describe(mixture: PromptedMixture) -> list[dict]:
             row |= {s: len(examples(mixture, t.name, s)) for s in SPLITS}
         out.append(row)
     return out
+
+
+def zero_shot_tasks(mixture: PromptedMixture, given: tuple[str, ...] = (), key: str = "finetune"):
+    """The tasks a run finetuned on `mixture` is evaluated on zero-shot: `given`, or by
+    default the mixture's held-out tasks with an `eval_task`; ConfigError, naming `key`,
+    where one of them is trained on."""
+    held = {t.eval_task for t in mixture.held_out_tasks if t.eval_task}
+    eval_tasks = tuple(given) or tuple(sorted(held))
+    trained = {t.eval_task or t.name for t in mixture.train_tasks}
+    leaked = sorted(set(eval_tasks) & trained)
+    if leaked:
+        raise ConfigError(
+            f"{key}: evaluation tasks {leaked} are in the training mixture "
+            f"{mixture.name!r} (it trains {sorted(trained)}); zero-shot evaluation needs "
+            "held-out tasks"
+        )
+    return eval_tasks

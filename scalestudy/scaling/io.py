@@ -48,6 +48,12 @@ def cell_label(run: dict) -> str:
     return f"{cell}/{variant}" if variant else cell
 
 
+def has_experts(runs: list[dict]) -> bool:
+    """Whether any of `runs` (registry rows) is a mixture-of-experts model (more than one
+    routed expert)."""
+    return any((r.get("experts") or 1) > 1 for r in runs)
+
+
 def _norm(name: str) -> str:
     return re.sub(r"[\s_\-()\[\]]", "", name.lower())
 

@@ -37,7 +37,8 @@ from scalestudy.scaling.intervals import (
     holm,
     paired_difference,
 )
-from scalestudy.scaling.io import cell_label
+from scalestudy.scaling.io import cell_label as label  # the cell, with its variant
+from scalestudy.scaling.io import has_experts
 from scalestudy.study import verdicts
 from scalestudy.study.recipe import recipe_differences
 
@@ -51,18 +52,8 @@ QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss-bearing tokens", ("loss_tokens", "tokens")),
     ("inference FLOPs per generated token", ("inference_flops_per_token",)),
 )
-# Said only where a side has routed experts: in a dense model they are its non-embedding
-# parameters, a fixed share of the total.
+# Named only where a side has routed experts (dense: the non-embedding parameters).
 MOE_ONLY = frozenset({"active parameters"})
-
-
-def has_experts(runs: list[dict[str, Any]]) -> bool:
-    """Whether any of `runs` is a mixture-of-experts model (more than one routed expert)."""
-    return any((r.get("experts") or 1) > 1 for r in runs)
-
-
-# The run's cell, with its variant when it has one ("arch/objective[/variant]").
-label = cell_label
 
 
 def _value(run: dict[str, Any], keys: tuple[str, ...]) -> float | None:

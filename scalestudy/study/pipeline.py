@@ -117,7 +117,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
             parents.append((out / "stages" / scratch_name, s_cfg, "scratch", via, s_cfg.hash()))
         if ft is None or mixture is None:
             continue
-        eval_tasks = stages.finetune_eval_tasks(mixture, ft, "stages.finetune.eval_tasks")
+        eval_tasks = prompted.zero_shot_tasks(mixture, ft.eval_tasks, "stages.finetune.eval_tasks")
         for pdir, pcfg, role, via, pid in parents:
             cfg = stages.finetune_config(
                 pcfg,

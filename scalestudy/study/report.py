@@ -24,7 +24,7 @@ from typing import Any
 
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate.fewshot import in_context_tasks
-from scalestudy.scaling.io import cell_label
+from scalestudy.scaling.io import cell_label, has_experts
 from scalestudy.study import comparisons, incontext, lr_report, task_laws, verdicts
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
@@ -117,7 +117,7 @@ def compare(
     out["matched"] = comparisons.compare(done, tolerance, family=False)
     leaders = []
     questions = [("equal_params", n_key)]
-    if comparisons.has_experts(done):  # MoE against dense at the parameters a token uses
+    if has_experts(done):  # MoE against dense at the parameters a token uses
         questions.append(("equal_active", "params_active"))
     questions += [("equal_compute", "flops"), ("equal_inference", "inference_flops_per_token")]
     for name, x_key in questions:

@@ -298,39 +298,6 @@ class DecoderOnlyConfig(Frozen):
     rank: RankOverTrainingConfig | None = None
     budgets: BudgetSweepConfig | None = None
 
-    def check_names(self, groups: list[str], variants: list[str]) -> None:
-        """ConfigError for a group that names none of the study's `groups` (each
-        "arch/objective", with "/variant" where the study has variants), and for budgets
-        that are not in increasing order or compare what are not `variants` of the study."""
-        named = [(f"comparisons[{i}].groups", c.groups) for i, c in enumerate(self.comparisons)]
-        named += [("rank.groups", self.rank.groups)] if self.rank else []
-        for key, given in named:
-            unknown = [g for g in given if g not in groups]
-            if unknown:
-                raise ConfigError(
-                    f"experiments.{key}: {unknown} are not groups of the study; accepted: "
-                    f"{', '.join(groups)}"
-                )
-        b = self.budgets
-        if b is None:
-            return
-        if list(b.steps) != sorted(set(b.steps)) or b.steps[0] < 1:
-            raise ConfigError(
-                "experiments.budgets.steps: positive step counts in increasing order, each "
-                f"once; got {list(b.steps)}"
-            )
-        if b.interaction and len(b.interaction) != 2:
-            raise ConfigError(
-                "experiments.budgets.interaction names two architectures [A, B] (B's gap minus "
-                f"A's); got {list(b.interaction)}"
-            )
-        for key in ("reference", "treatment"):
-            if getattr(b, key) not in variants:
-                raise ConfigError(
-                    f"experiments.budgets.{key}={getattr(b, key)!r} is not a variant of the "
-                    f"study; accepted: {', '.join(variants) or 'none (the study has no variants)'}"
-                )
-
 
 class StudySpec(Frozen):
     """A whole study: base experiment, grid axes, sizes, budgets, matching, evaluation, fits."""

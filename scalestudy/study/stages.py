@@ -13,28 +13,24 @@ fresh), and the step count goes on from the parent's, as T5X continues a run.
 
 Every check runs before anything is written: a `--from` run that is missing, unfinished or of
 another architecture than the stage expects, an empty mixture, a held-out task in the training
-mixture, a template rendering empty, an adaptation between incompatible architectures.
-A study spec's stages meet the same checks when the spec is read and expanded (`check_spec`,
-`check_adaptations`), before its pretraining. The stage writes `stage.json` (lineage: parent
-run and step, the stage's settings) and adds the same lineage to the run's `summary.json`.
+mixture, a template rendering empty, an adaptation between incompatible architectures (a
+study's stages meet them when its spec is read: study/spec_checks.py). The stage writes
+`stage.json` (lineage: parent run and step, its settings), and the same in `summary.json`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from scalestudy.config import Arch, ExperimentConfig, ObjectiveName
-from scalestudy.errors import ConfigError, ScalestudyError, not_found
+from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.models import api
 from scalestudy.schema import Frozen, Tuple
 from scalestudy.yamlio import apply_overrides, validate
-
-if TYPE_CHECKING:
-    from scalestudy.data.prompted import PromptedMixture
 
 STAGE_FILE = "stage.json"
 
@@ -116,29 +112,6 @@ def finetune_settings(spec: StagesSpec, spec_dir: Path) -> FinetuneConfig | None
     return ft.replace(mixture=str(mixture))
 
 
-def check_spec(spec: StagesSpec, spec_dir: Path, cells: list[tuple[str, str]]) -> None:
-    """ConfigError, when the spec is read, for what the stages would refuse only after
-    pretraining: an adaptation from a cell the study lacks, finetuning evaluated on a task it
-    trains on, published numbers that are not there."""
-    for i, ad in enumerate(spec.adapt):
-        if tuple(ad.from_cell) not in cells:
-            accepted = ", ".join(f"[{a}, {o}]" for a, o in cells)
-            raise ConfigError(
-                f"stages.adapt[{i}].from_cell: {list(ad.from_cell)} is not a cell of the "
-                f"study; accepted: {accepted}"
-            )
-    ft = finetune_settings(spec, spec_dir)
-    if ft is not None and ft.mixture is not None:
-        from scalestudy.data import prompted
-
-        finetune_eval_tasks(prompted.load_mixture(ft.mixture), ft, "stages.finetune.eval_tasks")
-    published = Path(spec_dir) / spec.published if spec.published else None
-    if published is not None and not published.is_file():
-        raise ConfigError(
-            "stages.published: " + not_found(published, "the published numbers", "a YAML file")
-        )
-
-
 # ----------------------------------------------------------------------------- parents
 
 
@@ -189,25 +162,6 @@ def _apply(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
 
 
 # ----------------------------------------------------------------------------- finetune
-
-
-def finetune_eval_tasks(
-    mixture: PromptedMixture, ft: FinetuneConfig, key: str = "finetune"
-) -> tuple[str, ...]:
-    """The tasks a finetuned run is evaluated on zero-shot (`ft.eval_tasks`, default the
-    prompted `mixture`'s held-out tasks with an `eval_task`); ConfigError, naming `key`, where
-    one of them is trained on."""
-    held = {t.eval_task for t in mixture.held_out_tasks if t.eval_task}
-    eval_tasks = tuple(ft.eval_tasks) or tuple(sorted(held))
-    trained = {t.eval_task or t.name for t in mixture.train_tasks}
-    leaked = sorted(set(eval_tasks) & trained)
-    if leaked:
-        raise ConfigError(
-            f"{key}: evaluation tasks {leaked} are in the training mixture "
-            f"{mixture.name!r} (it trains {sorted(trained)}); zero-shot evaluation needs "
-            "held-out tasks"
-        )
-    return eval_tasks
 
 
 def finetune_config(
@@ -285,7 +239,7 @@ def prepare_finetune(
     prompted.check_mixture(mixture)
     for task in mixture.train_tasks:  # renders every template now: empty ones fail here
         prompted.examples(mixture, task.name, "train")
-    eval_tasks = finetune_eval_tasks(mixture, ft)
+    eval_tasks = prompted.zero_shot_tasks(mixture, ft.eval_tasks)
     data_dir = None
     if mixture.data_dir is not None:
         data_dir = str(prompted._resolve(".", mixture.data_dir, mixture.base_dir))
@@ -344,7 +298,7 @@ def adapt_config(
     return validate(ExperimentConfig, p, "adapt stage")
 
 
-def _check_same_parameters(parent_cfg: ExperimentConfig, cfg: ExperimentConfig) -> None:
+def check_same_parameters(parent_cfg: ExperimentConfig, cfg: ExperimentConfig) -> None:
     """StageError naming the first parameter whose shape differs between the two models."""
     import jax
 
@@ -374,25 +328,6 @@ def _check_same_parameters(parent_cfg: ExperimentConfig, cfg: ExperimentConfig) 
             )
 
 
-def check_adaptations(adapt: tuple[AdaptStage, ...], parents: list[ExperimentConfig]) -> None:
-    """What `prepare_adapt` would refuse once the pretrained runs had trained, checked on
-    their configs before they train: ConfigError naming the adaptation (`stages.adapt[i]`)
-    that changes the architecture or the parameter tree of a run of its `from_cell`."""
-    seen = set()
-    for parent in parents:
-        cell = (parent.model.arch, parent.objective.name)
-        for i, ad in enumerate(adapt):
-            key = (i, parent.model.model_dump_json())
-            if tuple(ad.from_cell) != cell or key in seen:
-                continue
-            seen.add(key)
-            try:
-                cfg = adapt_config(parent, Path(parent.name), parent.train.steps, ad)
-                _check_same_parameters(parent, cfg)
-            except StageError as e:
-                raise ConfigError(f"stages.adapt[{i}] (from {'/'.join(cell)}): {e}") from None
-
-
 def prepare_adapt(
     parent: Path,
     out: Path,
@@ -410,7 +345,7 @@ def prepare_adapt(
     _check_out(out, parent)
     parent_cfg, step = finished_parent(parent, ad.expect_arch)
     cfg = _apply(adapt_config(parent_cfg, parent, step, ad), run_over)
-    _check_same_parameters(parent_cfg, cfg)
+    check_same_parameters(parent_cfg, cfg)
     record = {
         "stage": "adapt",
         "parent": str(parent.resolve()),

@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.config import VALID_CELLS, ExperimentConfig, ModelConfig, OptimConfig, to_yaml
-from scalestudy.errors import ConfigError, not_found, path_kind
-from scalestudy.evaluate.tasks import check_spelling
+from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.scaling.laws import LAWS
-from scalestudy.study import executors, groups, ladder, lr_search, report, stages, wang_report
+from scalestudy.study import executors, groups, ladder, lr_search, report, spec_checks
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
@@ -116,58 +114,13 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         budget = validate(BudgetConfig, {"kind": "steps", "steps": steps}, "base.train.steps")
         study = study.replace(budget=budget)
     tasks = base.get("eval", {}).get("tasks", ()) if isinstance(base.get("eval"), dict) else ()
+    grid = cells(study)
+    labels = ["/".join((*cell, v.name) if v else cell) for cell, v in _cell_variants(study, grid)]
     try:
-        _check_laws(study.fit.laws)
-        _check_tasks(tasks)
-        _check_after_training(study, path.parent)
+        spec_checks.check_spec(study, path.parent, tasks, grid, labels)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return study
-
-
-def _check_after_training(study: StudySpec, spec_dir: Path) -> None:
-    """What the stages and experiments after pretraining would refuse only then: checked
-    when the spec is read, so a dry run refuses it and a study trains nothing first."""
-    grid = cells(study)
-    if study.stages is not None:
-        stages.check_spec(study.stages, spec_dir, grid)
-        if study.stages.published:
-            wang_report.read_published(spec_dir / study.stages.published)
-    if study.experiments is not None:  # groups labelled as decoder_only/run.py's `label`
-        labels = [
-            "/".join((*cell, v.name) if v else cell) for cell, v in _cell_variants(study, grid)
-        ]
-        study.experiments.check_names(labels, [v.name for v in study.variants])
-
-
-def _check_laws(laws: tuple) -> None:
-    unknown = [law for law in laws if law not in (*LAWS, "auto")]
-    if unknown:
-        raise ConfigError(f"fit.laws: unknown {unknown}; accepted: auto, {', '.join(LAWS)}")
-
-
-def _check_tasks(names: Any) -> None:
-    """Raise ConfigError for evaluation task names that evaluate.tasks.load_task cannot read
-    (the spelling only: task files are read when the runs are evaluated)."""
-    if isinstance(names, str) or not isinstance(names, list | tuple):
-        raise ConfigError(f"tasks: a list of task names; got {names!r}")
-    check_spelling([str(n) for n in names], "tasks")
-
-
-def _check_task_paths(runs: list[PlannedRun]) -> None:
-    """The files the runs' tasks read (text:PATH, blimp:PATH, a task YAML, ...) exist here,
-    where the study runs them: one that does not is refused before any run trains. (A
-    cluster's runs read theirs there: `launch` does not look.)"""
-    from scalestudy.evaluate.tasks import task_path
-
-    for name in sorted({t for r in runs for t in r.cfg.eval.tasks}):
-        found = task_path(name)
-        if found is None:
-            continue
-        path, kinds = found
-        if path_kind(path) not in kinds:
-            expected = " or ".join(kinds)
-            raise ConfigError(f"tasks: {name!r}: " + not_found(path, "the task's data", expected))
 
 
 def base_config(study: StudySpec, spec_dir: Path | None = None) -> dict:
@@ -279,7 +232,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
     if not runs:
         raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
     if study.stages is not None:  # the adaptations' parameter trees, before anything trains
-        stages.check_adaptations(study.stages.adapt, [r.cfg for r in runs])
+        spec_checks.check_adaptations(study.stages.adapt, [r.cfg for r in runs])
     return runs
 
 
@@ -392,7 +345,7 @@ def run_study(
     print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
     cap = groups.cap(study.members)
     if not collect:  # the runs are evaluated here
-        _check_task_paths(runs)
+        spec_checks.check_task_paths(runs)
     if dry_run:
         print(plan_table(runs))
         if study.lr_search:

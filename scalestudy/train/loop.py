@@ -1,15 +1,14 @@
 """`train(cfg, workdir)`: build, compile, run, checkpoint, resume; stop on NaN or a signal.
 
 The loop never waits for the device except at log steps (metrics of step t are read after
-step t+1 has been dispatched), evaluation and checkpoints. Running totals (tokens,
-positions, wall time, best validation loss) are host-side Python numbers saved with the data
-iterator state in every checkpoint, so a resumed run continues them exactly.
+step t+1 is dispatched), evaluation and checkpoints. Running totals (tokens, positions, wall
+time, best validation loss) are host-side numbers saved with the data iterator state in every
+checkpoint, so a resumed run continues them exactly.
 
-Faults: a config that changes what the run is is refused before anything is written
-(train/resume.py); a write that fails (disk full, unwritable directory) stops the run with one
-error naming it, at that save or the next step boundary; SIGTERM/SIGINT save and stop at a
-step boundary, on several processes at the same step on every process (JAX's preemption sync
-point: the signal reaches any one process, all of them stop at the step after the furthest).
+Faults: a config that changes the run is refused before anything is written (resume.py); a
+failed write (disk full, unwritable directory) stops the run with one error naming it, at that
+save or the next step boundary; SIGTERM/SIGINT save and stop at a step boundary, on several
+processes at the same step (JAX's preemption sync point: the step after the furthest).
 """
 
 from __future__ import annotations
@@ -84,9 +83,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     """Train (or resume) the run in `workdir`; returns what it writes to summary.json."""
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
-        raise RunDirError(
-            f"--workdir {workdir} is {path_kind(workdir)}; give a directory (created when missing)"
-        )
+        raise RunDirError(f"--workdir {workdir} is {path_kind(workdir)}; give a directory")
     sharding.check_host_batch(cfg, distributed.process_layout()[1])
     chips.check_params_fit(cfg)
     before = rundir.entries(workdir)
@@ -99,8 +96,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         raise
     except OSError as e:  # a file could not be read or written: one line, checkpoints kept
         latest = None
-        # orbax's notes on opening the checkpoints read-only: not for the terminal, and the
-        # run's log may be what cannot be written
+        # orbax's notes on opening them read-only go nowhere: the log may be what failed
         with contextlib.suppress(Exception), logfile.library_logs_dropped():
             latest = saved.latest_step(workdir)
         kept = f"checkpoints up to step {latest} are intact" if latest else "no checkpoint yet"

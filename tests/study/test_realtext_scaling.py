@@ -18,9 +18,11 @@ def planned():
 
 
 def test_study_tasks_accept_blimp():
-    sweep._check_tasks(["blimp", "blimp:../shared/data/eval/blimp/adjunct_island.jsonl"])
+    from scalestudy.evaluate.tasks import check_spelling
+
+    check_spelling(["blimp", "blimp:../shared/data/eval/blimp/adjunct_island.jsonl"], "tasks")
     with pytest.raises(ConfigError, match=r"unknown task 'blimps'.*blimp"):
-        sweep._check_tasks(["blimps"])
+        check_spelling(["blimps"], "tasks")
 
 
 def test_two_cells_at_six_growing_sizes(planned):

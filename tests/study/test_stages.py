@@ -246,7 +246,7 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
     assert all(r.cfg.model.position == "relative_bias" for r in planned)
     parents = {r.name: r.pretrained.cfg for r in adapt}
     for r in adapt:
-        stages._check_same_parameters(parents[r.name], r.cfg)
+        stages.check_same_parameters(parents[r.name], r.cfg)
     for s in (r for r in planned if r.stage == "scratch"):  # same FLOPs as pretrain + adapt
         a = next(r for r in adapt if r.name == s.matches)
         assert s.parent is None and s.cfg.train.init_from is None
@@ -424,10 +424,10 @@ def test_lineage_under_relative_bias_needs_wangs_single_table():
             ad = stages.AdaptConfig(arch=dst, objective=obj, steps=1)
             new = stages.adapt_config(parent, Path("parent"), 4, ad)
             if ok:
-                stages._check_same_parameters(parent, new)
+                stages.check_same_parameters(parent, new)
             else:
                 with pytest.raises(stages.StageError, match="rel_prefix_buckets=causal"):
-                    stages._check_same_parameters(parent, new)
+                    stages.check_same_parameters(parent, new)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,130 @@
+"""What a study spec would be refused for later, checked when it is read (`sweep.load_study`)
+and expanded (`sweep.expand`): laws and task names no reader takes, stages and experiments
+that would fail only after pretraining (an adaptation from a cell the study lacks or between
+incompatible parameter trees, finetuning evaluated on a task it trains on, published numbers
+that are not there, groups and budgets that name nothing of the study), and task files a run
+would miss. So a dry run refuses what the study would, and a study trains nothing first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config import ExperimentConfig
+from scalestudy.errors import ConfigError, not_found, path_kind
+from scalestudy.evaluate.tasks import check_spelling
+from scalestudy.scaling.laws import LAWS
+from scalestudy.study import stages, wang_report
+from scalestudy.study.spec import DecoderOnlyConfig, StudySpec
+
+
+def check_spec(
+    study: StudySpec, spec_dir: Path, tasks: Any, grid: list[tuple[str, str]], labels: list[str]
+) -> None:
+    """ConfigError for what the spec's later steps would refuse. `tasks`: the base
+    experiment's `eval.tasks`; `grid`: the study's (arch, objective) cells; `labels`: its
+    groups as the experiments name them ("arch/objective[/variant]")."""
+    unknown = [law for law in study.fit.laws if law not in (*LAWS, "auto")]
+    if unknown:
+        raise ConfigError(f"fit.laws: unknown {unknown}; accepted: auto, {', '.join(LAWS)}")
+    if isinstance(tasks, str) or not isinstance(tasks, list | tuple):
+        raise ConfigError(f"tasks: a list of task names; got {tasks!r}")
+    check_spelling([str(n) for n in tasks], "tasks")
+    if study.stages is not None:
+        _check_stages(study.stages, spec_dir, grid)
+    if study.experiments is not None:
+        _check_experiments(study.experiments, labels, [v.name for v in study.variants])
+
+
+def _check_stages(spec: stages.StagesSpec, spec_dir: Path, grid: list[tuple[str, str]]) -> None:
+    for i, ad in enumerate(spec.adapt):
+        if tuple(ad.from_cell) not in grid:
+            accepted = ", ".join(f"[{a}, {o}]" for a, o in grid)
+            raise ConfigError(
+                f"stages.adapt[{i}].from_cell: {list(ad.from_cell)} is not a cell of the "
+                f"study; accepted: {accepted}"
+            )
+    ft = stages.finetune_settings(spec, spec_dir)
+    if ft is not None and ft.mixture is not None:
+        from scalestudy.data import prompted
+
+        mixture = prompted.load_mixture(ft.mixture)
+        prompted.zero_shot_tasks(mixture, ft.eval_tasks, "stages.finetune.eval_tasks")
+    if spec.published:
+        published = Path(spec_dir) / spec.published
+        if not published.is_file():
+            raise ConfigError(
+                "stages.published: " + not_found(published, "the published numbers", "a YAML file")
+            )
+        wang_report.read_published(published)
+
+
+def _check_experiments(exp: DecoderOnlyConfig, groups: list[str], variants: list[str]) -> None:
+    """A group that names none of the study's `groups`, budgets that are not in increasing
+    order or compare what are not `variants` of the study."""
+    named = [(f"comparisons[{i}].groups", c.groups) for i, c in enumerate(exp.comparisons)]
+    named += [("rank.groups", exp.rank.groups)] if exp.rank else []
+    for key, given in named:
+        unknown = [g for g in given if g not in groups]
+        if unknown:
+            raise ConfigError(
+                f"experiments.{key}: {unknown} are not groups of the study; accepted: "
+                f"{', '.join(groups)}"
+            )
+    b = exp.budgets
+    if b is None:
+        return
+    if list(b.steps) != sorted(set(b.steps)) or b.steps[0] < 1:
+        raise ConfigError(
+            "experiments.budgets.steps: positive step counts in increasing order, each "
+            f"once; got {list(b.steps)}"
+        )
+    if b.interaction and len(b.interaction) != 2:
+        raise ConfigError(
+            "experiments.budgets.interaction names two architectures [A, B] (B's gap minus "
+            f"A's); got {list(b.interaction)}"
+        )
+    for key in ("reference", "treatment"):
+        if getattr(b, key) not in variants:
+            raise ConfigError(
+                f"experiments.budgets.{key}={getattr(b, key)!r} is not a variant of the "
+                f"study; accepted: {', '.join(variants) or 'none (the study has no variants)'}"
+            )
+
+
+def check_adaptations(
+    adapt: tuple[stages.AdaptStage, ...], parents: list[ExperimentConfig]
+) -> None:
+    """What `stages.prepare_adapt` would refuse once the pretrained runs had trained, checked
+    on their configs before they train: ConfigError naming the adaptation (`stages.adapt[i]`)
+    that changes the architecture or the parameter tree of a run of its `from_cell`."""
+    seen = set()
+    for parent in parents:
+        cell = (parent.model.arch, parent.objective.name)
+        for i, ad in enumerate(adapt):
+            key = (i, parent.model.model_dump_json())
+            if tuple(ad.from_cell) != cell or key in seen:
+                continue
+            seen.add(key)
+            try:
+                cfg = stages.adapt_config(parent, Path(parent.name), parent.train.steps, ad)
+                stages.check_same_parameters(parent, cfg)
+            except stages.StageError as e:
+                raise ConfigError(f"stages.adapt[{i}] (from {'/'.join(cell)}): {e}") from None
+
+
+def check_task_paths(runs: list[Any]) -> None:
+    """The files the runs' tasks read (text:PATH, blimp:PATH, a task YAML, ...) exist here,
+    where the study runs them: one that does not is refused before any run trains. (A
+    cluster's runs read theirs there: `launch` does not look.)"""
+    from scalestudy.evaluate.tasks import task_path
+
+    for name in sorted({t for r in runs for t in r.cfg.eval.tasks}):
+        found = task_path(name)
+        if found is None:
+            continue
+        path, kinds = found
+        if path_kind(path) not in kinds:
+            expected = " or ".join(kinds)
+            raise ConfigError(f"tasks: {name!r}: " + not_found(path, "the task's data", expected))
