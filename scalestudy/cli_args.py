@@ -55,10 +55,6 @@ def shot_counts(text: str) -> list[int]:
     return values
 
 
-def _kind(path: Path) -> str:
-    return path_kind(path)
-
-
 def output_file(text: str | None, flag: str = "--out") -> Path | None:
     """A results file to be written after the work (`eval --out`): checked before the work,
     so that finished scores are never lost to a path that cannot take them."""
@@ -68,10 +64,10 @@ def output_file(text: str | None, flag: str = "--out") -> Path | None:
         raise ScalestudyError(f"{flag} is empty; give a JSON file to write, e.g. {flag} x.json")
     path = Path(text)
     if path.exists() and not path.is_file():
-        raise ScalestudyError(f"{flag} {path} is {_kind(path)}; expected a file to write")
+        raise ScalestudyError(f"{flag} {path} is {path_kind(path)}; expected a file to write")
     parent = path.parent
     if not parent.is_dir():
-        found = f"is {_kind(parent)}" if parent.exists() else "does not exist"
+        found = f"is {path_kind(parent)}" if parent.exists() else "does not exist"
         raise ScalestudyError(f"{flag} {path}: its folder {parent} {found}; create it first")
     if not os.access(parent, os.W_OK):
         raise ScalestudyError(f"{flag} {path}: its folder {parent} is not writable")
@@ -87,7 +83,7 @@ def output_dir(text: str, flag: str = "--out") -> Path:
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             where = "" if p == path else f" (in {path})"
-            raise ScalestudyError(f"{flag}: {p} is {_kind(p)}{where}; expected a directory")
+            raise ScalestudyError(f"{flag}: {p} is {path_kind(p)}{where}; expected a directory")
     return path
 
 
@@ -97,7 +93,7 @@ def writable_dir(path: Path, what: str) -> None:
     existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
     if not existing.is_dir():
         raise ScalestudyError(
-            f"{what} {path}: {existing} is {_kind(existing)}; expected a directory"
+            f"{what} {path}: {existing} is {path_kind(existing)}; expected a directory"
         )
     if not os.access(existing, os.W_OK):
         raise ScalestudyError(f"{what} {path}: {existing} is not writable; give --out DIR")
@@ -109,7 +105,7 @@ def run_dir(text: str, *, must_exist: bool) -> Path:
         raise ScalestudyError("--workdir is empty; give a run directory, e.g. --workdir runs/tiny")
     path = Path(text)
     if path.exists() and not path.is_dir():
-        raise ScalestudyError(f"--workdir {path} is {_kind(path)}; expected a run directory")
+        raise ScalestudyError(f"--workdir {path} is {path_kind(path)}; expected a run directory")
     if must_exist and not path.exists():
         raise ScalestudyError(f"--workdir {path}: run directory not found")
     # A folder inside a run (its checkpoints, one step) is not a run: results would land there.

@@ -361,7 +361,9 @@ def describe(mixture: PromptedMixture) -> list[dict]:
     return out
 
 
-def zero_shot_tasks(mixture: PromptedMixture, given: tuple[str, ...] = (), key: str = "finetune"):
+def zero_shot_tasks(
+    mixture: PromptedMixture, given: tuple[str, ...] = (), key: str = "finetune"
+) -> tuple[str, ...]:
     """The tasks a run finetuned on `mixture` is evaluated on zero-shot: `given`, or by
     default the mixture's held-out tasks with an `eval_task`; ConfigError, naming `key`,
     where one of them is trained on."""

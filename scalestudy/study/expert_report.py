@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalestudy.analysis.experts import EXPERTS_JSON
 from scalestudy.errors import ScalestudyError
-from scalestudy.study import comparisons, verdicts
+from scalestudy.scaling.io import cell_label, has_experts
+from scalestudy.study import verdicts
 
 
 def measured(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -27,41 +26,31 @@ def measured(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seed; in cell order."""
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
-        if r.get("status") == "done" and (r.get("experts") or 1) > 1 and r.get("workdir"):
-            by_cell.setdefault(comparisons.label(r), []).append(r)
+        if r.get("status") == "done" and has_experts([r]) and r.get("workdir"):
+            by_cell.setdefault(cell_label(r), []).append(r)
     return [
         max(rows, key=lambda r: (r.get("params_active") or 0, -(r.get("seed") or 0)))
         for _, rows in sorted(by_cell.items())
     ]
 
 
-def _last_dropped(path: Path) -> dict[str, float]:
-    """layer -> the share of assignments dropped at the run's last logged step (from the
-    training curves in `experts.json`; layers that logged none are absent)."""
-    try:
-        layers = json.loads(path.read_text())["layers"]
-    except (OSError, ValueError, KeyError):
-        return {}
-    return {
-        name: float(layer["training"]["dropped"]["values"][-1])
-        for name, layer in layers.items()
-        if layer.get("training", {}).get("dropped", {}).get("values")
-    }
-
-
-def _measure(workdir: Path) -> dict[str, Any]:
+def _measure(workdir: Path) -> tuple[dict[str, Any], Path]:
+    """The run's routing as `scalestudy experts` measures it: (`experts.json`, its folder)."""
     from scalestudy.analysis import experts
     from scalestudy.train import logfile
 
     with logfile.library_logs_of(workdir):  # orbax's notes to the run's log
-        return experts.measure_run(workdir)
+        folder = Path(experts.measure_run(workdir)["out"])
+    return json.loads((folder / experts.EXPERTS_JSON).read_text()), folder
 
 
-def section(
-    runs: list[dict[str, Any]],
-    out: Path,
-    measure: Callable[[Path], dict[str, Any]] = _measure,
-) -> list[str]:
+def _last_dropped(layer: dict[str, Any]) -> str:
+    """The share of assignments dropped at the run's last logged training step."""
+    values = layer.get("training", {}).get("dropped", {}).get("values")
+    return f"{values[-1]:.3f}" if values else "not logged"
+
+
+def section(runs: list[dict[str, Any]], out: Path) -> list[str]:
     """The Markdown lines of the section ([] without MoE runs); figure links are relative to
     the report's folder `out`. A run that cannot be measured is named with the reason."""
     chosen = measured(runs)
@@ -69,31 +58,27 @@ def section(
         return []
     rows, figures, failed = [], [], []
     for r in chosen:
-        workdir = Path(r["workdir"])
+        cell = cell_label(r)
         try:
-            got = measure(workdir)
+            results, folder = _measure(Path(r["workdir"]))
         except ScalestudyError as e:
-            failed.append(f"- {comparisons.label(r)} ({r.get('name')}): not measured: {e}")
+            failed.append(f"- {cell} ({r.get('name')}): not measured: {e}")
             continue
-        layers = sorted({k.rsplit("/", 1)[0] for k in got if "/" in k})
-        pictures = Path(got["out"])
-        dropped = _last_dropped(pictures / EXPERTS_JSON)
-        for layer in layers:
+        for name, layer in sorted(results["layers"].items()):
             rows.append(
                 [
-                    comparisons.label(r),
+                    cell,
                     str(r.get("size")),
-                    layer,
-                    f"{got[f'{layer}/load_max']:.2f}",
-                    f"{dropped[layer]:.3f}" if layer in dropped else "not logged",
-                    f"{got[f'{layer}/mi_domain_bits']:.3f}",
-                    f"{got[f'{layer}/mi_token_bits']:.3f}",
+                    name,
+                    f"{layer['load_max'] or 0.0:.2f}",
+                    _last_dropped(layer),
+                    f"{layer['mi_domain_bits']:.3f}",
+                    f"{layer['mi_token_bits']:.3f}",
                 ]
             )
-        for layer in layers:
-            png = pictures / f"experts_{layer}.png"
+            png = folder / f"experts_{name}.png"
             if png.is_file():
-                figures.append(f"![{comparisons.label(r)}: {layer}]({os.path.relpath(png, out)})")
+                figures.append(f"![{cell}: {name}]({os.path.relpath(png, out)})")
     head = [
         "cell", "size", "layer", "busiest / mean load", "dropped", "I(expert; domain)",
         "I(expert; token)",

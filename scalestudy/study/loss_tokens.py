@@ -95,7 +95,7 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
     return out + [line for note in notes for line in (note, "")]
 
 
-def percell_label(registry: Path, batches: int = 2) -> dict[str, float | str]:
+def per_cell(registry: Path, batches: int = 2) -> dict[str, float | str]:
     """Cell -> mean loss-bearing tokens per example, measured on the config of the cell's
     first run in `registry`; a cell whose data cannot be read here gets the reason instead."""
     configs: dict[str, str] = {}

@@ -319,12 +319,9 @@ def render_markdown(
         ]
     elif cmp["n_done"]:
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
-    for name, title, x_what in (
-        ("equal_params", "Equal parameters", n_what),
-        ("equal_active", "Equal active parameters", "active non-embedding parameters"),
-        ("equal_compute", "Equal compute", "training FLOPs"),
-        ("equal_inference", "Equal inference cost", "inference FLOPs per generated token"),
-    ):
+    for name, held, x_what in verdicts.QUESTIONS:
+        title = f"Equal {held}"
+        x_what = n_what if name == "equal_params" else x_what
         if name in cmp:
             c = cmp[name]
             lines += [
@@ -390,7 +387,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
-    per_example = loss_token_report.percell_label(out / "registry.sqlite")
+    per_example = loss_token_report.per_cell(out / "registry.sqlite")
     rates = lr_report.section(out, done)
     text = render_markdown(study, runs, fits, figures, notes, per_example, rates)
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late

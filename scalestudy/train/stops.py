@@ -19,7 +19,8 @@ from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _caught: list[int] = []  # the first signal `catch`'s handler saw, in this process
-_holding: list[bool] = []  # inside `held`: signals are recorded, raised when it ends
+_holding: list[bool] = []  # one entry per `held` block the process is inside
+_deferred: list[int] = []  # a signal that arrived inside them, raised when they end
 
 
 class Stopped(BaseException):
@@ -44,6 +45,7 @@ def catch() -> None:
     loop's own handler). A SIGINT ignored by whoever started the process (a background job)
     stays ignored, as Python leaves it."""
     _caught.clear()
+    _deferred.clear()
     for signum in SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _handle)
@@ -64,6 +66,8 @@ def _handle(signum: int, frame: Any) -> None:
         _caught.append(signum)
     if not _holding:
         raise Stopped(signum)
+    if not _deferred:
+        _deferred.append(signum)
 
 
 @contextlib.contextmanager
@@ -77,8 +81,8 @@ def held() -> Iterator[None]:
         yield
     finally:
         _holding.pop()
-    if _caught and not _holding and signal.getsignal(_caught[0]) is _handle:
-        raise Stopped(_caught[0])
+    if _deferred and not _holding:
+        raise Stopped(_deferred.pop())
 
 
 def pending() -> int | None:
