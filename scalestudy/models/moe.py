@@ -15,12 +15,13 @@ places assignments in rows grouped by expert:
   arrays; assignments beyond an expert's slots (first choices before second choices, then in
   token order) are dropped and contribute zero. A dropped assignment depends on other tokens of
   the batch, later positions included: only dropless dispatch (and capacity dispatch that drops
-  nothing) is a per-token function that keeps a causal decoder causal.
+  nothing) is a per-token function that keeps a causal decoder causal. Under a mesh with an
+  expert axis, capacity dispatch exchanges tokens between devices by all-to-all and counts
+  slots per device's tokens (`moe_dispatch.py`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -31,6 +32,7 @@ from flax import nnx
 from scalestudy.config import ModelConfig
 from scalestudy.models.attention import platform
 from scalestudy.models.layers import MLP, ParamInit, activation, constrain, param
+from scalestudy.models.moe_dispatch import Slots, exchange_axes, expert_parallel, ranks
 
 # Rows per block of the CPU dropless dispatch, at most (fewer for small batches, so the
 # padding of each expert's rows to whole blocks stays under a quarter of the rows).
@@ -96,11 +98,6 @@ def route_switch(logits_BLE: jax.Array, k: int, load_balance: float, z_loss: flo
     return Routing(expert_TK, gate_TK, lb + z, _entropy(p_TE))
 
 
-def capacity(tokens: int, k: int, experts: int, factor: float) -> int:
-    """Slots per expert of capacity dispatch."""
-    return max(1, math.ceil(factor * tokens * k / experts))
-
-
 def block_rows(assignments: int, experts: int) -> int:
     """Rows per block of the CPU dropless dispatch: a power of two up to BLOCK_ROWS, small
     enough that padding each expert to whole blocks adds at most a quarter of the rows."""
@@ -108,17 +105,6 @@ def block_rows(assignments: int, experts: int) -> int:
     while rows * 2 <= BLOCK_ROWS and experts * rows * 2 <= max(assignments // 4, 1):
         rows *= 2
     return rows
-
-
-def _ranks(expert_A: jax.Array, experts: int) -> tuple[jax.Array, jax.Array]:
-    """Each assignment's rank among the earlier assignments to its expert, and the number of
-    assignments per expert [E]."""
-    a = expert_A.shape[0]
-    order_A = jnp.argsort(expert_A, stable=True)
-    count_E = jnp.bincount(expert_A, length=experts)
-    start_E = jnp.cumsum(count_E) - count_E
-    rank_sorted = jnp.arange(a, dtype=jnp.int32) - start_E[expert_A[order_A]]
-    return jnp.zeros(a, jnp.int32).at[order_A].set(rank_sorted.astype(jnp.int32)), count_E
 
 
 class MoE(nnx.Module):
@@ -154,18 +140,25 @@ class MoE(nnx.Module):
             return route_deepseek(logits_BLE, self.router_bias[...], m.top_k, m.balance_loss)
         return route_switch(logits_BLE, m.top_k, m.load_balance_loss, m.router_z_loss)
 
-    def _ffn(self, x: jax.Array, mul) -> jax.Array:
-        """The experts' (gated) feed-forward on rows grouped by expert; `mul(rows, weight)`
-        multiplies each row by its expert's slice of a [E, in, out] weight (in the compute
-        dtype). Gated experts' two input projections run as one of twice the width (larger
-        matrix products)."""
+    def _weights(self) -> tuple[jax.Array, jax.Array]:
+        """The experts' input projection [E, D, F] (gated: both, [E, D, 2F], so that they run
+        as one product of twice the width) and output projection [E, F, D], compute dtype."""
         dt = self.dtype
-        if not self.gated:
-            return mul(self.act(mul(x, self.wi_0[...].astype(dt))), self.wo[...].astype(dt))
-        f = self.wi_0.shape[-1]
-        w_EDG = jnp.concatenate([self.wi_0[...], self.wi_1[...]], axis=-1).astype(dt)
-        up = mul(x, w_EDG)
-        return mul(self.act(up[..., :f]) * up[..., f:], self.wo[...].astype(dt))
+        w_up = self.wi_0[...]
+        if self.gated:
+            w_up = jnp.concatenate([w_up, self.wi_1[...]], axis=-1)
+        return w_up.astype(dt), self.wo[...].astype(dt)
+
+    def _ffn(self, x: jax.Array, mul, w_up: jax.Array, w_out: jax.Array) -> jax.Array:
+        """The experts' (gated) feed-forward on rows grouped by expert; `mul(rows, weight)`
+        multiplies each row by its expert's slice of a [E, in, out] weight (`_weights`)."""
+        up = mul(x, w_up)
+        if self.gated:
+            f = up.shape[-1] // 2
+            up = self.act(up[..., :f]) * up[..., f:]
+        else:
+            up = self.act(up)
+        return mul(up, w_out)
 
     def __call__(
         self,
@@ -183,64 +176,67 @@ class MoE(nnx.Module):
         routing = self.route(x_BLD)
         if record:
             self.sow(nnx.Intermediate, "expert_BLK", routing.expert_TK.reshape(b, length, k))
-        expert_A = routing.expert_TK.T.reshape(-1)  # k-major: first choices have priority
-        token_A = jnp.tile(jnp.arange(t, dtype=jnp.int32), k)
-        rank_A, count_E = _ranks(expert_A, e)
-        x_TD = jnp.concatenate([x_BLD.reshape(t, d), jnp.zeros((1, d), x_BLD.dtype)])
-        if m.dispatch == "capacity":
-            c = capacity(t, k, e, m.capacity_factor)
-            keep_A = rank_A < c
-            row_A = jnp.where(keep_A, expert_A * c + rank_A, e * c)
-            y_RD = self._capacity(x_TD, row_A, token_A, e, c)
+        count_E = jnp.bincount(routing.expert_TK.reshape(-1), length=e)
+        weights = self._weights()
+        if m.dispatch == "capacity" and (axes := exchange_axes(b)):
+            ffn = lambda x, *w: self._ffn(x, _einsum_experts, *w)
+            y_BLD, dropped = expert_parallel(
+                axes, ffn, x_BLD, routing.expert_TK, routing.gate_TK, weights, m.capacity_factor
+            )
         else:
-            keep_A = jnp.ones_like(rank_A, dtype=bool)
-            y_RD, row_A = self._dropless(x_TD, expert_A, rank_A, count_E, token_A)
-        y_AD = jnp.take(y_RD, row_A, axis=0, mode="fill", fill_value=0)
-        gate_A = jnp.where(keep_A, routing.gate_TK.T.reshape(-1), 0.0)
-        y_TD = jnp.sum((y_AD * gate_A[:, None].astype(y_AD.dtype)).reshape(k, t, d), axis=0)
-        y_BLD = y_TD.reshape(b, length, d).astype(self.dtype)
+            x_TD = x_BLD.reshape(t, d)
+            if m.dispatch == "capacity":
+                y_TD, dropped = self._capacity(x_TD, routing, weights)
+            else:
+                y_TD, dropped = self._dropless(x_TD, routing, count_E, weights), 0
+            y_BLD = y_TD.reshape(b, length, d)
+        y_BLD = y_BLD.astype(self.dtype)
         if m.shared_experts:
             y_BLD = y_BLD + self.shared(x_BLD, rng, deterministic)
         stats = {
             "load_E": count_E.astype(jnp.float32),
-            "dropped": (keep_A.size - keep_A.sum()).astype(jnp.float32),
-            "assignments": jnp.float32(keep_A.size),
+            "dropped": jnp.asarray(dropped, jnp.float32),
+            "assignments": jnp.float32(t * k),
             "aux_loss": routing.aux_loss,
             "entropy": routing.entropy,
         }
         return constrain(y_BLD, ("batch", "length", "embed")), stats
 
-    def _capacity(self, x_TD, row_A, token_A, e: int, c: int) -> jax.Array:
-        """[E * C, D] expert outputs of the slots (rows past the filled ones are zero)."""
-        d = x_TD.shape[-1]
-        pad = x_TD.shape[0] - 1  # the zero row
-        src_R = jnp.full((e * c + 1,), pad, jnp.int32).at[row_A].set(token_A)[: e * c]
-        x_ECD = constrain(x_TD[src_R].reshape(e, c, d), ("expert", None, "embed"))
-        y_ECD = self._ffn(x_ECD, _einsum_experts)
-        return constrain(y_ECD, ("expert", None, "embed")).reshape(e * c, d)
+    def _capacity(self, x_TD, routing: Routing, weights) -> tuple[jax.Array, jax.Array]:
+        """[T, D] outputs of capacity dispatch over all T tokens, and assignments dropped."""
+        slots = Slots(routing.expert_TK, self.cfg.routed_experts, self.cfg.capacity_factor)
+        x_ECD = constrain(slots.gather(x_TD), ("expert", None, "embed"))
+        y_ECD = constrain(self._ffn(x_ECD, _einsum_experts, *weights), ("expert", None, "embed"))
+        dropped = slots.keep_A.size - slots.keep_A.sum()
+        return slots.combine(y_ECD, routing.gate_TK), dropped
 
-    def _dropless(self, x_TD, expert_A, rank_A, count_E, token_A) -> tuple[jax.Array, jax.Array]:
-        """Rows grouped by expert ([R, D] outputs) and each assignment's row."""
-        e, a = count_E.shape[0], expert_A.shape[0]
-        pad = x_TD.shape[0] - 1
+    def _dropless(self, x_TD, routing: Routing, count_E, weights) -> jax.Array:
+        """[T, D] outputs of dropless dispatch: every assignment in rows grouped by expert."""
+        t, k = routing.expert_TK.shape
+        e, a = count_E.shape[0], t * k
+        expert_A = routing.expert_TK.T.reshape(-1)
+        rank_A, _ = ranks(expert_A, e)
         grouped = platform() != "cpu" if RAGGED_DOT is None else RAGGED_DOT
         rows = 1 if grouped else block_rows(a, e)
         padded_E = -(-count_E // rows) * rows
         start_E = jnp.cumsum(padded_E) - padded_E
         r = a if grouped else -(-(a + e * (rows - 1)) // rows) * rows
         row_A = start_E[expert_A] + rank_A
-        src_R = jnp.full((r,), pad, jnp.int32).at[row_A].set(token_A)
-        x_RD = x_TD[src_R]
+        token_A = jnp.tile(jnp.arange(t, dtype=jnp.int32), k)
+        src_R = jnp.full((r,), t, jnp.int32).at[row_A].set(token_A)
+        x_RD = jnp.concatenate([x_TD, jnp.zeros_like(x_TD[:1])])[src_R]
         if grouped:
             mul = lambda v, w: jax.lax.ragged_dot(v, w, count_E.astype(jnp.int32))
-            return self._ffn(x_RD, mul), row_A
-        # One expert per block: block i holds rows i*rows .. of the expert whose padded range
-        # covers it (trailing blocks past every range hold only zero rows).
-        end_E = jnp.cumsum(padded_E)
-        first_N = jnp.arange(r // rows) * rows
-        expert_N = jnp.minimum(jnp.searchsorted(end_E, first_N, side="right"), e - 1)
-        mul = lambda v, w: block_matmul(v, w, expert_N.astype(jnp.int32))
-        return self._ffn(x_RD, mul), row_A
+        else:
+            # One expert per block: block i holds rows i*rows .. of the expert whose padded
+            # range covers it (trailing blocks past every range hold only zero rows).
+            end_E = jnp.cumsum(padded_E)
+            first_N = jnp.arange(r // rows) * rows
+            expert_N = jnp.minimum(jnp.searchsorted(end_E, first_N, side="right"), e - 1)
+            mul = lambda v, w: block_matmul(v, w, expert_N.astype(jnp.int32))
+        y_AD = self._ffn(x_RD, mul, *weights)[row_A]
+        gate_A = routing.gate_TK.T.reshape(-1).astype(y_AD.dtype)
+        return jnp.sum((y_AD * gate_A[:, None]).reshape(k, t, -1), axis=0)
 
 
 @jax.custom_vjp

@@ -3,6 +3,8 @@ tokens, balancing, and the model contracts (causality, decoding) with MoE layers
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 from flax import nnx
 
 from scalestudy.models import counting as counting_
-from scalestudy.models import moe
+from scalestudy.models import moe, moe_dispatch
 from scalestudy.models.api import build_model
 from scalestudy.models.layers import ParamInit
 
@@ -140,7 +142,7 @@ def test_dropless_equals_capacity_when_nothing_is_dropped(monkeypatch):
 def test_capacity_drops_are_counted_and_contribute_nothing():
     x = _x(rows=2, length=8)
     t, factor = 16, 0.5
-    c = moe.capacity(t, K, E, factor)  # 4 slots per expert, 16 tokens want experts 0 and 1
+    c = moe_dispatch.capacity(t, K, E, factor)  # 4 slots per expert, 16 tokens want experts 0 and 1
     layers = {}
     for dispatch in ("capacity", "dropless"):
         layer = _layer(dispatch=dispatch, capacity_factor=factor, shared_experts=0)
@@ -352,15 +354,26 @@ def test_moe_forward_flops_match_xla_cost_analysis(arch):
 # ---------------------------------------------------------------------- expert parallelism
 
 
-@pytest.mark.parametrize(
-    "dispatch,shape",
-    [("capacity", dict(data=2, expert=4)), ("dropless", dict(data=1, fsdp=2, expert=2, tensor=2))],
-)
-def test_expert_sharded_loss_and_gradients_equal_one_device(dispatch, shape):
+def _mesh(**shape):
     from scalestudy.config import MeshConfig
     from scalestudy.train import sharding
 
-    cfg = moe_cfg(dispatch=dispatch, capacity_factor=1.0, router="switch")  # capacity drops
+    return sharding.make_mesh(MeshConfig(**shape), model=moe_cfg())
+
+
+@pytest.mark.parametrize(
+    "dispatch,shape",
+    [
+        ("capacity", dict(data=2, expert=4)),
+        ("capacity", dict(data=1, fsdp=2, expert=2, tensor=2)),
+        ("dropless", dict(data=1, fsdp=2, expert=2, tensor=2)),
+    ],
+)
+def test_expert_sharded_loss_and_gradients_equal_one_device(dispatch, shape):
+    from scalestudy.train import sharding
+
+    # Capacity factor E: nothing is dropped, on one device or per device.
+    cfg = moe_cfg(dispatch=dispatch, capacity_factor=float(E), router="switch")
     model = build_model(cfg)
     params = jax.jit(model.init)(jax.random.key(0))
     batch = make_batch(rows=8, length=12)
@@ -371,15 +384,47 @@ def test_expert_sharded_loss_and_gradients_equal_one_device(dispatch, shape):
 
     with jax.default_device(jax.devices()[0]):
         want = jax.jit(loss_and_grads)(params, batch)
-    mesh = sharding.make_mesh(MeshConfig(**shape), model=cfg)
+    mesh = _mesh(**shape)
     param_sh = sharding.param_shardings(mesh, model.param_axes())
     assert param_sh["decoder"]["layers"]["mlp"]["wi_0"].spec[1] == "expert"
     with sharding.axis_rules(mesh):
-        got = jax.jit(loss_and_grads, in_shardings=(param_sh, sharding.batch_sharding(mesh)))(
-            jax.device_put(params, param_sh), sharding.shard_batch(mesh, batch)
-        )
+        step = jax.jit(loss_and_grads, in_shardings=(param_sh, sharding.batch_sharding(mesh)))
+        args = jax.device_put(params, param_sh), sharding.shard_batch(mesh, batch)
+        # Capacity dispatch exchanges tokens by an explicit all-to-all (forward and backward).
+        assert (step.lower(*args).as_text().count("all_to_all") >= 4) == (dispatch == "capacity")
+        got = step(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("shape", [dict(data=2, expert=4), dict(fsdp=2, expert=2, tensor=2)])
+def test_expert_parallel_capacity_counts_slots_per_device(shape):
+    """With drops, the all-to-all dispatch computes what one device computes for each
+    device's rows alone (capacity per device's tokens, GShard's groups), and differs from
+    capacity over the whole batch."""
+    from scalestudy.train import sharding
+
+    layer = _layer(dispatch="capacity", capacity_factor=0.5, router="switch", shared_experts=0)
+    x = _x(rows=8, length=6)
+    mesh = _mesh(**shape)
+    graphdef, state = nnx.split(layer)
+    groups = math.prod(size for axis, size in mesh.shape.items() if axis != "tensor")
+
+    def run(state, x):
+        y, stats = nnx.merge(graphdef, state)(x)
+        return y, stats["dropped"]
+
+    with jax.default_device(jax.devices()[0]):
+        whole, whole_dropped = jax.jit(run)(state, x)
+        per_group = [jax.jit(run)(state, part) for part in jnp.split(x, groups)]
+    want = jnp.concatenate([y for y, _ in per_group])
+    with sharding.axis_rules(mesh):
+        x_sh = jax.device_put(x, sharding.batch_sharding(mesh))
+        got, dropped = jax.jit(run)(state, x_sh)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert float(dropped) == sum(float(d) for _, d in per_group) > 0
+    assert np.abs(np.asarray(got) - np.asarray(whole)).max() > 1e-3  # the groups matter here
+    assert float(whole_dropped) > 0
 
 
 def test_describe_shows_total_and_active_parameters(repo, capsys):
