@@ -186,6 +186,17 @@ def state_bytes_per_device(abstract_state: step.State) -> int:
     return total
 
 
+def state_plan(cfg: ExperimentConfig, topology: str) -> tuple[int, float | None]:
+    """(bytes of parameters and optimizer state per chip, the chip's HBM in bytes or None)
+    of `cfg` on a TPU `topology`, from shapes and shardings alone: nothing is compiled."""
+    devices = tpu_devices(topology)
+    mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model, batch=cfg.train)
+    program = step.build_program(cfg, abstract_batch(cfg), mesh, compile=False)
+    entry = chips.chip(devices[0].device_kind)
+    hbm = entry.hbm_gib * 2**30 if entry is not None else None
+    return state_bytes_per_device(program.abstract_state), hbm
+
+
 def _describe(
     cfg: ExperimentConfig, where: str, kind: str, mesh: Any, members: int
 ) -> dict[str, Any]:
@@ -262,7 +273,10 @@ def _costs(compiled: Any, mesh: Any) -> dict[str, Any]:
 
 
 def compile_plan(
-    cfg: ExperimentConfig, topology: str | None = None, costs: bool = True, members: int = 1
+    cfg: ExperimentConfig,
+    topology: str | None = None,
+    costs: bool | str = True,
+    members: int = 1,
 ) -> dict[str, Any]:
     """Compile the train step of `cfg` (or of a group of `members` runs of its shape) for the
     local devices or a TPU `topology` and report per-chip memory, XLA and counted FLOPs, and
@@ -270,7 +284,8 @@ def compile_plan(
 
     `costs=False` reports memory and fit alone: no FLOPs, no roofline, and so none of the
     unrolled probe programs a scanned stack's costs need (one more compile per layer stack
-    plus one), which is most of a plan's compile time for a deep scanned model."""
+    plus one), which is most of a plan's compile time for a deep scanned model. `costs="fits"`
+    adds the costs only to a program that fits (one compile of the program either way)."""
     if topology is None:
         devices = jax.devices()
         where = f"{len(devices)} local {devices[0].platform} devices"
@@ -306,7 +321,7 @@ def compile_plan(
         out["hbm_gib_per_chip"] = entry.hbm_gib
         out["fits"] = total <= entry.hbm_gib * gib
     out["scanned"] = scanned(cfg.model)
-    if costs:
+    if costs is True or (costs == "fits" and out.get("fits", True)):
         out.update(_cost_report(cfg, compiled, mesh, devices, entry, members))
         # The compiler's own estimate; negative or absent where it has none.
         out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))

@@ -1,12 +1,22 @@
 """`scalestudy compile --topology T --search`: the mesh and remat policy a TPU slice should use.
 
-Candidates: every factorisation of the slice's chips into data x fsdp x tensor whose tensor
-size divides the heads and the MLP width and whose data x fsdp divides the batch, times the
-remat policies `REMATS`. Each is compiled for memory first (`compile_plan(costs=False)`); one
-that does not fit the chip's HBM, or that the compiler refuses, is pruned there. The rest get
-the roofline (`train/roofline.py`: compute, HBM and ICI times from the compiled program's
-costs) and are ranked by its estimated step time, fastest first. The winner's config lines
-are printed to paste into an experiment YAML.
+Candidates: every factorisation of the slice's chips into data x fsdp x tensor (x expert, for
+a mixture-of-experts model) whose tensor size divides the heads and the MLP widths, whose
+expert size divides the routed experts and whose data x fsdp x expert divides the batch, times
+the remat policies `REMATS`. Pruning, cheapest test first:
+
+1. a mesh whose parameters and optimizer state alone overflow a chip's HBM (exact, from the
+   state's shapes and shardings: nothing compiled) loses every remat policy;
+2. each remat policy of a mesh is compiled for memory, leanest first (`LEANEST_FIRST`): once
+   one does not fit (or the compiler refuses it), the policies that keep more activations
+   are pruned uncompiled. This assumes remat never adds memory, true where activations
+   dominate (the 1B decoder on v5e-8: 23.96, 7.06, 4.23, 3.11 GiB of temporaries from none to
+   full) but not for toy models, where recomputation's own buffers can outweigh the saving;
+3. a program that fits gets the roofline (`train/roofline.py`: compute, HBM and ICI times
+   from the compiled program's costs) from the same compile.
+
+The rest are ranked by the roofline's estimated step time, fastest first, and the winner's
+config lines are printed to paste into an experiment YAML.
 """
 
 from __future__ import annotations
@@ -18,37 +28,51 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ConfigError
 
 REMATS = ("none", "save_attention", "minimal", "full")
+# The remat policies by the activations they keep for the backward pass, fewest first.
+LEANEST_FIRST = ("full", "minimal", "save_attention", "none")
+AXES = ("data", "fsdp", "expert", "tensor")
 
 
-def factorisations(chips: int, cfg: ExperimentConfig) -> list[tuple[int, int, int]]:
-    """(data, fsdp, tensor) with data x fsdp x tensor = `chips` that the model and batch
-    allow: tensor divides the heads and d_ff, data x fsdp divides the batch."""
+def factorisations(chips: int, cfg: ExperimentConfig) -> list[tuple[int, int, int, int]]:
+    """(data, fsdp, expert, tensor) with a product of `chips` that the model and batch allow:
+    tensor divides the heads, d_ff (and the experts' width), expert divides the routed
+    experts (1 for a dense model), data x fsdp x expert divides the batch."""
     m, batch = cfg.model, cfg.train.batch_size
+    widths = (m.n_heads, m.d_ff) + ((m.moe.width(m.d_ff),) if m.moe.enabled else ())
+    experts = m.moe.routed_experts if m.moe.enabled else 1
     out = []
     for tensor in range(1, chips + 1):
-        if chips % tensor or m.n_heads % tensor or m.d_ff % tensor:
+        if chips % tensor or any(w % tensor for w in widths):
             continue
-        rest = chips // tensor
-        for fsdp in range(1, rest + 1):
-            if rest % fsdp == 0 and batch % rest == 0:
-                out.append((rest // fsdp, fsdp, tensor))
+        per = chips // tensor
+        for expert in range(1, per + 1):
+            if per % expert or experts % expert or batch % per:
+                continue
+            rest = per // expert
+            out += [(rest // fsdp, fsdp, expert, tensor) for fsdp in range(1, rest + 1)
+                    if rest % fsdp == 0]  # fmt: skip
     return out
 
 
-def candidate(cfg: ExperimentConfig, mesh: tuple[int, int, int], remat: str) -> ExperimentConfig:
-    data, fsdp, tensor = mesh
-    return cfg.replace(
-        mesh=cfg.mesh.replace(data=data, fsdp=fsdp, tensor=tensor),
-        model=cfg.model.replace(remat=remat),
-    )
+def label(mesh: tuple[int, ...], cfg: ExperimentConfig) -> str:
+    """ "data x fsdp x tensor" sizes, with expert before tensor for an MoE model."""
+    data, fsdp, expert, tensor = mesh
+    return "x".join(map(str, (data, fsdp, expert, tensor) if cfg.model.moe.enabled else
+                              (data, fsdp, tensor)))  # fmt: skip
+
+
+def candidate(cfg: ExperimentConfig, mesh: tuple[int, ...], remat: str) -> ExperimentConfig:
+    sizes = dict(zip(AXES, mesh, strict=True))
+    return cfg.replace(mesh=cfg.mesh.replace(**sizes), model=cfg.model.replace(remat=remat))
 
 
 def search(
     cfg: ExperimentConfig, topology: str, remats: tuple[str, ...] = REMATS
 ) -> dict[str, Any]:
     """Every candidate plan of `cfg` on `topology`: {"ranked": plans with a roofline, fastest
-    first; "pruned": the others, each with why; "winner": the config lines of the fastest}."""
-    from scalestudy.train.aot import compile_plan, resolve_topology
+    first; "pruned": the others, each with why; "winner": the config lines of the fastest;
+    "compiles": programs compiled for it (their cost probes aside)}."""
+    from scalestudy.train.aot import compile_plan, resolve_topology, state_plan
 
     chips = resolve_topology(topology)[1]
     meshes = factorisations(chips, cfg)
@@ -58,39 +82,51 @@ def search(
             f"({cfg.train.batch_size}), the heads ({cfg.model.n_heads}) and d_ff "
             f"({cfg.model.d_ff}); change train.batch_size"
         )
-    ranked, pruned = [], []
+    ranked, pruned, compiles = [], [], 0
+    order = sorted(remats, key=LEANEST_FIRST.index)
     for mesh in meshes:
-        for remat in remats:
-            trial = candidate(cfg, mesh, remat)
-            row = {"mesh": "x".join(map(str, mesh)), "remat": remat}
-            memory = compile_plan(trial, topology=topology, costs=False)
-            row["total_gib_per_chip"] = memory.get("total_gib_per_chip")
-            if not memory.get("fits", False):
-                why = memory.get("compiler") or (
-                    f"{memory.get('total_gib_per_chip')} GiB per chip > "
-                    f"{memory.get('hbm_gib_per_chip')} GiB HBM"
+        rows = [{"mesh": label(mesh, cfg), "remat": remat} for remat in order]
+        state, hbm = state_plan(candidate(cfg, mesh, order[0]), topology)
+        if hbm is not None and state > hbm:
+            why = f"state alone {state / 2**30:.3g} GiB per chip > {hbm / 2**30:.3g} GiB HBM"
+            pruned += [{**row, "why": why} for row in rows]
+            continue
+        too_big = None
+        for row in rows:
+            if too_big is not None:
+                pruned.append(
+                    {**row, "why": f"keeps more than remat {too_big}, which does not fit"}
+                )
+                continue
+            plan = compile_plan(candidate(cfg, mesh, row["remat"]), topology, costs="fits")
+            compiles += 1
+            row["total_gib_per_chip"] = plan.get("total_gib_per_chip")
+            if not plan.get("fits", False):
+                too_big = row["remat"]
+                why = plan.get("compiler") or (
+                    f"{plan.get('total_gib_per_chip')} GiB per chip > "
+                    f"{plan.get('hbm_gib_per_chip')} GiB HBM"
                 )
                 pruned.append({**row, "why": why})
                 continue
-            full = compile_plan(trial, topology=topology, costs=True)
-            roof = full.get("roofline") or {}
+            roof = plan.get("roofline") or {}
             if "est_step_s" not in roof:
                 pruned.append({**row, "why": "no roofline for this chip"})
                 continue
             ranked.append(
                 {**row, "est_step_s": roof["est_step_s"], "est_mfu": roof["est_mfu"],
-                 "bound": roof.get("bound")}
+                 "bound": roof.get("bound"), "sizes": dict(zip(AXES, mesh, strict=True))}
             )  # fmt: skip
     ranked.sort(key=lambda r: r["est_step_s"])
     winner = None
     if ranked:
-        data, fsdp, tensor = (int(x) for x in ranked[0]["mesh"].split("x"))
+        sizes = {a: n for a, n in ranked[0]["sizes"].items() if a != "expert" or n > 1}
         winner = [
-            f"mesh: {{data: {data}, fsdp: {fsdp}, tensor: {tensor}}}",
+            "mesh: {" + ", ".join(f"{a}: {n}" for a, n in sizes.items()) + "}",
             f"model: {{remat: {ranked[0]['remat']}}}",
         ]
     return {"topology": topology, "chips": chips, "ranked": ranked, "pruned": pruned,
-            "winner": winner}  # fmt: skip
+            "winner": winner, "compiles": compiles}  # fmt: skip
 
 
 def main(cfg: ExperimentConfig, topology: str | None, as_json: bool) -> int:
@@ -98,26 +134,27 @@ def main(cfg: ExperimentConfig, topology: str | None, as_json: bool) -> int:
     if not topology:
         raise ConfigError("compile --search plans a TPU slice: give --topology too (e.g. v5e-8)")
     found = search(cfg, topology)
-    print(json.dumps(found, indent=2) if as_json else render(found))
+    print(json.dumps(found, indent=2) if as_json else render(found, cfg))
     return 0
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any], cfg: ExperimentConfig) -> str:
     """The ranked table, the pruned candidates and the winner's config lines."""
+    axes = "data x fsdp x expert x tensor" if cfg.model.moe.enabled else "data x fsdp x tensor"
+    width = len(axes)
     lines = [
         f"plans on {result['topology']} ({result['chips']} chips), fastest first "
-        "(roofline estimate):",
-        f"{'data x fsdp x tensor':>22} {'remat':>16} {'GiB/chip':>9} {'step s':>10} "
-        f"{'MFU':>7}  bound",
+        f"(roofline estimate; {result['compiles']} programs compiled):",
+        f"{axes:>{width}} {'remat':>16} {'GiB/chip':>9} {'step s':>10} {'MFU':>7}  bound",
     ]
     for r in result["ranked"]:
         lines.append(
-            f"{r['mesh']:>22} {r['remat']:>16} {r['total_gib_per_chip']:>9} "
+            f"{r['mesh']:>{width}} {r['remat']:>16} {r['total_gib_per_chip']:>9} "
             f"{r['est_step_s']:>10.4g} {r['est_mfu']:>7.3f}  {r['bound']}"
         )
     if result["pruned"]:
         lines += ["pruned (do not fit or refused):"]
-        lines += [f"{r['mesh']:>22} {r['remat']:>16}  {r['why']}" for r in result["pruned"]]
+        lines += [f"{r['mesh']:>{width}} {r['remat']:>16}  {r['why']}" for r in result["pruned"]]
     if result["winner"]:
         lines += ["winner's config lines:", *(f"  {x}" for x in result["winner"])]
     else:
