@@ -9,8 +9,9 @@ experts and gates plus an auxiliary loss (coefficient applied) and measurements.
 places assignments in rows grouped by expert:
 - dropless: every assignment computed. On accelerators the rows are grouped by expert and
   multiplied with `jax.lax.ragged_dot`; on a CPU, where `ragged_dot` computes every group
-  against every row, each expert's rows are padded to blocks of `block_rows` and a scan runs
-  one block (one expert's weights) at a time.
+  against every row, each expert's balanced share of assignments runs in capacity slots and
+  the rest in rows padded to blocks of `block_rows`, a loop running the filled blocks (one
+  expert's weights each) one at a time.
 - capacity: C = ceil(capacity_factor * T * K / E) slots per expert in fixed-shape [E, C, D]
   arrays; assignments beyond an expert's slots (first choices before second choices, then in
   token order) are dropped and contribute zero. A dropped assignment depends on other tokens of
@@ -32,11 +33,14 @@ from flax import nnx
 from scalestudy.config import ModelConfig
 from scalestudy.models.attention import platform
 from scalestudy.models.layers import MLP, ParamInit, activation, constrain, param
-from scalestudy.models.moe_dispatch import Slots, exchange_axes, expert_parallel, ranks
+from scalestudy.models.moe_dispatch import Slots, capacity, exchange_axes, expert_parallel, ranks
 
 # Rows per block of the CPU dropless dispatch, at most (fewer for small batches, so the
 # padding of each expert's rows to whole blocks stays under a quarter of the rows).
 BLOCK_ROWS = 128
+# CPU dropless dispatch: slots per expert (x T * K / E) multiplied as one batched product
+# before the rest of an expert's assignments go to blocks (0: all in blocks).
+DROPLESS_CAPACITY = 1.0
 # Dropless grouping: None picks by platform (blocks on a CPU, `ragged_dot` elsewhere); True or
 # False forces `ragged_dot` or blocks (tests compare the two).
 RAGGED_DOT: bool | None = None
@@ -204,81 +208,114 @@ class MoE(nnx.Module):
 
     def _capacity(self, x_TD, routing: Routing, weights) -> tuple[jax.Array, jax.Array]:
         """[T, D] outputs of capacity dispatch over all T tokens, and assignments dropped."""
-        slots = Slots(routing.expert_TK, self.cfg.routed_experts, self.cfg.capacity_factor)
+        t, k = routing.expert_TK.shape
+        c = capacity(t, k, self.cfg.routed_experts, self.cfg.capacity_factor)
+        return self._slots(x_TD, routing, weights, c)
+
+    def _slots(self, x_TD, routing: Routing, weights, c: int) -> tuple[jax.Array, jax.Array]:
+        """[T, D] outputs of C = `c` slots per expert, and assignments dropped."""
+        slots = Slots(routing.expert_TK, self.cfg.routed_experts, c)
         x_ECD = constrain(slots.gather(x_TD), ("expert", None, "embed"))
         y_ECD = constrain(self._ffn(x_ECD, _einsum_experts, *weights), ("expert", None, "embed"))
         dropped = slots.keep_A.size - slots.keep_A.sum()
         return slots.combine(y_ECD, routing.gate_TK), dropped
 
+    def _slot_rows(self, x_TD, routing: Routing, weights, c: int) -> jax.Array:
+        """[A, D] each assignment's expert output through C = `c` slots per expert (zero for
+        the assignments past an expert's slots)."""
+        slots = Slots(routing.expert_TK, self.cfg.routed_experts, c)
+        y_ECD = self._ffn(slots.gather(x_TD), _einsum_experts, *weights)
+        return jnp.take(y_ECD.reshape(-1, y_ECD.shape[-1]), slots.row_A, axis=0, mode="fill",
+                        fill_value=0)  # fmt: skip
+
     def _dropless(self, x_TD, routing: Routing, count_E, weights) -> jax.Array:
-        """[T, D] outputs of dropless dispatch: every assignment in rows grouped by expert."""
+        """[T, D] outputs of dropless dispatch: every assignment computed.
+
+        Accelerators: rows grouped by expert, multiplied by `ragged_dot`. A CPU: the first
+        C = ceil(DROPLESS_CAPACITY * T * K / E) assignments of each expert fill slots
+        multiplied as one batched product (capacity dispatch's), and only the assignments
+        past them (none, when the load is balanced) go to rows grouped by expert in blocks,
+        of which only the filled ones are multiplied."""
         t, k = routing.expert_TK.shape
-        e, a = count_E.shape[0], t * k
+        e, a, d = count_E.shape[0], t * k, x_TD.shape[-1]
         expert_A = routing.expert_TK.T.reshape(-1)
         rank_A, _ = ranks(expert_A, e)
-        grouped = platform() != "cpu" if RAGGED_DOT is None else RAGGED_DOT
-        rows = 1 if grouped else block_rows(a, e)
-        padded_E = -(-count_E // rows) * rows
-        start_E = jnp.cumsum(padded_E) - padded_E
-        r = a if grouped else -(-(a + e * (rows - 1)) // rows) * rows
-        row_A = start_E[expert_A] + rank_A
         token_A = jnp.tile(jnp.arange(t, dtype=jnp.int32), k)
-        src_R = jnp.full((r,), t, jnp.int32).at[row_A].set(token_A)
-        x_RD = jnp.concatenate([x_TD, jnp.zeros_like(x_TD[:1])])[src_R]
+        x_TD = jnp.concatenate([x_TD, jnp.zeros((1, d), x_TD.dtype)])  # row T: zero
+        grouped = platform() != "cpu" if RAGGED_DOT is None else RAGGED_DOT
         if grouped:
+            start_E = jnp.cumsum(count_E) - count_E
+            row_A = start_E[expert_A] + rank_A
+            x_RD = x_TD[jnp.zeros((a,), jnp.int32).at[row_A].set(token_A)]
             mul = lambda v, w: jax.lax.ragged_dot(v, w, count_E.astype(jnp.int32))
+            y_AD = self._ffn(x_RD, mul, *weights)[row_A]
         else:
-            # One expert per block: block i holds rows i*rows .. of the expert whose padded
-            # range covers it (trailing blocks past every range hold only zero rows).
+            c = capacity(t, k, e, DROPLESS_CAPACITY)
+            y_AD = self._slot_rows(x_TD[:-1], routing, weights, c)
+            # The rest: rows grouped by expert, each expert's padded to whole blocks.
+            rows = block_rows(a, e)
+            over_E = jnp.maximum(count_E - c, 0)
+            padded_E = -(-over_E // rows) * rows
+            start_E = jnp.cumsum(padded_E) - padded_E
+            r = -(-(a + e * (rows - 1)) // rows) * rows
+            row_A = jnp.where(rank_A >= c, start_E[expert_A] + rank_A - c, r)
+            src_R = jnp.full((r + 1,), t, jnp.int32).at[row_A].set(token_A)[:r]
             end_E = jnp.cumsum(padded_E)
             first_N = jnp.arange(r // rows) * rows
             expert_N = jnp.minimum(jnp.searchsorted(end_E, first_N, side="right"), e - 1)
-            mul = lambda v, w: block_matmul(v, w, expert_N.astype(jnp.int32))
-        y_AD = self._ffn(x_RD, mul, *weights)[row_A]
+            filled = (end_E[-1] // rows).astype(jnp.int32)
+            mul = lambda v, w: block_matmul(v, w, expert_N.astype(jnp.int32), filled)
+            y_RD = self._ffn(x_TD[src_R], mul, *weights)
+            y_AD = y_AD + jnp.take(y_RD, row_A, axis=0, mode="fill", fill_value=0)
         gate_A = routing.gate_TK.T.reshape(-1).astype(y_AD.dtype)
         return jnp.sum((y_AD * gate_A[:, None]).reshape(k, t, -1), axis=0)
 
 
 @jax.custom_vjp
-def block_matmul(x_RI: jax.Array, w_EIO: jax.Array, expert_N: jax.Array) -> jax.Array:
+def block_matmul(
+    x_RI: jax.Array, w_EIO: jax.Array, expert_N: jax.Array, filled: jax.Array
+) -> jax.Array:
     """Rows in N equal blocks, block n multiplied by expert `expert_N[n]`'s [I, O] weight:
     [R, I] x [E, I, O] -> [R, O], one block at a time (a grouped matmul without the E-fold
-    work of `ragged_dot` on a CPU). Its backward pass accumulates the weight gradient in
-    place, expert slice by expert slice, instead of adding a full [E, I, O] array per block."""
-    return _block_matmul(x_RI, w_EIO, expert_N)
+    work of `ragged_dot` on a CPU); blocks from `filled` on are left zero uncomputed. Its
+    backward pass accumulates the weight gradient in place, expert slice by expert slice,
+    instead of adding a full [E, I, O] array per block."""
+    return _block_matmul(x_RI, w_EIO, expert_N, filled)
 
 
-def _block_matmul(x_RI, w_EIO, expert_N):
-    blocks = expert_N.shape[0]
-    x_NbI = x_RI.reshape(blocks, -1, x_RI.shape[-1])
+def _block_matmul(x_RI, w_EIO, expert_N, filled):
+    b = x_RI.shape[0] // expert_N.shape[0]
 
-    def one(_, xs):
-        x_bI, e = xs
-        return None, x_bI @ jax.lax.dynamic_index_in_dim(w_EIO, e, keepdims=False)
+    def one(n, y_RO):
+        x_bI = jax.lax.dynamic_slice_in_dim(x_RI, n * b, b)
+        w_IO = jax.lax.dynamic_index_in_dim(w_EIO, expert_N[n], keepdims=False)
+        return jax.lax.dynamic_update_slice_in_dim(y_RO, x_bI @ w_IO, n * b, 0)
 
-    _, y_NbO = jax.lax.scan(one, None, (x_NbI, expert_N))
-    return y_NbO.reshape(x_RI.shape[0], -1)
+    y_RO = jnp.zeros((x_RI.shape[0], w_EIO.shape[-1]), jnp.result_type(x_RI, w_EIO))
+    return jax.lax.fori_loop(0, filled, one, y_RO)
 
 
-def _block_matmul_fwd(x_RI, w_EIO, expert_N):
-    return _block_matmul(x_RI, w_EIO, expert_N), (x_RI, w_EIO, expert_N)
+def _block_matmul_fwd(x_RI, w_EIO, expert_N, filled):
+    return _block_matmul(x_RI, w_EIO, expert_N, filled), (x_RI, w_EIO, expert_N, filled)
 
 
 def _block_matmul_bwd(res, g_RO):
-    x_RI, w_EIO, expert_N = res
-    blocks = expert_N.shape[0]
-    x_NbI = x_RI.reshape(blocks, -1, x_RI.shape[-1])
-    g_NbO = g_RO.reshape(blocks, -1, g_RO.shape[-1])
+    x_RI, w_EIO, expert_N, filled = res
+    b = x_RI.shape[0] // expert_N.shape[0]
 
-    def one(dw_EIO, xs):
-        x_bI, g_bO, e = xs
+    def one(n, grads):
+        dx_RI, dw_EIO = grads
+        e = expert_N[n]
+        x_bI = jax.lax.dynamic_slice_in_dim(x_RI, n * b, b)
+        g_bO = jax.lax.dynamic_slice_in_dim(g_RO, n * b, b)
         w_IO = jax.lax.dynamic_index_in_dim(w_EIO, e, keepdims=False)
         dw_IO = jax.lax.dynamic_index_in_dim(dw_EIO, e, keepdims=False) + x_bI.T @ g_bO
         dw_EIO = jax.lax.dynamic_update_index_in_dim(dw_EIO, dw_IO, e, 0)
-        return dw_EIO, g_bO @ w_IO.T
+        return jax.lax.dynamic_update_slice_in_dim(dx_RI, g_bO @ w_IO.T, n * b, 0), dw_EIO
 
-    dw_EIO, dx_NbI = jax.lax.scan(one, jnp.zeros_like(w_EIO), (x_NbI, g_NbO, expert_N))
-    return dx_NbI.reshape(x_RI.shape), dw_EIO, None
+    grads = (jnp.zeros_like(x_RI), jnp.zeros_like(w_EIO))
+    dx_RI, dw_EIO = jax.lax.fori_loop(0, filled, one, grads)
+    return dx_RI, dw_EIO, None, None
 
 
 block_matmul.defvjp(_block_matmul_fwd, _block_matmul_bwd)

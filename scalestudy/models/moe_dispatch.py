@@ -49,9 +49,9 @@ class Slots:
     dropped assignment), `keep_A`, and `source_R`, the token of each slot (T: an empty slot,
     the zero row appended to the tokens)."""
 
-    def __init__(self, expert_TK: jax.Array, experts: int, factor: float):
+    def __init__(self, expert_TK: jax.Array, experts: int, c: int):
         t, k = expert_TK.shape
-        self.experts, self.c = experts, capacity(t, k, experts, factor)
+        self.experts, self.c = experts, c
         expert_A = expert_TK.T.reshape(-1)  # k-major: first choices have priority
         rank_A, _ = ranks(expert_A, experts)
         self.keep_A = rank_A < self.c
@@ -106,7 +106,7 @@ def expert_parallel(
     def local(x_BLD, expert_BLK, gate_BLK, *weights):
         n = jax.lax.axis_size("expert")
         d, t = x_BLD.shape[-1], x_BLD.shape[0] * x_BLD.shape[1]
-        slots = Slots(expert_BLK.reshape(t, k), e, factor)
+        slots = Slots(expert_BLK.reshape(t, k), e, capacity(t, k, e, factor))
         x_NECD = slots.gather(x_BLD.reshape(t, d)).reshape(n, e // n, slots.c, d)
         x_SECD = jax.lax.all_to_all(x_NECD, "expert", 0, 0)  # my experts' slots, per source
         x_ECD = jnp.swapaxes(x_SECD, 0, 1).reshape(e // n, n * slots.c, d)

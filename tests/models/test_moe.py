@@ -128,8 +128,14 @@ def test_dropless_equals_capacity_when_nothing_is_dropped(monkeypatch):
     # Capacity factor E: every expert has a slot for every assignment.
     capacity = _output_and_grads(_layer(dispatch="capacity", capacity_factor=E), x)
     assert float(capacity[1]["dropped"].sum()) == 0
-    for ragged in (False, True):  # blocks (the CPU default) and jax.lax.ragged_dot
+    # The CPU path with every assignment in blocks (0), slots for the balanced share and
+    # blocks past it (the default, 1: the busiest expert overflows here), every assignment in
+    # slots (E: no block computed); and jax.lax.ragged_dot.
+    busiest = int(np.max(capacity[1]["load_E"]))
+    assert busiest > moe_dispatch.capacity(x.shape[0] * x.shape[1], K, E, 1.0)
+    for ragged, share in ((False, 0.0), (False, 1.0), (False, float(E)), (True, 1.0)):
         monkeypatch.setattr(moe, "RAGGED_DOT", ragged)
+        monkeypatch.setattr(moe, "DROPLESS_CAPACITY", share)
         dropless = _output_and_grads(_layer(), x)
         np.testing.assert_allclose(dropless[0], capacity[0], atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(dropless[3], capacity[3], atol=1e-5, rtol=1e-5)
@@ -137,6 +143,28 @@ def test_dropless_equals_capacity_when_nothing_is_dropped(monkeypatch):
         for a, c in zip(flat(dropless[2]), flat(capacity[2]), strict=True):
             np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-5)
         np.testing.assert_array_equal(dropless[1]["load_E"], capacity[1]["load_E"])
+
+
+def test_block_matmul_computes_the_filled_blocks_and_their_exact_gradients():
+    rows, blocks, filled = 4, 5, 3
+    x = jax.random.normal(jax.random.key(1), (rows * blocks, 6))
+    w = jax.random.normal(jax.random.key(2), (3, 6, 7))
+    expert_N = jnp.array([2, 0, 2, 1, 1], jnp.int32)
+    g = jax.random.normal(jax.random.key(3), (rows * blocks, 7))
+
+    def reference(x, w):
+        out = [x[n * rows : (n + 1) * rows] @ w[expert_N[n]] for n in range(filled)]
+        return jnp.concatenate([*out, jnp.zeros(((blocks - filled) * rows, 7))])
+
+    got = lambda x, w: moe.block_matmul(x, w, expert_N, jnp.int32(filled))
+    np.testing.assert_allclose(got(x, w), reference(x, w), rtol=1e-6)
+    assert not np.asarray(got(x, w))[filled * rows :].any()
+    for a, b in zip(
+        jax.grad(lambda x, w: jnp.sum(got(x, w) * g), argnums=(0, 1))(x, w),
+        jax.grad(lambda x, w: jnp.sum(reference(x, w) * g), argnums=(0, 1))(x, w),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_capacity_drops_are_counted_and_contribute_nothing():
