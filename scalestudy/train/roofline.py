@@ -15,9 +15,11 @@ read from the compiled HLO text with its replica groups. With the chip's datashe
   datasheet's bandwidth per port and direction. Collectives on different axes overlap; those
   on one axis queue: the time is the busiest axis's bytes over its two ports.
 
-Each kind of collective appears in the compiled HLO several times (the asynchronous start,
-its continuations and done are cloned into separate computations), so one channel id counts
-once. The estimate is the largest of the three times (perfect overlap of the others) and
+An asynchronous collective appears in the compiled HLO several times (its start,
+continuations and done are cloned into separate computations), so a channel id already counted
+in another computation is a clone; within one computation each collective counts, as distinct
+ones may share a channel id (every `all_to_all` of a `shard_map` has channel 1). The
+estimate is the largest of the three times (perfect overlap of the others) and
 never beats the slice's peak on the counted model FLOPs: a lower bound on step time, so an
 upper bound on MFU, which a measured MFU sits below. Where the optimistic choices bite: the
 ports of an axis without wraparound (small slices) are counted as if it had it, and routes
@@ -111,19 +113,22 @@ def replica_groups(line: str, n_devices: int) -> np.ndarray:
 
 
 def parse_collectives(hlo_text: str, n_devices: int) -> list[Collective]:
-    """Every collective of a compiled program's HLO text, each channel once."""
-    out, seen = [], set()
+    """Every collective of a compiled program's HLO text, clones of one in other
+    computations left out."""
+    out, seen, computation = [], {}, None
     for line in hlo_text.splitlines():
+        if line[:1].strip() and line.rstrip().endswith("{"):  # a computation's header
+            computation = line.split("(")[0]
+            continue
         m = _LINE.search(line)
         if m is None and "/*" in line:  # long tuples carry /*index=N*/ comments
             m = _LINE.search(line := re.sub(r"/\*.*?\*/", "", line))
         if m is None:
             continue
         op, shape = m["op"], m["shape"]
-        if channel := re.search(r"channel_id=(\d+)", line):
-            if (op, channel[1]) in seen:
-                continue
-            seen.add((op, channel[1]))
+        channel = re.search(r"channel_id=(\d+)", line)
+        if channel and seen.setdefault((op, channel[1]), computation) != computation:
+            continue
         arrays = _ARRAY.findall(shape)
         if m["start"] and op in ("all-gather", "collective-permute") and len(arrays) > 1:
             # Async starts return (operands..., results...): the results count.

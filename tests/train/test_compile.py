@@ -109,12 +109,17 @@ def test_a_batch_the_mesh_cannot_split_is_one_clear_error(tiny_cfg):
 def test_collectives_read_each_replica_group_form_and_count_each_channel_once():
     hlo = "\n".join(
         [
+            "ENTRY %main.1_spmd (p: f32[8]) -> f32[8] {",
             # Mesh form: axes [4, 2] over devices iota [2,4]^T, grouped along the first axis.
             "%ag = f32[32,64]{1,0} all-gather(%x), channel_id=1, replica_groups=mesh['axis_0'=4,"
             "'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}, dimensions={0}",
+            "}",
+            "%async_collective_fusion.2 (p: f32[8]) -> f32[32,64] {",
             # The same channel cloned into an async continuation: not a second collective.
             "%ag.2 = f32[32,64]{1,0} all-gather(%y), channel_id=1, replica_groups=mesh['axis_0'=4,"
             "'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}, dimensions={0}",
+            "}",
+            "%body.3 (p: f32[8]) -> f32[8] {",
             # A long tuple, whose /*index=N*/ comments hold '=': groups of 2 in iota form.
             "%ar = (f32[32]{0}, bf16[4]{0}, /*index=2*/f32[2]{0}) all-reduce(%a, %b, %c), "
             "channel_id=2, replica_groups=[4,2]<=[8]",
@@ -124,11 +129,17 @@ def test_collectives_read_each_replica_group_form_and_count_each_channel_once():
             # Async start: (operand, result); the result counts; done is not counted.
             "%ags = (f32[8]{0}, f32[16]{0}) all-gather-start(%d), replica_groups={{0,2},{1,3}}",
             "%agd = f32[16]{0} all-gather-done(%ags)",
+            # Two exchanges of one computation on one channel (shard_map's all_to_all): both.
+            "%a2a = bf16[8,2,64]{2,1,0} all-to-all(%e), channel_id=1, replica_groups={{0,1}}",
+            "%a2a.1 = bf16[8,2,64]{2,1,0} all-to-all(%f), channel_id=1, replica_groups={{0,1}}",
+            "}",
         ]
     )
     got = roofline.parse_collectives(hlo, 8)
-    assert [c.kind for c in got] == ["all-gather", "all-reduce", "reduce-scatter", "all-gather"]
-    gather, reduce, scatter, start = got
+    kinds = ["all-gather", "all-reduce", "reduce-scatter", "all-gather", "all-to-all"]
+    assert [c.kind for c in got] == [*kinds, "all-to-all"]
+    gather, reduce, scatter, start, *exchanges = got
+    assert [c.bytes_per_device for c in exchanges] == [0.5 * 8 * 2 * 64 * 2] * 2
     assert gather.groups.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert gather.bytes_per_device == 0.75 * 32 * 64 * 4
     assert reduce.groups.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
