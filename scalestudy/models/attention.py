@@ -30,6 +30,8 @@ argument mapping is tested on CPU against the reference.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections.abc import Iterator
 
 import jax
@@ -118,12 +120,39 @@ def reference(
     logits_BHLS = jnp.einsum("BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=wide)
     logits_BHLS = logits_BHLS.astype(jnp.float32)
     if bias_HLS is not None:  # [H, L, S] (shared by the batch) or [B, H, L, S]
+        if bias_HLS.ndim == 3 and platform() == "cpu":
+            bias_HLS = broadcast_rows(bias_HLS, logits_BHLS.shape[0])
         logits_BHLS = logits_BHLS + bias_HLS
     logits_BHLS = jnp.where(_dense(mask), logits_BHLS, NEG_INF)
     probs_f32_BHLS = jax.nn.softmax(logits_BHLS, axis=-1)
     probs_BHLS = dropout(probs_f32_BHLS.astype(q_BLHK.dtype), dropout_rate, rng, deterministic)
     out_BLHK = jnp.einsum("BHLS,BSHK->BLHK", probs_BHLS, v_BSHK)
     return (out_BLHK, probs_f32_BHLS) if return_probs else out_BLHK
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def broadcast_rows(x: jax.Array, rows: int) -> jax.Array:
+    """`x` broadcast to [rows, *x.shape]; its gradient sums the rows in up to 4 groups, then
+    adds the groups. XLA:CPU reduces over the second axis of [4, rows / 4, ...] 8-15x as fast
+    as over the first of [rows, ...], which cost a small model a third of its step in the
+    relative-position bias's gradient (docs/performance.md)."""
+    return jnp.broadcast_to(x, (rows, *x.shape))
+
+
+def _broadcast_rows_fwd(x: jax.Array, rows: int) -> tuple[jax.Array, None]:
+    return broadcast_rows(x, rows), None
+
+
+def _broadcast_rows_bwd(rows: int, _: None, g: jax.Array) -> tuple[jax.Array]:
+    groups = math.gcd(rows, 4)
+    sums = jnp.sum(g.reshape(groups, rows // groups, *g.shape[1:]), axis=1)
+    total = sums[0]
+    for i in range(1, groups):
+        total = total + sums[i]
+    return (total,)
+
+
+broadcast_rows.defvjp(_broadcast_rows_fwd, _broadcast_rows_bwd)
 
 
 def blocks(q_BLHK: jax.Array, k_BSHK: jax.Array, mask: MaskSpec | jax.Array) -> int:

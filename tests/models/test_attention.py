@@ -348,6 +348,50 @@ def test_relative_bias_models_read_offsets_not_positions(compiled):
     assert np.abs(np.asarray(apply(params, batch)) - apply(params, odd)).max() > 1e-3
 
 
+@pytest.mark.parametrize("shape_HLS", [(3, 5, 7), (1, 1, 1)])
+def test_broadcast_rows_is_broadcast_to_and_its_gradient_the_row_sum(shape_HLS):
+    """Forward bit for bit; the gradient of a random cotangent equals autodiff's sum over
+    rows (not, say, its mean or one row)."""
+    kx, kg = jax.random.split(jax.random.key(0))
+    x_HLS = jax.random.normal(kx, shape_HLS)
+    g_BHLS = jax.random.normal(kg, (6, *shape_HLS))
+    out, vjp = jax.vjp(lambda x: attention.broadcast_rows(x, 6), x_HLS)
+    ref, ref_vjp = jax.vjp(lambda x: jnp.broadcast_to(x, (6, *shape_HLS)), x_HLS)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_allclose(vjp(g_BHLS)[0], ref_vjp(g_BHLS)[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder", "encoder_decoder"])
+def test_relative_bias_gradients_equal_those_of_a_plain_broadcast(monkeypatch, arch):
+    """The whole model's loss bit for bit and its gradients (the bias table's included) to
+    float32 rounding, against the bias broadcast over the batch by autodiff."""
+    cfg = tiny(arch, attention_impl="xla")
+    model = build_model(cfg)
+    params = model.init(jax.random.key(1))
+    batch = packed_batch()
+    calls = []
+
+    def value_and_grads(broadcast_rows):
+        def counted(x, rows):
+            calls.append(broadcast_rows)
+            return broadcast_rows(x, rows)
+
+        monkeypatch.setattr(attention, "broadcast_rows", counted)
+        loss = lambda p: model.loss(p, batch, None, deterministic=True)[0]
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    ours = attention.broadcast_rows
+    loss, grads = value_and_grads(ours)
+    plain = lambda x, rows: jnp.broadcast_to(x, (rows, *x.shape))
+    ref_loss, ref_grads = value_and_grads(plain)
+    assert ours in calls and plain in calls  # each model's bias went through its own
+    assert loss == ref_loss
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    tables = [g for path, g in jax.tree_util.tree_leaves_with_path(grads) if "relpos" in str(path)]
+    assert tables and all(float(jnp.abs(g).max()) > 0 for g in tables)
+
+
 # ---------------------------------------------------------------- remat
 
 
