@@ -133,7 +133,7 @@ def reference(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def broadcast_rows(x: jax.Array, rows: int) -> jax.Array:
     """`x` broadcast to [rows, *x.shape]; its gradient sums the rows in up to 4 groups, then
-    adds the groups. XLA:CPU reduces over the second axis of [4, rows / 4, ...] 8-15x as fast
+    adds the groups. XLA:CPU reduces over the second axis of [4, rows / 4, ...] 7-9x as fast
     as over the first of [rows, ...], which cost a small model a third of its step in the
     relative-position bias's gradient (docs/performance.md)."""
     return jnp.broadcast_to(x, (rows, *x.shape))

@@ -348,15 +348,15 @@ def test_relative_bias_models_read_offsets_not_positions(compiled):
     assert np.abs(np.asarray(apply(params, batch)) - apply(params, odd)).max() > 1e-3
 
 
-@pytest.mark.parametrize("shape_HLS", [(3, 5, 7), (1, 1, 1)])
-def test_broadcast_rows_is_broadcast_to_and_its_gradient_the_row_sum(shape_HLS):
+@pytest.mark.parametrize("rows", [1, 3, 6, 16])  # summed in 1, 1, 2 and 4 groups
+def test_broadcast_rows_is_broadcast_to_and_its_gradient_the_row_sum(rows):
     """Forward bit for bit; the gradient of a random cotangent equals autodiff's sum over
-    rows (not, say, its mean or one row)."""
+    rows (not, say, their mean or one group's sum)."""
     kx, kg = jax.random.split(jax.random.key(0))
-    x_HLS = jax.random.normal(kx, shape_HLS)
-    g_BHLS = jax.random.normal(kg, (6, *shape_HLS))
-    out, vjp = jax.vjp(lambda x: attention.broadcast_rows(x, 6), x_HLS)
-    ref, ref_vjp = jax.vjp(lambda x: jnp.broadcast_to(x, (6, *shape_HLS)), x_HLS)
+    x_HLS = jax.random.normal(kx, (3, 5, 7))
+    g_BHLS = jax.random.normal(kg, (rows, 3, 5, 7))
+    out, vjp = jax.vjp(lambda x: attention.broadcast_rows(x, rows), x_HLS)
+    ref, ref_vjp = jax.vjp(lambda x: jnp.broadcast_to(x, (rows, 3, 5, 7)), x_HLS)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_allclose(vjp(g_BHLS)[0], ref_vjp(g_BHLS)[0], rtol=1e-6, atol=1e-6)
 
