@@ -73,22 +73,30 @@ class Slots:
         return jnp.sum((y_AD * gate_A[:, None]).reshape(k, -1, d), axis=0)
 
 
-def exchange_axes(rows: int) -> tuple[str, ...] | None:
-    """The mesh axes an expert-parallel exchange is manual over (those the batch is split
-    over, "expert" among them), or None where the layer is not under a mesh with an expert
-    axis or its `rows` do not split over those axes."""
+def _mesh_axes(name: str, rules) -> tuple[str, ...]:
+    """The mesh axes logical axis `name` maps to under `rules` (train/sharding.py's table)."""
+    axes = linen_spmd.logical_to_mesh_axes((name,), rules)[0]
+    return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
+def exchange_axes(rows: int) -> tuple[tuple[str, ...], str] | None:
+    """(the mesh axes the batch is split over, the one the experts are split over) for an
+    expert-parallel exchange, or None where the layer is not under a mesh that splits the
+    experts or its `rows` do not split over the batch's axes. Names come from the logical
+    rules: this module names no mesh axis."""
     mesh, rules = jax.sharding.get_abstract_mesh(), flax_spmd.get_logical_axis_rules()
-    if mesh.empty or not rules or mesh.shape.get("expert", 1) == 1:
+    if mesh.empty or not rules:
         return None
-    axes = linen_spmd.logical_to_mesh_axes(("batch",), rules)[0]
-    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    if "expert" not in axes or rows % math.prod(mesh.shape[a] for a in axes):
+    experts, batch = _mesh_axes("expert", rules), _mesh_axes("batch", rules)
+    if len(experts) != 1 or mesh.shape[experts[0]] == 1 or experts[0] not in batch:
         return None
-    return axes
+    if rows % math.prod(mesh.shape[a] for a in batch):
+        return None
+    return batch, experts[0]
 
 
 def expert_parallel(
-    axes: tuple[str, ...],
+    axes: tuple[tuple[str, ...], str],
     ffn: Callable[..., jax.Array],
     x_BLD: jax.Array,
     expert_TK: jax.Array,
@@ -99,31 +107,33 @@ def expert_parallel(
     """Capacity dispatch over the expert mesh axis: ([B, L, D] outputs, assignments dropped).
     `ffn(x_ECD, *weights)` applies the experts whose [E, ...] `weights` it is given to their
     rows; `axes` from `exchange_axes`."""
+    (batch_axes, expert), rules = axes, flax_spmd.get_logical_axis_rules()
     b, length, _ = x_BLD.shape
     k, e = expert_TK.shape[-1], weights[0].shape[0]
-    batch = P(axes)
+    batch = P(batch_axes)
 
     def local(x_BLD, expert_BLK, gate_BLK, *weights):
-        n = jax.lax.axis_size("expert")
+        n = jax.lax.axis_size(expert)
         d, t = x_BLD.shape[-1], x_BLD.shape[0] * x_BLD.shape[1]
         slots = Slots(expert_BLK.reshape(t, k), e, capacity(t, k, e, factor))
         x_NECD = slots.gather(x_BLD.reshape(t, d)).reshape(n, e // n, slots.c, d)
-        x_SECD = jax.lax.all_to_all(x_NECD, "expert", 0, 0)  # my experts' slots, per source
+        x_SECD = jax.lax.all_to_all(x_NECD, expert, 0, 0)  # my experts' slots, per source
         x_ECD = jnp.swapaxes(x_SECD, 0, 1).reshape(e // n, n * slots.c, d)
         y_SECD = jnp.swapaxes(ffn(x_ECD, *weights).reshape(e // n, n, slots.c, d), 0, 1)
-        y_ECD = jax.lax.all_to_all(y_SECD, "expert", 0, 0).reshape(e, slots.c, d)
+        y_ECD = jax.lax.all_to_all(y_SECD, expert, 0, 0).reshape(e, slots.c, d)
         y_TD = slots.combine(y_ECD, gate_BLK.reshape(t, k))
         dropped = (slots.keep_A.size - slots.keep_A.sum()).astype(jnp.float32)
         return y_TD.reshape(x_BLD.shape), dropped[None]
 
-    # Manual over every axis but tensor: a group's member axis split over data (vmapped with
-    # `spmd_axis_name`) adds that axis to the specs of its members' dimension.
+    # Manual over every axis but model parallelism's (the MLP's): a group's member axis split
+    # over data (vmapped with `spmd_axis_name`) adds that axis to its members' dimension.
+    model_parallel = set(_mesh_axes("mlp", rules))
     mesh = jax.sharding.get_abstract_mesh()
     run = jax.shard_map(
         local,
-        in_specs=(batch, batch, batch, *(P("expert") for _ in weights)),
+        in_specs=(batch, batch, batch, *(P(expert) for _ in weights)),
         out_specs=(batch, batch),
-        axis_names={a for a in mesh.axis_names if a != "tensor"},
+        axis_names={a for a in mesh.axis_names if a not in model_parallel},
     )
     y_BLD, dropped_N = run(
         x_BLD, expert_TK.reshape(b, length, k), gate_TK.reshape(b, length, k), *weights
