@@ -210,10 +210,6 @@ class MoE(nnx.Module):
         """[T, D] outputs of capacity dispatch over all T tokens, and assignments dropped."""
         t, k = routing.expert_TK.shape
         c = capacity(t, k, self.cfg.routed_experts, self.cfg.capacity_factor)
-        return self._slots(x_TD, routing, weights, c)
-
-    def _slots(self, x_TD, routing: Routing, weights, c: int) -> tuple[jax.Array, jax.Array]:
-        """[T, D] outputs of C = `c` slots per expert, and assignments dropped."""
         slots = Slots(routing.expert_TK, self.cfg.routed_experts, c)
         x_ECD = constrain(slots.gather(x_TD), ("expert", None, "embed"))
         y_ECD = constrain(self._ffn(x_ECD, _einsum_experts, *weights), ("expert", None, "embed"))
