@@ -13,6 +13,7 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.errors import ConfigError, not_found, path_kind
+from scalestudy.eval_config import EvalConfig
 from scalestudy.evaluate.tasks import check_spelling
 from scalestudy.scaling.laws import LAWS
 from scalestudy.study import stages, wang_report
@@ -20,21 +21,43 @@ from scalestudy.study.spec import DecoderOnlyConfig, StudySpec
 
 
 def check_spec(
-    study: StudySpec, spec_dir: Path, tasks: Any, grid: list[tuple[str, str]], labels: list[str]
+    study: StudySpec,
+    spec_dir: Path,
+    eval_section: dict,
+    grid: list[tuple[str, str]],
+    labels: list[str],
 ) -> None:
-    """ConfigError for what the spec's later steps would refuse. `tasks`: the base
-    experiment's `eval.tasks`; `grid`: the study's (arch, objective) cells; `labels`: its
+    """ConfigError for what the spec's later steps would refuse. `eval_section`: the base
+    experiment's `eval` keys; `grid`: the study's (arch, objective) cells; `labels`: its
     groups as the experiments name them ("arch/objective[/variant]")."""
+    tasks = eval_section.get("tasks", EvalConfig.model_fields["tasks"].default)
     unknown = [law for law in study.fit.laws if law not in (*LAWS, "auto")]
     if unknown:
         raise ConfigError(f"fit.laws: unknown {unknown}; accepted: auto, {', '.join(LAWS)}")
     if isinstance(tasks, str) or not isinstance(tasks, list | tuple):
         raise ConfigError(f"tasks: a list of task names; got {tasks!r}")
     check_spelling([str(n) for n in tasks], "tasks")
+    _check_per_task_keys(eval_section, [str(n) for n in tasks])
     if study.stages is not None:
         _check_stages(study.stages, spec_dir, grid)
     if study.experiments is not None:
         _check_experiments(study.experiments, labels, [v.name for v in study.variants])
+
+
+def _check_per_task_keys(eval_section: dict, tasks: list[str]) -> None:
+    """Per-task eval settings must name a task the runs score. Checked where every task is
+    a plain name (a task file's scored name is inside the file, read where a run is)."""
+    files = any(":" in n or n.endswith((".yaml", ".yml")) for n in tasks)
+    if files or eval_section.get("custom_tasks"):
+        return
+    for key in ("num_fewshot_per_task", "fewshot_files"):
+        given = eval_section.get(key) or {}
+        unknown = sorted(str(n) for n in given if n not in tasks) if isinstance(given, dict) else []
+        if unknown:
+            raise ConfigError(
+                f"base.eval.{key} names {unknown[0]!r}, which is not a task the study scores; "
+                f"accepted: {', '.join(tasks) or 'none (tasks is empty)'}"
+            )
 
 
 def _check_stages(spec: stages.StagesSpec, spec_dir: Path, grid: list[tuple[str, str]]) -> None:

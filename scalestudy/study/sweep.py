@@ -113,11 +113,11 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     if "budget" not in data and steps is not None:
         budget = validate(BudgetConfig, {"kind": "steps", "steps": steps}, "base.train.steps")
         study = study.replace(budget=budget)
-    tasks = base.get("eval", {}).get("tasks", ()) if isinstance(base.get("eval"), dict) else ()
+    eval_section = base.get("eval") if isinstance(base.get("eval"), dict) else {}
     grid = cells(study)
     labels = ["/".join((*cell, v.name) if v else cell) for cell, v in _cell_variants(study, grid)]
     try:
-        spec_checks.check_spec(study, path.parent, tasks, grid, labels)
+        spec_checks.check_spec(study, path.parent, eval_section, grid, labels)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     return study

@@ -128,6 +128,11 @@ CASES = {
         r"stages\.finetune\.eval_tasks: evaluation tasks \['pronoun'\] are in the training "
         r"mixture 'synthetic_smoke' \(it trains \['next_number', 'pronoun'\]\)",
     ),
+    "demonstrations for a task not scored": (
+        {"base": {**TINY_BASE, "eval": {"num_fewshot_per_task": {"incontext_probe": [0, 2]}}}},
+        r"base\.eval\.num_fewshot_per_task names 'incontext_probe', which is not a task the "
+        r"study scores; accepted: synthetic_probes",
+    ),
 }
 
 
