@@ -39,8 +39,11 @@ from scalestudy.models.moe_dispatch import Slots, capacity, exchange_axes, exper
 # padding of each expert's rows to whole blocks stays under a quarter of the rows).
 BLOCK_ROWS = 128
 # CPU dropless dispatch: slots per expert (x T * K / E) multiplied as one batched product
-# before the rest of an expert's assignments go to blocks (0: all in blocks).
-DROPLESS_CAPACITY = 1.0
+# before the rest of an expert's assignments go to blocks (0: all in blocks). Half the
+# balanced share: a router that is not yet balanced (from initialisation, the busiest expert
+# takes 1.5-4x its share) leaves the slots of idle experts empty and sends the rest to
+# blocks, which a full share paid twice for (docs/performance.md).
+DROPLESS_CAPACITY = 0.5
 # Dropless grouping: None picks by platform (blocks on a CPU, `ragged_dot` elsewhere); True or
 # False forces `ragged_dot` or blocks (tests compare the two).
 RAGGED_DOT: bool | None = None

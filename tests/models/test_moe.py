@@ -128,12 +128,14 @@ def test_dropless_equals_capacity_when_nothing_is_dropped(monkeypatch):
     # Capacity factor E: every expert has a slot for every assignment.
     capacity = _output_and_grads(_layer(dispatch="capacity", capacity_factor=E), x)
     assert float(capacity[1]["dropped"].sum()) == 0
-    # The CPU path with every assignment in blocks (0), slots for the balanced share and
-    # blocks past it (the default, 1: the busiest expert overflows here), every assignment in
-    # slots (E: no block computed); and jax.lax.ragged_dot.
+    # The CPU path with every assignment in blocks (0), slots for part of the balanced share
+    # and blocks past it (the default, and 1: the busiest expert overflows here), every
+    # assignment in slots (E: no block computed); and jax.lax.ragged_dot.
     busiest = int(np.max(capacity[1]["load_E"]))
     assert busiest > moe_dispatch.capacity(x.shape[0] * x.shape[1], K, E, 1.0)
-    for ragged, share in ((False, 0.0), (False, 1.0), (False, float(E)), (True, 1.0)):
+    default = moe.DROPLESS_CAPACITY
+    shares = ((False, 0.0), (False, default), (False, 1.0), (False, float(E)), (True, 1.0))
+    for ragged, share in shares:
         monkeypatch.setattr(moe, "RAGGED_DOT", ragged)
         monkeypatch.setattr(moe, "DROPLESS_CAPACITY", share)
         dropless = _output_and_grads(_layer(), x)
