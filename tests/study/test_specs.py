@@ -27,16 +27,18 @@ def _expand(name, overrides=()):
     return study, sweep.expand(study, path.parent)
 
 
-def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
-    """The main job's FLM and PLM laws: three runs per fitted parameter (the `points` flag),
-    two or more seeds at every size (`seed`), and tokens per parameter within the `training`
-    flag's ratio across the ladder."""
+@pytest.mark.parametrize("spec", ["smoke.yaml", "smoke_laws.yaml"])
+def test_smoke_fit_laws_have_the_runs_their_flags_ask_for(spec):
+    """The FLM and PLM laws of the main job and of its laws ladder: three runs per fitted
+    parameter (the `points` flag), two or more seeds at every size (`seed`), and tokens per
+    parameter within the `training` flag's ratio across the ladder."""
     forms = pytest.importorskip("scalestudy.scaling.forms")
     laws = pytest.importorskip("scalestudy.scaling.laws")
     flags = pytest.importorskip("scalestudy.scaling.flags")
-    study, runs = _expand("smoke.yaml")
+    study, runs = _expand(spec)
     need = laws.FitSettings().min_points_per_param
-    for cell in FLM_PLM:
+    cells = {(r.arch, r.objective) for r in runs}
+    for cell in FLM_PLM & cells:
         mine = [r for r in runs if (r.arch, r.objective) == cell]
         for law in study.fit.laws:
             n_params = len(forms.get_form(law).params)
@@ -48,6 +50,20 @@ def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
         # ... while the sizes span enough to pin an exponent (the old 3.3x did not).
         n = [r.params[study.fit.n_kind] for r in mine]
         assert max(n) / min(n) >= 8, cell
+
+
+def test_the_laws_ladder_trains_every_rung_past_the_plateau_with_one_recipe():
+    """smoke_laws.yaml: the main job's rows, batch and optimizer; at least 120 steps at every
+    rung (the smallest rung is on the loss plateau after 64, past it after 128), laws with E."""
+    _, main_runs = _expand("smoke.yaml")
+    study, runs = _expand("smoke_laws.yaml")
+    assert all(law in ("kaplan_n", "kaplan_c") for law in study.fit.laws)
+    assert min(r.cfg.train.steps for r in runs) >= 120 and len({r.size for r in runs}) == 4
+    shape = lambda r: (r.cfg.train.batch_size, r.cfg.objective.inputs_length,
+                       r.cfg.objective.targets_length, r.cfg.model.qk_norm,
+                       r.cfg.optim.name, r.cfg.optim.schedule)  # fmt: skip
+    assert {shape(r) for r in runs} == {shape(r) for r in main_runs}
+    assert len({round(r.cfg.optim.learning_rate * r.cfg.model.d_model, 9) for r in runs}) == 1
 
 
 def test_smoke_probes_mostly_fit_the_scoring_length():
