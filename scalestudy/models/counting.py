@@ -91,8 +91,9 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
         stacks = encoder + decoder
         ffn = [("encoder", enc), ("decoder", n)]
     else:
-        mode = "prefix" if cfg.arch == "noncausal_decoder" else "causal"
-        stacks = n * (attn + 2 * d) + d + _relpos_params(cfg, mode)
+        # The table api._module builds: mirrored buckets only for rel_prefix_buckets "mirrored".
+        mirrored = cfg.arch == "noncausal_decoder" and cfg.rel_prefix_buckets == "mirrored"
+        stacks = n * (attn + 2 * d) + d + _relpos_params(cfg, "prefix" if mirrored else "causal")
         ffn = [("decoder", n)]
     total = stacks + sum(_ffn_params(cfg, name, depth) for name, depth in ffn)
     active = stacks + sum(_ffn_params(cfg, name, depth, True) for name, depth in ffn)

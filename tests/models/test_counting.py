@@ -39,6 +39,13 @@ def test_counted_params_equal_the_model(tiny_cfg, arch, position, tie):
     assert counts["embedding"] == cfg.vocab_size * cfg.d_model * (1 if tie else 2)
 
 
+@pytest.mark.parametrize("buckets", ["mirrored", "causal"])
+def test_the_non_causal_decoders_bias_table_is_counted_as_built(tiny_cfg, buckets):
+    """`rel_prefix_buckets: causal` builds one table of causal buckets, not the mirrored two."""
+    cfg = tiny_cfg("noncausal_decoder", rel_prefix_buckets=buckets)
+    assert counting.count_params(cfg)["total"] == _tree_size(build_model(cfg).abstract_params())
+
+
 @pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder", "encoder_decoder"])
 def test_counted_params_equal_the_initialised_tree(compiled, tiny_cfg, arch):
     _model, params, _ = compiled(tiny_cfg(arch))
