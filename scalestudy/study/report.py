@@ -246,13 +246,15 @@ def render_markdown(
     notes: list[str] = (),
     loss_tokens: dict[str, float | str] | None = None,
     learning_rates: list[str] = (),
+    left_out: str = "",
 ) -> str:
     """The report as Markdown: first the answer (a verdict table, the frontier figure, what
     the study cannot tell), then how the rates were chosen, every verdict in full, the fits
     and the runs.
 
     `loss_tokens`: cell -> mean loss-bearing tokens per example, or why it was not measured
-    (`loss_tokens.per_cell`). `learning_rates`: the learning-rate search's section."""
+    (`loss_tokens.per_cell`). `learning_rates`: the learning-rate search's section.
+    `left_out`: a sentence naming the registry's runs that the spec does not plan."""
     cmp = compare(runs, tolerance=study.match_tolerance)
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
@@ -264,7 +266,8 @@ def render_markdown(
         study.description.strip() or "",
         "",
         f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
-        f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of training.",
+        f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of "
+        f"training.{left_out}",
         "",
         *verdicts.answer(cmp, n_what),
         *[f"![frontier: probe accuracy against training compute]({f})" for f in frontier],
@@ -372,24 +375,31 @@ def render_html(text: str) -> str:
     )
 
 
-def finalize(study: StudySpec, out: Path) -> Path:
-    """Write `out/report.md` and `out/report.html` from the registry, with the study's fits
-    and figures (`out/fits.json`, `out/figures/`); returns the Markdown path."""
+def finalize(study: StudySpec, out: Path, planned: set[str] | None = None) -> Path:
+    """Write `out/report.md` and `out/report.html` from the registry's runs that the spec
+    plans (`planned` run ids; None: every run), with the study's fits and figures
+    (`out/fits.json`, `out/figures/`); returns the Markdown path."""
     out = Path(out)
     runs = load_runs(out / "registry.sqlite")
+    planned = {r["run_id"] for r in runs} if planned is None else planned
+    gone = sorted(r["name"] for r in runs if r["run_id"] not in planned)
+    left_out = f" Left out: {len(gone)} run(s) of the registry that this spec does not plan"
+    left_out = f"{left_out} ({', '.join(gone)})." if gone else ""
+    runs = [r for r in runs if r["run_id"] in planned]
     fits: dict[str, Any] = {}
     figures: list[str] = []
     notes: list[str] = []
     done = [r for r in runs if r["status"] == "done"]
     if done:
         try:
-            fits, paths = fit_study(study, out, done, load_curves(out / "registry.sqlite"))
+            curves = [c for c in load_curves(out / "registry.sqlite") if c["run_id"] in planned]
+            fits, paths = fit_study(study, out, done, curves)
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
     per_example = loss_token_report.per_cell(out / "registry.sqlite")
     rates = lr_report.section(out, done)
-    text = render_markdown(study, runs, fits, figures, notes, per_example, rates)
+    text = render_markdown(study, runs, fits, figures, notes, per_example, rates, left_out)
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
 
     text += report_section(done, out)

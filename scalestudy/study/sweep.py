@@ -379,7 +379,7 @@ def run_study(
                     evaluate_here=searched,
                 )
                 failed = executor.run(runs)
-        report.finalize(study, out)
+        report.finalize(study, out, {r.run_id for r in runs})
     if collect and missing:
         raise executors.StudyRunError(
             f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "

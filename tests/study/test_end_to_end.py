@@ -66,6 +66,33 @@ def test_tiny_study_end_to_end(one_process, capsys):
 
 
 @pytest.mark.slow
+def test_a_smaller_spec_reports_only_its_own_runs_and_names_the_rest(one_process, tmp_path):
+    """The registry keeps the runs of an earlier, larger spec; the report and its fits cover
+    only what the spec plans now, and name the runs left out."""
+    import shutil
+
+    import yaml
+
+    tiny_spec, one = one_process
+    out = tmp_path / "study"
+    shutil.copytree(one, out)
+    spec = yaml.safe_load(tiny_spec.read_text())
+    spec["ladder"]["sizes"] = spec["ladder"]["sizes"][:1]
+    small = tmp_path / "small.yaml"
+    small.write_text(yaml.safe_dump(spec))
+    assert cli.main(["study", "--spec", str(small), "--out", str(out), "fit.bootstrap=0"]) == 0
+    report = (out / "report.md").read_text()
+    left = sorted(r["name"] for r in load_runs(out) if r["size"] != "xs")
+    assert len(left) == 2 and len(load_runs(out)) == 4  # the registry keeps them
+    assert "2 of 2 runs finished" in report
+    sentence = (
+        f"Left out: 2 run(s) of the registry that this spec does not plan ({', '.join(left)})."
+    )
+    assert report.count(sentence) == 1
+    assert [name for name in left if name in report.replace(sentence, "")] == []
+
+
+@pytest.mark.slow
 def test_two_workers_train_the_same_runs_as_one(one_process, tmp_path, capsys):
     # Trained by two worker processes, each run's validation loss and probe accuracy are
     # those of a one-process study (the fit's bootstrap, skipped here, trains nothing).
