@@ -1,10 +1,12 @@
 """The main job in miniature: `scalestudy study` trains, evaluates, fits, plots and reports."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from scalestudy import cli
 from scalestudy.study.registry import load_curves, load_runs
@@ -69,10 +71,6 @@ def test_tiny_study_end_to_end(one_process, capsys):
 def test_a_smaller_spec_reports_only_its_own_runs_and_names_the_rest(one_process, tmp_path):
     """The registry keeps the runs of an earlier, larger spec; the report and its fits cover
     only what the spec plans now, and name the runs left out."""
-    import shutil
-
-    import yaml
-
     tiny_spec, one = one_process
     out = tmp_path / "study"
     shutil.copytree(one, out)
