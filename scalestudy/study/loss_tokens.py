@@ -95,13 +95,17 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
     return out + [line for note in notes for line in (note, "")]
 
 
-def per_cell(registry: Path, batches: int = 2) -> dict[str, float | str]:
+def per_cell(
+    registry: Path, batches: int = 2, run_ids: set[str] | None = None
+) -> dict[str, float | str]:
     """Cell -> mean loss-bearing tokens per example, measured on the config of the cell's
-    first run in `registry`; a cell whose data cannot be read here gets the reason instead."""
+    first run in `registry` (among `run_ids`, when given); a cell whose data cannot be read
+    here gets the reason instead."""
     configs: dict[str, str] = {}
     with Registry(registry, create=False) as reg:
         for row in reg.runs():
-            configs.setdefault(cell_label(row), row.get("config") or "")
+            if run_ids is None or row["run_id"] in run_ids:
+                configs.setdefault(cell_label(row), row.get("config") or "")
     out: dict[str, float | str] = {}
     for cell, text in sorted(configs.items()):
         try:

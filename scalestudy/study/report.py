@@ -397,7 +397,7 @@ def finalize(study: StudySpec, out: Path, planned: set[str] | None = None) -> Pa
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
-    per_example = loss_token_report.per_cell(out / "registry.sqlite")
+    per_example = loss_token_report.per_cell(out / "registry.sqlite", run_ids=planned)
     rates = lr_report.section(out, done)
     text = render_markdown(study, runs, fits, figures, notes, per_example, rates, left_out)
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
