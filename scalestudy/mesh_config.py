@@ -26,6 +26,16 @@ class MeshConfig(Frozen):
     # size a multiple of the data axis's). A run alone has no member axis and ignores it.
     # Left out of dumps while "none".
     members: Literal["none", "data"] = Field("none", exclude_if=lambda v: v == "none")
+    # How a group's program runs its members (train/group_program.py): "vmap" batches them
+    # (every operation K members wide: what pays where small steps are launch-bound, and what
+    # splitting them over a mesh axis needs); "loop" runs their steps one after another inside
+    # the one compiled program (one compile and one dispatch for K, each member's step the
+    # run's own: on a CPU, where these steps are memory-bound and K-wide arrays outgrow the
+    # cache, the cheaper); "auto" loops on CPU with whole members, else vmaps. Left out of
+    # dumps while "auto".
+    member_program: Literal["auto", "vmap", "loop"] = Field(
+        "auto", exclude_if=lambda v: v == "auto"
+    )
 
     @property
     def shape(self) -> dict[str, int]:
@@ -43,5 +53,11 @@ class MeshConfig(Frozen):
         if sum(v == -1 for v in self.shape.values()) > 1:
             raise ConfigError(
                 f"at most one mesh axis may be -1; got {self.shape}. Give the others explicit sizes"
+            )
+        if self.member_program == "loop" and self.members != "none":
+            raise ConfigError(
+                f"mesh.member_program='loop' runs whole members one after another and cannot "
+                f"split them over a mesh axis (mesh.members={self.members!r}); use "
+                "member_program 'vmap' or 'auto', or mesh.members 'none'"
             )
         return self

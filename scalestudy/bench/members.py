@@ -91,6 +91,7 @@ def step_curve(
         rows.append(
             {
                 "members": size,
+                "program": group_program.program_kind(cfg, program.mesh, program.member_axis),
                 "cpu_ms_per_step": round(1e3 * g, 3),
                 "cpu_ms_per_member_step": round(1e3 * g / size, 3),
                 "run_cpu_ms_per_step": round(1e3 * a, 3),

@@ -2,8 +2,8 @@
 
 Runs that share every key but the member keys (seeds, learning rate and the optimizer's other
 numbers) train together, at most `members` at a time; each stays a run of its own (its run
-directory, its registry row). `study.members: auto` groups up to `AUTO_MEMBERS` runs on a CPU
-and `AUTO_MEMBERS_ACCELERATOR` elsewhere; `1` trains every run alone. A study given its own
+directory, its registry row). `study.members: auto` groups up to `AUTO_MEMBERS` runs; `1`
+trains every run alone. A study given its own
 `train_fn` trains every run alone (the group trainer is the package's).
 """
 
@@ -12,20 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# `members: auto`. On the 2-core CPU a member-step is cheapest at 4 members (0.64-0.67 of a
-# run's step at 10K-300K parameters) and dearer at 8 (0.77-0.80: the group's step costs 6.1-6.4
-# runs'; docs/performance.md, Members). On an accelerator a small model's step is bound by
-# launches, not arithmetic, so more members share each launch.
-AUTO_MEMBERS = 4
-AUTO_MEMBERS_ACCELERATOR = 8
+# `members: auto`. On a CPU the members' steps run one after another in the group's program,
+# so a member-step costs a run's at any K (0.90-0.99 of one at K = 4 and 8, 10K-300K
+# parameters: docs/performance.md, Members) and a larger group shares more compiling and
+# start-up; on an accelerator a small model's step is bound by launches, not arithmetic, and
+# the members share each launch. The cap bounds the K copies of the state a group holds.
+AUTO_MEMBERS = 8
 
 
 def cap(members: Any) -> int:
     """The most runs one group may hold for a spec's `members` ("auto" or a count >= 1)."""
     if members == "auto":
-        import jax
-
-        return AUTO_MEMBERS if jax.default_backend() == "cpu" else AUTO_MEMBERS_ACCELERATOR
+        return AUTO_MEMBERS
     from scalestudy.train.members import check_count
 
     return check_count(members, "members", " (1: every run alone), or auto")

@@ -1,7 +1,14 @@
-"""A group's compiled program: the single run's train step under `jax.vmap`, over a leading
-member axis of the train state, the batches and the members' differing optimizer numbers
-(which the step receives as traced scalars). Which runs may be members is train/members.py;
-the loop over the members' run directories is train/group.py.
+"""A group's compiled program: the single run's train step over a leading member axis of the
+train state, the batches and the members' differing optimizer numbers (which the step
+receives as traced scalars). Which runs may be members is train/members.py; the loop over the
+members' run directories is train/group.py.
+
+The step goes over the member axis in one of two ways (`mesh.member_program`, `program_kind`):
+under `jax.vmap`, every operation K members wide, or as a loop (`jax.lax.map`) running the
+members' steps one after another inside the one program. The loop is the default on CPU: there
+these small steps are memory-bound, and the vmapped step's K-wide arrays outgrow the cache
+(4 members of the main job's 63K-parameter decoder cost 4.6 runs' steps vmapped, 3.75 looped;
+one vmapped member 1.3, looped 1.0; docs/performance.md).
 
 The member axis is whole on every device group by default (each member's rows split over the
 batch axes as a run's are). With `mesh.members: data` it is split over the data axis instead:
@@ -119,6 +126,30 @@ class _Jitted:
     hyper: dict[str, jax.Array]
 
 
+def program_kind(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, axis: str | None) -> str:
+    """ "vmap" or "loop": how this group's program runs its members (`mesh.member_program`;
+    "auto" loops where whole members train on CPU devices)."""
+    chosen = cfg.mesh.member_program
+    if chosen == "auto":
+        on_cpu = mesh.devices.flat[0].platform == "cpu"
+        chosen = "loop" if on_cpu and axis is None else "vmap"
+    return chosen
+
+
+def member_map(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, axis: str | None):
+    """f(member's args) -> f over args with a leading member axis, as `program_kind` says.
+    Members split over a mesh axis are vmapped with that axis's name, so that the vmapped axis
+    of every value inside the step is that mesh axis (its activation constraints gain it in
+    front)."""
+    if program_kind(cfg, mesh, axis) == "vmap":
+        return functools.partial(jax.vmap, spmd_axis_name=axis)
+
+    def loop(f):
+        return lambda *args: jax.lax.map(lambda member_args: f(*member_args), args)
+
+    return loop
+
+
 def _jit_group(
     cfgs: Sequence[ExperimentConfig],
     model: Model,
@@ -173,9 +204,7 @@ def _jit_group(
         k: jax.ShapeDtypeStruct((k_members, *shape), dtypes[k], sharding=batch_sh)
         for k, shape in shapes.items()
     }
-    # Members split over a mesh axis: the vmapped axis of every value inside the step is
-    # that axis's (its activation constraints gain it in front).
-    vmap = functools.partial(jax.vmap, spmd_axis_name=axis)
+    vmap = member_map(cfg, mesh, axis)
     n = cfg.train.steps_per_call
     multi_step = abstract_steps = None
     if n > 1:

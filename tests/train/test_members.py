@@ -12,7 +12,7 @@ import pytest
 
 from scalestudy.config import VALID_CELLS, to_yaml
 from scalestudy.errors import ConfigError
-from scalestudy.train import group, loop, members, rundir, saved
+from scalestudy.train import group, group_program, loop, members, rundir, saved, sharding
 from scalestudy.train.resume import ResumeConfigError
 
 # float32 on a CPU, 8 devices: without dropout a member's first loss equals the run's alone
@@ -57,11 +57,20 @@ def _pair(tiny_cfg, arch="causal_decoder", objective=None, *more):
 
 
 CELLS = [(arch, objective) for arch, objs in VALID_CELLS.items() for objective in objs]
+# Every cell with the CPU's default program (the members looped); the batched program on one
+# decoder and the encoder-decoder.
+PROGRAMS = [(*cell, "auto") for cell in CELLS] + [
+    ("causal_decoder", None, "vmap"),
+    ("encoder_decoder", "plm", "vmap"),
+]
 
 
-@pytest.mark.parametrize(("arch", "objective"), CELLS)
-def test_a_group_trains_each_member_as_it_trains_alone(tiny_cfg, tmp_path, arch, objective):
-    cfgs = _pair(tiny_cfg, arch, objective, "model.dropout=0.0")
+@pytest.mark.parametrize(("arch", "objective", "program"), PROGRAMS)
+def test_a_group_trains_each_member_as_it_trains_alone(
+    tiny_cfg, tmp_path, arch, objective, program
+):
+    cfgs = _pair(tiny_cfg, arch, objective, "model.dropout=0.0",
+                 f"mesh.member_program={program}")  # fmt: skip
     results = group.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
     for i, cfg in enumerate(cfgs):
         alone = loop.train(cfg, tmp_path / f"a{i}")
@@ -78,6 +87,17 @@ def test_a_group_trains_each_member_as_it_trains_alone(tiny_cfg, tmp_path, arch,
         assert recorded == (tmp_path / f"a{i}" / rundir.CONFIG).read_text()
     # The members differ (seed and rate): the group did not train one model twice.
     assert not np.allclose(losses(tmp_path / "g0"), losses(tmp_path / "g1"))
+
+
+def test_the_cpu_loops_whole_members_and_vmaps_split_ones(tiny_cfg):
+    mesh = sharding.make_mesh(tiny_cfg("causal_decoder", None).mesh)
+    cfg = tiny_cfg("causal_decoder", None)
+    assert group_program.program_kind(cfg, mesh, None) == "loop"
+    assert group_program.program_kind(cfg, mesh, "data") == "vmap"
+    vmapped = tiny_cfg("causal_decoder", None, "mesh.member_program=vmap")
+    assert group_program.program_kind(vmapped, mesh, None) == "vmap"
+    with pytest.raises(ConfigError, match=r"member_program='loop'.*mesh\.members='data'"):
+        tiny_cfg("causal_decoder", None, "mesh.member_program=loop", "mesh.members=data")
 
 
 def test_one_member_is_an_ordinary_run_bit_for_bit(tiny_cfg, tmp_path):
