@@ -46,6 +46,7 @@ def packed_batch(length: int = 16, src: int = 12, prefix: int = 3, seed: int = 0
     enc_seg, enc_pos = _segments(src, src // 2, 2)
     targets = rng.integers(1, VOCAB, seg.shape).astype(np.int32) * (seg > 0)
     inputs = np.where(pos == 0, 0, np.roll(targets, 1, axis=1))
+    sources = rng.integers(1, VOCAB, enc_seg.shape).astype(np.int32) * (enc_seg > 0)
     return {
         "decoder_input_tokens": inputs,
         "decoder_target_tokens": targets,
@@ -53,7 +54,7 @@ def packed_batch(length: int = 16, src: int = 12, prefix: int = 3, seed: int = 0
         "decoder_segment_ids": seg,
         "decoder_positions": pos,
         "decoder_causal_attention": ((pos < prefix) & (seg > 0)).astype(np.int32),
-        "encoder_input_tokens": rng.integers(1, VOCAB, enc_seg.shape).astype(np.int32) * enc_seg,
+        "encoder_input_tokens": sources,
         "encoder_segment_ids": enc_seg,
         "encoder_positions": enc_pos,
     }
