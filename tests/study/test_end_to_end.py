@@ -1,7 +1,9 @@
 """The main job in miniature: `scalestudy study` trains, evaluates, fits, plots and reports."""
 
 import json
+import re
 import shutil
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,78 @@ def test_tiny_study_end_to_end(one_process, capsys):
     capsys.readouterr()
     assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(out)]) == 0
     assert "4 of 4 runs already done; 0 to go" in capsys.readouterr().out
+
+
+class _Page(HTMLParser):
+    """What a browser would build of report.html: tags that do not close in order, the
+    images, the headings' text."""
+
+    VOID = frozenset({"br", "col", "hr", "img", "input", "link", "meta", "source", "wbr"})
+
+    def __init__(self):
+        super().__init__()
+        self.open, self.misnested, self.images, self.headings = [], [], [], []
+        self._heading: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        if re.fullmatch(r"h[1-6]", tag):
+            self._heading = ""
+        if tag not in self.VOID:
+            self.open.append(tag)
+
+    def handle_endtag(self, tag):
+        if re.fullmatch(r"h[1-6]", tag) and self._heading is not None:
+            self.headings.append(self._heading.strip())
+            self._heading = None
+        if self.open and self.open[-1] == tag:
+            self.open.pop()
+        else:
+            self.misnested.append(f"</{tag}> where {self.open[-1:]} is open")
+
+    def handle_data(self, data):
+        if self._heading is not None:
+            self._heading += data
+
+
+def _cells(row: str) -> int:
+    return len(re.split(r"(?<!\\)\|", row.strip())) - 2
+
+
+def _ragged_table_rows(md: str) -> list[str]:
+    """Markdown table rows whose cell count is not their header's (an unescaped '|' in a
+    cell): the HTML table drops or pads their cells without a word."""
+    lines, bad = md.splitlines(), []
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("|") and re.fullmatch(r"\|[-|: ]+\|", lines[i + 1]):
+            width = _cells(line)
+            for row in lines[i + 2 :]:
+                if not row.startswith("|"):
+                    break
+                if _cells(row) != width:
+                    bad.append(row)
+    return bad
+
+
+@pytest.mark.slow
+def test_the_html_report_is_whole_and_holds_what_the_markdown_holds(one_process):
+    """Offline in place of a browser: report.html's tags nest, every image it shows is a file
+    of the study, every heading of report.md is a heading there, and no table row of
+    report.md has more or fewer cells than its header."""
+    _, out = one_process
+    md = (out / "report.md").read_text()
+    page = _Page()
+    page.feed((out / "report.html").read_text())
+    page.close()
+    assert page.misnested == [] and page.open == []
+    assert page.images and len(page.images) == md.count("![")
+    assert [src for src in page.images if not (out / src).is_file()] == []
+    headings = [line.lstrip("#").strip().replace("`", "") for line in md.splitlines()
+                if line.startswith("#")]  # fmt: skip
+    assert headings and headings == page.headings
+    assert _ragged_table_rows(md) == []
+    assert _ragged_table_rows("| a | b |\n|---|---|\n| 1 | x | y |\n") != []  # it can fail
 
 
 @pytest.mark.slow
