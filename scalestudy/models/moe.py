@@ -47,6 +47,17 @@ DROPLESS_CAPACITY = 0.5
 # Dropless grouping: None picks by platform (blocks on a CPU, `ragged_dot` elsewhere); True or
 # False forces `ragged_dot` or blocks (tests compare the two).
 RAGGED_DOT: bool | None = None
+# The routed experts' compute dtype: None picks by platform (float32 on a CPU, where XLA:CPU
+# runs the dispatch's batched products and gathers slower in bfloat16: docs/performance.md;
+# the model's compute dtype elsewhere); a dtype name forces it. Outputs return to the latter.
+EXPERT_DTYPE: str | None = None
+
+
+def expert_dtype(compute: Any) -> Any:
+    """The dtype the routed experts compute in for a model computing in `compute`."""
+    if EXPERT_DTYPE is not None:
+        return jnp.dtype(EXPERT_DTYPE)
+    return jnp.dtype(jnp.float32) if platform() == "cpu" else jnp.dtype(compute)
 
 
 class Routing(NamedTuple):
@@ -148,9 +159,9 @@ class MoE(nnx.Module):
         return route_switch(logits_BLE, m.top_k, m.load_balance_loss, m.router_z_loss)
 
     def _weights(self) -> tuple[jax.Array, jax.Array]:
-        """The experts' input projection [E, D, F] (gated: both, [E, D, 2F], so that they run
-        as one product of twice the width) and output projection [E, F, D], compute dtype."""
-        dt = self.dtype
+        """The experts' input projection [E, D, F] (gated: both, [E, D, 2F], one product of
+        twice the width) and output projection [E, F, D], in `expert_dtype`."""
+        dt = expert_dtype(self.dtype)
         w_up = self.wi_0[...]
         if self.gated:
             w_up = jnp.concatenate([w_up, self.wi_1[...]], axis=-1)
@@ -187,11 +198,12 @@ class MoE(nnx.Module):
         weights = self._weights()
         if m.dispatch == "capacity" and (axes := exchange_axes(b)):
             ffn = lambda x, *w: self._ffn(x, _einsum_experts, *w)
+            x_in = x_BLD.astype(weights[0].dtype)
             y_BLD, dropped = expert_parallel(
-                axes, ffn, x_BLD, routing.expert_TK, routing.gate_TK, weights, m.capacity_factor
+                axes, ffn, x_in, routing.expert_TK, routing.gate_TK, weights, m.capacity_factor
             )
         else:
-            x_TD = x_BLD.reshape(t, d)
+            x_TD = x_BLD.reshape(t, d).astype(weights[0].dtype)
             if m.dispatch == "capacity":
                 y_TD, dropped = self._capacity(x_TD, routing, weights)
             else:

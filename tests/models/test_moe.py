@@ -147,6 +147,36 @@ def test_dropless_equals_capacity_when_nothing_is_dropped(monkeypatch):
         np.testing.assert_array_equal(dropless[1]["load_E"], capacity[1]["load_E"])
 
 
+def test_on_a_cpu_the_experts_of_a_bfloat16_model_compute_in_float32(monkeypatch):
+    """Only the precision changes: the layer of a bfloat16 model is the float32 model's within
+    bfloat16's rounding whichever dtype its experts use, and closer to it with float32
+    experts (the CPU's default)."""
+    assert jax.default_backend() == "cpu"
+    assert moe.expert_dtype(jnp.bfloat16) == jnp.float32
+    monkeypatch.setattr(moe, "EXPERT_DTYPE", "bfloat16")
+    assert moe.expert_dtype(jnp.float32) == jnp.bfloat16
+    cfg = moe_cfg()
+    x = _x()
+
+    def output(dtype: str, experts: str | None) -> tuple[np.ndarray, np.ndarray]:
+        monkeypatch.setattr(moe, "EXPERT_DTYPE", experts)
+        layer_cfg = cfg.replace(dtype=dtype)
+        with nnx.use_eager_sharding(False):
+            layer = nnx.jit(lambda: moe.MoE(layer_cfg, ParamInit.from_key(jax.random.key(0))))()
+        y, stats = nnx.jit(lambda m, x: m(x))(layer, x)
+        return np.asarray(y, np.float32), np.asarray(stats["load_E"])
+
+    reference, load = output("float32", None)
+    float32_experts, load32 = output("bfloat16", None)
+    bfloat16_experts, _ = output("bfloat16", "bfloat16")
+    scale = np.abs(reference).max()
+    error32 = np.abs(float32_experts - reference).max() / scale
+    error16 = np.abs(bfloat16_experts - reference).max() / scale
+    assert error16 < 0.05 and error32 < 0.05  # one function, at two precisions
+    assert error32 < error16, (error32, error16)
+    assert (load32 == load).all()  # the router is float32 in every model
+
+
 def test_block_matmul_computes_the_filled_blocks_and_their_exact_gradients():
     rows, blocks, filled = 4, 5, 3
     x = jax.random.normal(jax.random.key(1), (rows * blocks, 6))
