@@ -315,11 +315,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (stops.Stopped, KeyboardInterrupt) as e:  # KeyboardInterrupt: a second Ctrl-C
-        signum = getattr(e, "signum", signal.SIGINT)
-        print(f"stopped: {stops.Stopped(signum)}", file=sys.stderr)
-        if argv is None:  # the command itself: no interpreter shutdown (see stops.leave)
-            stops.leave(128 + signum)
-        return 128 + signum
+        return _stopped(getattr(e, "signum", signal.SIGINT), argv)
+    except Exception:
+        # A library that wraps what its callbacks raise (pydantic's JSON serializer turns a
+        # Stopped raised inside a field's callback into an error of its own) still ends as a
+        # stop once a stop signal came.
+        signum = stops.pending()
+        if signum is None:
+            raise
+        return _stopped(signum, argv)
+
+
+def _stopped(signum: int, argv: list[str] | None) -> int:
+    print(f"stopped: {stops.Stopped(signum)}", file=sys.stderr)
+    if argv is None:  # the command itself: no interpreter shutdown (see stops.leave)
+        stops.leave(128 + signum)
+    return 128 + signum
 
 
 if __name__ == "__main__":

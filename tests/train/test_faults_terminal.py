@@ -11,9 +11,11 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from scalestudy import cli
 from scalestudy.config import to_yaml
 from scalestudy.errors import ScalestudyError
 from scalestudy.train import logfile, loop, rundir, saved, stops
@@ -354,6 +356,32 @@ def test_a_signal_during_start_up_stops_with_one_line(tiny_cfg, tmp_path, signum
     assert status == 128 + signum, err
     assert len(lines) == 1 and lines[0].startswith("stopped: "), err
     assert signal.Signals(signum).name in lines[0]
+
+
+def test_a_signal_a_library_wrapped_in_its_own_error_still_stops(monkeypatch, capsys):
+    """pydantic's JSON serializer turns a Stopped raised inside a field's callback (the
+    signal arriving there) into a PydanticSerializationError: once a stop signal came, the
+    command stops with its one line; without one, the error is the library's own."""
+    from pydantic import BaseModel, Field
+    from pydantic_core import PydanticSerializationError
+
+    def raise_stop(value):
+        raise stops.Stopped(signal.SIGINT)
+
+    class Section(BaseModel):
+        x: int = Field(1, exclude_if=raise_stop)
+
+    def command(args):
+        Section().model_dump_json()
+
+    monkeypatch.setattr(cli, "parse_args", lambda argv: SimpleNamespace(fn=command))
+    monkeypatch.setattr(cli.cli_args, "check_environment", lambda: None)
+    with pytest.raises(PydanticSerializationError, match=r"SIGINT received"):
+        cli.main(["train"])  # no signal came: the library's error, as it was
+    monkeypatch.setattr(stops, "_caught", [signal.SIGINT])
+    assert cli.main(["train"]) == 128 + signal.SIGINT
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT received")
 
 
 def test_a_swallowed_signal_still_stops_the_run_at_its_first_step(tiny_cfg, tmp_path):
