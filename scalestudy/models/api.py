@@ -38,8 +38,7 @@ def _module(cfg: ModelConfig, rng: jax.Array) -> nnx.Module:
     with nnx.use_eager_sharding(False):
         if cfg.arch == "encoder_decoder":
             return EncoderDecoder(cfg, init)
-        mirrored = cfg.arch == "noncausal_decoder" and cfg.rel_prefix_buckets == "mirrored"
-        return Decoder(cfg, "prefix" if mirrored else "causal", init)
+        return Decoder(cfg, masks.decoder_mode(cfg), init)
 
 
 def _segments(batch: Batch, prefix: str, tokens: jax.Array) -> jax.Array:

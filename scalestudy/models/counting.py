@@ -28,6 +28,7 @@ from typing import Any
 
 from scalestudy.config import ExperimentConfig, ModelConfig
 from scalestudy.data.objectives import feature_lengths
+from scalestudy.models.masks import decoder_mode
 
 
 def _attention_params(cfg: ModelConfig) -> int:
@@ -91,9 +92,7 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
         stacks = encoder + decoder
         ffn = [("encoder", enc), ("decoder", n)]
     else:
-        # The table api._module builds: mirrored buckets only for rel_prefix_buckets "mirrored".
-        mirrored = cfg.arch == "noncausal_decoder" and cfg.rel_prefix_buckets == "mirrored"
-        stacks = n * (attn + 2 * d) + d + _relpos_params(cfg, "prefix" if mirrored else "causal")
+        stacks = n * (attn + 2 * d) + d + _relpos_params(cfg, decoder_mode(cfg))
         ffn = [("decoder", n)]
     total = stacks + sum(_ffn_params(cfg, name, depth) for name, depth in ffn)
     active = stacks + sum(_ffn_params(cfg, name, depth, True) for name, depth in ffn)

@@ -26,11 +26,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
+if TYPE_CHECKING:
+    from scalestudy.config import ModelConfig
+
 LAYER_DIRECTIONS = ("forward", "backward")  # "mixed_layers": layer i goes LAYER_DIRECTIONS[i % 2]
+
+
+def decoder_mode(cfg: ModelConfig) -> str:
+    """A decoder-only model's stack mode: "prefix" where the non-causal
+    decoder's prefix gets mirrored relative-position buckets, else "causal"; the table
+    `api._module` builds and `counting.py` counts."""
+    mirrored = cfg.arch == "noncausal_decoder" and cfg.rel_prefix_buckets == "mirrored"
+    return "prefix" if mirrored else "causal"
 
 
 def causal(q_len: int, k_len: int | None = None) -> jnp.ndarray:

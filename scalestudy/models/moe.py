@@ -196,14 +196,14 @@ class MoE(nnx.Module):
             self.sow(nnx.Intermediate, "expert_BLK", routing.expert_TK.reshape(b, length, k))
         count_E = jnp.bincount(routing.expert_TK.reshape(-1), length=e)
         weights = self._weights()
+        x_in = x_BLD.astype(weights[0].dtype)  # the experts' dtype
         if m.dispatch == "capacity" and (axes := exchange_axes(b)):
             ffn = lambda x, *w: self._ffn(x, _einsum_experts, *w)
-            x_in = x_BLD.astype(weights[0].dtype)
             y_BLD, dropped = expert_parallel(
                 axes, ffn, x_in, routing.expert_TK, routing.gate_TK, weights, m.capacity_factor
             )
         else:
-            x_TD = x_BLD.reshape(t, d).astype(weights[0].dtype)
+            x_TD = x_in.reshape(t, d)
             if m.dispatch == "capacity":
                 y_TD, dropped = self._capacity(x_TD, routing, weights)
             else:

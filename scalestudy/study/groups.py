@@ -3,8 +3,8 @@
 Runs that share every key but the member keys (seeds, learning rate and the optimizer's other
 numbers) train together, at most `members` at a time; each stays a run of its own (its run
 directory, its registry row). `study.members: auto` groups up to `AUTO_MEMBERS` runs; `1`
-trains every run alone. A study given its own
-`train_fn` trains every run alone (the group trainer is the package's).
+trains every run alone. A study given its own `train_fn` trains every run alone (the group
+trainer is the package's).
 """
 
 from __future__ import annotations

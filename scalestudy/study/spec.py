@@ -334,8 +334,7 @@ class StudySpec(Frozen):
     stages: StagesSpec | None = None  # adaptation and finetuning after pretraining
     lr_search: LrSearchConfig | None = None  # rates chosen on held-out text first
     # Runs that differ only in seeds or optimizer numbers train as members of one program
-    # (study/groups.py): "auto" (up to 8 per group), a most per group, or 1
-    # (each alone).
+    # (study/groups.py): "auto" (up to 8 per group), a most per group, or 1 (each alone).
     members: Literal["auto"] | int = "auto"
 
     @model_validator(mode="before")

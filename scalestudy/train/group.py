@@ -6,7 +6,7 @@ The loop is the single run's (train/loop.py): dispatch step t, read step t-1's m
 run the hooks due at t. Each member is a `loop.Run` without a program of its own: its data
 iterator, metrics, checkpoints, totals and summary are its own; the group holds the stacked
 train state and calls the program once per step for all of them. The hooks run once for the
-group (one vmapped validation pass) and write into each member's row.
+group (one validation pass over every member) and write into each member's row.
 
 Faults are per member. A member whose loss is not finite stops alone: its last good
 checkpoint is kept, its error names it, the others go on. A signal saves every member at
@@ -296,7 +296,8 @@ class Group:
                 m.write_row(t)
 
     def validate(self, step: int) -> None:
-        """Every member's validation metrics from one vmapped pass over their batches."""
+        """Every member's validation metrics from one pass of the group's program over
+        their batches."""
         t = time.perf_counter()
         params = self.state["params"]
         sums = jax.device_get([self.program.eval_step(params, b) for b in self.val_batches])

@@ -204,7 +204,7 @@ def _jit_group(
         k: jax.ShapeDtypeStruct((k_members, *shape), dtypes[k], sharding=batch_sh)
         for k, shape in shapes.items()
     }
-    vmap = member_map(cfg, mesh, axis)
+    over_members = member_map(cfg, mesh, axis)
     n = cfg.train.steps_per_call
     multi_step = abstract_steps = None
     if n > 1:
@@ -214,21 +214,21 @@ def _jit_group(
             for k, shape in shapes.items()
         }
         multi_step = jax.jit(
-            vmap(member_steps),
+            over_members(member_steps),
             in_shardings=(group_sh, steps_sh, replicated),
             out_shardings=(group_sh, replicated),
             donate_argnums=0,
         )
     return _Jitted(
-        init=jax.jit(vmap(lambda s: step.init_state(model, tx, s)), out_shardings=group_sh),
+        init=jax.jit(over_members(lambda s: step.init_state(model, tx, s)), out_shardings=group_sh),
         train_step=jax.jit(
-            vmap(member_step),
+            over_members(member_step),
             in_shardings=(group_sh, batch_sh, replicated),
             out_shardings=(group_sh, replicated),
             donate_argnums=0,
         ),
         eval_step=jax.jit(
-            vmap(step.make_eval_step(cfg, model)),
+            over_members(step.make_eval_step(cfg, model)),
             in_shardings=(group_sh["params"], batch_sh),
             out_shardings=replicated,
         ),
