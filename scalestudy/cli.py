@@ -101,7 +101,8 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--search",
         action="store_true",
-        help="--topology: rank every data x fsdp x tensor and remat policy by estimated step time",
+        help="--topology: rank every data x fsdp x tensor and remat policy by estimated step time "
+        "(mesh.AXIS=N or model.remat=P given as overrides are held)",
     )
     p.add_argument(
         "--members",

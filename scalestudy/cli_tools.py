@@ -126,7 +126,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.search:  # every mesh and remat policy of the slice, ranked
         from scalestudy.train.plan_search import main as search
 
-        return search(cfg, args.topology, args.json)
+        return search(cfg, args.topology, args.json, args.overrides)
     plan = compile_plan(
         cfg, topology=args.topology, costs=not args.memory_only, members=args.members
     )

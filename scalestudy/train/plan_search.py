@@ -17,6 +17,10 @@ the remat policies `REMATS`. Pruning, cheapest test first:
 
 The rest are ranked by the roofline's estimated step time, fastest first, and the winner's
 config lines are printed to paste into an experiment YAML.
+
+A search can be narrowed where compiles are slow (an 11B model's plan compiles in minutes on a
+CPU host): a mesh axis or the remat policy given on the command line (`mesh.data=1`,
+`model.remat=save_attention`) is held at that value and only the rest are searched.
 """
 
 from __future__ import annotations
@@ -33,10 +37,29 @@ LEANEST_FIRST = ("full", "minimal", "save_attention", "none")
 AXES = ("data", "fsdp", "expert", "tensor")
 
 
-def factorisations(chips: int, cfg: ExperimentConfig) -> list[tuple[int, int, int, int]]:
+def held(overrides: list[str] | None) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The mesh axes and remat policy that command-line overrides fix: ({axis: size}, the
+    policies left to try)."""
+    axes, remats = {}, REMATS
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if key.startswith("mesh.") and key[5:] in AXES:
+            axes[key[5:]] = int(value)
+        elif key == "model.remat":
+            if value not in REMATS:
+                raise ConfigError(f"model.remat: got {value!r}; accepted: {', '.join(REMATS)}")
+            remats = (value,)
+    return axes, remats
+
+
+def factorisations(
+    chips: int, cfg: ExperimentConfig, fixed: dict[str, int] | None = None
+) -> list[tuple[int, int, int, int]]:
     """(data, fsdp, expert, tensor) with a product of `chips` that the model and batch allow:
     tensor divides the heads, d_ff (and the experts' width), expert divides the routed
-    experts (1 for a dense model), data x fsdp x expert divides the batch."""
+    experts (1 for a dense model), data x fsdp x expert divides the batch; with `fixed`,
+    only those whose named axes have the given sizes."""
     m, batch = cfg.model, cfg.train.batch_size
     widths = (m.n_heads, m.d_ff) + ((m.moe.width(m.d_ff),) if m.moe.enabled else ())
     experts = m.moe.routed_experts if m.moe.enabled else 1
@@ -51,7 +74,10 @@ def factorisations(chips: int, cfg: ExperimentConfig) -> list[tuple[int, int, in
             rest = per // expert
             out += [(rest // fsdp, fsdp, expert, tensor) for fsdp in range(1, rest + 1)
                     if rest % fsdp == 0]  # fmt: skip
-    return out
+    fixed = fixed or {}
+    return [
+        m for m in out if all(dict(zip(AXES, m, strict=True))[a] == n for a, n in fixed.items())
+    ]
 
 
 def label(mesh: tuple[int, ...], cfg: ExperimentConfig) -> str:
@@ -67,20 +93,25 @@ def candidate(cfg: ExperimentConfig, mesh: tuple[int, ...], remat: str) -> Exper
 
 
 def search(
-    cfg: ExperimentConfig, topology: str, remats: tuple[str, ...] = REMATS
+    cfg: ExperimentConfig,
+    topology: str,
+    remats: tuple[str, ...] = REMATS,
+    fixed: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Every candidate plan of `cfg` on `topology`: {"ranked": plans with a roofline, fastest
-    first; "pruned": the others, each with why; "winner": the config lines of the fastest;
-    "compiles": programs compiled for it (their cost probes aside)}."""
+    """Every candidate plan of `cfg` on `topology` (the meshes whose axes in `fixed` have
+    those sizes): {"ranked": plans with a roofline, fastest first; "pruned": the others, each
+    with why; "winner": the config lines of the fastest; "compiles": programs compiled for it
+    (their cost probes aside)}."""
     from scalestudy.train.aot import compile_plan, resolve_topology, state_plan
 
     chips = resolve_topology(topology)[1]
-    meshes = factorisations(chips, cfg)
+    meshes = factorisations(chips, cfg, fixed)
     if not meshes:
+        held_text = "".join(f", mesh.{a}={n} held" for a, n in (fixed or {}).items())
         raise ConfigError(
             f"compile --search: no data x fsdp x tensor of {chips} chips divides the batch "
             f"({cfg.train.batch_size}), the heads ({cfg.model.n_heads}) and d_ff "
-            f"({cfg.model.d_ff}); change train.batch_size"
+            f"({cfg.model.d_ff}){held_text}; change train.batch_size or the held axes"
         )
     ranked, pruned, compiles = [], [], 0
     order = sorted(remats, key=LEANEST_FIRST.index)
@@ -129,11 +160,15 @@ def search(
             "winner": winner, "compiles": compiles}  # fmt: skip
 
 
-def main(cfg: ExperimentConfig, topology: str | None, as_json: bool) -> int:
-    """`compile --search`: print the search's table (or JSON)."""
+def main(
+    cfg: ExperimentConfig, topology: str | None, as_json: bool, overrides: list[str] | None = None
+) -> int:
+    """`compile --search`: print the search's table (or JSON); the mesh axes and remat policy
+    that `overrides` set are held."""
     if not topology:
         raise ConfigError("compile --search plans a TPU slice: give --topology too (e.g. v5e-8)")
-    found = search(cfg, topology)
+    fixed, remats = held(overrides)
+    found = search(cfg, topology, remats, fixed)
     print(json.dumps(found, indent=2) if as_json else render(found, cfg))
     return 0
 
