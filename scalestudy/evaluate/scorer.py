@@ -92,7 +92,11 @@ class Scorer:
         context, and `pair_context` pointing each pair at its context.
 
         Distinct contexts are padded (repeating the first) to the batch shards times a power
-        of two (or the batch's rows), so that a handful of compiled shapes serve every task.
+        of two, at least a quarter of the batch's rows and at most all of them, so that a
+        handful of compiled shapes serve every task: a call of few contexts (a run of one
+        long context's choices, a task's last pairs) takes the shape of a four-choice
+        task's calls instead of one of its own (15 compiled shapes to 11 for the smoke
+        study's encoder-decoder probes), and encodes at most a quarter of its rows more.
         """
         out = {k: v for k, v in batch.items() if not k.startswith("encoder_")}
         encoder = sorted(k for k in batch if k.startswith("encoder_"))
@@ -102,7 +106,7 @@ class Scorer:
         contexts = np.concatenate([batch[k] for k in encoder], axis=1)
         _, first, pair_context = np.unique(contexts, axis=0, return_index=True, return_inverse=True)
         size = self.shards
-        while size < len(first):
+        while size < max(len(first), rows // 4):
             size *= 2
         keep = np.concatenate([first, np.full(min(size, rows) - len(first), first[0])])
         out |= {k: batch[k][keep] for k in encoder}

@@ -85,6 +85,10 @@ def test_encoder_decoder_encodes_each_context_once_with_equal_scores() -> None:
     np.testing.assert_array_equal(
         sent["encoder_input_tokens"][sent["pair_context"]], full["encoder_input_tokens"]
     )
+    # A call of one context (64 rows) takes a quarter of its rows (the shape of a 4-choice task's
+    # calls), not a shape of its own.
+    one, _ = scoring_batch(scorer.cfg, [contexts[0]] * 64, [[30]] * 64)
+    assert len(scorer._distinct_contexts(one)["encoder_input_tokens"]) == max(16, scorer.shards)
     lp, n_tok, correct, _ = scorer(inputs, targets, owner)
     # The per-pair path: every pair encodes its own copy of its context.
     reference = jax.device_get(jax.jit(model.score)(params, full))
