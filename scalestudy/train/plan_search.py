@@ -26,6 +26,7 @@ CPU host): a mesh axis or the remat policy given on the command line (`mesh.data
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from scalestudy.config import ExperimentConfig
@@ -92,6 +93,23 @@ def candidate(cfg: ExperimentConfig, mesh: tuple[int, ...], remat: str) -> Exper
     return cfg.replace(mesh=cfg.mesh.replace(**sizes), model=cfg.model.replace(remat=remat))
 
 
+def _progress(n: int, row: dict[str, Any], plan: dict[str, Any]) -> None:
+    """One line on stderr per compiled candidate: a search of a large model runs for hours,
+    and what it has found is kept in the log if it is stopped."""
+    roof = plan.get("roofline") or {}
+    found = (
+        f"est. step {roof['est_step_s']:.4g} s, MFU {roof['est_mfu']:.3f}, {roof.get('bound')}"
+        if "est_step_s" in roof
+        else plan.get("compiler") or "does not fit"
+    )
+    print(
+        f"search [{n}] {row['mesh']} remat {row['remat']}: "
+        f"{plan.get('total_gib_per_chip')} GiB per chip; {found}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def search(
     cfg: ExperimentConfig,
     topology: str,
@@ -132,6 +150,7 @@ def search(
             plan = compile_plan(candidate(cfg, mesh, row["remat"]), topology, costs="fits")
             compiles += 1
             row["total_gib_per_chip"] = plan.get("total_gib_per_chip")
+            _progress(compiles, row, plan)
             if not plan.get("fits", False):
                 too_big = row["remat"]
                 why = plan.get("compiler") or (

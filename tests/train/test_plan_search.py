@@ -95,7 +95,7 @@ def test_search_ranks_by_estimated_step_time_prunes_what_does_not_fit(monkeypatc
     assert text.index(ranked[0]["mesh"]) < text.index("pruned") < text.index("winner")
 
 
-def test_a_mesh_whose_state_alone_overflows_is_pruned_uncompiled(monkeypatch):
+def test_a_mesh_whose_state_alone_overflows_is_pruned_uncompiled(monkeypatch, capsys):
     """Replicated state (all data) overflows a chip that fsdp 4's quarter of it fits."""
     from scalestudy.train import aot
 
@@ -110,6 +110,10 @@ def test_a_mesh_whose_state_alone_overflows_is_pruned_uncompiled(monkeypatch):
     for row in found["pruned"]:
         assert row["why"].startswith("state alone") == (row["mesh"] in overflow), row
     assert found["compiles"] == len(state) - len(overflow)
+    # One progress line per compiled candidate, none for the pruned uncompiled.
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("search [")]
+    assert len(lines) == found["compiles"]
+    assert not any(f" {mesh} " in x for mesh in overflow for x in lines)
 
 
 def test_an_moe_search_plans_the_expert_axis_and_its_winner_loads(monkeypatch):
