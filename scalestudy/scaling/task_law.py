@@ -331,6 +331,17 @@ def run_variance(sizes: np.ndarray, acc: np.ndarray) -> tuple[float, int]:
     return (ss / df, df) if df else (float("nan"), 0)
 
 
+def _fit_cell(sub: RunTable, tasks: list[str], *args) -> dict:
+    """Every task's law of one cell's runs (`fit_task`'s arguments after the task)."""
+    out = {}
+    for task in tasks:
+        try:
+            out[task] = fit_task(sub, task, *args)
+        except ScalingDataError as e:
+            out[task] = {"skipped": str(e)}
+    return out
+
+
 def fit_task_laws(
     table: RunTable,
     s,
@@ -339,26 +350,30 @@ def fit_task_laws(
     loss_metric: str = "task_loss",
     acc_metric: str = "acc",
     tasks: list[str] | None = None,
+    workers: int = 1,
 ) -> dict:
     """Task laws of every task with task loss and accuracy (or of `tasks`), per cell; a task
-    or cell without enough runs is reported skipped with the reason."""
+    or cell without enough runs is reported skipped with the reason. With `workers` > 1 the
+    cells are fitted in that many processes (each fit is seeded on its own: the same
+    numbers as in one process)."""
     tasks = task_names(table, loss_metric, acc_metric) if tasks is None else tasks
     if not tasks:
         raise ScalingDataError(
             f"no task has both eval/<task>/{loss_metric} and eval/<task>/{acc_metric} columns; "
             "task laws need the task loss (normalised NLL of the correct answer) per run"
         )
-    cells = {}
-    for cell in table.cells():
-        sub = table.subset(cell)
-        cells[cell] = {}
-        for task in tasks:
-            try:
-                cells[cell][task] = fit_task(
-                    sub, task, s, form_name, holdout_largest, loss_metric, acc_metric
-                )
-            except ScalingDataError as e:
-                cells[cell][task] = {"skipped": str(e)}
+    subs = {cell: table.subset(cell) for cell in table.cells()}
+    args = (tasks, s, form_name, holdout_largest, loss_metric, acc_metric)
+    if workers > 1 and len(subs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        spawn = multiprocessing.get_context("spawn")  # no forked JAX runtime
+        with ProcessPoolExecutor(min(workers, len(subs)), mp_context=spawn) as pool:
+            futures = {cell: pool.submit(_fit_cell, sub, *args) for cell, sub in subs.items()}
+            cells = {cell: future.result() for cell, future in futures.items()}
+    else:
+        cells = {cell: _fit_cell(sub, *args) for cell, sub in subs.items()}
     return {
         "method": "two-step: task loss law, then a sigmoid from task loss to accuracy",
         "form": form_name,

@@ -8,6 +8,7 @@ and how its report reads.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from scalestudy.evaluate.fewshot import in_context_results
@@ -18,6 +19,10 @@ from scalestudy.scaling.task_law import fit_task_laws, task_names
 # L_t = (N_c / N)^alpha + E, has three parameters and needs one point more; the backtest
 # fits the same law without the largest size.
 MIN_SIZES_FIT = 4
+# Runs x bootstrap resamples from which the cells' task laws are fitted in parallel processes
+# (the main job: 57 runs x 100); below it, one process (a tiny study's fits take under a
+# second, less than starting a process).
+PARALLEL_WORK = 2000
 MIN_SIZES_BACKTEST = MIN_SIZES_FIT + 1
 NO_TASK_LOSS = (
     "no run has a task loss (eval/<task>/task_loss) beside its accuracy: no zero-shot task "
@@ -39,8 +44,12 @@ def study_task_laws(table: RunTable, settings: Any) -> dict[str, Any]:
     tasks = zero_shot_tasks(task_names(table))
     if not tasks:
         return {"skipped": NO_TASK_LOSS}
+    # A main job's bootstraps (two per cell and task: the law and its backtest) take most of
+    # its report's time: fit the cells two or more at a time where there is that much work.
+    heavy = len(table.run_id) * settings.bootstrap >= PARALLEL_WORK
+    workers = min(os.cpu_count() or 1, 4) if heavy else 1
     try:
-        return fit_task_laws(table, settings, holdout_largest=True, tasks=tasks)
+        return fit_task_laws(table, settings, holdout_largest=True, tasks=tasks, workers=workers)
     except ScalingDataError as e:
         return {"skipped": str(e)}
 

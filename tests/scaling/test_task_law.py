@@ -222,3 +222,23 @@ def test_backtest_intervals_cover_retrained_runs_at_the_stated_rate():
         law_only += law[0] <= 0.0 <= law[1]
         assert bt["error_ci"][1] - bt["error_ci"][0] > law[1] - law[0]
     assert 0.90 <= covered / sims <= 1.0 and covered >= law_only
+
+
+def test_task_laws_fitted_in_two_processes_equal_one_process():
+    import json
+
+    t = _task_table(noise=0.02, seed=3)
+    n = len(t.run_id)
+    both = RunTable(
+        [*t.run_id, *(f"b{r}" for r in t.run_id)],
+        ["a"] * n + ["b"] * n,
+        *(np.concatenate([v, v]) for v in (t.N, t.D, t.C, t.loss)),
+        {k: np.concatenate([v, v[::-1]]) for k, v in t.extra.items()},
+    )
+    s = FitSettings(bootstrap=10)
+    one = fit_task_laws(both, s, holdout_largest=True)
+    two = fit_task_laws(both, s, holdout_largest=True, workers=2)
+    assert set(one["cells"]) == {"a", "b"}
+    assert json.dumps(two, sort_keys=True, default=str) == json.dumps(
+        one, sort_keys=True, default=str
+    )
