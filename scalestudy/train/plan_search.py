@@ -165,7 +165,8 @@ def search(
                 continue
             ranked.append(
                 {**row, "est_step_s": roof["est_step_s"], "est_mfu": roof["est_mfu"],
-                 "bound": roof.get("bound"), "sizes": dict(zip(AXES, mesh, strict=True))}
+                 "bound": roof.get("bound"), "sizes": dict(zip(AXES, mesh, strict=True)),
+                 **{k: roof.get(k) for k in ("compute_s", "memory_s", "communication_s")}}
             )  # fmt: skip
     ranked.sort(key=lambda r: r["est_step_s"])
     winner = None
@@ -199,12 +200,17 @@ def render(result: dict[str, Any], cfg: ExperimentConfig) -> str:
     lines = [
         f"plans on {result['topology']} ({result['chips']} chips), fastest first "
         f"(roofline estimate; {result['compiles']} programs compiled):",
-        f"{axes:>{width}} {'remat':>16} {'GiB/chip':>9} {'step s':>10} {'MFU':>7}  bound",
+        f"{axes:>{width}} {'remat':>16} {'GiB/chip':>9} {'step s':>10} {'MFU':>7}  "
+        f"{'compute':>9} {'memory':>9} {'comm':>9}  bound",
     ]
     for r in result["ranked"]:
+        terms = " ".join(
+            f"{r.get(k) if r.get(k) is not None else '-':>9}"
+            for k in ("compute_s", "memory_s", "communication_s")
+        )
         lines.append(
             f"{r['mesh']:>{width}} {r['remat']:>16} {r['total_gib_per_chip']:>9} "
-            f"{r['est_step_s']:>10.4g} {r['est_mfu']:>7.3f}  {r['bound']}"
+            f"{r['est_step_s']:>10.4g} {r['est_mfu']:>7.3f}  {terms}  {r['bound']}"
         )
     if result["pruned"]:
         lines += ["pruned (do not fit or refused):"]

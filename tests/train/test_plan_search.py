@@ -76,6 +76,9 @@ def test_search_ranks_by_estimated_step_time_prunes_what_does_not_fit(monkeypatc
     assert all(r["total_gib_per_chip"] <= 0.0095 for r in ranked)
     steps = [r["est_step_s"] for r in ranked]
     assert steps == sorted(steps)
+    # The roofline's three terms are shown beside the step, which none of them exceeds.
+    terms = ("compute_s", "memory_s", "communication_s")
+    assert all(r["est_step_s"] >= max(r[k] for k in terms) * (1 - 1e-3) for r in ranked)
     # Remat none keeps more than full: where full does not fit, none is not compiled.
     full_out = {p["mesh"] for p in pruned if p["remat"] == "full"}
     assert all(
