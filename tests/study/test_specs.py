@@ -27,15 +27,14 @@ def _expand(name, overrides=()):
     return study, sweep.expand(study, path.parent)
 
 
-@pytest.mark.parametrize("spec", ["smoke.yaml", "smoke_laws.yaml"])
-def test_smoke_fit_laws_have_the_runs_their_flags_ask_for(spec):
-    """The FLM and PLM laws of the main job and of its laws ladder: three runs per fitted
-    parameter (the `points` flag), two or more seeds at every size (`seed`), and tokens per
-    parameter within the `training` flag's ratio across the ladder."""
+def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
+    """The FLM and PLM laws of the main job: three runs per fitted parameter (the `points`
+    flag), two or more seeds at every size (`seed`), and tokens per parameter within the
+    `training` flag's ratio across the ladder."""
     forms = pytest.importorskip("scalestudy.scaling.forms")
     laws = pytest.importorskip("scalestudy.scaling.laws")
     flags = pytest.importorskip("scalestudy.scaling.flags")
-    study, runs = _expand(spec)
+    study, runs = _expand("smoke.yaml")
     need = laws.FitSettings().min_points_per_param
     cells = {(r.arch, r.objective) for r in runs}
     for cell in FLM_PLM & cells:
@@ -52,18 +51,23 @@ def test_smoke_fit_laws_have_the_runs_their_flags_ask_for(spec):
         assert max(n) / min(n) >= 8, cell
 
 
-def test_the_laws_ladder_trains_every_rung_past_the_plateau_with_one_recipe():
-    """smoke_laws.yaml: the main job's rows, batch and optimizer; at least 120 steps at every
-    rung (the smallest rung is on the loss plateau after 64, past it after 128), laws with E."""
-    _, main_runs = _expand("smoke.yaml")
-    study, runs = _expand("smoke_laws.yaml")
+def test_the_main_jobs_decoders_train_every_rung_past_the_plateau_with_one_recipe():
+    """smoke.yaml: one batch, row shape and optimizer for every run; at least 120 steps at
+    every rung of the decoder LM cells (the smallest rung is on the loss plateau after 64,
+    past it after 120), four sizes, laws with E; within a cell and size one rate, and across
+    sizes the width rule's (rate x d_model constant)."""
+    study, runs = _expand("smoke.yaml")
     assert all(law in ("kaplan_n", "kaplan_c") for law in study.fit.laws)
-    assert min(r.cfg.train.steps for r in runs) >= 120 and len({r.size for r in runs}) == 4
+    decoders = [r for r in runs if (r.arch, r.objective) in FLM_PLM - {("encoder_decoder", "plm")}]
+    assert min(r.cfg.train.steps for r in decoders) >= 120
+    assert len({r.size for r in decoders}) == 4
     shape = lambda r: (r.cfg.train.batch_size, r.cfg.objective.inputs_length,
                        r.cfg.objective.targets_length, r.cfg.model.qk_norm,
                        r.cfg.optim.name, r.cfg.optim.schedule)  # fmt: skip
-    assert {shape(r) for r in runs} == {shape(r) for r in main_runs}
-    assert len({round(r.cfg.optim.learning_rate * r.cfg.model.d_model, 9) for r in runs}) == 1
+    assert len({shape(r) for r in runs}) == 1
+    for cell in {(r.arch, r.objective) for r in runs}:
+        mine = [r for r in runs if (r.arch, r.objective) == cell]
+        assert len({round(r.cfg.optim.learning_rate * r.cfg.model.d_model, 9) for r in mine}) == 1
 
 
 def test_smoke_probes_mostly_fit_the_scoring_length():
