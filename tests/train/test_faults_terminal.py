@@ -191,6 +191,7 @@ def test_a_signal_during_a_held_import_stops_once_the_import_is_over(tmp_path, m
     hook = logfile._HeldImport("slow_native", output=False)
     monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
     previous = {s: signal.getsignal(s) for s in stops.SIGNALS}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see below)
     stops.catch()
     try:
         with pytest.raises(stops.Stopped, match="SIGINT"):
@@ -312,6 +313,13 @@ def _catches_sigterm(pid: int) -> bool:
     return False
 
 
+def _as_from_a_terminal() -> None:
+    """A command started from a terminal takes SIGINT's default. The suite itself may run as a
+    background job, whose SIGINT is ignored and stays ignored in what it starts (the command
+    keeps an ignored SIGINT ignored, as Python does)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _signalled_train(tmp_path, cfg, signum, when) -> tuple[int, str]:
     """`scalestudy train` sent `signum` once `when(run directory, pid)` holds; (status, stderr)."""
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
@@ -323,6 +331,7 @@ def _signalled_train(tmp_path, cfg, signum, when) -> tuple[int, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_from_a_terminal,
     )
     deadline = time.monotonic() + 300
     while (
