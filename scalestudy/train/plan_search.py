@@ -38,20 +38,13 @@ LEANEST_FIRST = ("full", "minimal", "save_attention", "none")
 AXES = ("data", "fsdp", "expert", "tensor")
 
 
-def held(overrides: list[str] | None) -> tuple[dict[str, int], tuple[str, ...]]:
-    """The mesh axes and remat policy that command-line overrides fix: ({axis: size}, the
-    policies left to try)."""
-    axes, remats = {}, REMATS
-    for item in overrides or []:
-        key, _, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if key.startswith("mesh.") and key[5:] in AXES:
-            axes[key[5:]] = int(value)
-        elif key == "model.remat":
-            if value not in REMATS:
-                raise ConfigError(f"model.remat: got {value!r}; accepted: {', '.join(REMATS)}")
-            remats = (value,)
-    return axes, remats
+def held(cfg: ExperimentConfig, overrides: list[str] | None) -> tuple[dict[str, int], tuple]:
+    """The mesh axes and remat policy that command-line overrides set, at their values in
+    `cfg` (loaded, so parsed and checked, with those overrides): ({axis: size}, the policies
+    left to try)."""
+    keys = {item.partition("=")[0].strip() for item in overrides or []}
+    axes = {a: getattr(cfg.mesh, a) for a in AXES if f"mesh.{a}" in keys}
+    return axes, (cfg.model.remat,) if "model.remat" in keys else REMATS
 
 
 def factorisations(
@@ -187,7 +180,7 @@ def main(
     that `overrides` set are held."""
     if not topology:
         raise ConfigError("compile --search plans a TPU slice: give --topology too (e.g. v5e-8)")
-    fixed, remats = held(overrides)
+    fixed, remats = held(cfg, overrides)
     found = search(cfg, topology, remats, fixed)
     print(json.dumps(found, indent=2) if as_json else render(found, cfg))
     return 0

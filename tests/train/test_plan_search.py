@@ -45,13 +45,13 @@ def test_an_moe_models_factorisations_add_an_expert_axis_dividing_its_experts():
 
 def test_axes_and_remat_given_as_overrides_are_held():
     over = [*TINY, "mesh.data=1", "model.remat=save_attention"]
-    fixed, remats = plan_search.held(over)
-    assert fixed == {"data": 1} and remats == ("save_attention",)
     cfg = load_config(None, over)
+    fixed, remats = plan_search.held(cfg, over)
+    assert fixed == {"data": 1} and remats == ("save_attention",)
     meshes = plan_search.factorisations(8, cfg, fixed)
     assert meshes == [m for m in plan_search.factorisations(8, cfg) if m[0] == 1]
     assert {(f, t) for _, f, _, t in meshes} == {(8, 1), (4, 2), (2, 4)}
-    assert plan_search.held(TINY) == ({}, plan_search.REMATS)
+    assert plan_search.held(load_config(None, TINY), TINY) == ({}, plan_search.REMATS)
     with pytest.raises(ConfigError, match=r"mesh\.tensor=8 held"):  # 8 cannot split 4 heads
         plan_search.search(cfg, "v5e-8", fixed={"tensor": 8})
 
