@@ -12,10 +12,16 @@ whole calls ride in the next, longer rows, so a task compiles a handful of shape
 An encoder-decoder pair's shape is (encoder, decoder) length; the choices of one context (a
 run of pairs with the same input) share the shape of their longest choice, so that they land
 in the same call and their context is encoded once (`Scorer._distinct_contexts`).
+
+One evaluation's tasks are planned together (`plan_calls` over several fitted parts): a
+task's few calls at a length of its own (an in-context task at one number of
+demonstrations fills ten) ride in the rows of a longer length that other tasks fill, so a run's
+evaluation compiles a handful of shapes in all rather than a handful per task.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +70,8 @@ def _shapes(fitted: Fitted, encdec: bool) -> list[tuple[int, int]]:
     starts = np.flatnonzero(
         [i == 0 or fitted.inputs[i] != fitted.inputs[i - 1] for i in range(len(n_in))]
     )
+    if not len(starts):
+        return []
     longest = np.repeat(np.maximum.reduceat(n_tgt, starts), np.diff([*starts, len(n_tgt)]))
     # An empty context is read as a lone EOS (scoring_batch): one encoder position at least.
     return [
@@ -73,41 +81,56 @@ def _shapes(fitted: Fitted, encdec: bool) -> list[tuple[int, int]]:
 
 
 def plan_calls(
-    fitted: Fitted, *, encdec: bool, rows: int, bucketed: bool = True, min_calls: int = MIN_CALLS
+    fitted: Fitted | Sequence[Fitted],
+    *,
+    encdec: bool,
+    rows: int,
+    bucketed: bool = True,
+    min_calls: int = MIN_CALLS,
 ) -> list[Call]:
     """The calls that score every pair of `fitted` once, `rows` rows (a multiple of the batch
     shards) being the fewest per call; a shorter row length is used only where it fills
-    `min_calls` whole calls. Unbucketed: every call has the fitted lengths and `rows` rows,
-    pairs in order (the reference layout)."""
-    n = len(fitted.inputs)
+    `min_calls` whole calls. Several fitted parts (one evaluation's tasks) are planned
+    together, their pairs indexed as if concatenated in order, and a call's rows never hold
+    more positions than `rows` rows of the longest part's full lengths. Unbucketed: every
+    call has the fitted lengths and `rows` rows, pairs in order (the reference layout; one
+    part only)."""
+    parts = [fitted] if isinstance(fitted, Fitted) else list(fitted)
+    n = sum(len(p.inputs) for p in parts)
     if not bucketed or not n:
-        return [
-            Call(np.arange(s, min(s + rows, n)), fitted.lengths, rows) for s in range(0, n, rows)
-        ]
-    shapes = _shapes(fitted, encdec)
-    budget = rows * sum(fitted.lengths)
+        if len(parts) != 1:
+            raise ValueError("the unbucketed layout scores one fitted part at a time")
+        lengths = parts[0].lengths
+        return [Call(np.arange(s, min(s + rows, n)), lengths, rows) for s in range(0, n, rows)]
+    shapes = [shape for p in parts for shape in _shapes(p, encdec)]
+    budget = rows * max(sum(p.lengths) for p in parts)
     order = sorted(set(shapes))
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, shape in enumerate(shapes):
+        by_shape.setdefault(shape, []).append(i)
+    carried: dict[tuple[int, int], np.ndarray] = {}
     calls = []
-    carried = np.zeros(0, np.int64)
     for k, shape in enumerate(order):
-        members = np.concatenate([carried, [i for i, s in enumerate(shapes) if s == shape]])
+        members = np.concatenate([carried.pop(shape, np.zeros(0, np.int64)), by_shape[shape]])
+        members = members.astype(np.int64)
         most = rows
         while 2 * most * sum(shape) <= budget:
             most *= 2
-        following = order[k + 1] if k + 1 < len(order) else None
-        longer = following is not None and following[0] >= shape[0] and following[1] >= shape[1]
+        # The next length of the ladder that holds these pairs: the first later shape at
+        # least as long in both parts of the row.
+        longer = next((o for o in order[k + 1 :] if o[0] >= shape[0] and o[1] >= shape[1]), None)
         whole = len(members) // most
-        if longer and whole < min_calls:
-            carried = members.astype(np.int64)
-            continue  # too few to pay for a compile: all of them ride in the next rows
+        if longer is not None and whole < min_calls:
+            whole = 0  # too few to pay for a compile: all of them ride in longer rows
         calls += [Call(members[c * most : (c + 1) * most], shape, most) for c in range(whole)]
-        carried = members[whole * most :].astype(np.int64)
-        if longer:
-            continue  # too few for a call of their own: they ride in the next, longer rows
-        if len(carried):
-            size = rows
-            while size < len(carried):  # the fewest rows that hold them
-                size *= 2
-            calls.append(Call(carried, shape, size))
-        carried = np.zeros(0, np.int64)
+        left = members[whole * most :]
+        if not len(left):
+            continue
+        if longer is not None:  # too few for a call of their own: they ride in longer rows
+            carried[longer] = np.concatenate([carried.get(longer, np.zeros(0, np.int64)), left])
+            continue
+        size = rows
+        while size < len(left):  # the fewest rows that hold them
+            size *= 2
+        calls.append(Call(left, shape, size))
     return calls

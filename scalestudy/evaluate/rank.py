@@ -22,7 +22,7 @@ from scalestudy.data.objectives import feature_lengths, scores_zero_shot
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError, not_found
 from scalestudy.evaluate import fewshot
-from scalestudy.evaluate.budget import context_budget, fit_pairs, text_lengths
+from scalestudy.evaluate.budget import Fitted, context_budget, fit_pairs, text_lengths
 from scalestudy.evaluate.examples import Task
 from scalestudy.evaluate.metrics import (
     Scored,
@@ -52,6 +52,70 @@ __all__ = [
 ]
 
 
+@dataclasses.dataclass
+class _Prepared:
+    """One task (at one number of demonstrations) made into pairs, before scoring."""
+
+    task: Task
+    examples: list | None  # None for held-out text
+    shots: list | None
+    inputs: list
+    targets: list
+    owner: np.ndarray
+    fitted: Fitted
+
+
+def _prepare(task: Task, vocab, cfg: ExperimentConfig, max_examples, num_fewshot) -> _Prepared:
+    shots = examples = None
+    if num_fewshot:
+        if task.kind == "text":
+            raise ValueError(f"task {task.name!r} is held-out text: it has no few-shot form")
+        task = dataclasses.replace(task, name=fewshot.task_name(task.name, num_fewshot))
+    if task.kind == "text":
+        context, window = text_lengths(cfg)
+        inputs, targets = text_windows(vocab.encode, task, window, context, max_examples)
+        owner = np.arange(len(inputs))
+    else:
+        examples = limit_examples(task, max_examples)
+        if num_fewshot:
+            examples, shots = _fewshot(task, examples, num_fewshot, vocab, cfg)
+        inputs, targets, owner = tokenize_pairs(vocab.encode, task, examples)
+    fitted = fit_pairs(cfg, inputs, targets, task.name)
+    return _Prepared(task, examples, shots, inputs, targets, owner, fitted)
+
+
+def _finish(
+    p: _Prepared, scores, vocab, cfg: ExperimentConfig, num_fewshot: int, records: list | None
+) -> dict[str, float]:
+    """A prepared task's metrics from its pairs' (logprob, n_tokens, all_correct)."""
+    task, prefix, (lp, n_tok, correct) = p.task, p.task.name, scores
+    truncated = len(set(p.owner[p.fitted.cut].tolist()))
+    scored = Scored(np.asarray(lp), np.asarray(n_tok), np.asarray(correct), p.owner, truncated)
+    if task.kind == "text":
+        n_bytes = [len(vocab.decode(t).encode("utf-8")) for t in p.targets]
+        out = text_metrics(scored, sum(n_bytes), prefix)
+        if records is not None:
+            records += window_records(scored, p.fitted, n_bytes)
+    else:
+        if task.kind == "last_word":
+            out = last_word_metrics(scored, prefix)
+        else:
+            out = choice_metrics(task, p.examples, scored, prefix)
+        out |= task_loss_metrics(task, p.examples, scored, prefix)
+        if p.shots is not None:
+            out |= fewshot.shot_metrics(prefix, num_fewshot, p.shots)
+        if records is not None:
+            kept = example_records(task, p.examples, scored, p.fitted)
+            for record, shown in zip(kept, fewshot.shot_records(task, p.shots or []), strict=False):
+                record |= shown  # how many demonstrations it really got, and which
+            records += kept
+    out[f"{prefix}/truncated"] = truncated
+    out |= beyond_training(cfg, task.name, p.fitted, p.owner)
+    if task.kind == "choice":
+        out |= _identical_choices(task.name, p.examples)
+    return out
+
+
 def evaluate_task(
     task: Task,
     score: ScoreFn,
@@ -70,48 +134,8 @@ def evaluate_task(
     `num_fewshot` K > 0, each context follows K demonstrations (`fewshot.py`). Per-example
     scores are appended to `records` when given. `vocab` is a seqio Vocabulary.
     """
-    shots = None
-    if num_fewshot:
-        if task.kind == "text":
-            raise ValueError(f"task {task.name!r} is held-out text: it has no few-shot form")
-        task = dataclasses.replace(task, name=fewshot.task_name(task.name, num_fewshot))
-    prefix = task.name
-    if task.kind == "text":
-        context, window = text_lengths(cfg)
-        inputs, targets = text_windows(vocab.encode, task, window, context, max_examples)
-        owner = np.arange(len(inputs))
-    else:
-        examples = limit_examples(task, max_examples)
-        if num_fewshot:
-            examples, shots = _fewshot(task, examples, num_fewshot, vocab, cfg)
-        inputs, targets, owner = tokenize_pairs(vocab.encode, task, examples)
-    fitted = fit_pairs(cfg, inputs, targets, task.name)
-    lp, n_tok, correct = score(fitted)
-    truncated = len(set(owner[fitted.cut].tolist()))
-    scored = Scored(np.asarray(lp), np.asarray(n_tok), np.asarray(correct), owner, truncated)
-    if task.kind == "text":
-        n_bytes = [len(vocab.decode(t).encode("utf-8")) for t in targets]
-        out = text_metrics(scored, sum(n_bytes), prefix)
-        if records is not None:
-            records += window_records(scored, fitted, n_bytes)
-    else:
-        if task.kind == "last_word":
-            out = last_word_metrics(scored, prefix)
-        else:
-            out = choice_metrics(task, examples, scored, prefix)
-        out |= task_loss_metrics(task, examples, scored, prefix)
-        if shots is not None:
-            out |= fewshot.shot_metrics(prefix, num_fewshot, shots)
-        if records is not None:
-            kept = example_records(task, examples, scored, fitted)
-            for record, shown in zip(kept, fewshot.shot_records(task, shots or []), strict=False):
-                record |= shown  # how many demonstrations it really got, and which
-            records += kept
-    out[f"{prefix}/truncated"] = truncated
-    out |= beyond_training(cfg, task.name, fitted, owner)
-    if task.kind == "choice":
-        out |= _identical_choices(task.name, examples)
-    return out
+    prepared = _prepare(task, vocab, cfg, max_examples, num_fewshot)
+    return _finish(prepared, score(prepared.fitted), vocab, cfg, num_fewshot, records)
 
 
 def _identical_choices(task: str, examples) -> dict:
@@ -202,14 +226,15 @@ def evaluate_params(
     vocab = get_vocabulary(cfg.data)
     limit = max_examples or cfg.eval.max_examples
     scoring = scoring_config(cfg)
+    # Every task at every number of demonstrations is made into pairs first and all are
+    # scored in one plan (batching.plan_calls), so that they share their compiled shapes.
+    shots = [k for task in loaded for k in shot_counts(cfg, task)]
+    prepared = [_prepare(t, vocab, scoring, limit, k) for t in loaded for k in shot_counts(cfg, t)]
+    scores = scorer.score_parts([p.fitted for p in prepared])
     results: dict[str, float] = {}
-    for task in loaded:
-        for k in shot_counts(cfg, task):
-            name = fewshot.task_name(task.name, k)
-            kept = None if records is None else records.setdefault(name, [])
-            results |= evaluate_task(
-                task, scorer.score, vocab, scoring, max_examples=limit, records=kept, num_fewshot=k
-            )
+    for k, p, part in zip(shots, prepared, scores, strict=True):
+        kept = None if records is None else records.setdefault(p.task.name, [])
+        results |= _finish(p, part, vocab, scoring, k, kept)
     return results
 
 

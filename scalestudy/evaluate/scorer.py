@@ -14,6 +14,7 @@ masked, so a pair's score does not depend on its row's length or on the rows bes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import jax
@@ -120,10 +121,16 @@ class Scorer:
 
     def score(self, fitted: Fitted) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole."""
-        n = len(fitted.inputs)
+        return self.score_parts([fitted])[0]
+
+    def score_parts(self, parts: list[Fitted]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """`score` of each part, all parts' pairs laid out by one plan (they share shapes)."""
+        inputs = [x for part in parts for x in part.inputs]
+        targets = [t for part in parts for t in part.targets]
+        n = len(inputs)
         lp, n_tok, correct = np.zeros(n), np.zeros(n, np.int32), np.zeros(n, bool)
         plan = plan_calls(
-            fitted,
+            parts if self.bucketed else parts[0],
             encdec=self.encdec,
             rows=self.rows,
             bucketed=self.bucketed,
@@ -136,8 +143,8 @@ class Scorer:
             idx = np.concatenate([call.pairs, pad])
             batch, n_cut = scoring_batch(
                 self._lengths_config(call.lengths),
-                [fitted.inputs[i] for i in idx],
-                [fitted.targets[i] for i in idx],
+                [inputs[i] for i in idx],
+                [targets[i] for i in idx],
             )
             if n_cut:  # fit_pairs sized the rows; a cut here is a bug, never a silent result
                 raise ScalestudyError(f"scoring rows of {call.lengths} cut {n_cut} pairs")
@@ -145,7 +152,8 @@ class Scorer:
             k = len(call.pairs)
             for acc, value in zip((lp, n_tok, correct), part, strict=True):
                 acc[call.pairs] = np.asarray(value)[:k]
-        return lp, n_tok, correct
+        bounds = np.cumsum([0, *(len(part.inputs) for part in parts)])
+        return [(lp[a:b], n_tok[a:b], correct[a:b]) for a, b in itertools.pairwise(bounds)]
 
     def __call__(
         self, inputs: list[list[int]], targets: list[list[int]], owner: np.ndarray

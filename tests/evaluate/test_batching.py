@@ -96,3 +96,43 @@ def test_bucketed_scores_equal_the_one_shape_layout(arch: str) -> None:
     assert cut == cut_ref == 0
     assert len(set(np.round(lp, 3))) > len(lp) // 2  # the pairs really differ
     assert bucketed.positions < reference.positions  # less padding computed
+
+
+@pytest.mark.parametrize("arch", list(ARCH_OBJECTIVE))
+def test_tasks_planned_together_share_shapes_and_score_as_apart(arch: str) -> None:
+    """One evaluation's tasks in one plan: each pair scored once, in a row that holds it,
+    with fewer compiled shapes than task by task, and the scores of the tasks apart."""
+    cfg = tiny(arch)
+    encdec = cfg.model.is_encoder_decoder
+    parts = []
+    for seed, keep in ((2, 6), (3, 40), (4, 18)):  # short, long and middling tasks
+        inputs, targets = pairs(seed)
+        parts.append(fit_pairs(cfg, [x[:keep] for x in inputs], [t[:keep] for t in targets]))
+    sizes = [len(p.inputs) for p in parts]
+    together = plan_calls(parts, encdec=encdec, rows=4, min_calls=4)
+    assert sorted(np.concatenate([c.pairs for c in together]).tolist()) == list(range(sum(sizes)))
+    flat = [(x, t) for p in parts for x, t in zip(p.inputs, p.targets, strict=True)]
+    widest = max(sum(p.lengths) for p in parts)
+    for c in together:
+        assert c.rows * sum(c.lengths) <= 4 * widest
+        for i in c.pairs:
+            n_in, n_tgt = len(flat[i][0]), len(flat[i][1])
+            if encdec:
+                assert max(n_in, 1) <= c.lengths[0] and n_tgt <= c.lengths[1]
+            else:
+                assert n_in + n_tgt <= sum(c.lengths)
+    apart = {
+        (c.lengths, c.rows)
+        for p in parts
+        for c in plan_calls(p, encdec=encdec, rows=4, min_calls=4)
+    }
+    assert len({(c.lengths, c.rows) for c in together}) < len(apart)
+
+    model = build_model(cfg.model)
+    scorer = Scorer(cfg, model, model.init(jax.random.key(5)), min_calls=4)
+    for (lp, n_tok, correct), part in zip(scorer.score_parts(parts), parts, strict=True):
+        lp_ref, n_ref, correct_ref = scorer.score(part)
+        np.testing.assert_allclose(lp, lp_ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(n_tok, n_ref)
+        np.testing.assert_array_equal(correct, correct_ref)
+        assert len(set(np.round(lp, 3))) > len(lp) // 2
