@@ -15,6 +15,13 @@ Modes (the spec's `matching`):
   one).
 - equal_loss_tokens:  loss-bearing tokens equal: steps from loss-bearing tokens per row,
   measured on the cell's first two training batches.
+
+  The two data modes match by steps by default. With the spec's `match_by: batch`, a cell whose
+  row holds k whole reference rows' data trains the reference's steps at 1/k of its rows
+  (`match_batch`), so data per step is equal too; the others (k not whole, as a span-corruption
+  row's raw text) are matched by steps. A prefix-LM encoder-decoder row holds two examples: by
+  steps it trains half the steps of a decoder; by batch, the decoder's steps at half its rows,
+  as Wang et al. trained it.
 - equal_inference_cost: forward FLOPs per generated token equal, at a context of
   `inference_context` tokens (default: the objective's decoder length) with the context's
   keys and values cached (`inference_flops_per_token`); the encoder-decoder's encoder runs
@@ -43,6 +50,7 @@ MODES = (
     "equal_loss_tokens",
     "equal_inference_cost",
 )
+DATA_MODES = ("equal_documents", "equal_loss_tokens")  # `match_by: batch` applies to these
 # What each mode holds equal, in the report's words.
 HOLDS = {
     "equal_stack_shape": "stack shape",
@@ -129,6 +137,39 @@ def match_steps(
     per_row = document_tokens_per_row if mode == "equal_documents" else loss_tokens_per_row
     total = ref_steps * per_row(flm)
     return max(1, round(total / per_row(cfg)))
+
+
+def match_batch(
+    cfg: ExperimentConfig,
+    shape: ModelConfig,
+    budget: Any,
+    compute: float | None,
+    reference_params: dict[str, int],
+    mode: str,
+) -> tuple[int, int] | None:
+    """(steps, batch rows) of the cell `cfg` under a data `mode` matched by batch, where its
+    row holds k whole reference rows' data: the reference's steps at 1/k of the rows. None
+    where k is not a whole number (a span-corruption row's raw text): matched by steps."""
+    if mode not in DATA_MODES:
+        raise ConfigError(
+            f"match_by: batch matches data per step; it needs matching {' or '.join(DATA_MODES)} "
+            f"(got {mode}); use match_by: steps"
+        )
+    ref = cfg.replace(model=shape.replace(arch="causal_decoder", n_encoder_layers=None))
+    flm = ref.replace(objective=ref.objective.replace(name="flm"))
+    per_row = document_tokens_per_row if mode == "equal_documents" else loss_tokens_per_row
+    cell, reference = per_row(cfg), per_row(flm)
+    k = cell / reference
+    if round(k) < 1 or abs(k - round(k)) > 1e-6 * k:
+        return None
+    rows = cfg.train.batch_size / round(k)
+    if rows != int(rows):
+        raise ConfigError(
+            f"match_by: batch: a {cfg.model.arch} {cfg.objective.name} row holds {round(k)} "
+            f"reference rows' {HOLDS[mode]}, which does not divide train.batch_size="
+            f"{cfg.train.batch_size}; give a batch divisible by {round(k)} or use match_by: steps"
+        )
+    return ladder.steps_for_budget(ref, budget, compute, reference_params), int(rows)
 
 
 def with_steps(cfg: ExperimentConfig, steps: int, name: str) -> ExperimentConfig:

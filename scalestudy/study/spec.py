@@ -319,6 +319,9 @@ class StudySpec(Frozen):
     ladder: LadderConfig
     budget: BudgetConfig = BudgetConfig(kind="steps", steps=100)
     matching: MatchingMode = "equal_stack_shape"
+    # What a data matching (equal_documents, equal_loss_tokens) changes: a cell's steps, or
+    # its batch rows at the reference's steps (study/matching.py).
+    match_by: Literal["steps", "batch"] = "steps"
     match_tolerance: float = Field(0.03, gt=0.0, lt=1.0)  # equal_total_params: relative
     # Context (tokens) inference cost is stated at; None: the objective's decoder length.
     inference_context: int | None = Field(None, ge=1)
@@ -396,6 +399,12 @@ class StudySpec(Frozen):
             )
         if self.members != "auto":
             groups.cap(self.members)  # an error naming the accepted values
+        data_modes = ("equal_documents", "equal_loss_tokens")  # study/matching.DATA_MODES
+        if self.match_by == "batch" and self.matching not in data_modes:
+            raise ConfigError(
+                f"match_by: batch changes a cell's batch rows to match data per step; it needs "
+                f"matching {' or '.join(data_modes)} (got {self.matching}); use match_by: steps"
+            )
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
             raise ConfigError(f"variants: names must be unique; got {names}")

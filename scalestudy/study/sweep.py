@@ -210,7 +210,15 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
             budget = study.budget.for_size(rung.name)
-            steps = matched.match_steps(cfg, shape, budget, compute, reference_params, matching)
+            args = (shape, budget, compute, reference_params, matching)
+            by_batch = None
+            if study.match_by == "batch" and matching in matched.DATA_MODES:
+                by_batch = matched.match_batch(cfg, *args)
+            if by_batch is None:
+                steps = matched.match_steps(cfg, *args)
+            else:
+                steps, rows = by_batch
+                cfg = cfg.replace(train=cfg.train.replace(batch_size=rows))
             if steps == 0:
                 continue  # an IsoFLOP point too short for this size
             cfg = matched.with_steps(cfg, steps, name)

@@ -5,6 +5,8 @@ import sqlite3
 
 import pytest
 
+from scalestudy.data.objectives import feature_lengths
+from scalestudy.errors import ConfigError
 from scalestudy.study import matching, sweep
 from scalestudy.study.registry import Registry, load_runs
 
@@ -33,6 +35,39 @@ def test_equal_documents_halves_the_encoder_decoder_prefix_lm_steps(tmp_path):
     docs = _rows(_expand(tmp_path, "matching=equal_documents", "budget.steps=8"), tmp_path)
     assert docs["encoder_decoder"]["steps"] == 4 and docs["causal_decoder"]["steps"] == 8
     assert len({r["planned_document_tokens"] for r in docs.values()}) == 1
+
+
+def test_equal_documents_by_batch_keeps_the_steps_and_halves_the_prefix_lm_rows(tmp_path):
+    runs = _expand(tmp_path, "matching=equal_documents", "match_by=batch", "budget.steps=8")
+    docs = _rows(runs, tmp_path)
+    assert {r["steps"] for r in docs.values()} == {8}
+    xs = {r.cfg.name.split(".")[1]: r.cfg for r in runs if r.size == "xs"}
+    base = xs["causal_decoder"].train.batch_size
+    assert xs["encoder_decoder"].train.batch_size * 2 == base
+    assert xs["noncausal_decoder"].train.batch_size == base
+    assert len({r["planned_document_tokens"] for r in docs.values()}) == 1
+    # Positions per step are equal too: each encoder-decoder row holds twice a decoder's.
+    rows = {k: sum(feature_lengths(c.objective, c.model.is_encoder_decoder)) for k, c in xs.items()}
+    positions = {k: c.train.batch_size * rows[k] for k, c in xs.items()}
+    assert len(set(positions.values())) == 1
+
+
+def test_match_by_batch_needs_a_data_matching_and_whole_rows(tmp_path):
+    with pytest.raises(ConfigError, match=r"match_by: batch .* needs matching equal_documents"):
+        _expand(tmp_path, "matching=equal_flops", "match_by=batch")
+    with pytest.raises(ConfigError, match=r"does not divide train\.batch_size=3; give a batch"):
+        _expand(tmp_path, "matching=equal_documents", "match_by=batch", "base.train.batch_size=3")
+
+
+def test_by_batch_a_span_corruption_cell_is_matched_by_steps(tmp_path):
+    """Its row's raw text is no whole number of decoder rows: it keeps the batch and reads
+    the reference's documents in its own number of steps, as under match_by: steps."""
+    cells = [["causal_decoder", "flm"], ["encoder_decoder", "mlm"]]
+    by_batch = _expand(tmp_path, "matching=equal_documents", "match_by=batch", cells=cells)
+    by_steps = _expand(tmp_path, "matching=equal_documents", cells=cells)
+    assert [r.cfg for r in by_batch] == [r.cfg for r in by_steps]
+    mlm = [r.cfg.train.steps for r in by_batch if r.objective == "mlm"]
+    assert mlm and all(s != 4 for s in mlm)
 
 
 def test_equal_inference_cost_matches_flops_per_generated_token(tmp_path):

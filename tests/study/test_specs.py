@@ -52,7 +52,7 @@ def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
 
 
 def test_the_main_jobs_decoders_train_every_rung_past_the_plateau_with_one_recipe():
-    """smoke.yaml: one batch, row shape and optimizer for every run; at least 120 steps at
+    """smoke.yaml: one row shape and optimizer for every run; at least 120 steps at
     every rung of the decoder LM cells (the smallest rung is on the loss plateau after 64,
     past it after 120), four sizes, laws with E; within a cell and size one rate, and across
     sizes the width rule's (rate x d_model constant)."""
@@ -61,9 +61,8 @@ def test_the_main_jobs_decoders_train_every_rung_past_the_plateau_with_one_recip
     decoders = [r for r in runs if (r.arch, r.objective) in FLM_PLM - {("encoder_decoder", "plm")}]
     assert min(r.cfg.train.steps for r in decoders) >= 120
     assert len({r.size for r in decoders}) == 4
-    shape = lambda r: (r.cfg.train.batch_size, r.cfg.objective.inputs_length,
-                       r.cfg.objective.targets_length, r.cfg.model.qk_norm,
-                       r.cfg.optim.name, r.cfg.optim.schedule)  # fmt: skip
+    shape = lambda r: (r.cfg.objective.inputs_length, r.cfg.objective.targets_length,
+                       r.cfg.model.qk_norm, r.cfg.optim.name, r.cfg.optim.schedule)  # fmt: skip
     assert len({shape(r) for r in runs}) == 1
     for cell in {(r.arch, r.objective) for r in runs}:
         mine = [r for r in runs if (r.arch, r.objective) == cell]
@@ -157,9 +156,13 @@ def test_realtext_spec_runs_at_tiny_scale(tmp_path):
 def test_the_main_job_has_one_recipe_and_searches_every_cells_rate():
     study, runs = _expand("smoke.yaml")
     assert not study.cell_base and study.lr_search is not None and len(study.seeds) >= 3
+    from scalestudy.data.objectives import feature_lengths
+
+    # Equal positions per step: the PLM encoder-decoder's rows hold two pieces, so half as many.
+    row = lambda r: sum(feature_lengths(r.cfg.objective, r.arch == "encoder_decoder"))
     same = {
         (
-            r.cfg.train.batch_size,
+            r.cfg.train.batch_size * row(r),
             r.cfg.objective.inputs_length,
             r.cfg.objective.targets_length,
             r.cfg.model.qk_norm,
@@ -179,6 +182,9 @@ def test_the_main_job_has_one_recipe_and_searches_every_cells_rate():
             if r.size == size
         }
         assert max(docs) / min(docs) <= 1.1, (size, docs)
+    # ... in the same steps where a row holds whole pieces (match_by: batch): every PLM cell.
+    plm = {(r.size, r.cfg.train.steps) for r in runs if r.objective == "plm"}
+    assert len(plm) == len({r.size for r in runs if r.objective == "plm"}) == 4
 
 
 def test_the_wang_spec_gives_every_cell_the_same_tokens_and_updates():
