@@ -5,7 +5,8 @@ Shape letters as in `layers.py`. One entry point, `attend`, with the backend cho
 
 - "xla": the reference einsum path (float32 [B, H, L, S] logits, bias added, masked, softmax).
   Accepts every mask and bias, attention dropout and returning the probabilities. Causal
-  self-attention (no prefix) longer than one block runs block by block: query block i
+  self-attention (no prefix) of two blocks or more (blocks of 256 query rows; 32 on a CPU,
+  where they keep the logits in cache) runs block by block: query block i
   attends to keys [0, (i + 1) * block) only, the same result as the full product (the keys
   skipped are masked there, weight exactly 0) from (n + 1) / 2n of its logits for n blocks.
   `model.attention_logits: compute` (the default) keeps the logits in the compute dtype until
@@ -44,7 +45,13 @@ from scalestudy.models.masks import MaskSpec, segments
 
 NEG_INF = -1e10  # finite, so a fully masked (padding) row gives a uniform softmax, not NaN
 IMPLS = ("auto", "xla", "cudnn", "splash")
-_CAUSAL_BLOCK = [256]  # query rows per block of the reference's causal path (0: no blocks)
+# Query rows per block of the reference's causal path (0: no blocks), by platform. On a CPU a
+# block's [B, H, 32, S] logits stay in cache (the main job's 128-position rows: 4 blocks);
+# per step, 22-29% less CPU for its 10K-40K causal decoders and 11% at 300K than the full
+# product, and 64-row blocks save less (docs/performance.md).
+CAUSAL_BLOCK_ROWS = {"cpu": 32}
+DEFAULT_CAUSAL_BLOCK_ROWS = 256
+_CAUSAL_BLOCK: list[int | None] = [None]  # set by `causal_block`; None: by platform
 _PLATFORM_OF = {"cudnn": "gpu", "splash": "tpu"}
 _EMULATE = [False]
 
@@ -64,9 +71,10 @@ def emulate(on: bool = True) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def causal_block(rows: int) -> Iterator[None]:
+def causal_block(rows: int | None) -> Iterator[None]:
     """Query rows per block on the reference's causal path inside the block (0: one full
-    product), for benchmarks and tests; the result does not depend on it."""
+    product; None: the platform's), for benchmarks and tests; the result does not depend on
+    it beyond float rounding."""
     before, _CAUSAL_BLOCK[0] = _CAUSAL_BLOCK[0], rows
     try:
         yield
@@ -75,8 +83,11 @@ def causal_block(rows: int) -> Iterator[None]:
 
 
 def causal_block_rows() -> int:
-    """The query rows per block in force (part of a compiled program's identity)."""
-    return _CAUSAL_BLOCK[0]
+    """The query rows per block in force on the platform compiled for (part of a compiled
+    program's identity)."""
+    if _CAUSAL_BLOCK[0] is not None:
+        return _CAUSAL_BLOCK[0]
+    return CAUSAL_BLOCK_ROWS.get(platform(), DEFAULT_CAUSAL_BLOCK_ROWS)
 
 
 def platform() -> str:
@@ -158,7 +169,7 @@ broadcast_rows.defvjp(_broadcast_rows_fwd, _broadcast_rows_bwd)
 def blocks(q_BLHK: jax.Array, k_BSHK: jax.Array, mask: MaskSpec | jax.Array) -> int:
     """How many query blocks the reference's causal path splits this call into (0: none):
     causal self-attention without a prefix, over at least two whole blocks."""
-    rows = _CAUSAL_BLOCK[0]
+    rows = causal_block_rows()
     q_len, k_len = q_BLHK.shape[1], k_BSHK.shape[1]
     plain = isinstance(mask, MaskSpec) and mask.causal and not mask.bidirectional
     if not (plain and rows and q_len == k_len and q_len % rows == 0 and q_len >= 2 * rows):

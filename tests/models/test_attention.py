@@ -214,6 +214,23 @@ def test_causal_blocks_apply_only_to_plain_causal_self_attention():
         assert attention.blocks(q, q, causal) == 0  # fewer than two blocks
 
 
+def test_a_cpu_splits_causal_attention_into_blocks_of_32_query_rows():
+    """The platform's block: 32 rows on a CPU (a 128-position row in 4 blocks, equal to the
+    full product), 256 elsewhere; `causal_block` overrides it."""
+    rng = np.random.default_rng(4)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 128, 4, 8)), jnp.float32) for _ in range(3))
+    causal = masks.decoder_self_spec(jnp.asarray(_segments(128, 70, 9)[0]))
+    assert jax.default_backend() == "cpu" and attention.causal_block_rows() == 32
+    assert attention.blocks(q, q, causal) == 4
+    blocked = attention.attend(q, k, v, causal, impl="xla")
+    with attention.causal_block(0):
+        assert attention.blocks(q, q, causal) == 0
+        full = attention.attend(q, k, v, causal, impl="xla")
+    real = np.asarray(causal.q_segment_BQ) > 0
+    np.testing.assert_allclose(np.asarray(blocked)[real], np.asarray(full)[real], atol=1e-6)
+    assert attention.CAUSAL_BLOCK_ROWS.get("tpu", attention.DEFAULT_CAUSAL_BLOCK_ROWS) == 256
+
+
 def test_compute_dtype_logits_round_only_the_logits():
     """logits="compute": the same in float32; in bfloat16 the logits are rounded before the
     float32 softmax, so the result moves, by no more than bfloat16's rounding."""
