@@ -18,7 +18,7 @@ Modes (the spec's `matching`):
 
   The two data modes match by steps by default. With the spec's `match_by: batch`, a cell whose
   row holds k whole reference rows' data trains the reference's steps at 1/k of its rows
-  (`match_batch`), so data per step is equal too; the others (k not whole, as a span-corruption
+  (`match_training`), so data per step is equal too; the others (k not whole, as a span-corruption
   row's raw text) are matched by steps. A prefix-LM encoder-decoder row holds two examples: by
   steps it trains half the steps of a decoder; by batch, the decoder's steps at half its rows,
   as Wang et al. trained it.
@@ -112,64 +112,49 @@ def ladder_mode(mode: str) -> str:
     return mode if mode in ("equal_total_params", "equal_flops") else "equal_stack_shape"
 
 
-def match_steps(
+def match_training(
     cfg: ExperimentConfig,
     shape: ModelConfig,
     budget: Any,
     compute: float | None,
     reference_params: dict[str, int],
     mode: str,
-) -> int:
-    """Training steps of the cell `cfg` under `mode` (0: an IsoFLOP point too short)."""
-    if mode not in ("equal_flops", "equal_documents", "equal_loss_tokens"):
-        return ladder.steps_for_budget(cfg, budget, compute, reference_params)
-    ref = cfg.replace(model=shape.replace(arch="causal_decoder", n_encoder_layers=None))
-    ref_steps = ladder.steps_for_budget(ref, budget, compute, reference_params)
-    if ref_steps == 0:
-        return 0
-    ref = ref.replace(train=ref.train.replace(steps=ref_steps))
-    if mode == "equal_flops":
-        flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
-        return ladder.steps_for_flops(cfg, flops)
-    # Data is matched to the causal decoder's full-LM run, so cells of every objective read
-    # (or train on) what it does.
-    flm = ref.replace(objective=ref.objective.replace(name="flm"))
-    per_row = document_tokens_per_row if mode == "equal_documents" else loss_tokens_per_row
-    total = ref_steps * per_row(flm)
-    return max(1, round(total / per_row(cfg)))
-
-
-def match_batch(
-    cfg: ExperimentConfig,
-    shape: ModelConfig,
-    budget: Any,
-    compute: float | None,
-    reference_params: dict[str, int],
-    mode: str,
-) -> tuple[int, int] | None:
-    """(steps, batch rows) of the cell `cfg` under a data `mode` matched by batch, where its
-    row holds k whole reference rows' data: the reference's steps at 1/k of the rows. None
-    where k is not a whole number (a span-corruption row's raw text): matched by steps."""
-    if mode not in DATA_MODES:
+    by: str = "steps",
+) -> tuple[int, int]:
+    """(training steps, batch rows) of the cell `cfg` under `mode` (steps 0: an IsoFLOP point
+    too short). `by` "batch" (a data mode only): where the cell's row holds k whole reference
+    rows' data, the reference's steps at 1/k of the rows; elsewhere matched by steps."""
+    rows = cfg.train.batch_size
+    if by == "batch" and mode not in DATA_MODES:
         raise ConfigError(
             f"match_by: batch matches data per step; it needs matching {' or '.join(DATA_MODES)} "
             f"(got {mode}); use match_by: steps"
         )
+    if mode not in ("equal_flops", *DATA_MODES):
+        return ladder.steps_for_budget(cfg, budget, compute, reference_params), rows
     ref = cfg.replace(model=shape.replace(arch="causal_decoder", n_encoder_layers=None))
+    ref_steps = ladder.steps_for_budget(ref, budget, compute, reference_params)
+    if ref_steps == 0:
+        return 0, rows
+    ref = ref.replace(train=ref.train.replace(steps=ref_steps))
+    if mode == "equal_flops":
+        flops = ref_steps * ref.train.batch_size * counting.flops(ref)["flops_per_example"]
+        return ladder.steps_for_flops(cfg, flops), rows
+    # Data is matched to the causal decoder's full-LM run, so cells of every objective read
+    # (or train on) what it does.
     flm = ref.replace(objective=ref.objective.replace(name="flm"))
     per_row = document_tokens_per_row if mode == "equal_documents" else loss_tokens_per_row
     cell, reference = per_row(cfg), per_row(flm)
-    k = cell / reference
-    if round(k) < 1 or abs(k - round(k)) > 1e-6 * k:
-        return None
-    rows = cfg.train.batch_size / round(k)
-    if rows != int(rows):
-        raise ConfigError(
-            f"match_by: batch: a {cfg.model.arch} {cfg.objective.name} row holds {round(k)} "
-            f"reference rows' {HOLDS[mode]}, which does not divide train.batch_size="
-            f"{cfg.train.batch_size}; give a batch divisible by {round(k)} or use match_by: steps"
-        )
-    return ladder.steps_for_budget(ref, budget, compute, reference_params), int(rows)
+    k = round(cell / reference)
+    if by == "batch" and k >= 1 and abs(cell / reference - k) <= 1e-6 * k:
+        if rows % k:
+            raise ConfigError(
+                f"match_by: batch: a {cfg.model.arch} {cfg.objective.name} row holds {k} "
+                f"reference rows' {HOLDS[mode]}, which does not divide train.batch_size="
+                f"{rows}; give a batch divisible by {k} or use match_by: steps"
+            )
+        return ref_steps, rows // k
+    return max(1, round(ref_steps * reference / cell)), rows
 
 
 def with_steps(cfg: ExperimentConfig, steps: int, name: str) -> ExperimentConfig:

@@ -210,15 +210,12 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
             budget = study.budget.for_size(rung.name)
-            args = (shape, budget, compute, reference_params, matching)
-            by_batch = None
-            if study.match_by == "batch" and matching in matched.DATA_MODES:
-                by_batch = matched.match_batch(cfg, *args)
-            if by_batch is None:
-                steps = matched.match_steps(cfg, *args)
-            else:
-                steps, rows = by_batch
-                cfg = cfg.replace(train=cfg.train.replace(batch_size=rows))
+            # A variant's own matching that matches no data keeps its batch.
+            by = study.match_by if matching in matched.DATA_MODES else "steps"
+            steps, rows = matched.match_training(
+                cfg, shape, budget, compute, reference_params, matching, by
+            )
+            cfg = cfg.replace(train=cfg.train.replace(batch_size=rows))
             if steps == 0:
                 continue  # an IsoFLOP point too short for this size
             cfg = matched.with_steps(cfg, steps, name)
