@@ -129,10 +129,15 @@ def test_tasks_planned_together_share_shapes_and_score_as_apart(arch: str) -> No
     assert len({(c.lengths, c.rows) for c in together}) < len(apart)
 
     model = build_model(cfg.model)
-    scorer = Scorer(cfg, model, model.init(jax.random.key(5)), min_calls=4)
-    for (lp, n_tok, correct), part in zip(scorer.score_parts(parts), parts, strict=True):
-        lp_ref, n_ref, correct_ref = scorer.score(part)
-        np.testing.assert_allclose(lp, lp_ref, rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(n_tok, n_ref)
-        np.testing.assert_array_equal(correct, correct_ref)
+    params = model.init(jax.random.key(5))
+    scorer = Scorer(cfg, model, params, min_calls=4)
+    # The one-shape layout scores each part at its own full lengths, every part whole.
+    one_shape = Scorer(cfg, model, params, bucketed=False).score_parts(parts)
+    together = scorer.score_parts(parts)
+    for (lp, n_tok, correct), ref, part in zip(together, one_shape, parts, strict=True):
+        for lp_ref, n_ref, correct_ref in (scorer.score(part), ref):
+            np.testing.assert_allclose(lp, lp_ref, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(n_tok, n_ref)
+            np.testing.assert_array_equal(correct, correct_ref)
+        np.testing.assert_array_equal(n_tok, [len(t) for t in part.targets])
         assert len(set(np.round(lp, 3))) > len(lp) // 2
