@@ -92,16 +92,19 @@ def plan_calls(
     shards) being the fewest per call; a shorter row length is used only where it fills
     `min_calls` whole calls. Several fitted parts (one evaluation's tasks) are planned
     together, their pairs indexed as if concatenated in order, and a call's rows never hold
-    more positions than `rows` rows of the longest part's full lengths. Unbucketed: every
-    call has the fitted lengths and `rows` rows, pairs in order (the reference layout; one
-    part only)."""
+    more positions than `rows` rows of the longest part's full lengths. Unbucketed (the
+    reference layout): every call has its part's full lengths and `rows` rows, pairs in
+    order, part by part."""
     parts = [fitted] if isinstance(fitted, Fitted) else list(fitted)
     n = sum(len(p.inputs) for p in parts)
     if not bucketed or not n:
-        if len(parts) != 1:
-            raise ValueError("the unbucketed layout scores one fitted part at a time")
-        lengths = parts[0].lengths
-        return [Call(np.arange(s, min(s + rows, n)), lengths, rows) for s in range(0, n, rows)]
+        calls, start = [], 0
+        for p in parts:
+            end = start + len(p.inputs)
+            calls += [Call(np.arange(s, min(s + rows, end)), p.lengths, rows)
+                      for s in range(start, end, rows)]  # fmt: skip
+            start = end
+        return calls
     shapes = [shape for p in parts for shape in _shapes(p, encdec)]
     budget = rows * max(sum(p.lengths) for p in parts)
     order = sorted(set(shapes))

@@ -57,6 +57,7 @@ class _Prepared:
     """One task (at one number of demonstrations) made into pairs, before scoring."""
 
     task: Task
+    num_fewshot: int
     examples: list | None  # None for held-out text
     shots: list | None
     inputs: list
@@ -81,12 +82,10 @@ def _prepare(task: Task, vocab, cfg: ExperimentConfig, max_examples, num_fewshot
             examples, shots = _fewshot(task, examples, num_fewshot, vocab, cfg)
         inputs, targets, owner = tokenize_pairs(vocab.encode, task, examples)
     fitted = fit_pairs(cfg, inputs, targets, task.name)
-    return _Prepared(task, examples, shots, inputs, targets, owner, fitted)
+    return _Prepared(task, num_fewshot, examples, shots, inputs, targets, owner, fitted)
 
 
-def _finish(
-    p: _Prepared, scores, vocab, cfg: ExperimentConfig, num_fewshot: int, records: list | None
-) -> dict[str, float]:
+def _finish(p: _Prepared, scores, vocab, cfg: ExperimentConfig, records: list | None) -> dict:
     """A prepared task's metrics from its pairs' (logprob, n_tokens, all_correct)."""
     task, prefix, (lp, n_tok, correct) = p.task, p.task.name, scores
     truncated = len(set(p.owner[p.fitted.cut].tolist()))
@@ -103,7 +102,7 @@ def _finish(
             out = choice_metrics(task, p.examples, scored, prefix)
         out |= task_loss_metrics(task, p.examples, scored, prefix)
         if p.shots is not None:
-            out |= fewshot.shot_metrics(prefix, num_fewshot, p.shots)
+            out |= fewshot.shot_metrics(prefix, p.num_fewshot, p.shots)
         if records is not None:
             kept = example_records(task, p.examples, scored, p.fitted)
             for record, shown in zip(kept, fewshot.shot_records(task, p.shots or []), strict=False):
@@ -135,7 +134,7 @@ def evaluate_task(
     scores are appended to `records` when given. `vocab` is a seqio Vocabulary.
     """
     prepared = _prepare(task, vocab, cfg, max_examples, num_fewshot)
-    return _finish(prepared, score(prepared.fitted), vocab, cfg, num_fewshot, records)
+    return _finish(prepared, score(prepared.fitted), vocab, cfg, records)
 
 
 def _identical_choices(task: str, examples) -> dict:
@@ -228,13 +227,12 @@ def evaluate_params(
     scoring = scoring_config(cfg)
     # Every task at every number of demonstrations is made into pairs first and all are
     # scored in one plan (batching.plan_calls), so that they share their compiled shapes.
-    shots = [k for task in loaded for k in shot_counts(cfg, task)]
     prepared = [_prepare(t, vocab, scoring, limit, k) for t in loaded for k in shot_counts(cfg, t)]
     scores = scorer.score_parts([p.fitted for p in prepared])
     results: dict[str, float] = {}
-    for k, p, part in zip(shots, prepared, scores, strict=True):
+    for p, part in zip(prepared, scores, strict=True):
         kept = None if records is None else records.setdefault(p.task.name, [])
-        results |= _finish(p, part, vocab, scoring, k, kept)
+        results |= _finish(p, part, vocab, scoring, kept)
     return results
 
 

@@ -14,7 +14,6 @@ masked, so a pair's score does not depend on its row's length or on the rows bes
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
 
@@ -124,26 +123,19 @@ class Scorer:
         """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole."""
         return self.score_parts([fitted])[0]
 
-    def _plan(self, parts: list[Fitted], bounds: np.ndarray) -> list:
-        """The calls of `parts`: one plan for them all, or (unbucketed, the reference
-        layout) each part at its own full lengths, its pairs offset to the concatenation."""
-        kw = {"encdec": self.encdec, "rows": self.rows, "min_calls": self.min_calls}
-        if self.bucketed:
-            return plan_calls(parts, **kw)
-        return [
-            dataclasses.replace(call, pairs=call.pairs + start)
-            for part, start in zip(parts, bounds, strict=False)
-            for call in plan_calls(part, bucketed=False, **kw)
-        ]
-
     def score_parts(self, parts: list[Fitted]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """`score` of each part, all parts' pairs laid out by one plan (they share shapes)."""
         inputs = [x for part in parts for x in part.inputs]
         targets = [t for part in parts for t in part.targets]
         n = len(inputs)
         lp, n_tok, correct = np.zeros(n), np.zeros(n, np.int32), np.zeros(n, bool)
-        bounds = np.cumsum([0, *(len(part.inputs) for part in parts)])
-        plan = self._plan(parts, bounds)
+        plan = plan_calls(
+            parts,
+            encdec=self.encdec,
+            rows=self.rows,
+            bucketed=self.bucketed,
+            min_calls=self.min_calls,
+        )
         for call in plan:
             pad = np.full(
                 call.rows - len(call.pairs), call.pairs[0]
@@ -160,6 +152,7 @@ class Scorer:
             k = len(call.pairs)
             for acc, value in zip((lp, n_tok, correct), part, strict=True):
                 acc[call.pairs] = np.asarray(value)[:k]
+        bounds = np.cumsum([0, *(len(part.inputs) for part in parts)])
         return [(lp[a:b], n_tok[a:b], correct[a:b]) for a, b in itertools.pairwise(bounds)]
 
     def __call__(

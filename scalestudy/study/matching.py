@@ -39,6 +39,7 @@ from scalestudy.data.pipeline import document_tokens_per_row
 from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 from scalestudy.study import ladder, loss_tokens
+from scalestudy.study.spec import DATA_MODES
 from scalestudy.train import optim
 from scalestudy.yamlio import parse_yaml, validate
 
@@ -50,7 +51,6 @@ MODES = (
     "equal_loss_tokens",
     "equal_inference_cost",
 )
-DATA_MODES = ("equal_documents", "equal_loss_tokens")  # `match_by: batch` applies to these
 # What each mode holds equal, in the report's words.
 HOLDS = {
     "equal_stack_shape": "stack shape",
@@ -122,14 +122,10 @@ def match_training(
     by: str = "steps",
 ) -> tuple[int, int]:
     """(training steps, batch rows) of the cell `cfg` under `mode` (steps 0: an IsoFLOP point
-    too short). `by` "batch" (a data mode only): where the cell's row holds k whole reference
-    rows' data, the reference's steps at 1/k of the rows; elsewhere matched by steps."""
+    too short). `by` "batch", under a data mode (the spec refuses it with any other): where
+    the cell's row holds k whole reference rows' data, the reference's steps at 1/k of the
+    rows; elsewhere matched by steps."""
     rows = cfg.train.batch_size
-    if by == "batch" and mode not in DATA_MODES:
-        raise ConfigError(
-            f"match_by: batch matches data per step; it needs matching {' or '.join(DATA_MODES)} "
-            f"(got {mode}); use match_by: steps"
-        )
     if mode not in ("equal_flops", *DATA_MODES):
         return ladder.steps_for_budget(cfg, budget, compute, reference_params), rows
     ref = cfg.replace(model=shape.replace(arch="causal_decoder", n_encoder_layers=None))

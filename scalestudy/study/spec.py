@@ -31,6 +31,7 @@ MatchingMode = Literal[
     "equal_loss_tokens",
     "equal_inference_cost",
 ]  # study/matching.py
+DATA_MODES = ("equal_documents", "equal_loss_tokens")  # the modes `match_by: batch` applies to
 
 
 class LadderConfig(Frozen):
@@ -399,11 +400,10 @@ class StudySpec(Frozen):
             )
         if self.members != "auto":
             groups.cap(self.members)  # an error naming the accepted values
-        data_modes = ("equal_documents", "equal_loss_tokens")  # study/matching.DATA_MODES
-        if self.match_by == "batch" and self.matching not in data_modes:
+        if self.match_by == "batch" and self.matching not in DATA_MODES:
             raise ConfigError(
                 f"match_by: batch changes a cell's batch rows to match data per step; it needs "
-                f"matching {' or '.join(data_modes)} (got {self.matching}); use match_by: steps"
+                f"matching {' or '.join(DATA_MODES)} (got {self.matching}); use match_by: steps"
             )
         names = [v.name for v in self.variants]
         if len(set(names)) != len(names):
