@@ -74,15 +74,14 @@ def _accuracy_panel(ax, sub: RunTable, task: str, fit: dict, m: dict, style: dic
     if chance is not None:
         ax.axhline(chance, color="0.5", ls=":", lw=1, label=f"chance {chance:.3g}")
     if bt and "skipped" not in bt:
-        ci = bt["predicted_ci"]
-        yerr = None if ci is None else [[bt["predicted"] - ci[0]], [ci[1] - bt["predicted"]]]
-        ax.errorbar(
-            [bt["task_loss_predicted"]],
+        x, ci = bt["task_loss_predicted"], bt["predicted_ci"]
+        if ci is not None:  # drawn from its ends: a percentile interval need not hold the point
+            ax.vlines(x, ci[0], ci[1], color="r", lw=1.0, gid="backtest_interval")
+        ax.scatter(
+            [x],
             [bt["predicted"]],
-            yerr=yerr,
-            fmt="D",
+            marker="D",
             color="r",
-            capsize=3,
             label=f"backtest: predicted at N = {bt['N']:.3g} (error {bt['error']:+.3f})",
         )
         ax.scatter(

@@ -157,6 +157,22 @@ def test_cli_task_law_backtest_table_json_and_figure(tmp_path, capsys):
     assert main(["fit", str(path), "--task-law", "--task-form", "quadratic"]) == 2
 
 
+def test_backtest_interval_that_misses_its_prediction_is_drawn_from_its_ends():
+    """A percentile interval of a nonlinear prediction need not hold the point estimate; the
+    figure draws the interval's own ends (an error bar from the point refused it)."""
+    from scalestudy.scaling.task_law_plots import fig_task_law
+
+    t = _task_table(noise=0.003)
+    s = FitSettings(bootstrap=10, seed=0)
+    res = {"task_laws": fit_task_laws(t, s, holdout_largest=True)}
+    bt = res["task_laws"]["cells"]["all"]["mc"]["backtest"]
+    bt["predicted_ci"] = [bt["predicted"] + 0.01, bt["predicted"] + 0.05]  # misses the point
+    fig = fig_task_law(t, res)
+    (bars,) = [c for c in fig.axes[1].collections if c.get_gid() == "backtest_interval"]
+    (segment,) = bars.get_segments()
+    assert segment[:, 1].tolist() == pytest.approx(bt["predicted_ci"])
+
+
 def test_task_names_take_a_tasks_groups_up_to_a_limit():
     from scalestudy.scaling.task_law import task_names
 
