@@ -378,6 +378,7 @@ def fit_task_laws(
         "method": "two-step: task loss law, then a sigmoid from task loss to accuracy",
         "form": form_name,
         "metrics": {"task_loss": loss_metric, "accuracy": acc_metric},
+        "bootstrap": s.bootstrap,
         "cells": cells,
     }
 

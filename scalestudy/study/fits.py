@@ -134,7 +134,8 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
     """The fits and figures of a finished study's runs (registry rows); writes `out/fits.json`
     and `out/figures/`.
 
-    The spec's `fit` section chooses laws, N, C and the bootstrap. When it asks for a law a
+    The spec's `fit` section chooses laws, N, C and the bootstrap (`task_bootstrap`, where
+    set, for the task laws). When it asks for a law a
     cell's data cannot support (e.g. too few sizes), every law that cell's data do support is
     fitted for it instead, with a warning; the other cells keep the spec's laws. Tasks with a
     task loss get task laws with the largest-size backtest. A study's variants are cells of
@@ -155,7 +156,8 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
         runs = [r | {"cell": cell_label(r)} for r in runs]
     table = registry_table(runs, curves, settings.data)
     fits = fit_cells(table, settings, fallback=replace(settings, laws=("auto",)))
-    fits["task_laws"] = study_task_laws(table, settings)
+    tasks = settings if f.task_bootstrap is None else replace(settings, bootstrap=f.task_bootstrap)
+    fits["task_laws"] = study_task_laws(table, tasks)
     write_json(fits, Path(out) / "fits.json")
     return fits, make_all_plots(table, fits, Path(out) / "figures")
 

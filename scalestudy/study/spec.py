@@ -193,12 +193,9 @@ class FitConfig(Frozen):
     laws: Tuple = ("kaplan_n", "chinchilla3")
     n_kind: Literal["total", "non_embedding", "active"] = "non_embedding"
     c_kind: Literal["6nd", "counted"] = "counted"
-    bootstrap: int = Field(200, ge=0)
+    bootstrap: int = Field(200, ge=0)  # resamples of runs: the loss laws' intervals and flags
+    task_bootstrap: int | None = Field(None, ge=0)  # the task laws' (each refits two steps)
     seed: int = 0
-
-
-# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
-# days-hours:minutes, days-hours:minutes:seconds, or no limit.
 
 
 class VariantConfig(Frozen):

@@ -133,7 +133,8 @@ def section(fits: dict[str, Any]) -> list[str]:
         "averaged over the task's examples (`eval/<task>/task_loss`), as a law in N (in N "
         "and D when the study varies both), then accuracy as a sigmoid of L_t (b fixed at "
         "chance). A task's groups (each synthetic probe) get laws of their own. "
-        f"{ci:.0%} intervals come from {settings.get('bootstrap')} bootstrap resamples of "
+        f"{ci:.0%} intervals come from {laws.get('bootstrap', settings.get('bootstrap'))} "
+        "bootstrap resamples of "
         f"runs that refit both steps. With one seed a law needs {MIN_SIZES_FIT} sizes and "
         f"its backtest {MIN_SIZES_BACKTEST} (the largest is held out).",
         "",

@@ -8,6 +8,7 @@ import pytest
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, ScalingDataError
 from scalestudy.study.fits import load_table, registry_table
+from scalestudy.study.spec import FitConfig
 
 
 def _registry(path, runs):
@@ -168,6 +169,21 @@ def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_repor
     assert "- encoder_decoder/mlm, task law of mc: 3 run(s)" in text
 
 
+def test_task_laws_take_their_own_number_of_resamples(tmp_path):
+    """`fit.task_bootstrap` sets the task laws' resamples (each refits both steps) apart from
+    the loss laws' `bootstrap`; unset, both take `bootstrap`."""
+    from scalestudy.study import fits
+    from scalestudy.study.task_laws import section
+
+    rows = _task_rows("causal_decoder/flm", 6)
+    for task_bootstrap, want in ((None, 7), (3, 3)):
+        fit = FitConfig(laws=["kaplan_n_noE"], bootstrap=7, task_bootstrap=task_bootstrap)
+        got, _ = fits.fit_study(SimpleNamespace(fit=fit), tmp_path, rows, [])
+        assert got["settings"]["bootstrap"] == 7
+        assert got["task_laws"]["bootstrap"] == want
+        assert f"come from {want} bootstrap resamples" in "\n".join(section(got))
+
+
 def test_a_study_without_task_losses_says_why_it_has_no_task_laws():
     from scalestudy.study.task_laws import section, study_task_laws
 
@@ -237,8 +253,7 @@ def test_a_studys_variants_are_fitted_alone_unless_the_law_takes_their_experts(t
                  "params_total": n, "params_non_embedding": n, "positions": 20 * n,
                  "tokens": 20 * n, "flops": 120 * n * n, "loss": (8e4 / n) ** alpha}
             )  # fmt: skip
-    fit = SimpleNamespace(laws=["kaplan_n_noE"], n_kind="non_embedding", c_kind="counted",
-                          bootstrap=0, seed=0)  # fmt: skip
+    fit = FitConfig(laws=["kaplan_n_noE"], n_kind="non_embedding", c_kind="counted", bootstrap=0)
     got, _ = fits.fit_study(SimpleNamespace(fit=fit), tmp_path, runs, [])
     assert set(got["cells"]) == {"causal_decoder/flm/rope", "causal_decoder/flm/nope"}
     for variant, alpha in (("rope", 0.3), ("nope", 0.15)):
