@@ -126,15 +126,14 @@ def section(fits: dict[str, Any]) -> list[str]:
         reason = laws["skipped"] if laws else NO_TASK_LOSS
         return [*lines, f"Task laws were not fitted: {reason}.", ""]
     settings = fits.get("settings", {})
-    ci = settings.get("ci", 0.95)
+    ci, resamples = settings.get("ci", 0.95), laws.get("bootstrap", settings.get("bootstrap"))
     lines += [
         "Two steps per cell and task (Bhagia et al. 2024, model ladders; Llama 3): the task "
         "loss L_t, the correct answer's negative log-likelihood in nats per UTF-8 byte "
         "averaged over the task's examples (`eval/<task>/task_loss`), as a law in N (in N "
         "and D when the study varies both), then accuracy as a sigmoid of L_t (b fixed at "
         "chance). A task's groups (each synthetic probe) get laws of their own. "
-        f"{ci:.0%} intervals come from {laws.get('bootstrap', settings.get('bootstrap'))} "
-        "bootstrap resamples of "
+        f"{ci:.0%} intervals come from {resamples} bootstrap resamples of "
         f"runs that refit both steps. With one seed a law needs {MIN_SIZES_FIT} sizes and "
         f"its backtest {MIN_SIZES_BACKTEST} (the largest is held out).",
         "",
