@@ -137,10 +137,9 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
     The spec's `fit` section chooses laws, N, C and the bootstrap (`task_bootstrap`, where
     set, for the task laws). When it asks for a law a cell's data cannot support (e.g. too
     few sizes), every law that cell's data do support is fitted for it instead, with a
-    warning; the other cells keep the spec's laws. Tasks with a
-    task loss get task laws with the largest-size backtest. A study's variants are cells of
-    their own, except for laws that take the variants' experts or granularity as an input
-    (`pools_variants`).
+    warning; the other cells keep the spec's laws. Tasks with a task loss get task laws with
+    the largest-size backtest. A study's variants are cells of their own, except for laws
+    that take the variants' experts or granularity as an input (`pools_variants`).
     """
     f = study.fit
     pooled = pools_variants(f.laws)

@@ -122,9 +122,9 @@ def match_training(
     by: str = "steps",
 ) -> tuple[int, int]:
     """(training steps, batch rows) of the cell `cfg` under `mode` (steps 0: an IsoFLOP point
-    too short). `by` "batch", under a data mode (the spec refuses it with any other): where
-    the cell's row holds k whole reference rows' data, the reference's steps at 1/k of the
-    rows; elsewhere matched by steps."""
+    too short). `by` "batch" under a data mode: where the cell's row holds k whole reference
+    rows' data, the reference's steps at 1/k of the rows; elsewhere matched by steps. Other
+    modes match no data and keep the batch whatever `by` is (a variant's own matching)."""
     rows = cfg.train.batch_size
     if mode not in ("equal_flops", *DATA_MODES):
         return ladder.steps_for_budget(cfg, budget, compute, reference_params), rows

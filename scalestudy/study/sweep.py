@@ -22,7 +22,7 @@ from scalestudy.study import executors, groups, ladder, lr_search, report, spec_
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
 from scalestudy.study.registry import Registry
-from scalestudy.study.spec import DATA_MODES, BudgetConfig, StudySpec
+from scalestudy.study.spec import BudgetConfig, StudySpec
 from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
 
 REGISTRY_NAME = "registry.sqlite"
@@ -210,10 +210,8 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
             )
             cfg = validate(ExperimentConfig, data, f"run {name}")
             budget = study.budget.for_size(rung.name)
-            # A variant's own matching that matches no data keeps its batch.
-            by = study.match_by if matching in DATA_MODES else "steps"
             steps, rows = matched.match_training(
-                cfg, shape, budget, compute, reference_params, matching, by
+                cfg, shape, budget, compute, reference_params, matching, study.match_by
             )
             cfg = cfg.replace(train=cfg.train.replace(batch_size=rows))
             if steps == 0:
