@@ -39,6 +39,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import (
     AnyPreservationPolicy,
@@ -171,6 +172,21 @@ class _NoOrbaxTracebacks(logging.Filter):
 # orbax logs every save at INFO through absl; a study saves hundreds of times.
 logging.getLogger("absl").setLevel(logging.WARNING)
 logging.getLogger("absl").addFilter(_NoOrbaxTracebacks())
+
+# orbax divides each replicated array's writing between the replicas ("replica-parallel"):
+# one device slice per replica and array, each an operation dispatched on its own. That pays
+# for large arrays on many hosts, but a small model's state on a few devices then costs
+# thousands of dispatches a save (0.4 s of a tiny run's 0.7 s save on 8 CPU devices). Below
+# this many bytes per replica's slice, one replica writes the array whole, as orbax does
+# without replicas; the arrays written are the same either way.
+REPLICA_PARALLEL_MIN_BYTES = 1 << 20
+logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns of the override it is asked
+ocp.type_handlers.register_type_handler(
+    jax.Array,
+    ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=REPLICA_PARALLEL_MIN_BYTES),
+    override=True,
+)
+logging.getLogger("absl").setLevel(logging.WARNING)
 
 
 def describe(e: BaseException) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 from etils import epath
 from orbax.checkpoint.path import atomicity
 
-from scalestudy.train import distributed
+from scalestudy.train import distributed, logfile
 
 # orbax writes step N into `N.orbax-checkpoint-tmp` and renames it once complete.
 TMP_SUFFIX = atomicity.TMP_DIR_SUFFIX
@@ -167,6 +167,7 @@ def settle_failed_save(
     # The failed batch's asyncio tasks are garbage now; collected here, their "exception was
     # never retrieved" records reach the run's log while it is still routed there.
     gc.collect()
+    logfile.expect_late_records()
     if not distributed.is_primary():
         return
     if save_dir is not None and not seal(save_dir, deadline):

@@ -63,7 +63,7 @@ class Member(loop.Run):
 
     @property
     def state(self) -> Any:
-        return group_program.GroupProgram.member(self.group.state, self.member_index)
+        return self.group.program.member(self.group.state, self.member_index)
 
     @state.setter
     def state(self, value: Any) -> None:  # Run.start_from: the restored or fresh state
@@ -179,9 +179,7 @@ class Group:
             init = self.program.init(seeds)  # only the fresh members' slices are used
             self.state = self.program.stack(
                 [
-                    m.restored
-                    if m.restored is not None
-                    else group_program.GroupProgram.member(init, i)
+                    m.restored if m.restored is not None else self.program.member(init, i)
                     for i, m in enumerate(self.members)
                 ]
             )

@@ -76,10 +76,15 @@ class GroupProgram:
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
         return jax.device_put(stacked, self.state_sharding)
 
-    @staticmethod
-    def member(state: step.State, index: int) -> step.State:
-        """Member `index`'s slice of the group's state: a run's state."""
-        return jax.tree.map(lambda x: x[index], state)
+    def member(self, state: step.State, index: int) -> step.State:
+        """Member `index`'s slice of the group's state: a run's state, sharded as a run's (one
+        compiled call, where slicing leaf by leaf dispatched an operation per array)."""
+        return self._slice(state, np.int32(index))
+
+    @functools.cached_property
+    def _slice(self) -> Any:
+        shardings = jax.tree.map(lambda a: a.sharding, self.member_abstract_state)
+        return jax.jit(lambda s, i: jax.tree.map(lambda x: x[i], s), out_shardings=shardings)
 
 
 def _batch_sharding(mesh: jax.sharding.Mesh, axis: str | None, steps: bool) -> NamedSharding:

@@ -180,3 +180,42 @@ def test_an_unreadable_data_state_file_is_set_aside(tmp_path):
     assert step == 5 and data == {"position": 5}
     assert (tmp_path / "corrupt_checkpoints/10/data").is_dir()
     ckpt.close()
+
+
+def test_small_replicated_arrays_are_written_whole_large_ones_by_every_replica(
+    tmp_path, monkeypatch
+):
+    """On 8 devices a replicated array is written by one replica when a replica's share would
+    be under REPLICA_PARALLEL_MIN_BYTES (no device slicing), by all 8 above it; both restore."""
+    from orbax.checkpoint._src.serialization import replica_slices
+
+    from scalestudy.train import checkpoint
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    big_rows = 8 * checkpoint.REPLICA_PARALLEL_MIN_BYTES // (4 * 128)  # 8 slices of the minimum
+    state = {
+        "params": {"small": jnp.arange(48.0).reshape(8, 6), "big": jnp.ones((big_rows, 128))},
+        "step": jnp.asarray(3, jnp.int32),
+    }
+    state = jax.device_put(state, replicated)
+    sliced = []  # the shapes of the arrays a save sliced between replicas, once a slice
+    real_data = replica_slices.ReplicaSlice.data
+
+    def data(self):
+        if self.slice_args is not None:
+            sliced.append(self.unsliced_data.shape)
+        return real_data(self)
+
+    monkeypatch.setattr(replica_slices.ReplicaSlice, "data", data)
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(3, state, {}, ExperimentConfig())
+    ckpt.wait()
+    assert len(sliced) == 8 and set(sliced) == {(big_rows, 128)}  # the big array only
+    template = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state
+    )
+    restored, _, step = restore(ckpt, template)
+    assert step == 3
+    assert_equal(restored, state)
+    ckpt.close()

@@ -403,3 +403,38 @@ def test_a_swallowed_signal_still_stops_the_run_at_its_first_step(tiny_cfg, tmp_
     finally:
         stops._caught.clear()
     assert saved.latest_step(tmp_path) is None and not rundir.read_metrics(tmp_path)
+
+
+class _LogsWhenCollected:
+    """Stands for a failed save's future: garbage in a reference cycle, it logs when collected."""
+
+    def __init__(self):
+        self.cycle = self
+
+    def __del__(self):
+        logging.getLogger("asyncio").error("Future exception was never retrieved")
+
+
+def test_the_runs_log_collects_a_failed_saves_garbage_and_only_then(tmp_path, monkeypatch):
+    import gc
+
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or 0)
+    with logfile.library_logs_to_file(tmp_path):
+        pass
+    assert collections == []  # a run that ended well: the heap is not walked
+    with pytest.raises(RuntimeError), logfile.library_logs_to_file(tmp_path):
+        raise RuntimeError("the run failed")
+    assert len(collections) == 1
+    monkeypatch.undo()
+
+    (tmp_path / "saved").mkdir()
+    gc.disable()  # the cycle below is collected by the block, not by chance
+    try:
+        with logfile.library_logs_to_file(tmp_path / "saved"):
+            _LogsWhenCollected()
+            logfile.expect_late_records()  # as a failed save says
+    finally:
+        gc.enable()
+    log = rundir.log_path(tmp_path / "saved").read_text()
+    assert "asyncio: Future exception was never retrieved" in log
