@@ -63,7 +63,7 @@ class Member(loop.Run):
 
     @property
     def state(self) -> Any:
-        return self.group.program.member(self.group.state, self.member_index)
+        return self.program.member(self.group.state, self.member_index)
 
     @state.setter
     def state(self, value: Any) -> None:  # Run.start_from: the restored or fresh state

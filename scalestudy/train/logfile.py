@@ -59,13 +59,14 @@ _held: list[str] = []  # native start-up output not yet written to a run's log
 _cli = False  # quiet_terminal() was called: keep library output off the terminal after runs
 _active: list[logging.Handler] = []  # the log of the run in progress
 _after: list[Callable[[], None]] = []  # undoes the routing to the last run's log after it
-_late = [0]  # failed saves so far, whose futures may log their exception when collected
+_failed_saves = 0  # so far in this process; their futures log their exception when collected
 
 
 def expect_late_records() -> None:
     """A save failed: its futures, garbage by now or soon, log their exception when collected.
     The run's log block that is open collects them before it closes."""
-    _late[0] += 1
+    global _failed_saves
+    _failed_saves += 1
 
 
 class _QuietFileHandler(logging.FileHandler):
@@ -103,7 +104,7 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
     _write_held(handler)
     restore, swap = _route(handler)
     _active.append(handler)
-    late, failed = _late[0], True
+    saves_failed_before, failed = _failed_saves, True
     try:
         yield path
         failed = False
@@ -112,7 +113,7 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         # Futures of a failed save that nobody retrieved log their exception when collected:
         # collect them while their records still go to the file. (Only then: a collection
         # of a long-lived process's heap costs up to a second, after every run.)
-        if failed or _late[0] != late:
+        if failed or _failed_saves != saves_failed_before:
             gc.collect()
         if _cli:  # the process ends soon; what the libraries say until then is the run's.
             # Swapped, never unrouted in between: a failed save's threads are still talking.
