@@ -8,6 +8,8 @@ OUT ?= runs/smoke
 # Runs trained at a time (each in its own process): tiny CPU runs leave cores idle.
 WORKERS ?= 2
 # Test processes (pytest-xdist): compiles and Python are single-threaded, so one per core.
+# Most tests compile with XLA's backend optimisation off (half the compile time, the same HLO);
+# those marked `optimized` compare programs bit for bit and run fully optimised (docs/testing.md).
 TEST_WORKERS ?= 2
 
 .PHONY: study test install lint format clean
@@ -26,7 +28,8 @@ study: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	JAX_DISABLE_MOST_OPTIMIZATIONS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not optimized"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m optimized
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -14,6 +14,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+# `make test` runs most tests with XLA's backend optimisation off (JAX_DISABLE_MOST_OPTIMIZATIONS:
+# the same HLO and fusions, compiled in about half the time) and the tests marked `optimized`
+# in a second pass with it on; see docs/testing.md.
+FEW_OPTIMIZATIONS = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS", "").lower() in (
+    "1", "true", "t", "yes", "y", "on"
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +56,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Group the tests that must not run at the same time as each other or that share an
     expensive fixture, and, under xdist, start the slow ones first so that no worker ends the
     run alone with a long test."""
+    if FEW_OPTIMIZATIONS:
+        reason = "checks programs as users compile them: run without JAX_DISABLE_MOST_OPTIMIZATIONS"
+        for item in items:
+            if item.get_closest_marker("optimized") is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
     shares: dict[str, bool] = {}
     for item in items:
         module = getattr(item, "module", None)

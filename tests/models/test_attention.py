@@ -136,6 +136,7 @@ def test_sharded_splash_equals_reference():
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=ATOL)
 
 
+@pytest.mark.optimized
 def test_splash_compiles_for_a_tpu_topology():
     """Ahead-of-time compile of a training gradient with splash for TPU v5e (2x4) from this
     CPU host: the kernel is really in the program (libtpu only, no TPU needed)."""
@@ -166,6 +167,7 @@ def test_splash_compiles_for_a_tpu_topology():
 # ---------------------------------------------------------------- backends, the core
 
 
+@pytest.mark.optimized
 def test_core_mask_forms_agree():
     """`attend` takes a MaskSpec or its dense array; with a [H, L, S] bias; mixed heads."""
     rng = np.random.default_rng(1)
@@ -379,6 +381,7 @@ def test_broadcast_rows_is_broadcast_to_and_its_gradient_the_row_sum(rows):
     np.testing.assert_allclose(vjp(g_BHLS)[0], ref_vjp(g_BHLS)[0], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder", "encoder_decoder"])
 def test_relative_bias_gradients_equal_those_of_a_plain_broadcast(monkeypatch, arch):
     """The whole model's loss bit for bit and its gradients (the bias table's included) to

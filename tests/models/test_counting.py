@@ -83,6 +83,7 @@ def test_every_preset_describes_quickly_without_weights(repo, capsys):
         assert out["shapes"]
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder", "encoder_decoder"])
 def test_forward_flops_match_xla_cost_analysis(make_batch_fn, arch):
     """Counted matmul FLOPs vs XLA's count of the compiled forward pass, which also includes

@@ -389,6 +389,7 @@ def test_granularity_makes_experts_d_ff_over_g_wide_at_every_width():
     assert "granularity" not in to_yaml(moe_cfg()) and "granularity: 4" in to_yaml(by_g)
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
 def test_moe_forward_flops_match_xla_cost_analysis(arch):
     """Capacity dispatch at capacity factor 1 with tokens * top_k a multiple of the experts

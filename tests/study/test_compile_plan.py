@@ -7,6 +7,8 @@ import pytest
 
 from scalestudy.study.compile_plan import study_shapes
 
+pytestmark = pytest.mark.optimized  # the compiler's memory analysis
+
 STUDIES = Path(__file__).resolve().parents[2] / "configs" / "studies"
 # The smoke pipeline at test size, finetuning at lengths and a batch of its own (32 + 8
 # tokens x 8 rows) so that its shapes differ from pretraining's (48 + 16 x 16).

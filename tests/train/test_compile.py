@@ -7,6 +7,8 @@ import pytest
 
 from scalestudy.train import aot, chips, roofline
 
+pytestmark = pytest.mark.optimized  # the compiler's memory and cost analysis
+
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(
     not HAS_LIBTPU, reason="the TPU compiler is not installed (pip install -e '.[tpu]')"

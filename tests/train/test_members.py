@@ -100,6 +100,7 @@ def test_the_cpu_loops_whole_members_and_vmaps_split_ones(tiny_cfg):
         tiny_cfg("causal_decoder", None, "mesh.member_program=loop", "mesh.members=data")
 
 
+@pytest.mark.optimized
 def test_one_member_is_an_ordinary_run_bit_for_bit(tiny_cfg, tmp_path):
     cfg = _pair(tiny_cfg)[0]
     group.train_group([cfg], [tmp_path / "g"])

@@ -61,6 +61,7 @@ def _finish(procs: list[subprocess.Popen]) -> None:
         assert p.returncode == 0, out[-3000:]
 
 
+@pytest.mark.optimized
 @pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path: Path):
     cfg = load_config(None, OVERRIDES)

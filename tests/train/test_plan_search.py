@@ -13,6 +13,7 @@ from scalestudy.train import chips, plan_search
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.optimized,  # the compiler's memory and cost analysis
     pytest.mark.skipif(
         importlib.util.find_spec("libtpu") is None, reason="no TPU compiler (the `tpu` extra)"
     ),

@@ -8,6 +8,8 @@ import pytest
 
 from scalestudy.train import loop, rundir, saved, step
 
+pytestmark = pytest.mark.optimized  # a call of k steps against k calls, bit for bit
+
 # Log and checkpoint every 4 steps, so that calls of 4 steps line up with every row and save.
 CADENCE = ("train.log_every=4", "train.checkpoint_every=4")
 VOLATILE = ("wall_time_s", "tokens_per_s")  # clock readings
