@@ -322,7 +322,8 @@ def compile_plan(
         out["fits"] = total <= entry.hbm_gib * gib
     out["scanned"] = scanned(cfg.model)
     if costs is True or (costs == "fits" and out.get("fits", True)):
-        out.update(_cost_report(cfg, compiled, mesh, devices, entry, members))
+        with _outside_the_cache(topology is not None):  # a scanned stack's probes compile too
+            out.update(_cost_report(cfg, compiled, mesh, devices, entry, members))
         # The compiler's own estimate; negative or absent where it has none.
         out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
     out["bytes_per_chip"] = {"state": state, **sizes, "total": total}

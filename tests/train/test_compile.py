@@ -87,6 +87,28 @@ def test_fsdp_divides_state_memory_per_chip_on_a_tpu(tiny_cfg):
     assert one["fits"] and four["fits"]
 
 
+@needs_libtpu
+def test_a_tpu_slices_programs_and_cost_probes_stay_out_of_the_persistent_cache(
+    tiny_cfg, monkeypatch
+):
+    """Without a TPU client a program compiled for a slice cannot be loaded back from JAX's
+    persistent cache (reading it only warns, then compiles again), so none is written there:
+    neither the step nor the unrolled probes a scanned stack's costs come from."""
+    import jax
+
+    cache_on, compile_ = [], aot._compile
+
+    def recording(*args, **kwargs):
+        cache_on.append(jax.config.jax_enable_compilation_cache)
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(aot, "_compile", recording)
+    plan = aot.compile_plan(tiny_cfg("causal_decoder", None, "model.scan_layers=true"), "v5e-4")
+    assert plan["scanned"] and plan["xla_flops_per_step"] > 0
+    assert len(cache_on) == 3 and not any(cache_on)  # the step, probes of one and two layers
+    assert jax.config.jax_enable_compilation_cache  # and the cache is on again after
+
+
 def test_planned_batch_has_the_shapes_training_feeds_for_every_cell(tiny_cfg):
     from scalestudy.config import VALID_CELLS
     from scalestudy.data import pipeline
