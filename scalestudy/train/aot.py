@@ -155,18 +155,30 @@ def tpu_devices(name: str) -> list:
     return list(devices)
 
 
+# A compile time no program reaches: JAX then writes no persistent cache entry.
+NEVER_CACHED_SECONDS = 1e9
+
+
 @contextlib.contextmanager
 def _outside_the_cache(outside: bool) -> Iterator[None]:
-    """JAX's persistent compilation cache off while the block compiles, when `outside`: a
-    program compiled for a TPU topology cannot be loaded back from it without a TPU client
-    (reading the entry only warns)."""
-    before = jax.config.jax_enable_compilation_cache
-    if outside:
-        jax.config.update("jax_enable_compilation_cache", False)
+    """No program compiled in the block enters JAX's persistent compilation cache, when
+    `outside`: a program compiled for a TPU topology cannot be loaded back from it without a
+    TPU client (reading the entry only warns, then compiles again). JAX decides once per
+    process whether it uses the cache, so turning it off holds only where nothing has
+    compiled yet; a minimum compile time that no program reaches keeps any entry from being
+    written in every case."""
+    if not outside:
+        yield
+        return
+    names = ("jax_enable_compilation_cache", "jax_persistent_cache_min_compile_time_secs")
+    before = [getattr(jax.config, name) for name in names]
+    jax.config.update(names[0], False)
+    jax.config.update(names[1], NEVER_CACHED_SECONDS)
     try:
         yield
     finally:
-        jax.config.update("jax_enable_compilation_cache", before)
+        for name, value in zip(names, before, strict=True):
+            jax.config.update(name, value)
 
 
 def abstract_batch(cfg: ExperimentConfig) -> dict[str, np.ndarray]:

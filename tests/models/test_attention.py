@@ -13,7 +13,7 @@ from scalestudy.config import MeshConfig, ModelConfig
 from scalestudy.models import attention, masks
 from scalestudy.models.api import build_model
 from scalestudy.models.layers import relative_bucket
-from scalestudy.train import sharding
+from scalestudy.train import aot, sharding
 
 ATOL = 2e-5
 VOCAB = 64
@@ -160,7 +160,8 @@ def test_splash_compiles_for_a_tpu_topology():
         names = ("input_tokens", "target_tokens", "loss_weights", "segment_ids", "positions")
         batch = {f"decoder_{n}": rows for n in names}
         grad = jax.jit(jax.grad(lambda p, b: model.loss(p, b, None, deterministic=True)[0]))
-        text = grad.lower(params, batch).compile().as_text()
+        with aot._outside_the_cache(True):  # a slice's program cannot be read back from it
+            text = grad.lower(params, batch).compile().as_text()
     assert text.count("tpu_custom_call") >= 3  # forward, and the dq and dkv kernels
 
 
