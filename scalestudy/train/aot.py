@@ -304,10 +304,16 @@ def compile_plan(
     else:
         devices = tpu_devices(topology)
         where = f"{topology} ({resolve_topology(topology)[0]}, {len(devices)} chips)"
+    with _outside_the_cache(topology is not None):  # the step and any cost probes
+        return _plan(cfg, devices, where, costs, members)
+
+
+def _plan(
+    cfg: ExperimentConfig, devices: list, where: str, costs: bool | str, members: int
+) -> dict[str, Any]:
     kind = devices[0].device_kind
     t = time.perf_counter()
-    with _outside_the_cache(topology is not None):
-        compiled, mesh, abstract = _compile(cfg, devices, members)
+    compiled, mesh, abstract = _compile(cfg, devices, members)
     described = _describe(cfg, where, kind, mesh, members)
     if isinstance(compiled, str):
         return {**described, "fits": False, "compiler": compiled[:300]}
@@ -334,8 +340,7 @@ def compile_plan(
         out["fits"] = total <= entry.hbm_gib * gib
     out["scanned"] = scanned(cfg.model)
     if costs is True or (costs == "fits" and out.get("fits", True)):
-        with _outside_the_cache(topology is not None):  # a scanned stack's probes compile too
-            out.update(_cost_report(cfg, compiled, mesh, devices, entry, members))
+        out.update(_cost_report(cfg, compiled, mesh, devices, entry, members))
         # The compiler's own estimate; negative or absent where it has none.
         out["compiler_optimal_s"] = float(cost.get("optimal_seconds", -1.0))
     out["bytes_per_chip"] = {"state": state, **sizes, "total": total}
