@@ -84,6 +84,11 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
         help="keep only runs meeting COND, e.g. 'N>=1e8', 'arch=causal_decoder' (repeatable)",
     )
     p.add_argument("--exclude", default=None, help="comma-separated run ids to leave out")
+    p.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="a study's registry: also the runs its spec no longer plans (left out by default)",
+    )
 
 
 def data_settings_from_args(args) -> DataSettings:
@@ -110,6 +115,7 @@ def data_settings_from_args(args) -> DataSettings:
         drop_invalid=args.drop_invalid,
         where=tuple(args.where),
         exclude=exclude,
+        all_runs=args.all_runs,
     )
 
 

@@ -201,6 +201,11 @@ def format_table(result: dict) -> str:
     ]
     if d.get("filters"):
         lines.append(f"filters: {'; '.join(d['filters'])}")
+    if gone := d.get("unplanned_runs_left_out"):
+        lines.append(
+            f"left out: {len(gone)} run(s) of the registry that the study's spec no longer "
+            f"plans ({', '.join(gone)})"
+        )
     for cell, v in result["cells"].items():
         sm = v["summary"]
         lines += [

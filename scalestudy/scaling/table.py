@@ -50,6 +50,7 @@ class DataSettings:
     drop_invalid: bool = False
     where: tuple[str, ...] = ()  # conditions a run must meet ('N>=1e8'; scaling/select.py)
     exclude: tuple[str, ...] = ()  # run ids left out
+    all_runs: bool = False  # registry: also the runs the study's spec no longer plans
 
 
 @dataclass

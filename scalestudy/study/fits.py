@@ -117,9 +117,27 @@ def load_table(source: str | Path, settings: DataSettings | None = None) -> RunT
         )
     registry = find_registry(path)
     if registry is None:
+        if settings is not None and settings.all_runs:
+            raise ScalingDataError(
+                f"--all-runs selects a study registry's runs; {path} is a table file, whose "
+                "rows are all read"
+            )
         return load_table_file(path, settings)
-    table = registry_table(load_runs(registry), load_curves(registry), settings)
+    runs = load_runs(registry)
+    every = settings is not None and settings.all_runs
+    gone = sorted(r["name"] or r["run_id"] for r in runs if r.get("planned") == 0 and not every)
+    if gone and len(gone) == len(runs):
+        raise ScalingDataError(
+            f"{registry}: none of its {len(runs)} runs is planned by the spec the study last "
+            "ran with; fit them with --all-runs, or run the study with their spec again"
+        )
+    runs = [r for r in runs if every or r.get("planned") != 0]
+    kept = {r["run_id"] for r in runs}
+    curves = [c for c in load_curves(registry) if c["run_id"] in kept]
+    table = registry_table(runs, curves, settings)
     table.choices["source"] = str(source)
+    if gone:  # as the study's report does: what its spec no longer plans is not its data
+        table.choices["unplanned_runs_left_out"] = gone
     return table
 
 

@@ -78,6 +78,14 @@ class Registry:
                 n += cur.rowcount
         return n
 
+    def set_plan(self, run_ids: Iterable[str]) -> None:
+        """Mark the pretraining runs the study's spec plans now (`planned` 1) and every other
+        pretraining row (`planned` 0), in one transaction."""
+        ids = [(run_id,) for run_id in run_ids]
+        with self._tx() as c:
+            c.execute("UPDATE runs SET planned = 0 WHERE stage IS NULL")
+            c.executemany("UPDATE runs SET planned = 1 WHERE run_id = ?", ids)
+
     def update(self, run_id: str, **fields: Any) -> None:
         """Set columns of one run (unknown column names are an error)."""
         bad = [k for k in fields if k not in RUN_COLUMNS]

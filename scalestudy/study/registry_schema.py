@@ -26,8 +26,8 @@ from scalestudy.errors import ScalestudyError
 STATUSES = ("pending", "running", "done", "failed", "interrupted")
 
 # 1: the columns up to `error` below; 2: lineage of stage runs (`stage` ... `matches_run_id`);
-# 3: mixture-of-experts shape (`params_active`, `experts`, `granularity`).
-SCHEMA_VERSION = 3
+# 3: mixture-of-experts shape (`params_active`, `experts`, `granularity`); 4: `planned`.
+SCHEMA_VERSION = 4
 
 # Columns of `runs` besides the id, in order; numbers are REAL/INTEGER, the rest TEXT.
 RUN_COLUMNS: dict[str, str] = {
@@ -91,6 +91,10 @@ RUN_COLUMNS: dict[str, str] = {
     "params_active": "INTEGER",
     "experts": "INTEGER",
     "granularity": "REAL",
+    # Whether the spec the study last ran with plans this pretraining run (schema 4): 1 it
+    # does, 0 it no longer does (a size or seed since removed: the row and its run directory
+    # are kept, and left out of the report, `fit` and `plot`); empty in rows written before.
+    "planned": "INTEGER",
 }
 
 _SCHEMA = f"""

@@ -370,6 +370,7 @@ def run_study(
         )
         with Registry(out / REGISTRY_NAME) as reg:
             reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
+            reg.set_plan(r.run_id for r in runs)
             if collect:
                 missing = executors.collect(reg, out, runs)
             else:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from scalestudy import cli
+from scalestudy.study.fits import load_table
 from scalestudy.study.registry import load_curves, load_runs
 from tests.study.conftest import write_spec
 
@@ -162,6 +163,9 @@ def test_a_smaller_spec_reports_only_its_own_runs_and_names_the_rest(one_process
     )
     assert report.count(sentence) == 1
     assert [name for name in left if name in report.replace(sentence, "")] == []
+    table = load_table(out)  # `scalestudy fit OUT` and `plot` read what the report reads
+    assert table.choices["unplanned_runs_left_out"] == left
+    assert set(table.run_id) == {r["run_id"] for r in load_runs(out) if r["size"] == "xs"}
 
 
 @pytest.mark.slow

@@ -80,6 +80,61 @@ def test_study_registry_runs_and_curves(tmp_path):
     assert fit["n_budgets"] == 3  # grouped by the registry's budget labels
 
 
+def test_runs_the_studys_spec_no_longer_plans_are_left_out_and_named(tmp_path, capsys):
+    """`scalestudy fit` of a study directory fits what the study's report fits: the runs its
+    spec planned when it last ran; the registry keeps the others, named in the output."""
+    from scalestudy import cli
+    from scalestudy.study.registry import Registry
+
+    iso = _isoflop(budgets=(1e18, 1e19), sizes=4)
+    runs = [
+        {
+            "run_id": f"r{i}",
+            "name": f"run{i}",
+            "arch": "causal_decoder",
+            "objective": "flm",
+            "params_total": int(iso.N[i] * 1.1),
+            "params_non_embedding": int(iso.N[i]),
+            "summary": {
+                "tokens": float(iso.D[i]) / 2,
+                "positions": float(iso.D[i]),
+                "flops": 6.0 * iso.N[i] * iso.D[i],
+                # The last run's loss is far off the law: fitted, it would move every number.
+                "final_val_loss": float(iso.loss[i]) * (3.0 if i == len(iso.N) - 1 else 1.0),
+            },
+        }
+        for i in range(len(iso.N))
+    ]
+    _registry(tmp_path / "registry.sqlite", runs)
+    everything = load_table(tmp_path)  # a registry from before plans were recorded: all runs
+    assert len(everything.run_id) == len(runs)
+    assert "unplanned_runs_left_out" not in everything.choices
+    gone = runs[-1]
+    with Registry(tmp_path / "registry.sqlite") as reg:
+        reg.set_plan(r["run_id"] for r in runs[:-1])
+    table = load_table(tmp_path)
+    assert table.run_id == [r["run_id"] for r in runs[:-1]]
+    assert gone["run_id"] not in table.curves
+    assert table.choices["unplanned_runs_left_out"] == [gone["name"]]
+    argv = ["fit", str(tmp_path), "--law", "kaplan_n", "--bootstrap", "0"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "left out: 1 run(s) of the registry that the study's spec no longer plans (run7)" in (
+        printed
+    )
+    assert f"{len(runs) - 1} runs" in printed
+    assert cli.main([*argv, "--all-runs"]) == 0  # asked for, every run of the registry
+    printed = capsys.readouterr().out
+    assert "left out" not in printed and f"{len(runs)} runs" in printed
+    (tmp_path / "runs.csv").write_text("N,loss\n1e6,3.0\n")
+    with pytest.raises(ScalingDataError, match="--all-runs selects a study registry's runs"):
+        load_table(tmp_path / "runs.csv", DataSettings(all_runs=True))
+    with Registry(tmp_path / "registry.sqlite") as reg:
+        reg.set_plan([])
+    with pytest.raises(ScalingDataError, match="none of its 8 runs is planned"):
+        load_table(tmp_path)
+
+
 def test_registry_directories_that_cannot_be_read_are_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ScalingDataError, match="no study registry"):
