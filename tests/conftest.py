@@ -80,3 +80,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     slow_units = {unit(i) for i in items if i.get_closest_marker("slow") is not None}
     items.sort(key=lambda i: unit(i) not in slow_units)  # stable: slow units first, in order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to run tests in parallel where `--dist loadgroup` would not group them: pytest
+    9.2 keeps a test's id where pytest-xdist 3.8 cannot tag it with its group, so every test
+    would go to any worker (shared fixtures made twice, tests that must not overlap side by
+    side)."""
+    from packaging.version import Version
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.getoption("numprocesses", None):
+        return
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    import xdist
+
+    if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version(
+        "3.8"
+    ):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__}: `--dist "
+            "loadgroup` would not group tests; install the versions pyproject.toml's `test` "
+            "extra names (make install)"
+        )
