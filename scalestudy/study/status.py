@@ -41,4 +41,10 @@ def status_table(out: str | Path) -> str:
         )
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     lines.append(f"{len(rows)} runs: {summary}")
+    gone = [names[r["run_id"]] for r in rows if r.get("planned") == 0]
+    if gone:
+        lines.append(
+            f"{len(gone)} not planned by the spec the study last ran with (kept; left out of "
+            f"its report, fit and plot): {', '.join(gone)}"
+        )
     return "\n".join(lines)

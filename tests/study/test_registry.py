@@ -279,6 +279,14 @@ def test_study_status_lists_stage_runs_with_their_lineage(tmp_path, capsys):
     assert lines["old-run"][1:4] == ["old", "done", "-"]
     assert lines["old-adapt"][1:6] == ["ad", "pending", "adapt", "old-run", "(4)"]
     assert lines["old-scratch"][3:] == ["scratch", "-", "ad"]
-    assert lines["3"][:2] == ["3", "runs:"]
+    assert lines["3"][:2] == ["3", "runs:"] and "1" not in lines  # every run still planned
+    with Registry(tmp_path / "registry.sqlite") as reg:
+        reg.set_plan([])  # a spec that no longer plans old-run (its stage runs keep their rows)
+    assert cli.main(["study", "--spec", str(spec), "--out", str(tmp_path), "--status"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        "1 not planned by the spec the study last ran with (kept; left out of its report, "
+        "fit and plot): old-run"
+    )
     assert cli.main(["study", "--spec", str(spec), "--out", str(tmp_path / "x"), "--status"]) == 2
     assert "no study registry" in capsys.readouterr().err
