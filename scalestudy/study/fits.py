@@ -20,7 +20,7 @@ from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.plots import make_all_plots
 from scalestudy.scaling.report import write_json
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
-from scalestudy.study.registry import load_curves, load_runs
+from scalestudy.study.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.task_laws import study_task_laws
 
 REGISTRY_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -123,15 +123,12 @@ def load_table(source: str | Path, settings: DataSettings | None = None) -> RunT
                 "rows are all read"
             )
         return load_table_file(path, settings)
-    runs = load_runs(registry)
-    every = settings is not None and settings.all_runs
-    gone = sorted(r["name"] or r["run_id"] for r in runs if r.get("planned") == 0 and not every)
-    if gone and len(gone) == len(runs):
+    runs, gone = planned_runs(load_runs(registry), every=settings is not None and settings.all_runs)
+    if gone and not runs:
         raise ScalingDataError(
-            f"{registry}: none of its {len(runs)} runs is planned by the spec the study last "
+            f"{registry}: none of its {len(gone)} runs is planned by the spec the study last "
             "ran with; fit them with --all-runs, or run the study with their spec again"
         )
-    runs = [r for r in runs if every or r.get("planned") != 0]
     kept = {r["run_id"] for r in runs}
     curves = [c for c in load_curves(registry) if c["run_id"] in kept]
     table = registry_table(runs, curves, settings)

@@ -201,6 +201,21 @@ def _registry_path(path: str | Path) -> Path:
     return path / "registry.sqlite" if path.is_dir() else path
 
 
+def planned_runs(
+    runs: list[dict[str, Any]], *, every: bool = False
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Of registry rows, those the spec the study last ran with plans (`planned` 1, or empty
+    in rows written before the column; with `every`, all of them), and the sorted names of
+    the rest."""
+    kept, gone = [], []
+    for row in runs:
+        if every or row.get("planned") != 0:
+            kept.append(row)
+        else:
+            gone.append(row["name"] or row["run_id"])
+    return kept, sorted(gone)
+
+
 def load_runs(path: str | Path, *, stages: bool = False) -> list[dict[str, Any]]:
     """Every pretraining run of a study (a registry file or a study directory) as flat dicts;
     with `stages`, the stage runs too (their lineage in `stage`, `parent_run_id`,

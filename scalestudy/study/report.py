@@ -29,7 +29,7 @@ from scalestudy.study import comparisons, incontext, lr_report, task_laws, verdi
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
-from scalestudy.study.registry import load_curves, load_runs
+from scalestudy.study.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.spec import StudySpec
 
 Z95 = 1.959964
@@ -375,17 +375,15 @@ def render_html(text: str) -> str:
     )
 
 
-def finalize(study: StudySpec, out: Path, planned: set[str] | None = None) -> Path:
+def finalize(study: StudySpec, out: Path) -> Path:
     """Write `out/report.md` and `out/report.html` from the registry's runs that the spec
-    plans (`planned` run ids; None: every run), with the study's fits and figures
+    plans (its `planned` column, `registry.planned_runs`), with the study's fits and figures
     (`out/fits.json`, `out/figures/`); returns the Markdown path."""
     out = Path(out)
-    runs = load_runs(out / "registry.sqlite")
-    planned = {r["run_id"] for r in runs} if planned is None else planned
-    gone = sorted(r["name"] for r in runs if r["run_id"] not in planned)
+    runs, gone = planned_runs(load_runs(out / "registry.sqlite"))
+    planned = {r["run_id"] for r in runs}
     left_out = f" Left out: {len(gone)} run(s) of the registry that this spec does not plan"
     left_out = f"{left_out} ({', '.join(gone)})." if gone else ""
-    runs = [r for r in runs if r["run_id"] in planned]
     fits: dict[str, Any] = {}
     figures: list[str] = []
     notes: list[str] = []

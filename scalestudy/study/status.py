@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scalestudy.study.registry import Registry
+from scalestudy.study.registry import Registry, planned_runs
 from scalestudy.study.registry_schema import RegistryError
 
 
@@ -41,7 +41,7 @@ def status_table(out: str | Path) -> str:
         )
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     lines.append(f"{len(rows)} runs: {summary}")
-    gone = [names[r["run_id"]] for r in rows if r.get("planned") == 0]
+    gone = planned_runs(rows)[1]
     if gone:
         lines.append(
             f"{len(gone)} not planned by the spec the study last ran with (kept; left out of "

@@ -383,7 +383,7 @@ def run_study(
                     evaluate_here=searched,
                 )
                 failed = executor.run(runs)
-        report.finalize(study, out, {r.run_id for r in runs})
+        report.finalize(study, out)  # the runs `set_plan` marked above
     if collect and missing:
         raise executors.StudyRunError(
             f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "
