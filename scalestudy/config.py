@@ -211,13 +211,19 @@ class DataConfig(Frozen):
     """Where text comes from and how it becomes token ids."""
 
     # order: the order-sensitive corpus of position-encoding experiments (data/order_task.py)
-    source: Literal["synthetic", "order", "text", "tfds", "seqio"] = "synthetic"
+    source: Literal["synthetic", "order", "text", "tfds", "seqio", "grain"] = "synthetic"
     # text: files or directories; documents are whole files, lines, or delimited chunks.
     paths: Tuple = ()
     validation_paths: Tuple = ()  # if empty, hold out `validation_fraction` of documents
     validation_fraction: float = Field(0.02, gt=0.0, lt=1.0)
     split_by: Literal["file", "line", "delimiter"] = "delimiter"
     delimiter: str = "<|endoftext|>"
+    # grain: Parquet, Hugging Face datasets or ArrayRecord at `paths` (data/grain_source.py);
+    # "auto" tells each path's format by its extension (a directory: by its files). Left out
+    # of dumps at its default, so configs, hashes and data fingerprints of other sources keep.
+    grain_format: Literal["auto", "parquet", "huggingface", "array_record"] = Field(
+        "auto", exclude_if=lambda v: v == "auto"
+    )
     # tfds
     tfds_name: str | None = None
     tfds_data_dir: str | None = None
@@ -256,6 +262,17 @@ class DataConfig(Frozen):
             raise ConfigError(
                 "data.paths is empty but data.source='text'; give one or more text files or "
                 "directories, e.g. data.paths=[corpus/train.txt]"
+            )
+        if self.paths and self.source in ("synthetic", "order"):
+            raise ConfigError(
+                f"data.paths is given but data.source={self.source!r} reads a built-in corpus, "
+                "not files; set data.source=text (text, .jsonl) or data.source=grain (Parquet, "
+                "Hugging Face datasets, ArrayRecord)"
+            )
+        if self.source == "grain" and not self.paths:
+            raise ConfigError(
+                "data.paths is empty but data.source='grain'; give Parquet, ArrayRecord or "
+                "Hugging Face dataset files or directories, e.g. data.paths=[corpus.parquet]"
             )
         if self.source == "tfds" and not self.tfds_name:
             raise ConfigError(

@@ -8,6 +8,8 @@ from scalestudy.errors import ScalestudyError
 # built-in and text-file corpora need none of them (a CUDA host can train without them).
 SEQIO_MODULES = ("seqio", "tensorflow", "tensorflow_datasets")
 SEQIO_EXTRA = "pip install 'scalestudy[seqio]'"
+# Grain, pyarrow, datasets and array_record: the `grain` extra (data.source: grain).
+GRAIN_EXTRA = "pip install 'scalestudy[grain]'"
 
 
 class DataError(ScalestudyError):
@@ -22,4 +24,14 @@ def require_seqio(what: str) -> None:
             f"{what} needs {', '.join(missing)}, which this environment does not have; "
             f"install them with `{SEQIO_EXTRA}`, or train from data.source 'synthetic', "
             "'order' or 'text' (byte or SentencePiece vocabulary), which need none of them"
+        )
+
+
+def require_grain(what: str, modules: tuple[str, ...]) -> None:
+    """Raise DataError naming `what` when one of `modules` (of the grain extra) is missing."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DataError(
+            f"{what} needs {', '.join(missing)}, which this environment does not have; "
+            f"install them with `{GRAIN_EXTRA}`"
         )

@@ -1,5 +1,6 @@
 """Document sources: the built-in synthetic corpus, the order-sensitive corpus
-(`data/order_task.py`), local text files, TFDS datasets by name.
+(`data/order_task.py`), local text files, TFDS datasets by name, and Parquet, Hugging Face
+datasets and ArrayRecord files through Grain (`data/grain_source.py`, imported only for it).
 
 Every source answers `documents(data_cfg, split) -> list[str]` for split 'train' or
 'validation'. Local text: each path is a file or a directory (walked recursively for `*.txt`);
@@ -9,7 +10,8 @@ field of each line. The validation split is
 `data.validation_paths` when given, else a deterministic held-out `validation_fraction` of the
 documents. TFDS datasets are read through `seqio.TfdsDataSource`; their presence under the
 data directory is checked on the local filesystem first, so absent data is a clear error,
-never a download attempt or a network retry loop.
+never a download attempt or a network retry loop. The Grain source splits as local text does
+(a saved DatasetDict brings its own splits: `data.train_split` / `data.validation_split`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from scalestudy.errors import path_kind
 
 SPLITS = ("train", "validation")
 _TEXT_SUFFIXES = (".txt", ".text")  # directories: plain text only; give .jsonl files by path
+# Files the text source does not read but the Grain source does.
+_GRAIN_SUFFIXES = (".parquet", ".arrow", ".array_record", ".arrayrecord")
 
 
 def documents(cfg: DataConfig, split: str) -> list[str]:
@@ -41,6 +45,8 @@ def documents(cfg: DataConfig, split: str) -> list[str]:
         docs = order_task.documents(cfg.synthetic, split)
     elif cfg.source == "text":
         docs = _text_documents(cfg, split)
+    elif cfg.source == "grain":
+        docs = _grain_documents(cfg, split)
     else:
         docs = _tfds_documents(cfg, split)
     if cfg.max_documents is not None:
@@ -57,7 +63,8 @@ def labelled_documents(cfg: DataConfig, split: str) -> list[list[tuple[str, str]
     """The documents of `split` as (domain, text) pieces that single spaces join into each
     document: the synthetic corpus's episode kinds (`synthetic.labelled_documents`); for
     local text, the file each document came from (its path as given, or found under a given
-    directory); for the order corpus and TFDS, the source ("order", `data.tfds_name`)."""
+    directory); for the order corpus, Grain and TFDS, the source ("order", "grain",
+    `data.tfds_name`)."""
     if split not in SPLITS:
         raise DataError(f"split {split!r} is not known; accepted: {', '.join(SPLITS)}")
     if cfg.source == "seqio":
@@ -71,7 +78,7 @@ def labelled_documents(cfg: DataConfig, split: str) -> list[list[tuple[str, str]
     elif cfg.source == "text":
         docs = _labelled_text_documents(cfg, split)
     else:
-        name = "order" if cfg.source == "order" else str(cfg.tfds_name)
+        name = str(cfg.tfds_name) if cfg.source == "tfds" else cfg.source
         docs = [[(name, d)] for d in documents(cfg, split)]
     return docs[: cfg.max_documents] if cfg.max_documents is not None else docs
 
@@ -137,6 +144,11 @@ def read_text(f: Path) -> str:
 def _read_all(files: list[Path], cfg: DataConfig) -> list[str]:
     docs: list[str] = []
     for f in files:
+        if f.suffix.lower() in _GRAIN_SUFFIXES:
+            raise DataError(
+                f"{str(f)!r} is a {f.suffix} file, which data.source='text' does not read; "
+                "read it with data.source=grain (docs/data.md)"
+            )
         try:
             text = read_text(f)
         except OSError as e:
@@ -169,6 +181,24 @@ def _text_documents(cfg: DataConfig, split: str) -> list[str]:
         if split == "validation":
             return _read_all(_files(cfg.validation_paths, "data.validation_paths"), cfg)
         return docs
+    return _split_off(docs, cfg, split)
+
+
+def _grain_documents(cfg: DataConfig, split: str) -> list[str]:
+    from scalestudy.data import grain_source
+
+    if cfg.validation_paths and split == "validation":
+        given, key = cfg.validation_paths, "data.validation_paths"
+    else:
+        given, key = cfg.paths, "data.paths"
+    name = cfg.validation_split if split == "validation" else cfg.train_split
+    docs, own_splits = grain_source.read(given, cfg, name, key)
+    return docs if cfg.validation_paths or own_splits else _split_off(docs, cfg, split)
+
+
+def _split_off(docs: list[str], cfg: DataConfig, split: str) -> list[str]:
+    """`split`'s share of documents that came without a validation split: the held-out
+    `data.validation_fraction` of them for 'validation', the rest for 'train'."""
     if not docs:
         return docs
     held = held_out(len(docs), cfg.validation_fraction)
@@ -238,6 +268,8 @@ def _tfds_documents(cfg: DataConfig, split: str) -> list[str]:
     name = str(cfg.tfds_name)
     data_dir = tfds_data_dir(cfg)
     remote = "://" in data_dir
+    # Without TensorFlow nothing can prepare or read the data: say so before "not prepared".
+    require_seqio(f"data.source='tfds' ({name})")
     if not remote and find_prepared(name, data_dir) is None:
         base = name.partition(":")[0]
         raise DataError(
@@ -247,7 +279,6 @@ def _tfds_documents(cfg: DataConfig, split: str) -> list[str]:
             f"{base} --data_dir {data_dir}`), copy the directory here if needed, and set "
             "data.tfds_data_dir; or use data.source='text' or the built-in 'synthetic' corpus"
         )
-    require_seqio(f"data.source='tfds' ({name})")
     import seqio
 
     tfds_split = cfg.train_split if split == "train" else cfg.validation_split
