@@ -1,11 +1,11 @@
 """Statistics of the decoder-only report: per-group summaries over seeds, paired differences
 between groups trained with the same seeds, and Holm's correction over a report's verdicts.
 
-The unit of replication is the seed: two groups trained with the same seed share the data
+The unit of replication is the run: two groups trained with the same seed share the data
 order and initialisation stream, so their difference is taken seed by seed (a paired
-t-interval over seeds, `scaling/intervals.py`). Probe accuracy has a second source of variance,
-the examples (every seed scores the same ones), which its interval adds; see
-`intervals.accuracy_difference`.
+t-interval over seeds; Welch on run means without two shared seeds;
+`intervals.run_difference`). A run's probe accuracy is its mean over the shared examples, so
+their noise is already in the runs' spread and no examples term is added.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _accuracy(row: dict) -> float | None:
 
 def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict[str, Any]:
     """a - b on `kind` ("loss" or "acc"), seed by seed over the seeds both groups have
-    (`scaling.intervals`: accuracy adds the examples' variance).
+    (`scaling.intervals.run_difference`: the run is the unit, for accuracy too).
 
     Returns the mean difference `d`, its 95% `half` width and `p` value (None with fewer than
     two common seeds: no between-run interval), `seeds` (common seeds) and `examples`; for

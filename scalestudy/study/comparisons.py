@@ -1,30 +1,29 @@
 """The report's verdicts between cells: for each comparison, what is held equal and what is
-not, and a paired verdict with its n.
+not, and a verdict over runs with its n.
 
-Two kinds of comparison, one family of verdicts:
-- Matched comparisons (`compare`): each cell against the first cell of the study at the same
-  rung and budget (its reference). A quantity counts as held equal when the two cells' means
-  are within the study's `match_tolerance` of each other; every other quantity is named with
-  its ratio, so a comparison that also differs in data, parameters or compute says so.
-- Leaders at a common x (`leader`): at the largest total parameters (or training FLOPs) every
-  cell spans, each seed's value is interpolated in log x between that seed's rungs, and the
-  cell with the best mean is tested against every other cell, paired by seed. It is called
-  the winner only when it is ahead of every other cell after Holm's correction. Where no x
-  is spanned by every cell, the cells whose runs end lowest are left out (and named) until
-  one is. The other
-  quantities are interpolated at the same x, so what is not held equal is named too.
+Two families of verdicts:
+- Leaders (`leader`), the answer's questions and the report's PRIMARY family: each cell is
+  read at its rung nearest (in log) to the largest x (total parameters, training FLOPs, ...)
+  every cell spans; values are never interpolated between rungs, so what the rungs read do
+  not hold equal is named with its ratio. The cell with the best mean is tested against every
+  other cell, and called the winner only when it is ahead of every other one after Holm's
+  correction over the primary family. Where no x is spanned by every cell, the cells whose
+  runs end lowest are left out (and named) until one is.
+- Matched comparisons (`compare`), the SECONDARY family: each cell against the first cell of
+  the study at the same rung and budget. A quantity counts as held equal when the two cells'
+  means are within the study's `match_tolerance`; every other one is named with its ratio.
 
 Probe accuracy is compared across all cells, validation loss only within one objective
-(losses of different objectives are not comparable). Runs with the same seed are paired: the
-interval is on the per-seed differences (scaling/intervals.py). All the verdicts of a report
-are one family: `adjust` Holm-adjusts their p-values together. With one seed per side there
-is no between-run interval: an accuracy interval shown is over examples only, and nothing is
-called a winner beyond "higher accuracy / lower loss in this run".
+(losses of different objectives are not comparable). The run is the unit of every interval
+(`scaling/intervals.run_difference`): runs of one seed are paired, Welch on run means where
+two cells share fewer than two seeds; a run's accuracy is its mean over the shared examples,
+with no separate examples term. `adjust` Holm-adjusts one family and widens its intervals to
+the family's Bonferroni level. With one run per side there is no between-run interval: an
+accuracy interval shown is over examples only, and nothing is called a winner.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import defaultdict
 from typing import Any
@@ -33,9 +32,9 @@ from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling.intervals import (
     Interval,
     accuracy_difference,
-    accuracy_interval,
     holm,
-    paired_difference,
+    run_difference,
+    simultaneous,
 )
 from scalestudy.scaling.io import cell_label as label  # the cell, with its variant
 from scalestudy.scaling.io import has_experts
@@ -138,13 +137,13 @@ def compare(
                 metrics.append("loss")
             for metric in metrics:
                 pa, pb = _per_seed(a, metric), _per_seed(b, metric)
-                if not set(pa) & set(pb):
+                if not pa or not pb:
                     continue
                 if metric == "acc":
                     examples = int(min(_accuracy(r)[1] for r in a + b if _accuracy(r)))
                     interval, unpaired = accuracy_difference(pa, pb, examples)
                 else:
-                    interval, unpaired = paired_difference(pa, pb)
+                    interval, unpaired = run_difference(pa, pb)
                 out.append(
                     {
                         "size": size,
@@ -159,16 +158,17 @@ def compare(
                     }
                 )
     if family:
-        adjust(out)
+        adjust(out, "secondary")
     return out
 
 
-def adjust(tests: list[dict[str, Any]]) -> int:
-    """Holm-adjust, as one family, the tests that have a between-run interval (two or more
-    paired seeds): each gets `p_holm`. A hypothesis stated twice (the same two cells on the
-    same metric and the same per-seed values, e.g. at equal parameters and at equal compute
-    on a one-rung ladder, or a leader's test that is also a matched comparison) counts once.
-    Returns the family's size (distinct hypotheses)."""
+def adjust(tests: list[dict[str, Any]], name: str = "primary", level: float = 0.95) -> int:
+    """Holm-adjust, as one family (`name`), the tests that have a between-run interval (two or
+    more runs a side): each gets `p_holm`, `family` (name, size) and `shown`, its interval
+    widened to the family's Bonferroni level (`intervals.simultaneous`), so that a shown
+    interval excluding 0 always goes with a rejection. A hypothesis stated twice (the same two
+    cells on the same metric and the same per-run values, e.g. at equal parameters and at
+    equal compute on a one-rung ladder) counts once. Returns the family's size."""
     tested = [c for c in tests if c["interval"].between_runs and c["interval"].seeds > 1]
     distinct: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for c in tested:
@@ -180,7 +180,19 @@ def adjust(tests: list[dict[str, Any]]) -> int:
     for group, p in zip(groups, holm([g[0]["interval"].p_value for g in groups]), strict=True):
         for c in group:
             c["p_holm"] = p
+            c["family"] = (name, len(groups))
+            c["shown"] = simultaneous(c["interval"], len(groups), level)
     return len(groups)
+
+
+def shown(c: dict[str, Any]) -> str:
+    """A test's interval as printed beside its verdict: simultaneous at its family's level once
+    adjusted (and said so), else the unadjusted 95% one, labelled."""
+    iv: Interval = c.get("shown") or c["interval"]
+    if "family" not in c:
+        return iv.describe() + (", unadjusted 95%" if iv.between_runs and iv.seeds > 1 else "")
+    name, m = c["family"]
+    return f"{iv.describe()}, {iv.level:.4g} simultaneous over the {name} family of {m}"
 
 
 def _verdict(c: dict[str, Any], level: float) -> str:
@@ -192,7 +204,8 @@ def _verdict(c: dict[str, Any], level: float) -> str:
             "one seed per side: this interval is over examples only, not a between-run "
             "interval (it says nothing about retraining), so no verdict"
         )
-    return f"Holm-adjusted p = {c['p_holm']:.3g}: {verdicts.word(c, c['metric'] == 'acc', level)}"
+    said = verdicts.word(c, c["metric"] == "acc", level)
+    return f"Holm-adjusted p = {c['p_holm']:.3g}: {said}{verdicts.why(c, level)}"
 
 
 def lines(
@@ -212,18 +225,20 @@ def lines(
         "## Matched comparisons",
         "",
         "Each cell against the study's first cell at the same size and budget: the difference "
-        "(cell minus reference) with its 95% interval over per-seed differences (runs of one "
-        "seed are paired), n beside it, and what the two cells hold equal (within "
-        f"{tolerance:.0%}) and what they do not. The verdicts below belong to a family of "
-        f"{n_tested}: their p-values are Holm-adjusted.",
+        "(cell minus reference) over runs (paired by seed; Welch on run means where the cells "
+        "share fewer than two seeds), n beside it, and what the two cells hold equal (within "
+        f"{tolerance:.0%}) and what they do not. The verdicts below are the report's "
+        f"secondary family of {n_tested}: their p-values are Holm-adjusted among themselves "
+        "(not with the answer's), and each interval is simultaneous over that family "
+        "(Bonferroni), so one that excludes 0 goes with a rejection.",
         "",
     ]
     for c in found:
         what = "probe accuracy" if c["metric"] == "acc" else "validation loss"
         at = f"{c['size']}" + (f" {c['budget']}" if c["budget"] else "")
         out.append(
-            f"- **{c['cell']}** vs {c['reference']} at {at}, {what}: "
-            f"{c['interval'].describe()}; {_verdict(c, level)}."
+            f"- **{c['cell']}** vs {c['reference']} at {at}, {what}: {shown(c)}; "
+            f"{_verdict(c, level)}."
         )
         out.append(f"  Held equal: {', '.join(c['held_equal']) or 'nothing'}.")
         if c["not_equal"]:
@@ -238,21 +253,6 @@ def lines(
 
 
 # ----------------------------------------------------------------------------- leaders
-
-
-def interpolate(points: list[tuple[float, float]], x: float, log_y: bool = False) -> float | None:
-    """y at `x` from (x, y) points, linear in log x between the two around it (and in log y
-    with `log_y`); None outside their range."""
-    pts = sorted(p for p in points if p[0] > 0 and (p[1] > 0 or not log_y))
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if x0 <= x <= x1:
-            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            if log_y:
-                return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
-            return (1 - w) * y0 + w * y1
-    if pts and math.isclose(pts[-1][0], x):
-        return pts[-1][1]
-    return None
 
 
 def _metric(run: dict[str, Any], metric: str) -> float | None:
@@ -270,59 +270,42 @@ def leader(
     higher: bool | None = None,
 ) -> dict[str, Any] | None:
     """The cells' `metric` ("acc", "loss", or any run key: a per-run number, `higher` saying
-    which way is better) at the largest `x_key` every cell spans, each seed's value
-    interpolated in log x between that seed's runs; the cell with the best mean (the leader)
-    and its paired test against every other cell (leader minus other, with what is held equal
-    at that x). None when fewer than two cells have values. Verdicts come after `adjust`
-    (`leader_lines`)."""
+    which way is better) where the runs are: each cell is read at its rung (runs within
+    `tolerance` in `x_key`) nearest in log to the largest x every cell spans, never between
+    rungs; the cell with the best mean (the leader) and its test against every other cell
+    (leader minus other, runs as the unit, with what the rungs read hold equal and what not:
+    an x that differs is named with its ratio). `read`: cell -> the x its rung is at. None
+    when fewer than two cells have values. Verdicts come after `adjust` (`leader_lines`)."""
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         if r.get("status") == "done" and r.get(x_key) and _metric(r, metric) is not None:
             by_cell[label(r)].append(r)
-    left_out = []
-    while len(by_cell) >= 2:
-        lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
-        x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
-        if lo <= x:
-            break
-        # No x that every cell spans: leave out the cell whose runs end lowest (named).
-        low = min(by_cell, key=lambda c: max(float(r[x_key]) for r in by_cell[c]))
-        left_out.append(low)
-        del by_cell[low]
-    if len(by_cell) < 2:
+    x, left_out = _common_x(by_cell, x_key)
+    if x is None:
         return None
     per_seed: dict[str, dict[int, float]] = {}
+    at: dict[str, dict[str, float]] = {}
+    read: dict[str, float] = {}
     for cell, rows in by_cell.items():
-        seeds: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for r in rows:  # several runs of one seed at one x (e.g. budgets): their mean
-            seeds[int(r.get("seed") or 0)][float(r[x_key])].append(_metric(r, metric))
-        got = {}
-        for s, by_x in seeds.items():
-            pts = [(px, sum(vs) / len(vs)) for px, vs in by_x.items()]
-            if (v := interpolate(pts, x)) is not None:
-                got[s] = v
-        if got:
-            per_seed[cell] = got
-    if len(per_seed) < 2:
-        return None
+        rung = _nearest_rung(rows, x_key, x, tolerance)
+        seeds: dict[int, list[float]] = defaultdict(list)
+        for r in rung:  # several runs of one seed on one rung (e.g. budgets): their mean
+            seeds[int(r.get("seed") or 0)].append(_metric(r, metric))
+        per_seed[cell] = {s: sum(v) / len(v) for s, v in seeds.items()}
+        at[cell] = _quantities(rung)
+        read[cell] = sum(float(r[x_key]) for r in rung) / len(rung)
     higher = metric == "acc" if higher is None else higher
     mean = {c: sum(v.values()) / len(v) for c, v in per_seed.items()}
     ranked = sorted(mean, key=lambda c: -mean[c] if higher else mean[c])
     examples = 0
     if metric == "acc":
         examples = int(min(_accuracy(r)[1] for rows in by_cell.values() for r in rows))
-    scores = {c: _score(per_seed[c], metric, examples) for c in ranked}
-    at = {c: _quantities_at(by_cell[c], x_key, x) for c in ranked}
     best, tests = ranked[0], []
     for other in ranked[1:]:
         if metric == "acc":
-            interval, unpaired = _paired(
-                accuracy_difference, per_seed[best], per_seed[other], examples
-            )
+            interval, unpaired = accuracy_difference(per_seed[best], per_seed[other], examples)
         else:
-            interval, unpaired = _paired(paired_difference, per_seed[best], per_seed[other])
-        if interval is None:
-            continue
+            interval, unpaired = run_difference(per_seed[best], per_seed[other])
         same, differ = held_equal([at[best]], [at[other]], tolerance)
         tests.append(
             {
@@ -338,40 +321,63 @@ def leader(
     return {
         "at": x,
         "leader": best,
-        "scores": scores,
+        "scores": {c: _score(per_seed[c], examples) for c in ranked},
+        "means": mean,
+        "read": read,
         "tests": tests,
         "higher": higher,
         "left_out": sorted(left_out),
     }
 
 
-def _paired(fn, a: dict[int, float], b: dict[int, float], *args):
-    if not set(a) & set(b):
-        return None, sorted(set(a) ^ set(b))
-    return fn(a, b, *args)
+def _common_x(by_cell: dict[str, list[dict[str, Any]]], x_key: str) -> tuple[float | None, list]:
+    """The largest x every cell spans; where none is, the cells whose runs end lowest are left
+    out (returned) until one is. None with fewer than two cells left."""
+    left_out = []
+    while len(by_cell) >= 2:
+        lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
+        x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
+        if lo <= x:
+            return x, left_out
+        low = min(by_cell, key=lambda c: max(float(r[x_key]) for r in by_cell[c]))
+        left_out.append(low)
+        del by_cell[low]
+    return None, left_out
 
 
-def _score(values: dict[int, float], metric: str, examples: int) -> Interval:
-    """A cell's mean over seeds with its 95% interval (seeds and, for accuracy, examples)."""
-    if metric == "acc":
-        return accuracy_interval(list(values.values()), examples)
-    got, _ = paired_difference(values, dict.fromkeys(values, 0.0))
-    return got
+def _nearest_rung(
+    rows: list[dict[str, Any]], x_key: str, x: float, tolerance: float
+) -> list[dict[str, Any]]:
+    """The runs of one cell at its x value nearest `x` in log (runs within `tolerance` of each
+    other in x are one rung: seeds and budgets of one size)."""
+    rungs: list[list[dict[str, Any]]] = []
+    for r in sorted(rows, key=lambda r: float(r[x_key])):
+        if rungs and float(r[x_key]) <= float(rungs[-1][0][x_key]) * (1 + tolerance):
+            rungs[-1].append(r)
+        else:
+            rungs.append([r])
+
+    def distance(rung: list[dict[str, Any]]) -> float:
+        return abs(math.log(sum(float(r[x_key]) for r in rung) / len(rung) / x))
+
+    return min(rungs, key=distance)
 
 
-def _quantities_at(rows: list[dict[str, Any]], x_key: str, x: float) -> dict[str, float]:
-    """Each of QUANTITIES at `x` (seed means per x, interpolated in log-log), as a run dict
-    (with the most routed experts of `rows`)."""
+def _quantities(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each of QUANTITIES as the mean over `rows` (one rung), as a run dict (with the most
+    routed experts of `rows`) for `held_equal`."""
     out: dict[str, float] = {"experts": max((r.get("experts") or 1) for r in rows)}
     for _, keys in QUANTITIES:
-        points: dict[float, list[float]] = defaultdict(list)
-        for r in rows:
-            if (v := _value(r, keys)) is not None:
-                points[float(r[x_key])].append(v)
-        pts = [(px, sum(vs) / len(vs)) for px, vs in points.items()]
-        if (v := interpolate(pts, x, log_y=True)) is not None:
-            out[keys[0]] = v
+        if values := [v for r in rows if (v := _value(r, keys)) is not None]:
+            out[keys[0]] = sum(values) / len(values)
     return out
+
+
+def _score(values: dict[int, float], examples: int) -> Interval:
+    """A cell's mean over runs with its unadjusted 95% t interval over runs (for accuracy, each
+    run's mean over the shared `examples`: the run is the unit, no examples term)."""
+    got, _ = run_difference(values, dict.fromkeys(values, 0.0), examples=examples or None)
+    return got
 
 
 def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
@@ -400,7 +406,8 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
         )
     out = [head]
     if found.get("left_out"):
-        out.append(f"  - Left out (their runs end below this x): {', '.join(found['left_out'])}.")
+        why = found.get("why_left_out") or "their runs end below this x"
+        out.append(f"  - Left out ({why}): {', '.join(found['left_out'])}.")
     for t in tests:
         iv: Interval = t["interval"]
         if "p_holm" in t:
@@ -409,7 +416,7 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
             p = "one seed per side: no between-run interval"
         else:
             p = "one seed per side: an interval over examples only, not between runs"
-        line = f"  - {best} minus {t['reference']}: {iv.describe()}; {p}."
+        line = f"  - {best} minus {t['reference']}: {shown(t)}; {p}{verdicts.why(t, level)}."
         line += f" Held equal: {', '.join(t['held_equal']) or 'nothing'}."
         if t["not_equal"]:
             line += f" Not equal ({best} / {t['reference']}): {', '.join(t['not_equal'])}."

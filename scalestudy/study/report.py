@@ -108,42 +108,82 @@ def compare(
     runs: list[dict[str, Any]], n_key: str = "params_total", tolerance: float = 0.03
 ) -> dict[str, Any]:
     """The report's comparisons: probe accuracy across cells and validation loss within each
-    objective, at equal parameters and at equal compute (`comparisons.leader`), and the
-    matched comparisons at each rung (`comparisons.compare`); one Holm family over all of
-    their verdicts (`family`: how many), each leader's verdict as Markdown lines."""
+    objective, at equal parameters and at equal compute (`comparisons.leader`; again along
+    the ladder, `<question>_ladder`, where some cells have runs at one rung only), and the
+    matched comparisons at each rung (`comparisons.compare`). The leaders' tests (the
+    answer's questions) are the primary Holm family (`family`: how many), the matched ones
+    the secondary (`secondary`); each leader's verdict as Markdown lines."""
     done = [r for r in runs if r["status"] == "done"]
     out: dict[str, Any] = {"n_done": len(done), "n_runs": len(runs), "n_key": n_key}
     out["not_scaling"] = not_scaling(done)
     out["matched"] = comparisons.compare(done, tolerance, family=False)
-    leaders = []
     questions = [("equal_params", n_key)]
     if has_experts(done):  # MoE against dense at the parameters a token uses
         questions.append(("equal_active", "params_active"))
     questions += [("equal_compute", "flops"), ("equal_inference", "inference_flops_per_token")]
+    rungs: dict[str, set] = defaultdict(set)
+    for r in done:
+        rungs[cell_label(r)].add(r.get("size_index") or 0)
+    one_rung = sorted(c for c, sizes in rungs.items() if len(sizes) == 1)
+    ladder = [r for r in done if cell_label(r) not in one_rung]
+    leaders = []
     for name, x_key in questions:
-        if got := comparisons.leader(done, x_key, "acc", tolerance):
-            out[name] = got
-            leaders.append(got)
-        within = {}
-        for obj in sorted({r["objective"] for r in done}):
-            rows = [r for r in done if r["objective"] == obj]
-            if got := comparisons.leader(rows, x_key, "loss", tolerance):
-                within[obj] = got
-                leaders.append(got)
-        out[name + "_loss"] = within
+        leaders += _leaders(out, name, done, x_key, tolerance)
+        if one_rung and len(rungs) - len(one_rung) >= 2:
+            got = _leaders(out, name + "_ladder", ladder, x_key, tolerance, done)
+            for g in got:
+                g["left_out"] = sorted({*g["left_out"], *(c for c in one_rung if c in g["of"])})
+                g["why_left_out"] = "their runs are at one rung only"
+            leaders += got
     out["incontext"] = incontext.compare(done, n_key, tolerance)
     leaders += [got for by_question in out["incontext"].values() for got in by_question.values()]
-    out["family"] = comparisons.adjust(out["matched"] + [t for g in leaders for t in g["tests"]])
+    out["family"] = comparisons.adjust([t for g in leaders for t in g["tests"]], "primary")
+    out["secondary"] = comparisons.adjust(out["matched"], "secondary")
     for got in leaders:
         got["verdict"] = comparisons.leader_lines(got)
     return out
 
 
+def _leaders(
+    out: dict[str, Any],
+    name: str,
+    rows: list[dict[str, Any]],
+    x_key: str,
+    tolerance: float,
+    everyone: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Probe accuracy across the cells of `rows` (`out[name]`) and loss within each objective
+    (`out[name + "_loss"]`); returns the leaders found. `of` on each: the cells of `everyone`
+    (default `rows`) that the question could have had."""
+    found = []
+    everyone = rows if everyone is None else everyone
+    if got := comparisons.leader(rows, x_key, "acc", tolerance):
+        out[name] = got | {"of": {cell_label(r) for r in everyone}}
+        found.append(out[name])
+    within = {}
+    for obj in sorted({r["objective"] for r in rows}):
+        of = {cell_label(r) for r in everyone if r["objective"] == obj}
+        mine = [r for r in rows if r["objective"] == obj]
+        dropped = len(of) > len({cell_label(r) for r in mine})
+        if (dropped or everyone is rows) and (
+            got := comparisons.leader(mine, x_key, "loss", tolerance)
+        ):
+            within[obj] = got | {"of": of}
+            found.append(within[obj])
+    out[name + "_loss"] = within
+    return found
+
+
 def limits(
-    study: StudySpec, cmp: dict[str, Any], runs: list[dict[str, Any]], fits: dict[str, Any]
+    study: StudySpec,
+    cmp: dict[str, Any],
+    runs: list[dict[str, Any]],
+    fits: dict[str, Any],
+    rate_records: list[dict[str, Any]] = (),
 ) -> list[str]:
     """What the study cannot tell: the scale and budget its verdicts hold at, how many runs
-    stand behind each point, and which of its laws are flagged."""
+    stand behind each point, which of its laws are flagged, and what its learning-rate search
+    left open (`rate_records`: `lr_report.load`'s)."""
     done = [r for r in runs if r["status"] == "done" and r.get("params_total")]
     if not done:
         return []
@@ -198,6 +238,7 @@ def limits(
             "- Learning rates were set in the spec, not searched: a cell trained away from its "
             "best rate is handicapped in every comparison (add `lr_search`)."
         )
+    out += lr_report.cannot_tell(list(rate_records), runs)
     return [*out, ""]
 
 
@@ -225,17 +266,75 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def _score_table(found: dict[str, Any], what: str) -> list[str]:
-    lines = [f"| cell | {what} | 95% interval | n |", "|---|---|---|---|"]
+    lines = [f"| cell | {what} | 95% interval over runs (unadjusted) | n |", "|---|---|---|---|"]
     for cell, iv in found["scores"].items():
         n = f"{iv.seeds} seed{'s' if iv.seeds != 1 else ''}"
         n += f" x {iv.examples} examples" if iv.examples else ""
-        if iv.seeds > 1 or not iv.between_runs:
-            span = f"[{iv.low:.3f}, {iv.high:.3f}]"
-            span += "" if iv.between_runs else " (examples only)"
-        else:
-            span = "none (one seed)"
+        span = f"[{iv.low:.3f}, {iv.high:.3f}]" if iv.seeds > 1 else "none (one run)"
         lines.append(f"| {cell} | {iv.mean:.3f} | {span} | {n} |")
     return lines
+
+
+def _verdict_section(cmp: dict[str, Any], n_what: str) -> list[str]:
+    """Every leader's verdict in full (the answer's primary family), per question."""
+    lines = []
+    for name, held, x_what in verdicts.QUESTIONS:
+        x_what = n_what if name == "equal_params" else x_what
+        for key, where in ((name, ""), (name + "_ladder", "; the cells spanning the ladder")):
+            title = f"Equal {held}"
+            if key in cmp:
+                c = cmp[key]
+                lines += [
+                    f"**{title}** (probe accuracy near {c['at']:.3g} {x_what}, the largest "
+                    f"value every cell spans{where}; each cell read at its own runs, at its "
+                    "rung nearest in log, never between rungs): " + c["verdict"][0],
+                    *c["verdict"][1:],
+                    "",
+                    *_score_table(c, "probe accuracy"),
+                    "",
+                ]
+            for obj, c in cmp.get(key + "_loss", {}).items():
+                lines += [
+                    f"- {title.lower()}, validation loss within `{obj}` (near {c['at']:.3g} "
+                    f"{x_what}{where}; lower is better): " + c["verdict"][0],
+                    *c["verdict"][1:],
+                ]
+            if cmp.get(key + "_loss"):
+                lines.append("")
+    return lines
+
+
+METHOD = (
+    "Method: every verdict takes the training run as the unit of replication: a run's "
+    "accuracy is its mean over the shared evaluation examples (examples are nested in runs, "
+    "so no separate examples term), cells are paired by seed where both have it (a t interval "
+    "on the per-seed differences, n - 1 degrees of freedom) and compared by Welch's t on run "
+    "means otherwise, so the degrees of freedom never exceed what the runs give; the claim is "
+    "about retraining, on this evaluation set."
+)
+
+
+def method_lines(cmp: dict[str, Any]) -> list[str]:
+    """`How to read`'s paragraph on the intervals: the unit, the families, the levels."""
+    return [
+        METHOD,
+        "",
+        f"Two families. The primary family is the answer's {cmp['family']} distinct tests "
+        "(the verdicts below the answer state the same tests; one stated twice counts once): "
+        "their p-values are Holm-adjusted among themselves only, and each interval printed "
+        "beside them is simultaneous over the family (Bonferroni, 95% together), so an "
+        "interval that excludes 0 always goes with a rejection; where Holm's later steps "
+        "reject though the interval still touches 0, the line says so. The secondary family "
+        f"is the {cmp.get('secondary', 0)} matched per-rung comparisons, Holm-adjusted and "
+        "simultaneous among themselves, labelled as such. A cell's own interval (the score "
+        "tables) is an unadjusted 95% t interval over its runs. A cell is called the winner "
+        "only when it is ahead of every other cell after the adjustment. Each comparison names "
+        "what is held equal and what is not. With one run per cell there is no between-run "
+        'interval and no winner, only which cell did better in this run. "Not '
+        'distinguishable" is not "equal": the answer\'s detectable column gives the '
+        "smallest difference these runs could find.",
+        "",
+    ]
 
 
 def render_markdown(
@@ -247,6 +346,7 @@ def render_markdown(
     loss_tokens: dict[str, float | str] | None = None,
     learning_rates: list[str] = (),
     left_out: str = "",
+    rate_records: list[dict[str, Any]] = (),
 ) -> str:
     """The report as Markdown: first the answer (a verdict table, the frontier figure, what
     the study cannot tell), then how the rates were chosen, every verdict in full, the fits
@@ -254,7 +354,8 @@ def render_markdown(
 
     `loss_tokens`: cell -> mean loss-bearing tokens per example, or why it was not measured
     (`loss_tokens.per_cell`). `learning_rates`: the learning-rate search's section.
-    `left_out`: a sentence naming the registry's runs that the spec does not plan."""
+    `left_out`: a sentence naming the registry's runs that the spec does not plan.
+    `rate_records`: the search's choice records, for what it left open (`limits`)."""
     cmp = compare(runs, tolerance=study.match_tolerance)
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
@@ -272,7 +373,7 @@ def render_markdown(
         *verdicts.answer(cmp, n_what),
         *[f"![frontier: probe accuracy against training compute]({f})" for f in frontier],
         "",
-        *limits(study, cmp, runs, fits),
+        *limits(study, cmp, runs, fits, rate_records),
         *learning_rates,
         "## How to read the comparisons",
         "",
@@ -282,16 +383,7 @@ def render_markdown(
         "the same objective. Across all cells the common metric is **zero-shot probe "
         "accuracy** (rank classification of the same held-out examples).",
         "",
-        "Every verdict is paired by seed: runs of one seed share data order and "
-        "initialisation, so a difference is taken seed by seed and its 95% interval is over "
-        "the per-seed differences (for accuracy, the examples' variance is added); n (seeds "
-        "x examples) is shown beside it. All the verdicts of this report, the winners below "
-        f"and the matched comparisons, are one family of {cmp['family']} distinct tests (one "
-        "stated twice counts once): their p-values are "
-        "Holm-adjusted, and a cell is called the winner only when it is ahead of every other "
-        "cell after that. Each comparison names what is held equal and what is not. With "
-        "one seed there is no between-run interval and no winner, only which cell did better "
-        "in this run.",
+        *method_lines(cmp),
         "",
         *(
             [f"Chance (a uniform guess among each example's choices): {chance:.3f}.", ""]
@@ -322,31 +414,10 @@ def render_markdown(
         ]
     elif cmp["n_done"]:
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
-    for name, held, x_what in verdicts.QUESTIONS:
-        title = f"Equal {held}"
-        x_what = n_what if name == "equal_params" else x_what
-        if name in cmp:
-            c = cmp[name]
-            lines += [
-                f"**{title}** (probe accuracy at {c['at']:.3g} {x_what}, the largest value "
-                "every cell spans, each seed interpolated in log scale between its runs): "
-                + c["verdict"][0],
-                *c["verdict"][1:],
-                "",
-                *_score_table(c, "probe accuracy"),
-                "",
-            ]
-        for obj, c in cmp.get(name + "_loss", {}).items():
-            lines += [
-                f"- {title.lower()}, validation loss within `{obj}` (at {c['at']:.3g} "
-                f"{x_what}; lower is better): " + c["verdict"][0],
-                *c["verdict"][1:],
-            ]
-        if cmp.get(name + "_loss"):
-            lines.append("")
+    lines += _verdict_section(cmp, n_what)
     lines += incontext.lines(cmp["incontext"], runs)
     lines += comparisons.lines(
-        runs, study.match_tolerance, found=cmp["matched"], family=cmp["family"]
+        runs, study.match_tolerance, found=cmp["matched"], family=cmp["secondary"]
     )
     if fits or notes:
         lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
@@ -397,7 +468,9 @@ def finalize(study: StudySpec, out: Path) -> Path:
             notes.append(f"Scaling fits were not possible: {e}")
     per_example = loss_token_report.per_cell(out / "registry.sqlite", run_ids=planned)
     rates = lr_report.section(out, done)
-    text = render_markdown(study, runs, fits, figures, notes, per_example, rates, left_out)
+    text = render_markdown(
+        study, runs, fits, figures, notes, per_example, rates, left_out, lr_report.load(out)
+    )
     from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
 
     text += report_section(done, out)

@@ -9,8 +9,12 @@ from scipy import stats
 from scalestudy.scaling.intervals import (
     accuracy_difference,
     accuracy_interval,
+    detectable,
     holm,
     paired_difference,
+    run_difference,
+    seeds_to_resolve,
+    simultaneous,
     two_way_bootstrap,
 )
 
@@ -72,11 +76,53 @@ def test_holm_matches_the_step_down_by_hand():
     assert holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # 2 x 0.6 capped at 1
 
 
-def test_an_accuracy_difference_counts_the_examples_variance_too():
-    a, b = {0: 0.65, 1: 0.45, 2: 0.75}, {0: 0.60, 1: 0.40, 2: 0.70}  # +0.05 on every seed
-    few, _ = accuracy_difference(a, b, examples=100)
-    many, _ = accuracy_difference(a, b, examples=100_000)
-    assert few.low < 0 < few.high  # 100 examples cannot tell 0.05 apart
-    assert many.low > 0 and few.examples == 100 and few.seeds == 3
-    v = sum(a[s] * (1 - a[s]) + b[s] * (1 - b[s]) for s in a) / 3 / 100
-    assert few.high - few.mean >= 1.959964 * math.sqrt(v)  # at least the examples' share
+def test_an_accuracy_verdicts_degrees_of_freedom_never_exceed_the_runs():
+    # +0.05 on every seed but seed 2: three runs a side give 2 degrees of freedom, whatever
+    # the examples behind each run (each run's accuracy already holds their noise).
+    a, b = {0: 0.65, 1: 0.45, 2: 0.77}, {0: 0.60, 1: 0.40, 2: 0.70}
+    for examples in (100, 800, 100_000):
+        iv, _ = accuracy_difference(a, b, examples=examples)
+        assert iv.df == 2 and iv.seeds == 3 and iv.examples == examples
+        d = np.array([0.05, 0.05, 0.07])
+        half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+        assert (iv.low, iv.high) == pytest.approx((d.mean() - half, d.mean() + half))
+        assert iv.p_value == pytest.approx(stats.ttest_1samp(d, 0).pvalue)
+
+
+def test_cells_without_shared_seeds_get_welch_on_run_means():
+    a, b = {0: 0.61, 1: 0.65, 2: 0.60}, {7: 0.50, 8: 0.58, 9: 0.55, 10: 0.52, 11: 0.49}
+    iv, unpaired = run_difference(a, b)
+    want = stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
+    assert iv.method == "welch" and unpaired == [] and iv.df <= 3 + 5 - 2
+    assert iv.p_value == pytest.approx(want.pvalue)
+    assert "unpaired (Welch)" in iv.describe()
+
+
+def test_a_simultaneous_interval_excluding_zero_is_always_a_holm_rejection():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        ivs = [
+            run_difference(dict(enumerate(rng.normal(mu, 0.02, 3))), dict.fromkeys(range(3), 0))[0]
+            for mu in rng.choice([0.0, 0.02, 0.05], size=6)
+        ]
+        adjusted = holm([iv.p_value for iv in ivs])
+        for iv, p in zip(ivs, adjusted, strict=True):
+            wide = simultaneous(iv, len(ivs))
+            assert wide.level == pytest.approx(1 - 0.05 / 6)
+            assert wide.high - wide.low >= iv.high - iv.low
+            if wide.low > 0 or wide.high < 0:
+                assert p < 0.05
+
+
+def test_the_detectable_difference_has_the_power_it_claims():
+    # Simulated paired t tests at the detectable difference reject 80% of the time, and the
+    # seeds it takes to resolve a margin is the first count that reaches 80%.
+    rng = np.random.default_rng(2)
+    sd, n, alpha = 0.02, 3, 0.05 / 4
+    delta = detectable(sd, n, alpha)
+    d = rng.normal(delta, sd, (20_000, n))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(n))
+    assert abs(np.mean(np.abs(t) > stats.t.ppf(1 - alpha / 2, n - 1)) - 0.8) < 0.015
+    need = seeds_to_resolve(0.02, sd, alpha)
+    assert detectable(sd, need, alpha) <= 0.02 < detectable(sd, need - 1, alpha)
+    assert seeds_to_resolve(1e-6, sd, alpha) is None  # more than 1000 runs

@@ -1,8 +1,10 @@
 """The report's matched comparisons: what is held equal is named, seeds are paired, Holm."""
 
 import math
+import statistics
 
 import pytest
+from scipy import stats
 
 from scalestudy.study import comparisons
 
@@ -56,16 +58,23 @@ def test_seeds_are_paired_and_unpaired_seeds_are_left_out():
     acc = next(c for c in found if c["metric"] == "acc")
     assert acc["unpaired"] == [3, 4] and acc["interval"].seeds == 3
     assert acc["interval"].low > 0  # unpaired, the run effects would swamp the gain
-    # On 200 examples the same gain is within the examples' variance: no verdict of "better".
+    # The run is the unit: each run's accuracy already holds its examples' noise, so the
+    # interval is the t interval on the 3 per-seed differences, on 2 degrees of freedom
+    # (never more), whatever the number of examples behind each run.
     few = [{**r, "eval/probe/n": 200} for r in ref + new]
-    [acc] = [c for c in comparisons.compare(few) if c["metric"] == "acc"]
-    assert acc["interval"].low < 0 < acc["interval"].high
+    [acc200] = [c for c in comparisons.compare(few) if c["metric"] == "acc"]
+    d = [gain[s] - base[s] for s in (0, 1, 2)]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
+    assert acc200["interval"].df == 2 == acc["interval"].df
+    assert (acc200["interval"].low, acc200["interval"].high) == pytest.approx(
+        (statistics.mean(d) - half, statistics.mean(d) + half)
+    )
     text = "\n".join(comparisons.lines(ref + new))
     assert "noncausal_decoder/flm better" in text and "(n = 3 seeds x 5000 examples)" in text
     assert "Seeds [3, 4] have no partner" in text
     # Holm over the family: two verdicts (accuracy and loss), adjusted p >= raw p.
     assert all(c["p_holm"] >= c["interval"].p_value for c in found)
-    assert "The verdicts below belong to a family of 2: their p-values are Holm-adjusted" in text
+    assert "secondary family of 2: their p-values are Holm-adjusted among themselves" in text
 
 
 def test_one_seed_says_its_interval_is_not_between_runs():
