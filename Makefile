@@ -17,7 +17,7 @@ TEST_WORKERS ?= 2
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[seqio,test,tpu,lmeval]'
+	$(BIN)/python -m pip install -q -e '.[seqio,test,tpu,lmeval,grain]'
 	touch $(STAMP)
 
 install: $(STAMP)
