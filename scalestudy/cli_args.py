@@ -52,7 +52,81 @@ def shot_counts(text: str) -> list[int]:
             f"a number of demonstrations >= 0, or several joined by commas (0,1,2,4,8); "
             f"got {text!r}"
         )
+    if len(set(values)) < len(values):  # the same K scored twice: which was meant?
+        twice = next(v for i, v in enumerate(values) if v in values[:i])
+        raise argparse.ArgumentTypeError(f"{twice} is given twice in {text!r}; give each K once")
     return values
+
+
+def _too_long(path: Path) -> str | None:
+    """Why `path` is longer than the file system takes (a name past NAME_MAX, the whole past
+    PATH_MAX), or None: an OSError (errno 36) deep inside the work would say it later."""
+    existing = next((p for p in path.parents if os.path.isdir(p)), Path("."))
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            return f"has a name of {len(os.fsencode(part))} bytes; the file system takes {name_max}"
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        return f"is longer than the file system takes ({path_max} bytes)"
+    return None
+
+
+def checked_path(
+    text: str | os.PathLike,
+    flag: str,
+    expect: str,
+    *,
+    must_exist: bool = False,
+    parent_must_exist: bool = False,
+    writable: bool = False,
+) -> Path:
+    """Every path a command takes, checked for kind before any work: not empty, not too long,
+    no link to nothing, under no file, `expect` (words ending in "file" or "directory")
+    where something is, there when `must_exist`, its folder there when `parent_must_exist`,
+    and (`writable`) its nearest existing folder writable. One `ScalestudyError` naming the
+    flag otherwise."""
+    if not str(text).strip():
+        raise ScalestudyError(f"{flag} is empty; give {expect}")
+    path = Path(text)
+    if (why := _too_long(path)) is not None:
+        raise ScalestudyError(f"{flag} {shown_path(path)} {why}; give a shorter path")
+    for p in (path, *path.parents):
+        if os.path.islink(p) and not p.exists():
+            where = "" if p == path else f" (in {path})"
+            raise ScalestudyError(
+                f"{flag} {path}: {p} is a link to nothing (-> {os.readlink(p)}){where}; "
+                f"give {expect}, or make the link's target first"
+            )
+    for p in path.parents:
+        if p.exists() and not p.is_dir():
+            raise ScalestudyError(
+                f"{flag} {path}: {p} is {path_kind(p)}, so nothing can be under it; give "
+                f"{expect} in a directory"
+            )
+    wanted = Path.is_dir if expect.endswith("directory") else Path.is_file
+    if path.exists() and not wanted(path):
+        raise ScalestudyError(f"{flag} {path} is {path_kind(path)}; expected {expect}")
+    if must_exist and not path.exists():
+        raise ScalestudyError(f"{flag} {path}: not found; give {expect} that exists")
+    if parent_must_exist and not path.parent.exists():
+        raise ScalestudyError(
+            f"{flag} {path}: its folder {path.parent} does not exist; create it first"
+        )
+    if writable:
+        existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
+        if not os.access(existing, os.W_OK):
+            raise ScalestudyError(f"{flag} {path}: {existing} is not writable")
+    return path
+
+
+def shown_path(path: Path, limit: int = 80) -> str:
+    """A path for an error line, its middle cut when long (a name of 300 bytes is not read)."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
 
 
 def output_file(text: str | None, flag: str = "--out") -> Path | None:
@@ -60,52 +134,28 @@ def output_file(text: str | None, flag: str = "--out") -> Path | None:
     so that finished scores are never lost to a path that cannot take them."""
     if text is None:
         return None
-    if not text.strip():
-        raise ScalestudyError(f"{flag} is empty; give a JSON file to write, e.g. {flag} x.json")
-    path = Path(text)
-    if path.exists() and not path.is_file():
-        raise ScalestudyError(f"{flag} {path} is {path_kind(path)}; expected a file to write")
-    parent = path.parent
-    if not parent.is_dir():
-        found = f"is {path_kind(parent)}" if parent.exists() else "does not exist"
-        raise ScalestudyError(f"{flag} {path}: its folder {parent} {found}; create it first")
-    if not os.access(parent, os.W_OK):
-        raise ScalestudyError(f"{flag} {path}: its folder {parent} is not writable")
-    return path
+    return checked_path(text, flag, "a file", parent_must_exist=True, writable=True)
 
 
-def output_dir(text: str, flag: str = "--out") -> Path:
-    """A directory a command creates or fills (`study`, `launch`, `finetune`, `adapt`): not
-    empty, not a file, and under no file."""
-    if not text.strip():
-        raise ScalestudyError(f"{flag} is empty; give a directory, e.g. {flag} runs/x")
-    path = Path(text)
-    for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
-            where = "" if p == path else f" (in {path})"
-            raise ScalestudyError(f"{flag}: {p} is {path_kind(p)}{where}; expected a directory")
-    return path
+def output_dir(text: str, flag: str = "--out", *, parent_must_exist: bool = False) -> Path:
+    """A directory a command creates or fills (`study`, `launch`, `finetune`, `adapt`,
+    `experts`): not empty, not a file, under no file, and writable."""
+    return checked_path(
+        text, flag, "a directory", parent_must_exist=parent_must_exist, writable=True
+    )
 
 
 def writable_dir(path: Path, what: str) -> None:
     """Raise unless `path` can be created or written: its nearest existing folder is a
     writable directory."""
-    existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
-    if not existing.is_dir():
-        raise ScalestudyError(
-            f"{what} {path}: {existing} is {path_kind(existing)}; expected a directory"
-        )
-    if not os.access(existing, os.W_OK):
-        raise ScalestudyError(f"{what} {path}: {existing} is not writable; give --out DIR")
+    checked_path(path, what, "a directory", writable=True)
 
 
 def run_dir(text: str, *, must_exist: bool) -> Path:
     """--workdir as a Path: not empty, not a file, and (for eval, probe) an existing run."""
-    if not text.strip():
+    if not str(text).strip():
         raise ScalestudyError("--workdir is empty; give a run directory, e.g. --workdir runs/tiny")
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise ScalestudyError(f"--workdir {path} is {path_kind(path)}; expected a run directory")
+    path = checked_path(text, "--workdir", "a run directory", writable=not must_exist)
     if must_exist and not path.exists():
         raise ScalestudyError(f"--workdir {path}: run directory not found")
     # A folder inside a run (its checkpoints, one step) is not a run: results would land there.
@@ -203,26 +253,53 @@ def quiet_broken_pipe() -> int:
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
-def check_environment(environ: dict[str, str] | None = None) -> None:
-    """The environment variables JAX reads at start-up, checked before it starts: a device
-    count XLA cannot take, or a TPU asked for on a host without one, is refused here by name
-    rather than deep inside the backend (libtpu would print its failed search first)."""
-    import scalestudy
+# A flag in XLA_FLAGS: `--name` or `--name=value`; XLA ends the process on anything else.
+_XLA_FLAG = re.compile(r"^--[A-Za-z][A-Za-z0-9_]*(=.*)?$")
+# Platforms JAX_PLATFORMS may name that need a GPU's device files on this host.
+_GPU_PLATFORMS = {"cuda": "/dev/nvidia[0-9]*", "gpu": "/dev/nvidia[0-9]*", "rocm": "/dev/kfd"}
 
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """The environment variables JAX and scalestudy read at start-up, checked before JAX
+    starts: a platform this host lacks, XLA flags XLA cannot parse, a device count it cannot
+    take, or a compile cache that cannot be written, each refused here by name rather than
+    deep inside the backend (or, for the cache, silently switched off)."""
     environ = os.environ if environ is None else environ
-    platforms = environ.get("JAX_PLATFORMS", "").split(",")
-    if "tpu" in platforms and not scalestudy.tpu_chip_present():
-        raise ScalestudyError(
-            f"JAX_PLATFORMS={environ['JAX_PLATFORMS']!r} asks for a TPU, and this host has none "
-            "(no /dev/accel* or /dev/vfio/N); set JAX_PLATFORMS=cpu, or unset it (`compile "
-            "--topology` compiles for a TPU without one)"
-        )
+    _check_platforms(environ.get("JAX_PLATFORMS", ""))
     for flag in environ.get("XLA_FLAGS", "").split():
         name, _, value = flag.partition("=")
+        if not _XLA_FLAG.match(flag):
+            raise ScalestudyError(
+                f"XLA_FLAGS: {flag!r} is not a flag; XLA takes --name or --name=value "
+                "separated by spaces (e.g. --xla_force_host_platform_device_count=8)"
+            )
         if name == DEVICE_COUNT_FLAG and not (value.isdecimal() and int(value) >= 1):
             raise ScalestudyError(
                 f"XLA_FLAGS: {flag} is not a number of CPU devices; a whole number >= 1 is "
                 "accepted (or leave the flag out for one device)"
+            )
+    if cache := environ.get("SCALESTUDY_JAX_CACHE"):
+        checked_path(cache, "SCALESTUDY_JAX_CACHE", "a directory", writable=True)
+
+
+def _check_platforms(value: str) -> None:
+    """Refuse JAX_PLATFORMS naming a TPU or GPU this host has no device files for."""
+    import glob
+
+    import scalestudy
+
+    platforms = value.split(",")
+    if "tpu" in platforms and not scalestudy.tpu_chip_present():
+        raise ScalestudyError(
+            f"JAX_PLATFORMS={value!r} asks for a TPU, and this host has none "
+            "(no /dev/accel* or /dev/vfio/N); set JAX_PLATFORMS=cpu, or unset it (`compile "
+            "--topology` compiles for a TPU without one)"
+        )
+    for name, files in _GPU_PLATFORMS.items():
+        if name in platforms and not glob.glob(files):
+            raise ScalestudyError(
+                f"JAX_PLATFORMS={value!r} asks for a GPU, and this host has none (no "
+                f"{files}); set JAX_PLATFORMS=cpu, or unset it"
             )
 
 

@@ -60,6 +60,8 @@ def _load_config(path: str | Path, overrides: list[str]) -> ExperimentConfig:
 
     cfg = load_config(path, overrides)
     check_names(cfg.eval.tasks)
+    for task, file in cfg.eval.fewshot_files.items():
+        cli_args.checked_path(file, f"eval.fewshot_files.{task}", "a file", must_exist=True)
     return cfg
 
 
@@ -124,7 +126,7 @@ def _train_members(args: argparse.Namespace, workdir: Path) -> int:
     from scalestudy.train.group import train_group
     from scalestudy.train.loop import Preempted
 
-    grid = members.parse_grid(args.members)
+    grid = members.parse_grid(args.members, args.overrides)
     dirs = [workdir / name for name, _ in grid]
     cfg_path = args.config
     if cfg_path is None:  # resuming: the first member's recorded config, re-gridded
@@ -330,7 +332,10 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
     workdir = cli_args.run_dir(args.workdir, must_exist=True)
     cli_args.check_step(workdir, args.step)
-    out = cli_args.output_dir(args.out) if args.out is not None else rundir.experts_dir(workdir)
+    if args.out is not None:  # a folder made for the figures, never a whole missing path
+        out = cli_args.output_dir(args.out, parent_must_exist=True)
+    else:
+        out = rundir.experts_dir(workdir)
     cli_args.writable_dir(out, "--out" if args.out is not None else "the run's experts folder")
     if args.tokens is not None and (empty := [t for t in args.tokens if not t]):
         raise ScalestudyError(

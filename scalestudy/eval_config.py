@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from scalestudy.errors import ConfigError
 from scalestudy.schema import Frozen, Tuple
+from scalestudy.yamlio import shown
 
 
 class TaskConfig(Frozen):
@@ -23,6 +24,8 @@ class TaskConfig(Frozen):
     perplexity (LAMBADA); "pair": two sentences per row (`choice_fields`, the acceptable one
     first), each scored whole with no context, the more probable one picked (BLiMP).
     """
+
+    empty_ok = frozenset({"delimiter", "fewshot_delimiter"})  # "": choice right after context
 
     name: str = Field(min_length=1)
     path: str  # JSONL; relative paths: to the task YAML's folder, then eval.data_dir, then cwd
@@ -83,6 +86,8 @@ class TaskConfig(Frozen):
 class EvalConfig(Frozen):
     """Zero-shot evaluation: task names from the registry, YAML task files, or inline tasks."""
 
+    empty_ok = frozenset({"fewshot_delimiter"})  # "": demonstrations run into each other
+
     tasks: Tuple = ("synthetic_probes",)
     custom_tasks: Annotated[tuple[TaskConfig, ...], Field(strict=False)] = ()
     data_dir: str | None = None  # where released task files live (layout: README `eval`)
@@ -107,7 +112,8 @@ class EvalConfig(Frozen):
     num_fewshot_per_task: dict[str, Tuple] = Field(
         default_factory=dict, strict=False, exclude_if=lambda v: not v
     )
-    fewshot_seed: int = Field(1234, exclude_if=lambda v: v == 1234)  # the harness's default
+    # the harness's default; a seed of NumPy's generators (config.MAX_SEED)
+    fewshot_seed: int = Field(1234, ge=0, le=2**31 - 1, exclude_if=lambda v: v == 1234)
     fewshot_delimiter: str = Field("\n\n", exclude_if=lambda v: v == "\n\n")
     # registered task name -> the file its demonstrations come from (another split of the
     # release, in the same format); a task not named draws from its own file minus the
@@ -135,6 +141,21 @@ class EvalConfig(Frozen):
             str(task): _shot_list(f"eval.num_fewshot_per_task.{task}", shots)
             for task, shots in value.items()
         }
+
+    @field_validator("fewshot_files", mode="before")
+    @classmethod
+    def _files(cls, value):
+        if not isinstance(value, dict):
+            return value  # pydantic names the type
+        for task, path in value.items():
+            if not isinstance(path, str) or not path:
+                # `{copa:/x.jsonl}` in YAML is one key "copa:/x.jsonl" with no value
+                raise ConfigError(
+                    f"eval.fewshot_files.{task}={shown(path)}; accepted: a task name and the "
+                    "file its demonstrations come from, with a space after the colon, e.g. "
+                    "eval.fewshot_files={copa: data/copa/train.jsonl}"
+                )
+        return value
 
     def shots(self, task: str) -> tuple[int, ...]:
         """The numbers of demonstrations `task` is scored with."""
@@ -165,4 +186,16 @@ def _shot_list(key: str, value) -> tuple[int, ...]:
             f"{key}={value!r}; accepted: a whole number of demonstrations >= 0, "
             "or a list of them, e.g. 0 or [0, 1, 2, 4, 8]"
         )
-    return tuple(dict.fromkeys(values))
+    check_once(key, values)
+    return tuple(values)
+
+
+def check_once(key: str, values: list) -> None:
+    """Refuse a list that names a value twice (a K scored twice, a seed trained twice),
+    naming the repeat: which of the two was meant is the user's to say."""
+    seen: set = set()
+    twice = [v for v in values if v in seen or seen.add(v)]
+    if twice:
+        raise ConfigError(
+            f"{key}={shown(values)} gives {shown(twice[0])} twice; each value once is accepted"
+        )

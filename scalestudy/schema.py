@@ -3,9 +3,9 @@ configs write with suffixes ('300K', '1.5e18')."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from scalestudy.errors import ConfigError
 
@@ -18,6 +18,20 @@ class Frozen(BaseModel):
     # allow_inf_nan=False: `.inf` or `.nan` for a float (eps, grad_clip_norm, z_loss, ...) is
     # an error naming the key, not a run whose parameters never change.
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    # Text fields where "" means something (a delimiter of nothing); every other text field
+    # refuses "" unless "" is its default: `data.delimiter=` would split on nothing, a path or
+    # name of "" would be found missing (or worse, be the current directory) far into a run.
+    empty_ok: ClassVar[frozenset[str]] = frozenset()
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _not_empty(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str) and not value and info.field_name not in cls.empty_ok:
+            default = cls.model_fields[info.field_name].default
+            if default != "":
+                unset = "leave the key out" + (f" for {default!r}" if default else "")
+                raise ValueError(f"is empty; give a non-empty value, or {unset}")
+        return value
 
     def replace(self, **changes: Any) -> Frozen:
         """A validated copy with `changes` applied (nested models may be given as dicts)."""

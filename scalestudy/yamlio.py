@@ -66,6 +66,10 @@ MAX_VALUES = 1_000_000
 # Lists and mappings inside one another: a config nests a few levels; the YAML parser and
 # the code reading a config recurse once (or more) per level, into Python's recursion limit.
 MAX_DEPTH = 64
+# Bytes a config or study spec file may hold: the largest in configs/ is a few kilobytes; a
+# file of tens of megabytes (a list of millions of sizes or seeds) would take the parser
+# minutes before any check could speak.
+MAX_FILE_BYTES = 1 << 20
 
 
 class NestingError(yaml.YAMLError):
@@ -139,6 +143,29 @@ def deep_merge(base: dict, update: dict) -> dict:
     return out
 
 
+def _read_text(path: Path) -> str:
+    """The file's text, refused past MAX_FILE_BYTES before any of it is parsed."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"{path}: {size:,} bytes; a config or study spec is at most {MAX_FILE_BYTES:,} "
+            "bytes (a list of sizes or seeds that long would expand into more runs than a "
+            "study can plan)"
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def syntax_error(path: str | Path, e: yaml.MarkedYAMLError) -> str:
+    """A YAML syntax error as one line: file, line, column and what the parser expected."""
+    mark = e.problem_mark or e.context_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    what = " ".join(str(e.problem or "").split())
+    context = " ".join(str(e.context or "").split())
+    if context:
+        what = f"{what} ({context})" if what else context
+    return f"{where}: not valid YAML: {what}"
+
+
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a YAML mapping, resolving `include:` lists relative to the file."""
     path = Path(path)
@@ -149,9 +176,11 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         chain = " -> ".join(str(p) for p in (*_seen, resolved))
         raise ConfigError(f"include cycle: {chain}")
     try:
-        raw = parse_yaml(path.read_text(encoding="utf-8")) or {}
+        raw = parse_yaml(_read_text(path))
     except (DuplicateKeyError, NestingError) as e:
         raise ConfigError(f"{path}: {e}") from None
+    except yaml.MarkedYAMLError as e:
+        raise ConfigError(syntax_error(path, e)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     except UnicodeDecodeError as e:
@@ -161,6 +190,11 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         ) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    if raw is None:  # a zero-byte or comment-only file would train with every default
+        raise ConfigError(
+            f"{path}: the file holds no keys (empty, or only comments); give a mapping such "
+            "as `include: [models/tiny.yaml]` or `model: {d_model: 64}`"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(raw).__name__}")
     includes = raw.pop("include", [])

@@ -21,7 +21,7 @@ import numpy as np
 
 from scalestudy.config import DataConfig
 from scalestudy.data import DataError
-from scalestudy.errors import not_found
+from scalestudy.errors import not_found, path_kind
 
 if TYPE_CHECKING:
     import seqio
@@ -106,6 +106,11 @@ Vocabulary = ByteVocabulary | SentencePieceVocabulary
 
 def _spm_path(data_cfg: DataConfig) -> Path:
     path = Path(str(data_cfg.spm_path))
+    if path.exists() and not path.is_file():  # a folder is not "not found": say what it is
+        raise DataError(
+            f"data.spm_path={str(path)!r} is {path_kind(path)}; expected a SentencePiece "
+            ".model file (e.g. the T5 vocabulary's spiece.model)"
+        )
     if not path.is_file():
         raise DataError(
             f"data.spm_path={str(path)!r}: SentencePiece model not found; train one with "

@@ -22,6 +22,8 @@ this module (registering the model) and hands ARGS to lm-eval's own command line
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
 import sys
 import warnings
 from collections.abc import Sequence
@@ -127,6 +129,7 @@ class ScalestudyLM(LM):
 
     def __init__(self, **model_args) -> None:
         super().__init__()
+        _release_logs()
         known, overrides = _model_args(dict(model_args))
         workdir = known.get("workdir")
         if not workdir:
@@ -310,14 +313,86 @@ def _cut_at_stop(text: str, until: Sequence[str]) -> str:
     return text[: min(ends)] if ends else text
 
 
+# lm-eval's refusals of its own command line (an unknown task, an include path that is not
+# there), raised before it builds the model: each becomes one `error:` line.
+_REFUSALS = (ValueError, FileNotFoundError, NotADirectoryError, KeyError)
+_log_held: list[logging.handlers.MemoryHandler] = []  # lm-eval's log until the model starts
+
+
 def run_cli(argv: list[str]) -> int:
-    """lm-eval's own command line on `argv`, unchanged, with "scalestudy" registered."""
+    """lm-eval's own command line on `argv`, unchanged, with "scalestudy" registered. Its
+    log is held until the model starts (and dropped when lm-eval refuses the command first),
+    so a refusal is one line."""
+    check_shots(argv)
     given = sys.argv
     sys.argv = ["lm-eval", *argv]
+    _hold_logs()
     try:
         cli_evaluate()
     except SystemExit as e:  # its argument errors and --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except _REFUSALS as e:
+        if not _log_held:  # raised after the model started: not a refusal of the command
+            raise
+        text = " ".join(str(e).split()) or type(e).__name__
+        raise ScalestudyError(f"lm-eval refused the command: {text}") from None
     finally:
         sys.argv = given
+        if _log_held:
+            _log_held.pop().buffer.clear()
     return 0
+
+
+def check_shots(argv: Sequence[str]) -> None:
+    """Refuse `--num_fewshot` below 0 (lm-eval would take it and score zero-shot)."""
+    for i, item in enumerate(argv):
+        flag, sep, value = item.partition("=")
+        if flag != "--num_fewshot":
+            continue
+        value = value if sep else (argv[i + 1] if i + 1 < len(argv) else "")
+        if value.lstrip("-").isdecimal() and int(value) < 0:
+            raise ScalestudyError(
+                f"--num_fewshot {value}: a number of demonstrations >= 0 is accepted"
+            )
+
+
+def _hold_logs() -> None:
+    """Route lm-eval's log into memory, to its own handlers once the model starts."""
+    from lm_eval.utils import setup_logging
+
+    setup_logging()
+    logger = logging.getLogger("lm_eval")
+    targets = list(logger.handlers)
+    held = logging.handlers.MemoryHandler(1 << 30, flushLevel=logging.CRITICAL + 1)
+    held.setTarget(_Fanout(targets))
+    for handler in targets:
+        logger.removeHandler(handler)
+    logger.addHandler(held)
+    _log_held.append(held)
+
+    def release() -> None:
+        logger.removeHandler(held)
+        for handler in targets:
+            logger.addHandler(handler)
+        held.flush()
+
+    held.release = release  # type: ignore[attr-defined]
+
+
+def _release_logs() -> None:
+    """lm-eval accepted the command (it starts the model): its held log goes out now."""
+    while _log_held:
+        _log_held.pop().release()  # type: ignore[attr-defined]
+
+
+class _Fanout(logging.Handler):
+    """Hands each record to the handlers lm-eval set up."""
+
+    def __init__(self, handlers: list[logging.Handler]):
+        super().__init__()
+        self.handlers = handlers
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for handler in self.handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)

@@ -23,6 +23,7 @@ import gc
 import importlib.abc
 import importlib.util
 import logging
+import logging.handlers
 import os
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from scalestudy.errors import ScalestudyError
 from scalestudy.train import rundir, stops
 
 # Loggers of the libraries under the loop; their records would otherwise reach the terminal.
@@ -124,12 +126,31 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         handler.close()
 
 
-def library_logs_of(workdir: str | Path) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def library_logs_of(workdir: str | Path) -> Iterator[None]:
     """The libraries' notes (orbax opening checkpoints read-only, ...) to the run's log, as in
-    training (`eval` on a finished run); none of them from a directory that cannot be written."""
-    if os.access(workdir, os.W_OK):
-        return library_logs_to_file(workdir)
-    return library_logs_dropped()
+    training (`eval` on a finished run); none of them from a directory that cannot be written.
+    They are held until the block ends and dropped when it refuses (a ScalestudyError): a
+    refused command leaves the run's log as it found it."""
+    if not os.access(workdir, os.W_OK):
+        with library_logs_dropped():
+            yield
+        return
+    held = logging.handlers.MemoryHandler(capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
+    restore, _ = _route(held)
+    try:
+        yield
+    except ScalestudyError:
+        held.buffer.clear()
+        raise
+    finally:
+        restore()
+        if held.buffer:
+            target = _handler(rundir.log_path(workdir))
+            held.setTarget(target)
+            held.flush()
+            target.close()
+        held.close()
 
 
 @contextlib.contextmanager

@@ -157,10 +157,11 @@ def check_count(count: Any, where: str, hint: str = "") -> int:
 SEED_SHORTHAND = "seed"
 
 
-def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
+def parse_grid(items: Sequence[str], overrides: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
     """A member grid (`seed=0,1,2 optim.learning_rate=3e-3,1e-2`: every combination) as
     (directory name, overrides) per member, in grid order. `seed=S` sets train.seed and
-    data.seed; other keys are dotted config keys that members may differ in."""
+    data.seed; other keys are dotted config keys that members may differ in. A key set by two
+    axes, or by an axis and one of the shared `overrides`, is refused naming both."""
     axes: list[tuple[str, list[str]]] = []
     accepted = f"{SEED_SHORTHAND}, " + ", ".join(k for k in MEMBER_KEYS if k != "name")
     for item in items:
@@ -184,6 +185,7 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         axes.append((key, parts))
     if not axes:
         raise ConfigError(f"--members: the grid is empty; give KEY=V1,V2,... ({accepted})")
+    _check_one_place(axes, overrides)
     grid: list[tuple[str, list[str]]] = [("", [])]
     for key, values in axes:
         short = key.rsplit(".", 1)[-1]
@@ -194,6 +196,28 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         ]
     check_count(len(grid), "--members (the grid's members)", "; split it over several commands")
     return grid
+
+
+def _check_one_place(axes: list[tuple[str, list[str]]], overrides: Sequence[str]) -> None:
+    """Refuse a config key that two places set (`seed=0,1` with `train.seed=...`, as a shared
+    override or another axis): one would silently win over the other."""
+    setters: dict[str, str] = {}
+    for key, values in axes:
+        for item in _overrides(key, values[0]):
+            target = item.partition("=")[0]
+            if target in setters:
+                raise ConfigError(
+                    f"--members: {setters[target]}=... and {key}=... both set {target}; "
+                    "give it in one place"
+                )
+            setters[target] = key
+    for item in overrides:
+        target = item.partition("=")[0]
+        if target in setters:
+            raise ConfigError(
+                f"{item} and --members {setters[target]}=... both set {target}: the members' "
+                f"values would win; give {target} in one place (in --members to vary it)"
+            )
 
 
 def _overrides(key: str, value: str) -> list[str]:

@@ -146,7 +146,14 @@ def initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:
             "SCALESTUDY_DISTRIBUTED=auto on a cluster JAX recognises; unset them for one process"
         )
     if mode == "auto":
-        jax.distributed.initialize()
+        try:
+            jax.distributed.initialize()
+        except ValueError as e:  # no cluster JAX recognises: it cannot find a coordinator
+            raise MeshError(
+                f"SCALESTUDY_DISTRIBUTED=auto, and JAX finds no cluster here ({e}); run it "
+                "inside a SLURM job or on a Cloud TPU slice, give SCALESTUDY_COORDINATOR, "
+                "SCALESTUDY_NUM_PROCESSES and SCALESTUDY_PROCESS_ID, or unset it for one process"
+            ) from None
         return True
     if mode not in ("", "off"):
         raise MeshError(f"SCALESTUDY_DISTRIBUTED={mode!r}; accepted: auto, off")
