@@ -246,6 +246,13 @@ def scoring_inputs_suffix(cfg: ObjectiveConfig) -> tuple[int, ...]:
     return (EOS_ID,) if cfg.name == "mlm" else ()
 
 
+def scoring_targets_prefix(cfg: ObjectiveConfig) -> tuple[int, ...]:
+    """Sentinels (i of <extra_id_i>) that began every training target of this objective, put
+    before each scored continuation, read but not scored, so that evaluation continues in the
+    form training showed (mlm: <extra_id_0>; flm/plm: none)."""
+    return (0,) if cfg.name == "mlm" else ()
+
+
 def feature_lengths(cfg: ObjectiveConfig, encoder_decoder: bool) -> tuple[int, int]:
     """(encoder, decoder) positions of a row for the objective `cfg` (encoder 0: decoder-only).
 

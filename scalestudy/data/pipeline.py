@@ -155,11 +155,15 @@ def size_scoring_rows(
 
 
 def scoring_batch(
-    cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]]
+    cfg: ExperimentConfig,
+    inputs: list[list[int]],
+    targets: list[list[int]],
+    unscored: int = 0,
 ) -> tuple[dict[str, np.ndarray], int]:
     """One unpacked row per (inputs, targets) pair for scoring; (batch, rows truncated).
 
-    Loss weights are 1 exactly on the target tokens. Inputs are cut from the left to fit
+    Loss weights are 1 exactly on the target tokens past the first `unscored` (a form prefix
+    such as span corruption's sentinel: read, not scored). Inputs are cut from the left to fit
     (decoder-only rows hold L = inputs_length + targets_length positions; the encoder
     inputs_length); targets longer than the decoder are cut at the right (counted too). An
     encoder-decoder row with no inputs gets a lone EOS so that the encoder sees one token.
@@ -171,11 +175,11 @@ def scoring_batch(
     refusal = scores_zero_shot(cfg.objective)
     if refusal:
         raise DataError(refusal)
-    return _pair_rows(cfg, inputs, targets)
+    return _pair_rows(cfg, inputs, targets, unscored)
 
 
 def _pair_rows(
-    cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]]
+    cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]], unscored: int = 0
 ) -> tuple[dict[str, np.ndarray], int]:
     """`scoring_batch`'s rows, for any objective: inputs where the architecture reads its
     inputs, targets where it predicts; (batch, rows truncated)."""
@@ -198,9 +202,11 @@ def _pair_rows(
             if cut_inp.size == 0:
                 cut_inp = np.array([EOS_ID], np.int32)
             write_encoder(f, r, 0, cut_inp, 1)
-            write_decoder(f, r, 0, cut_inp[:0], tgt_a, 1, prefix=False)
+            cut_inp = cut_inp[:0]  # the decoder row holds the targets only
+            write_decoder(f, r, 0, cut_inp, tgt_a, 1, prefix=False)
         else:
             write_decoder(f, r, 0, cut_inp, tgt_a, 1, prefix=cfg.model.arch == "noncausal_decoder")
+        f["decoder_loss_weights"][r, cut_inp.size : cut_inp.size + unscored] = 0
     return f, truncated
 
 

@@ -20,7 +20,9 @@ and continuation; the encoder-decoder's encoder holds the context) is
 `data.pipeline.size_scoring_rows`, beside `scoring_batch`, which lays the rows out.
 
 The input form follows training: an objective whose inputs ended in EOS in training (span
-corruption) gets EOS after every context (`data.objectives.scoring_inputs_suffix`).
+corruption) gets EOS after every context (`data.objectives.scoring_inputs_suffix`), and one
+whose targets began with a sentinel (span corruption's <extra_id_0>) gets it before every
+continuation, read but not scored (`data.objectives.scoring_targets_prefix`).
 """
 
 from __future__ import annotations
@@ -30,21 +32,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.data.objectives import scoring_inputs_suffix
+from scalestudy.data.objectives import scoring_inputs_suffix, scoring_targets_prefix
 from scalestudy.data.pipeline import size_scoring_rows
+from scalestudy.data.vocab import get_vocabulary, sentinel_id
 from scalestudy.evaluate.formats import TaskDataError
 
 
 @dataclass(frozen=True)
 class Fitted:
-    """Pairs ready to score: contexts cut to their budget (input form appended) and the row
-    lengths (inputs, targets) that hold every pair whole."""
+    """Pairs ready to score: contexts cut to their budget (input form appended), targets
+    after the form's first `unscored` tokens (read, not scored), and the row lengths
+    (inputs, targets) that hold every pair whole."""
 
     inputs: list[list[int]]
     targets: list[list[int]]
     context_tokens: np.ndarray  # per pair: context tokens before any cut (input form excluded)
     context_kept: np.ndarray  # per pair: context tokens kept
     lengths: tuple[int, int]
+    unscored: int = 0
 
     @property
     def cut(self) -> np.ndarray:
@@ -63,10 +68,12 @@ def fit_pairs(
     if len(inputs) != len(targets):
         raise ValueError(f"{len(inputs)} contexts but {len(targets)} continuations")
     suffix = list(scoring_inputs_suffix(cfg.objective))
+    prefix = targets_prefix(cfg)
     n_ctx = np.array([len(x) for x in inputs], dtype=np.int64)
     n_tgt = np.array([len(t) for t in targets], dtype=np.int64)
     if n_tgt.size and n_tgt.min() == 0:
         raise TaskDataError(f"task {task!r}: a continuation encodes to no tokens; nothing to score")
+    n_tgt = n_tgt + len(prefix)
     rows = size_scoring_rows(cfg, n_ctx, n_tgt, len(suffix))
     cut_inputs = [
         [*x[len(x) - k :], *suffix] if k else list(suffix)
@@ -86,7 +93,17 @@ def fit_pairs(
             f"{int(rows.kept.max(initial=0)) + len(suffix)}, longest continuation "
             f"{int(n_tgt.max(initial=0))}) but eval.max_length={max_length}; {fix}"
         )
-    return Fitted(cut_inputs, [list(t) for t in targets], n_ctx, rows.kept, rows.lengths)
+    full = [[*prefix, *t] for t in targets]
+    return Fitted(cut_inputs, full, n_ctx, rows.kept, rows.lengths, len(prefix))
+
+
+def targets_prefix(cfg: ExperimentConfig) -> list[int]:
+    """The token ids every scored continuation starts with (`scoring_targets_prefix`)."""
+    sentinels = scoring_targets_prefix(cfg.objective)
+    if not sentinels:  # no vocabulary to read for the objectives that have none
+        return []
+    vocab = get_vocabulary(cfg.data)
+    return [sentinel_id(vocab, i) for i in sentinels]
 
 
 def context_budget(cfg: ExperimentConfig, targets: list[list[int]]) -> np.ndarray:
@@ -95,7 +112,8 @@ def context_budget(cfg: ExperimentConfig, targets: list[list[int]]) -> np.ndarra
     eval.max_length leave beside the task's longest continuation. Few-shot prompts
     (`fewshot.py`) drop demonstrations to stay within it."""
     suffix = len(scoring_inputs_suffix(cfg.objective))
-    n_tgt = np.array([len(t) for t in targets], dtype=np.int64)
+    prefix = len(scoring_targets_prefix(cfg.objective))
+    n_tgt = np.array([len(t) for t in targets], dtype=np.int64) + prefix
     unbounded = np.full_like(n_tgt, np.iinfo(np.int32).max)
     rows = size_scoring_rows(cfg, unbounded, n_tgt, suffix)
     return np.minimum(rows.kept, max(rows.context_room, 0))

@@ -127,6 +127,10 @@ class Scorer:
         """`score` of each part, all parts' pairs laid out by one plan (they share shapes)."""
         inputs = [x for part in parts for x in part.inputs]
         targets = [t for part in parts for t in part.targets]
+        unscored = {part.unscored for part in parts}
+        if len(unscored) > 1:  # one objective's form: every part starts its targets alike
+            raise ScalestudyError(f"parts fitted with different target prefixes: {unscored}")
+        skip = next(iter(unscored), 0)
         n = len(inputs)
         lp, n_tok, correct = np.zeros(n), np.zeros(n, np.int32), np.zeros(n, bool)
         plan = plan_calls(
@@ -145,6 +149,7 @@ class Scorer:
                 self._lengths_config(call.lengths),
                 [inputs[i] for i in idx],
                 [targets[i] for i in idx],
+                unscored=skip,
             )
             if n_cut:  # fit_pairs sized the rows; a cut here is a bug, never a silent result
                 raise ScalestudyError(f"scoring rows of {call.lengths} cut {n_cut} pairs")
