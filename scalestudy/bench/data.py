@@ -1,4 +1,5 @@
-"""Data pipeline throughput (NumPy and seqio paths) and the seqio stream's resume cost."""
+"""Data pipeline throughput (NumPy, seqio and Grain paths), the seqio stream's resume cost, and
+the Grain path's reading and batch rate against the configured training step."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ from typing import Any
 
 from scalestudy.bench.cells import cells
 from scalestudy.config import ExperimentConfig
-from scalestudy.data import require_seqio
+from scalestudy.data import require_seqio, sources, vocab
 from scalestudy.data.pipeline import make_iterator
 
 
 def bench(cfg: ExperimentConfig | None, steps: int) -> dict:
     """Batches/s, examples/s and tokens/s of every valid cell (bmlm's too) on the configured
     corpus; for
-    `data.source: seqio`, the configured stream's resume cost at step `steps` instead.
+    `data.source: seqio`, the configured stream's resume cost at step `steps` instead; for
+    `data.source: grain`, the Grain path against the training step (`bench_grain`).
 
     tokens = non-padding positions (decoder + encoder); loss_tokens = loss-bearing positions.
     Without a config: the synthetic corpus, batch 64 and the default lengths.
     """
     if cfg is not None and cfg.data.source == "seqio":
         return bench_resume(cfg, steps)
+    if cfg is not None and cfg.data.source == "grain":
+        return bench_grain(cfg, steps)
     if cfg is None:
         cfg = ExperimentConfig(train={"batch_size": 64})
     out: dict[str, float | int | str] = {
@@ -135,6 +139,51 @@ def bench_resume(cfg: ExperimentConfig, steps: int) -> dict:
         "restore_preprocessed": restore_n,
         "skip_s": round(skip_s, 2),
         "skip_preprocessed": skip_n,
+    }
+
+
+def bench_grain(cfg: ExperimentConfig, steps: int) -> dict:
+    """The configured Grain corpus and cell: reading the documents through Grain's sources
+    (documents/s, MB/s), tokenising them, the first batch (both again, inside the iterator),
+    then `steps` batches (batches/s) against `steps` training steps of the configured model:
+    `data_share` is a batch's time over a step's, the share of a step the host would spend
+    making its batch if nothing overlapped them."""
+    from scalestudy.bench.train import time_train_steps
+
+    t0 = time.perf_counter()
+    docs = sources.documents(cfg.data, "train")
+    read_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ids, _ = vocab.encode_documents(vocab.get_vocabulary(cfg.data), docs)
+    encode_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    it = make_iterator(cfg)
+    next(it)
+    first_s = time.perf_counter() - t0
+    rates = _Counts()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        rates.add(next(it))
+    batch_s = (time.perf_counter() - t0) / steps
+    train = time_train_steps(cfg, steps)
+    megabytes = sum(len(d.encode()) for d in docs) / 1e6
+    return {
+        "source": f"grain:{','.join(map(str, cfg.data.paths))}",
+        "cell": f"{cfg.objective.name}/{cfg.model.arch}",
+        "batch_size": cfg.train.batch_size,
+        "lengths": f"{cfg.objective.inputs_length}+{cfg.objective.targets_length}",
+        "documents": len(docs),
+        "corpus_tokens": int(ids.size),
+        "read_s": round(read_s, 2),
+        "read_documents_per_s": round(len(docs) / read_s),
+        "read_mb_per_s": round(megabytes / read_s, 1),
+        "encode_s": round(encode_s, 2),
+        "first_batch_s": round(first_s, 2),
+        "batches_per_s": round(1 / batch_s, 1),
+        **rates.per_s("batch", batch_s * steps),
+        "train_step_ms": train["step_ms"],
+        "train_steps_per_s": round(1e3 / train["step_ms"], 1),
+        "data_share": round(1e3 * batch_s / train["step_ms"], 4),
     }
 
 

@@ -238,7 +238,14 @@ def _read_texts(source: Any) -> list[str]:
     if not len(source):
         return []
     sampler = grain.samplers.IndexSampler(num_records=len(source), shuffle=False, num_epochs=1)
-    loader = grain.DataLoader(data_source=source, sampler=sampler, worker_count=0)
+    # Read in this thread: these sources decode under the GIL (a Parquet row group behind a
+    # lock), so read-ahead threads only add switching (docs/data.md: ~10x slower on 2 cores).
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        worker_count=0,
+        read_options=grain.ReadOptions(num_threads=0),
+    )
     docs = []
     for i, value in enumerate(loader):
         if not isinstance(value, str):
