@@ -224,3 +224,17 @@ def test_parquet_and_a_saved_dataset_train_without_tensorflow(corpus, tmp_path):
     for kind in paths:
         summary = json.loads((tmp_path / kind / "summary.json").read_text())
         assert summary["steps"] == 2 and summary["final_val_loss"] > 0
+
+
+def test_the_data_bench_measures_the_grain_corpus_against_the_step(corpus):
+    from scalestudy.bench.data import bench
+
+    cfg = load_config(None, [*TINY, "data.source=grain", f"data.paths=[{corpus['parquet']}]"])
+    out = bench(cfg, steps=2)
+    n_train = len(sources.documents(cfg.data, "train"))
+    assert out["documents"] == n_train and n_train < len([d for d in DOCS if d.strip()])
+    assert out["cell"] == "flm/causal_decoder" and out["corpus_tokens"] > 0
+    assert out["batches_per_s"] > 0 and out["train_step_ms"] > 0
+    # data_share is a batch's time over a step's: both rates say the same ratio.
+    share = out["train_steps_per_s"] / out["batches_per_s"]
+    assert out["data_share"] == pytest.approx(share, rel=0.1)
