@@ -1,13 +1,19 @@
 """Checkpoints: everything needed to resume a run exactly, via orbax.
 
-A checkpoint (`<workdir>/checkpoints/<step>/`) holds four items:
+A checkpoint (`<workdir>/checkpoints/<step>/`) holds these items, each with one of orbax's
+own handlers, so that plain `ocp.CheckpointManager(dir).restore(step)` reads all of them
+without this package:
 
-- `params`: the parameters (restorable alone, for evaluation);
-- `train`: the rest of the train state (step, optimizer state, RNG key);
-- `data`: the data iterator state of every process, one JSON file each
-  (`process_<i>-of-<n>.json`, from `BatchIterator.state()` and the loop's totals): each
-  process streams its own shard and restores its own state;
-- `config`: the resolved `ExperimentConfig` (JSON).
+- `params`: the parameters (restorable alone, for evaluation; StandardCheckpointHandler);
+- `train`: the rest of the train state (step, optimizer state, RNG key; the same handler);
+- `data`: the data iterator state of process 0 (JsonCheckpointHandler, from
+  `BatchIterator.state()` and the loop's totals); on several processes, one more JSON item
+  per process, `data_process_<i>-of-<n>`, written by that process: each process streams its
+  own shard and restores its own state;
+- `config`: the resolved `ExperimentConfig` (JsonCheckpointHandler).
+
+Checkpoints of older releases (one `data` item of `process_<i>-of-<n>.json` files, written
+by a handler of this package) still resume here; plain orbax cannot read their `data`.
 
 Saves are asynchronous (the device-to-host copy blocks, the writing does not) and atomic:
 orbax writes into a temporary directory and renames it when complete, so an interrupted save
@@ -28,7 +34,6 @@ policy after a successful save.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import hashlib
 import json
@@ -61,47 +66,48 @@ class CheckpointError(ScalestudyError):
 
 
 def process_file(index: int, count: int) -> str:
-    """The name of process `index`'s data state file in a checkpoint of `count` processes."""
+    """The name of process `index`'s data state file in a `data` item of an older release
+    (one file per process inside `data/`, written by a handler of this package)."""
     return f"process_{index}-of-{count}.json"
 
 
-class ProcessJsonHandler(ocp.JsonCheckpointHandler):
-    """A JSON item written by every process into its own file (orbax's JSON item is written
-    by the primary host only). Restore reads this process's file; a checkpoint of another
-    process count gives process 0's state (the iterator says whether it fits), and one of an
-    older release its single file."""
+def data_item(index: int, count: int) -> str:
+    """The checkpoint item holding process `index`'s data state (of `count` processes):
+    `data` for process 0, `data_process_<i>-of-<n>` for the others."""
+    return "data" if index == 0 else f"data_process_{index}-of-{count}"
 
-    async def _save_fn(self, x: Any, directory: Any) -> None:
-        path = directory / process_file(*distributed.process_layout())
-        path.write_text(json.dumps(x))
 
-    def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
-        return json.loads(data_state_file(directory).read_text())
+def data_handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+    """orbax's handlers for the data items of this process layout: orbax's own JSON handler
+    for each, with the process whose state it holds as its writer (orbax writes a JSON item
+    from one process only), so plain orbax restores every item without this package."""
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    _, count = distributed.process_layout()
+    for index in range(count):
+        options = ocp.options.MultiprocessingOptions(primary_host=index)
+        handler = ocp.JsonCheckpointHandler(multiprocessing_options=options)
+        registry.add(data_item(index, count), ocp.args.JsonSave, handler)
+        registry.add(data_item(index, count), ocp.args.JsonRestore, handler)
+    return registry
 
 
 def data_state_file(directory: Any) -> Any:
-    """The file of a checkpoint's `data` item that this process restores (see
-    ProcessJsonHandler); FileNotFoundError when there is none."""
-    own = directory / process_file(*distributed.process_layout())
-    candidates = [own, *sorted(directory.glob("process_0-of-*.json")), directory / "metadata"]
+    """The file holding the data state this process restores, given a checkpoint step's
+    `data` item directory: its own item's; with another process count, process 0's (the
+    iterator says whether it fits); in a checkpoint of an older release, the matching file
+    of its one `data` item. FileNotFoundError when there is none."""
+    index, count = distributed.process_layout()
+    own = directory.parent / data_item(index, count) / "metadata"
+    candidates = [
+        own,
+        directory / process_file(index, count),
+        directory / "metadata",
+        *sorted(directory.glob("process_0-of-*.json")),
+    ]
     for path in candidates:
         if path.exists():
             return path
-    raise FileNotFoundError(
-        errno.ENOENT, f"no data state file in {directory} (looked for {own.name})"
-    )
-
-
-@ocp.args.register_with_handler(ProcessJsonHandler, for_save=True)
-@dataclasses.dataclass
-class ProcessJsonSave(ocp.args.CheckpointArgs):
-    item: Any
-
-
-@ocp.args.register_with_handler(ProcessJsonHandler, for_restore=True)
-@dataclasses.dataclass
-class ProcessJsonRestore(ocp.args.CheckpointArgs):
-    pass
+    raise FileNotFoundError(errno.ENOENT, f"no data state file in {directory} (looked for {own})")
 
 
 def file_checksums(step_dir: Path) -> dict[str, str]:
@@ -232,7 +238,9 @@ class Checkpointer:
         self.read_only = read_only
         self._pending: int | None = None  # step of a save not yet checked for errors
         self._failed: int | None = None  # step whose save failed (reported once)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, handler_registry=data_handlers()
+        )
         if not read_only:
             checkpoint_writers.remove_stale_saves(self.directory)
 
@@ -247,11 +255,18 @@ class Checkpointer:
         """Start saving `state` (a dict with "params" and the rest) at `step`; every process
         calls this with its own `data_state`."""
         rest = {k: v for k, v in state.items() if k != "params"}
+        index, count = distributed.process_layout()
+        # Every process names every item; each data item is written by its own process
+        # only, so the others' placeholders are never written.
+        data = {
+            data_item(i, count): ocp.args.JsonSave(data_state if i == index else {})
+            for i in range(count)
+        }
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state["params"]),
             train=ocp.args.StandardSave(rest),
-            data=ProcessJsonSave(data_state),
             config=ocp.args.JsonSave(cfg.model_dump(mode="json")),
+            **data,
         )
         self.wait()  # orbax waits for the previous save anyway; its error names its step
         self._pending = step
@@ -343,10 +358,12 @@ class Checkpointer:
             args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_state["params"]),
                 train=ocp.args.StandardRestore(rest),
-                data=ProcessJsonRestore(),
             ),
         )
-        return {"params": out["params"], **out["train"]}, out["data"]
+        # Read as orbax's JSON handler reads it, from whichever item or older file holds
+        # this process's state (see data_state_file).
+        data = json.loads(data_state_file(self.directory / str(step) / "data").read_text())
+        return {"params": out["params"], **out["train"]}, data
 
     def restore_params(self, step: int, abstract_params: Any) -> Any:
         """Only the parameters of the checkpoint at `step`."""

@@ -169,9 +169,10 @@ def test_every_checkpoint_unreadable_stops_instead_of_starting_over(tmp_path):
 
 
 def test_an_unreadable_data_state_file_is_set_aside(tmp_path):
-    """The data item is one file per process: a garbled one makes the checkpoint unreadable."""
+    """The data item is one JSON file per process: a garbled one makes the checkpoint
+    unreadable."""
     save_steps(tmp_path / "checkpoints", (5, 10))
-    (tmp_path / "checkpoints/10/data/process_0-of-1.json").write_text("{garbage")
+    (tmp_path / "checkpoints/10/data/metadata").write_text("{garbage")
     ckpt = Checkpointer(tmp_path / "checkpoints")
     assert verify(ckpt.directory, 5) is None
     assert verify(ckpt.directory, 10).startswith("data: ")

@@ -247,9 +247,10 @@ def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
     checkpoint of step 8, and not as a directory the failed save left behind."""
     import threading
 
+    import orbax.checkpoint as ocp
     import tensorstore as ts
 
-    real = checkpoint.ProcessJsonHandler._save_fn
+    real = ocp.JsonCheckpointHandler._save_fn
     failed, landed = [], []
 
     def late_write(item_dir):
@@ -263,7 +264,9 @@ def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
             pass
 
     async def save_fn(self, x, directory):
-        if directory.parent.name.startswith(f"8{checkpoint_writers.TMP_SUFFIX}"):
+        if directory.name.startswith("data") and directory.parent.name.startswith(
+            f"8{checkpoint_writers.TMP_SUFFIX}"
+        ):
             if not failed:
                 failed.append(Path(directory))
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -272,7 +275,7 @@ def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
             writer.join()  # landed, or failed, before this save goes on
         await real(self, x, directory)
 
-    monkeypatch.setattr(checkpoint.ProcessJsonHandler, "_save_fn", save_fn)
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", save_fn)
     with pytest.raises(checkpoint.CheckpointWriteError, match=r"step 8 .*No space left on device"):
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
     assert checkpoint_writers.unfinished_saves(tmp_path / "checkpoints") == []

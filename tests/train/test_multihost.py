@@ -154,8 +154,10 @@ def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
     cfg = load_config(None, [*OVERRIDES, *seqio_overrides])
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _finish(_launch(cfg, tmp_path, straight))  # checkpoints at steps 3 and 6
-    data = straight / "checkpoints" / "3" / "data"
-    states = [json.loads((data / f"process_{p}-of-2.json").read_text()) for p in range(2)]
+    step_dir = straight / "checkpoints" / "3"
+    items = [checkpoint.data_item(p, 2) for p in range(2)]
+    assert items == ["data", "data_process_1-of-2"]
+    states = [json.loads((step_dir / item / "metadata").read_text()) for item in items]
     assert [s["iterator"]["process"] for s in states] == [[0, 2], [1, 2]]
     assert states[0]["iterator"]["tf_data"] != states[1]["iterator"]["tf_data"]
 
@@ -174,8 +176,10 @@ def test_two_processes_resume_a_seqio_stream(tmp_path: Path):
 
 
 def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
-    """The checkpoint's data item: every process writes its own file and reads it back;
-    another process count reads process 0's (the iterator decides whether it fits)."""
+    """The checkpoint's data items: process 0's state in `data`, process i's in
+    `data_process_i-of-n` (orbax's JSON items, each written by its own process); each process
+    reads its own back, another process count reads process 0's (the iterator decides whether
+    it fits)."""
     import jax.numpy as jnp
 
     from scalestudy.config import ExperimentConfig
@@ -183,15 +187,37 @@ def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
     state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     ckpt = checkpoint.Checkpointer(tmp_path, async_save=False)
-    monkeypatch.setattr(distributed, "process_layout", lambda: (1, 2))
-    ckpt.save(5, state, {"iterator": {"process": 1}}, ExperimentConfig())
+    ckpt.save(5, state, {"iterator": {"process": 0}}, ExperimentConfig())
     ckpt.wait()
-    # What process 0 of the same run writes beside it.
-    (tmp_path / "5" / "data" / "process_0-of-2.json").write_text('{"iterator": {"process": 0}}')
-    files = sorted(f.name for f in (tmp_path / "5" / "data").glob("process_*.json"))
-    assert files == ["process_0-of-2.json", "process_1-of-2.json"]
-    for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0)):
+    # What process 1 of a two-process run writes beside it.
+    (tmp_path / "5" / "data_process_1-of-2").mkdir()
+    (tmp_path / "5" / "data_process_1-of-2" / "metadata").write_text('{"iterator": {"process": 1}}')
+    for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0), ((3, 4), 0)):
         monkeypatch.setattr(distributed, "process_layout", lambda layout=layout: layout)
         _, data, step = recovery.restore(ckpt, abstract)
         assert step == 5 and data == {"iterator": {"process": want}}
+    ckpt.close()
+
+
+def test_an_older_releases_data_files_still_restore(tmp_path: Path, monkeypatch):
+    """A checkpoint of an older release kept every process's state as a file inside one
+    `data` item (`process_<i>-of-<n>.json`): each process still reads its own."""
+    import jax.numpy as jnp
+
+    from scalestudy.config import ExperimentConfig
+
+    state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    ckpt = checkpoint.Checkpointer(tmp_path, async_save=False)
+    ckpt.save(5, state, {"iterator": {"process": "new"}}, ExperimentConfig())
+    ckpt.wait()
+    data = tmp_path / "5" / "data"
+    (data / "metadata").unlink()
+    for p in range(2):
+        (data / f"process_{p}-of-2.json").write_text(json.dumps({"iterator": {"process": p}}))
+    checkpoint.write_checksums(tmp_path / "5")  # as that release saved them
+    for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0)):
+        monkeypatch.setattr(distributed, "process_layout", lambda layout=layout: layout)
+        _, restored, step = recovery.restore(ckpt, abstract)
+        assert step == 5 and restored == {"iterator": {"process": want}}
     ckpt.close()
