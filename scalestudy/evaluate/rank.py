@@ -33,7 +33,7 @@ from scalestudy.evaluate.metrics import (
 )
 from scalestudy.evaluate.pairs import limit_examples, text_windows, tokenize_pairs
 from scalestudy.evaluate.records import example_records, window_records
-from scalestudy.evaluate.results import write_examples, write_results
+from scalestudy.evaluate.results import print_task_lines, write_examples, write_results
 from scalestudy.evaluate.scorer import ScoreFn, Scorer, scoring_config
 from scalestudy.evaluate.tasks import load_tasks
 from scalestudy.models.api import build_model
@@ -304,6 +304,7 @@ def evaluate_run(
         mesh=mesh,
         records=records,
     )
+    print_task_lines(step, results)
     settings = cfg.eval.model_dump(mode="json")
 
     def write_into_run() -> None:

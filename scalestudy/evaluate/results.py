@@ -5,6 +5,8 @@
   `summary.json["eval_configs"]`: every settings key this run was evaluated with -> settings;
 - `metrics.jsonl`: one line per evaluation, keys "eval/<task>/<metric>" and `eval_settings`,
   the key of its settings (so two evaluations of one step say which settings made which);
+- `tensorboard/`: the same numbers as `eval/<task>/<metric>` scalars at the run's step,
+  one event file per evaluation beside the training's;
 - `eval_examples/step_<step>/<task>.jsonl`: the per-example scores (`records.py`) of the
   latest evaluation of that step, `settings.json` beside them naming each task's settings.
   An evaluation with other settings never overwrites silently: the earlier file is kept as
@@ -15,10 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from scalestudy.train import rundir
+from scalestudy.train.tensorboard import EventWriter
 
 EXAMPLES_DIR = "eval_examples"
 SETTINGS_FILE = "settings.json"
@@ -45,6 +51,41 @@ def write_results(
         row["eval_settings"] = key
     rundir.write_summary(workdir, summary)
     rundir.append_metrics(workdir, row)
+    write_tensorboard(workdir, step, results)
+
+
+def task_lines(step: int, results: dict[str, Any]) -> list[str]:
+    """One plain line per task of flat "<task>/<metric>" results (what `eval` prints as each
+    task's progress: one line a log file keeps whole)."""
+    by_task: dict[str, list[str]] = {}
+    for key, value in results.items():
+        task, _, metric = key.rpartition("/")
+        if task and isinstance(value, int | float) and not isinstance(value, bool):
+            by_task.setdefault(task, []).append(f"{metric} {value:.4g}")
+    return [f"eval step {step} {task}: {', '.join(parts)}" for task, parts in by_task.items()]
+
+
+def print_task_lines(step: int, results: dict[str, Any]) -> None:
+    """task_lines on stderr (stdout may carry the results as JSON)."""
+    for line in task_lines(step, results):
+        print(line, file=sys.stderr, flush=True)
+
+
+def write_tensorboard(workdir: Path, step: int, results: dict[str, Any]) -> None:
+    """The numeric results as `eval/<task>/<metric>` scalars at `step`, in an event file of
+    its own beside the training's (TensorBoard reads every file in the run's directory)."""
+    scalars = {
+        f"eval/{k}": float(v)
+        for k, v in results.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+    if not scalars:
+        return
+    writer = EventWriter(rundir.tensorboard_dir(workdir), suffix=f"eval.{time.time_ns()}")
+    try:
+        writer.scalars(step, scalars)
+    finally:
+        writer.close()
 
 
 def examples_path(workdir: Path, step: int, task: str) -> Path:

@@ -3,8 +3,10 @@ metrics.jsonl (polled in a thread, so the trainer needs no callback)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from scalestudy.train import rundir
 
@@ -14,10 +16,16 @@ class StudyProgress:
     so the trainer needs no callback). Each run weighs half an equal share (fixed costs:
     compilation, evaluation) and half its share of the study's training FLOPs."""
 
-    def __init__(self, total: float, n_runs: int) -> None:
+    def __init__(self, total: float, n_runs: int, plain: bool | None = None) -> None:
+        """`plain` (default: stderr is not a terminal): one line per finished run instead of
+        a bar, whose `\r` updates would glue a log file's lines together."""
         from tqdm import tqdm
 
-        self.bar = tqdm(total=100.0, unit="%", bar_format=_BAR, dynamic_ncols=True)
+        self.plain = not sys.stderr.isatty() if plain is None else plain
+        if self.plain:
+            self.bar: Any = PlainBar()
+        else:
+            self.bar = tqdm(total=100.0, unit="%", bar_format=_BAR, dynamic_ncols=True)
         self.total = total
         self.done = 0.0
         self.n_runs = n_runs
@@ -52,9 +60,38 @@ class StudyProgress:
             self._thread.join()
         self.done += weight
         self._set(self.done)
+        if self.plain:
+            self.bar.write(
+                f"{self.bar.desc} finished: study {100.0 * self.done / self.total:.1f}% done"
+            )
 
     def close(self) -> None:
         self.bar.close()
+
+
+class PlainBar:
+    """The part of tqdm's bar the study uses, printing only what `write` is given, each on a
+    line of its own (off a terminal)."""
+
+    def __init__(self) -> None:
+        self.n = 0.0
+        self.desc = ""
+        self.postfix = ""
+
+    def set_description(self, desc: str) -> None:
+        self.desc = desc
+
+    def set_postfix_str(self, postfix: str) -> None:
+        self.postfix = postfix
+
+    def refresh(self) -> None:
+        pass
+
+    def write(self, text: str) -> None:
+        print(text, flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 _BAR = "{desc} {percentage:5.1f}%|{bar}| [{elapsed}<{remaining}] {postfix}"

@@ -99,6 +99,18 @@ class NonFiniteMetric(Exception):
         self.loss, self.step = loss, step
 
 
+def each(watchers: list[Any]) -> Any:
+    """One `watch(step, row)` calling every one of `watchers` in turn (None: none)."""
+    if not watchers:
+        return None
+
+    def watch(step: int, row: dict[str, Any]) -> None:
+        for watcher in watchers:
+            watcher(step, row)
+
+    return watch
+
+
 class DeferredMetrics:
     """The device metrics of dispatched steps, brought to the host late so that the device
     can run ahead: the loop pushes step t's metrics after dispatching it and flushes those of

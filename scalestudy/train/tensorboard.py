@@ -59,9 +59,12 @@ class EventWriter:
     """TensorBoard scalar events (Summary.Value.simple_value) in TFRecord framing, written
     without importing TensorFlow (seconds per process saved)."""
 
-    def __init__(self, logdir: Path):
+    def __init__(self, logdir: Path, suffix: str = ""):
+        """A new event file in `logdir`; `suffix` ends its name (as TensorFlow's
+        `filename_suffix`), so that two writers of one process and second never share one."""
         logdir.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+        name += f".{suffix}" if suffix else ""
         self._file = (logdir / name).open("ab")
         self._record(_event(0, time.time(), version="brain.Event:2"))
 
