@@ -21,12 +21,13 @@ over them. So a verdict is about retraining, on this evaluation set:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 
 @dataclass(frozen=True)
@@ -123,31 +124,33 @@ def run_difference(
     return _from_se(mean, se, df, level, seeds=n, examples=examples, method="welch"), []
 
 
-def _power(delta: float, sd: float, n: int, alpha: float, paired: bool) -> float:
-    """Two-sided power of the t test (noncentral t) for a true difference `delta`."""
+def _power(effect: float, n: int, alpha: float, paired: bool) -> float:
+    """Two-sided power of the t test (noncentral t) for a true difference of `effect` run
+    standard deviations, `n` runs a side."""
     df = n - 1 if paired else 2 * n - 2
-    if df < 1 or sd <= 0:
-        return 0.0
-    nc = abs(delta) / (sd * math.sqrt(1 / n if paired else 2 / n))
+    nc = abs(effect) / math.sqrt(1 / n if paired else 2 / n)
     crit = float(stats.t.ppf(1 - alpha / 2, df))
     # the far tail's share can come back NaN from scipy where it is ~0
     far = float(np.nan_to_num(stats.nct.cdf(-crit, df, nc)))
     return float(np.nan_to_num(stats.nct.sf(crit, df, nc), nan=1.0)) + far
 
 
+@functools.lru_cache(maxsize=4096)
+def _detectable_effect(n: int, alpha: float, paired: bool, power: float) -> float:
+    """The smallest true difference, in run standard deviations, detected with `power`."""
+    hi = 1.0
+    while _power(hi, n, alpha, paired) < power:
+        hi *= 2
+    return float(optimize.brentq(lambda e: _power(e, n, alpha, paired) - power, 0.0, hi))
+
+
 def detectable(sd: float, n: int, alpha: float, paired: bool = True, power: float = 0.8) -> float:
     """The smallest true difference a two-sided t test at `alpha` detects with `power`, given
     the run spread `sd` (of per-seed differences when `paired`, else of one side's runs) and
     `n` runs per side; inf with fewer than 2 runs."""
-    if n < 2 or not sd > 0:
-        return math.inf if n < 2 else 0.0
-    lo, hi = 0.0, sd
-    while _power(hi, sd, n, alpha, paired) < power:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _power(mid, sd, n, alpha, paired) < power else (lo, mid)
-    return hi
+    if n < 2:
+        return math.inf
+    return sd * _detectable_effect(n, alpha, paired, power) if sd > 0 else 0.0
 
 
 def seeds_to_resolve(
@@ -162,12 +165,14 @@ def seeds_to_resolve(
     same test and spread as `detectable`); None when more than `most` would be needed."""
     if not sd > 0:
         return 2
-    if _power(abs(margin), sd, most, alpha, paired) < power:
+    if detectable(sd, most, alpha, paired, power) > abs(margin):
         return None
-    lo, hi = 1, most  # power grows with n: the smallest n that reaches it
+    lo, hi = 1, most  # the detectable difference falls with n: the first n that reaches it
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _power(abs(margin), sd, mid, alpha, paired) >= power else (mid, hi)
+        lo, hi = (
+            (lo, mid) if detectable(sd, mid, alpha, paired, power) <= abs(margin) else (mid, hi)
+        )
     return hi
 
 

@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
 
 from scalestudy.study import report
@@ -338,3 +339,132 @@ def test_moe_runs_add_a_verdict_at_equal_active_parameters():
         StudySpec(name="t", ladder={"preset": "smoke"}), dense + other, {}, []
     )
     assert "active" not in md
+
+
+def _design(rng, sd, examples=800):
+    """The items of a simulated study at the smoke design, shared by every run and cell
+    (answers correlated across runs and cells through their difficulty), the run effect's
+    scale in logits that gives runs an accuracy spread of about `sd` between seeds, and the
+    true accuracy of each cell on these items (its mean over retraining)."""
+    from scipy.special import expit
+
+    difficulty = rng.normal(0.3, 1.5, examples)
+    scale = sd / float(np.mean(expit(difficulty) * (1 - expit(difficulty))))
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    truth = {
+        c: float(np.sum(weights * expit(difficulty[:, None] + s + scale * nodes).mean(0)))
+        / float(np.sum(weights))
+        for c, s in SHIFT.items()
+    }
+    return difficulty, scale, truth
+
+
+SHIFT = {"causal_decoder/flm": 0.1, "encoder_decoder/mlm": 0.0}  # logits: the cells' gap
+
+
+def _design_runs(rng, seeds, difficulty, scale):
+    """Causal FLM and encoder-decoder MLM at one rung, `seeds` shared seeds, each run
+    answering every item (half of a run's effect shared by the two cells' runs of one seed,
+    as data order is)."""
+    from scipy.special import expit
+
+    shared = rng.normal(0, scale / math.sqrt(2), seeds)
+    runs = []
+    for cell, s in SHIFT.items():
+        arch, obj = cell.split("/")
+        own = rng.normal(0, scale / math.sqrt(2), seeds)
+        p = expit(difficulty[None, :] + s + (shared + own)[:, None])
+        acc = (rng.random(p.shape) < p).mean(axis=1)
+        for seed in range(seeds):
+            runs.append(_run(arch, obj, 0, 1e5, 1e10, float(acc[seed]), 2.0, seed, p.shape[1]))
+    return runs
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_the_answer_rows_cover_at_this_studys_design(seeds):
+    """Coverage of the verdict path itself (`report.compare` then `verdicts.answer_rows`, the
+    rows the answer table prints) on simulated studies of this design (800 items): the
+    interval beside the answer covers the true margin 92-98% of the time at seed sd 0.005,
+    0.02 and 0.05, two-sided: neither too narrow (examples counted as replicates) nor too
+    wide (an examples term on top of runs that already hold it)."""
+    from scalestudy.study import verdicts
+
+    rng = np.random.default_rng(seeds)
+    sims = 300  # binomial sd 1.3% at 95%: the 92-98% band is ~2.4 sd either side
+    for sd in (0.005, 0.02, 0.05):
+        difficulty, scale, truth = _design(rng, sd)
+        hits = 0
+        for _ in range(sims):
+            cmp = report.compare(_design_runs(rng, seeds, difficulty, scale))
+            row = verdicts.answer_rows(cmp, "total parameters")[0]
+            iv = row.closest["shown"]
+            assert cmp["family"] == 1 and iv.df == seeds - 1  # one hypothesis, runs' df
+            margin = truth[row.best] - truth[row.closest["reference"]]
+            hits += iv.low <= margin <= iv.high
+        assert 0.92 <= hits / sims <= 0.98, (sd, hits / sims)
+
+
+def test_the_primary_family_holds_the_answers_tests_only():
+    """Holm's adjustment of the answer counts only its own rows' tests (primary); the
+    per-rung matched comparisons are a secondary family, adjusted among themselves."""
+    from scalestudy.scaling.intervals import holm
+    from scalestudy.study.spec import StudySpec
+
+    cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.01, "encoder_decoder/plm": 0.3}
+    runs = _ladder(cells, own=(0.02, -0.01, 0.015))
+    cmp = report.compare(runs)
+    leaders = [cmp[k] for k in ("equal_params", "equal_compute")]
+    leaders += [cmp[k + "_loss"]["plm"] for k in ("equal_params", "equal_compute")]
+    primary = [t for g in leaders for t in g["tests"]]
+    distinct = {(frozenset((t["cell"], t["reference"])), t["metric"], t["interval"].p_value)
+                for t in primary}  # fmt: skip
+    assert cmp["family"] == len(distinct) < len(primary) + len(cmp["matched"])
+    want = dict(zip(distinct, holm([d[2] for d in distinct]), strict=True))
+    for t in primary:
+        key = (frozenset((t["cell"], t["reference"])), t["metric"], t["interval"].p_value)
+        assert t["p_holm"] == pytest.approx(want[key]) and t["family"][0] == "primary"
+    matched = cmp["matched"]
+    assert cmp["secondary"] == len(matched) == 8  # 2 rungs x 2 cells x (accuracy, loss)
+    for t, p in zip(matched, holm([t["interval"].p_value for t in matched]), strict=True):
+        assert t["p_holm"] == pytest.approx(p) and t["family"] == ("secondary", 8)
+    md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
+    assert f"primary family of {cmp['family']} tests" in md
+    assert "secondary family of 8" in md
+
+
+def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
+    from scalestudy.study.spec import StudySpec
+
+    runs = _ladder({"causal_decoder/flm": 0.0, "noncausal_decoder/plm": 0.1})
+    runs += _ladder({"encoder_decoder/mlm": 0.2}, sizes=(1e5,))  # the bottom rung only
+    cmp = report.compare(runs)
+    assert cmp["equal_params"]["at"] == pytest.approx(1e5)  # every cell: the bottom rung
+    ladder = cmp["equal_params_ladder"]
+    assert ladder["at"] == pytest.approx(1e6) and ladder["left_out"] == ["encoder_decoder/mlm"]
+    assert set(ladder["read"]) == {"causal_decoder/flm", "noncausal_decoder/plm"}
+    md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
+    assert "| equal parameters (1e+06 total parameters; cells spanning the ladder) |" in md
+    assert "Left out (their runs are at one rung only): encoder_decoder/mlm." in md
+
+
+def test_each_answer_row_gives_the_designs_power():
+    """Detectable: the smallest difference found with 80% power at the primary family's
+    Bonferroni level from the measured spread of the per-seed differences; seeds to resolve:
+    the runs a side at which the observed margin would be found so."""
+    from scalestudy.scaling import intervals
+    from scalestudy.study import verdicts
+
+    cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.004}
+    cmp = report.compare(_ladder(cells, own=(0.02, -0.01, 0.015)))
+    rows = verdicts.answer_rows(cmp, "total parameters")
+    assert rows and all(r.detectable is not None for r in rows)
+    for row in rows:
+        iv = row.closest["interval"]
+        alpha = 0.05 / cmp["family"]
+        sd = iv.se * math.sqrt(iv.seeds)  # the per-seed differences' spread
+        assert row.detectable == pytest.approx(intervals.detectable(sd, 3, alpha))
+        assert row.detectable > abs(iv.mean)  # a margin this small: not detectable with 3
+        n = int(row.seeds_needed)
+        assert intervals.detectable(sd, n, alpha) <= abs(iv.mean)
+        assert intervals.detectable(sd, n - 1, alpha) > abs(iv.mean)
+        assert row.cells()[7] == f"{row.detectable:.3f}" and row.cells()[8] == str(n)
