@@ -475,9 +475,10 @@ def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypa
 
 
 @pytest.mark.slow
-def test_the_score_before_a_stage_is_the_parents_own_evaluation(tmp_path: Path):
+def test_the_score_before_a_stage_is_the_parents_own_evaluation(tmp_path: Path, monkeypatch):
     """An MLM parent is scored before adaptation as `scalestudy eval` scores it: with the EOS
-    its span-corruption inputs ended in, not in the adapted objective's form."""
+    its span-corruption inputs ended in and the sentinel its targets began with, not in the
+    adapted objective's form."""
     from scalestudy.evaluate.rank import evaluate_run, make_eval_fn
     from scalestudy.models.api import build_model
     from scalestudy.train.saved import restore_params
@@ -503,6 +504,15 @@ def test_the_score_before_a_stage_is_the_parents_own_evaluation(tmp_path: Path):
     _, params, step = restore_params(parent)
     other = make_eval_fn(cfg)(build_model(cfg.model), params, step)
     assert any(other[k] != pytest.approx(v, rel=1e-6) for k, v in scored.items())
+    # The trained form holds the sentinel: without it the parent's own scores differ too.
+    from scalestudy.evaluate import budget
+
+    parent_cfg, _, _ = restore_params(parent)
+    eval_cfg = parent_cfg.replace(eval=cfg.eval.replace(**{k: getattr(cfg.objective, k)
+                                  for k in ("inputs_length", "targets_length")}))  # fmt: skip
+    monkeypatch.setattr(budget, "targets_prefix", lambda cfg: [])
+    bare = make_eval_fn(eval_cfg)(build_model(parent_cfg.model), params, step)
+    assert any(bare[k] != pytest.approx(v, rel=1e-6) for k, v in scored.items())
 
 
 def _rates(run: Path) -> dict[int, float]:
