@@ -17,7 +17,8 @@ With `incontext_share` > 0, that share of documents are in-context episodes inst
 "dax is red" over a few made-up words whose colours are drawn anew in every document, so the
 only way to predict a colour is to find the word earlier in the same document.
 `incontext_probe` asks for a colour that only the prompt's demonstrations can give (K-shot
-evaluation, evaluate/fewshot.py); without them it is at chance by construction.
+evaluation, evaluate/fewshot.py), drawn from a pool of their own (`incontext_demonstrations`);
+without them it is at chance by construction.
 """
 
 from __future__ import annotations
@@ -222,36 +223,70 @@ def labelled_documents(cfg: SyntheticConfig, split: str) -> list[list[tuple[str,
     ]
 
 
-def incontext_probe(cfg: SyntheticConfig, n_episodes: int = 20) -> list[dict]:
-    """The in-context probe: {"context", "choices", "gold", "episode"} items, 16 per episode.
+# The probe's words and colours: the shortest of the corpus's (at most 4 and 5 letters), so
+# that a line with its delimiter takes at most 14 bytes and eight demonstrations, the question
+# and its answer fit a training row of 128 bytes (the smoke study's 96 + 32).
+_PROBE_WORDS = [w for w in _NONCE if len(w) <= 4]
+_PROBE_COLOURS = [c for c in _COLORS if len(c) <= 5]
+PROBE_LINES_PER_WORD = 2  # each word's line in an episode's demonstration pool
+
+
+def _probe_episode(cfg: SyntheticConfig, e: int) -> tuple[list[str], dict[str, list[str]]]:
+    """Episode `e`'s 4 words and each word's (twin a's, twin b's) colours."""
+    rng = _rng(cfg.seed, "probe", 1_000_000 + e)
+    words = rng.sample(_PROBE_WORDS, 4)
+    return words, {w: rng.sample(_PROBE_COLOURS, 2) for w in words}
+
+
+def _episode_name(e: int, twin: int) -> str:
+    return f"{e}{'ab'[twin]}"
+
+
+def incontext_probe(cfg: SyntheticConfig, n_episodes: int = 80) -> list[dict]:
+    """The in-context probe's scored items: {"context", "choices", "gold", "episode"}, one per
+    word of each episode and twin (8 per episode).
 
     An episode gives 4 made-up words a (right, wrong) pair of colours each, drawn for it
-    alone; each item asks "<word> is" with both colours as choices, and its demonstrations
-    (K-shot evaluation) are other items of its episode, so only they can tell the right one.
-    Episodes come in twins that swap every word's right and wrong colour: the two items of a
-    twin read the same zero-shot prompt and choices with opposite answers, so any model is
-    exactly at chance at K = 0.
+    alone; an item asks "<word> is" with both colours as choices, and only the episode's
+    demonstrations (`incontext_demonstrations`, a pool of its own, never a scored item) can
+    tell the right one. Episodes come in twins that swap every word's right and wrong colour:
+    the two items of a twin read the same zero-shot prompt and choices with opposite answers,
+    so any model is exactly at chance at K = 0. Items are ordered word by word across all
+    episodes, twins side by side, so that the first n items (any even n) span min(n / 2,
+    n_episodes) episodes and stay twin-balanced.
     """
+    episodes = [_probe_episode(cfg, e) for e in range(n_episodes)]
     items = []
-    for e in range(n_episodes):
-        rng = _rng(cfg.seed, "probe", 1_000_000 + e)
-        words = rng.sample(_NONCE, 4)
-        pairs = {w: rng.sample(_COLORS, 2) for w in words}
-        order = [w for w in words for _ in range(4)]
-        rng.shuffle(order)
-        for twin in (0, 1):
-            for w in order:
-                right = pairs[w][twin]
-                choices = sorted(pairs[w])
+    for slot in range(4):
+        for e, (words, pairs) in enumerate(episodes):
+            w = words[slot]
+            choices = sorted(pairs[w])
+            for twin in (0, 1):
                 items.append(
                     {
                         "context": f"{w} is",
                         "choices": choices,
-                        "gold": choices.index(right),
-                        "episode": f"{e}{'ab'[twin]}",
+                        "gold": choices.index(pairs[w][twin]),
+                        "episode": _episode_name(e, twin),
                     }
                 )
     return items
+
+
+def incontext_demonstrations(cfg: SyntheticConfig, n_episodes: int = 80) -> list[dict]:
+    """The in-context probe's demonstration pool: {"context", "answer", "episode"} lines
+    "<word> is <colour>", each word of each episode and twin PROBE_LINES_PER_WORD times with
+    its right colour. Disjoint from the scored items (`incontext_probe`): K-shot prompts draw
+    their demonstrations from the scored item's episode here."""
+    out = []
+    for e in range(n_episodes):
+        words, pairs = _probe_episode(cfg, e)
+        for twin in (0, 1):
+            episode = _episode_name(e, twin)
+            for _ in range(PROBE_LINES_PER_WORD):
+                out += [{"context": f"{w} is", "answer": pairs[w][twin], "episode": episode}
+                        for w in words]  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------- probes

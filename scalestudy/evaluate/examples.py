@@ -23,8 +23,8 @@ class Example:
     # Where it comes from: the release's own id (`formats.source_id`), else file:line. Not
     # part of equality: the same item read from two formats is the same example.
     source: str = field(default="", compare=False)
-    # Few-shot demonstrations drawn from the task's own examples come from those with the
-    # same pool (probes: the same kind; the in-context probe: the same episode).
+    # Few-shot demonstrations come from those with the same pool (probes: the same kind; the
+    # in-context probe: the same episode, in its own demonstration split).
     pool: str = field(default="", compare=False)
 
     def pairs(self) -> list[tuple[str, str]]:
@@ -58,3 +58,6 @@ class Task:
     fewshot_delimiter: str | None = None
     demos: tuple[Example, ...] | None = None
     demos_source: str = ""
+    # Demonstrations dropped from the front so that a prompt stays within the rows the model
+    # trained on (a built-in probe whose prompts are designed to fit them).
+    demos_within_training: bool = False

@@ -16,10 +16,13 @@ YAML's `fewshot_path`), or K + 1 of the task's own examples with the scored one 
 harness's sampler with `fewshot_split` set to the scored split; the same seed shows the same
 demonstrations). The scored example is removed as that row, not as every row equal to it: a
 repeated item may show its twin. Examples of a built-in probe
-draw only from examples of their own pool (`Example.pool`).
+draw only from examples of their own pool (`Example.pool`), and so do examples scored against
+a demonstration split whose examples carry pools (the in-context probe's: each episode's lines,
+a pool disjoint from the scored items).
 
-Context budget: a prompt longer than its pair's budget (`budget.context_budget`) loses whole
-demonstrations from the front until it fits, never part of one; each example's record says
+Context budget: a prompt longer than its pair's budget (`budget.context_budget`; for a task
+with `demos_within_training`, also what training's rows hold beside the continuation) loses
+whole demonstrations from the front until it fits, never part of one; each example's record says
 how many it really got and which, `<task>/shots` is the mean, `<task>/fewshot_dropped` counts
 the examples given fewer than K.
 """
@@ -91,15 +94,17 @@ def _pool(task: Task) -> tuple[list[Example], bool]:
 
 def draw(task: Task, examples: list[Example], k: int, seed: int) -> list[tuple[int, ...]]:
     """Per example, the pool indices of its K demonstrations (the harness's sampler: from the
-    scored split, K + 1 drawn and the scored example removed)."""
+    scored split, K + 1 drawn and the scored example removed; from a demonstration split
+    whose examples carry pools, K of the scored example's pool)."""
     pool, same_split = _pool(task)
+    pooled = same_split or any(d.pool for d in pool)
     rnd = random.Random(seed)
     by_pool: dict[str, list[int]] = {}
     for i, d in enumerate(pool):
-        by_pool.setdefault(d.pool if same_split else "", []).append(i)
+        by_pool.setdefault(d.pool if pooled else "", []).append(i)
     out = []
     for ex in examples:
-        candidates = by_pool.get(ex.pool if same_split else "", [])
+        candidates = by_pool.get(ex.pool if pooled else "", [])
         others = [i for i in candidates if pool[i] is not ex] if same_split else candidates
         if len(others) < k:
             where = (
@@ -107,7 +112,8 @@ def draw(task: Task, examples: list[Example], k: int, seed: int) -> list[tuple[i
                 + (f" of pool {ex.pool!r}" if ex.pool else "")
                 + " without the scored one"
                 if same_split
-                else task.demos_source or "its demonstration split"
+                else (task.demos_source or "its demonstration split")
+                + (f", pool {ex.pool!r}" if pooled and ex.pool else "")
             )
             raise TaskDataError(
                 f"task {task.name!r}: eval.num_fewshot={k} but only {len(others)} "

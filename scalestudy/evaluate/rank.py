@@ -18,7 +18,12 @@ import jax
 import numpy as np
 
 from scalestudy.config import ExperimentConfig
-from scalestudy.data.objectives import feature_lengths, scores_zero_shot
+from scalestudy.data.objectives import (
+    feature_lengths,
+    scores_zero_shot,
+    scoring_inputs_suffix,
+    scoring_targets_prefix,
+)
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError, not_found
 from scalestudy.evaluate import fewshot
@@ -158,6 +163,8 @@ def _fewshot(task: Task, examples, k: int, vocab, cfg: ExperimentConfig):
     def budget(exs):
         _, targets, owner = tokenize_pairs(vocab.encode, task, exs)
         room = context_budget(cfg, targets)
+        if task.demos_within_training:
+            room = np.minimum(room, training_room(cfg, targets))
         return np.split(room, np.flatnonzero(np.diff(owner)) + 1) if len(exs) else []
 
     ev = cfg.eval
@@ -172,6 +179,18 @@ def shot_counts(cfg: ExperimentConfig, task: Task) -> tuple[int, ...]:
     if task.kind == "text":
         return (0,) if 0 in shots else ()
     return shots
+
+
+def training_room(cfg: ExperimentConfig, targets: list[list[int]]) -> np.ndarray:
+    """Per pair: the context tokens training's rows hold beside its continuation and the input
+    form (the encoder's row for the encoder-decoder; the decoder row that context and
+    continuation share otherwise), as `beyond_training` counts rows."""
+    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    suffix = len(scoring_inputs_suffix(cfg.objective))
+    prefix = len(scoring_targets_prefix(cfg.objective))
+    n_tgt = np.array([len(t) + prefix for t in targets], dtype=np.int64)
+    room = np.full_like(n_tgt, encoder) if encoder else decoder - n_tgt
+    return np.maximum(room - suffix, 0)
 
 
 def beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:

@@ -23,7 +23,12 @@ from pathlib import Path
 
 from scalestudy.config import SyntheticConfig
 from scalestudy.data import require_seqio, sources
-from scalestudy.data.synthetic import INCONTEXT_DELIMITER, incontext_probe, probe_tasks
+from scalestudy.data.synthetic import (
+    INCONTEXT_DELIMITER,
+    incontext_demonstrations,
+    incontext_probe,
+    probe_tasks,
+)
 from scalestudy.errors import ConfigError, not_found, path_kind
 from scalestudy.eval_config import EvalConfig, TaskConfig
 from scalestudy.evaluate import generic, prompts
@@ -237,18 +242,28 @@ def _probes(synthetic: SyntheticConfig | None) -> Task:
 
 
 def _incontext(synthetic: SyntheticConfig | None) -> Task:
-    """The in-context probe: demonstrations come from the scored item's own episode."""
+    """The in-context probe: demonstrations come from the scored item's own episode, in a
+    pool of their own (never a scored item), and a prompt keeps within training's rows."""
+    cfg = synthetic or SyntheticConfig()
     examples = []
-    for i, item in enumerate(incontext_probe(synthetic or SyntheticConfig())):
+    for i, item in enumerate(incontext_probe(cfg)):
         where = f"incontext_probe[{i}] (episode {item['episode']})"
         ex = Example((item["context"],), tuple(item["choices"]), item["gold"], source=where)
         examples.append(dataclasses.replace(ex, pool=item["episode"]))
+    demos = tuple(
+        Example((d["context"],), (d["answer"],), 0, source=f"incontext_demonstrations[{i}] "
+                f"(episode {d['episode']})", pool=d["episode"])
+        for i, d in enumerate(incontext_demonstrations(cfg))
+    )  # fmt: skip
     return Task(
         "incontext_probe",
         "choice",
         tuple(examples),
         "data.synthetic.incontext_probe",
         fewshot_delimiter=INCONTEXT_DELIMITER,
+        demos=demos,
+        demos_source="data.synthetic.incontext_demonstrations",
+        demos_within_training=True,
     )
 
 

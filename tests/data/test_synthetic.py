@@ -109,3 +109,35 @@ def test_probe_evidence_lies_inside_a_training_row_of_the_smoke_study(objective)
         targets = [vocab.encode(" " + x) for ex in task.examples for _, x in ex.pairs()]
         _, n_cut = scoring_batch(scoring_config(cfg), inputs, targets)
         assert n_cut == 0, cfg.model.arch
+
+
+def test_incontext_items_span_episodes_twin_balanced_in_any_even_prefix():
+    cfg = SyntheticConfig()
+    items = synthetic.incontext_probe(cfg)
+    assert len(items) == 640
+    for n in (2, 40, 160, 320, 640):
+        head = items[:n]
+        assert len({t["episode"][:-1] for t in head}) == min(n // 2, 80)
+        assert sum(t["gold"] for t in head) == n // 2  # twins side by side: chance at K = 0
+    for a, b in zip(items[::2], items[1::2], strict=True):  # a twin pair: one prompt, two answers
+        assert (a["context"], a["choices"]) == (b["context"], b["choices"])
+        assert a["gold"] != b["gold"] and a["episode"][:-1] == b["episode"][:-1]
+
+
+def test_incontext_demonstrations_give_each_word_its_episodes_colour_and_fit_a_row():
+    """The pool: each word of an episode PROBE_LINES_PER_WORD times with the colour right in
+    that episode (twin), none of them a scored item; eight of its longest lines, the question
+    and its longest answer stay within a smoke training row of 128 bytes."""
+    cfg = SyntheticConfig()
+    items = synthetic.incontext_probe(cfg)
+    demos = synthetic.incontext_demonstrations(cfg)
+    right = {(t["episode"], t["context"]): t["choices"][t["gold"]] for t in items}
+    seen: dict[tuple[str, str], int] = {}
+    for d in demos:
+        assert d["answer"] == right[(d["episode"], d["context"])]
+        seen[(d["episode"], d["context"])] = seen.get((d["episode"], d["context"]), 0) + 1
+    assert set(seen) == set(right) and set(seen.values()) == {synthetic.PROBE_LINES_PER_WORD}
+    delimiter = synthetic.INCONTEXT_DELIMITER
+    longest = max(len(f"{d['context']} {d['answer']}{delimiter}".encode()) for d in demos)
+    question = max(len(t["context"].encode()) + 1 + len(max(t["choices"], key=len)) for t in items)
+    assert 8 * longest + question <= 128 - 2  # room for span corruption's EOS and sentinel

@@ -277,12 +277,18 @@ def _reader(vocab):
     return score
 
 
+def _smoke_rows(arch: str, objective: str):
+    """The tiny model trained on the smoke study's rows (96 + 32 positions)."""
+    cfg = tiny(arch, objective)
+    return cfg.replace(objective=cfg.objective.replace(inputs_length=96, targets_length=32))
+
+
 def test_the_incontext_probe_is_at_chance_without_demonstrations() -> None:
     """Zero-shot, every twin pair reads the same prompt and choices with opposite answers:
     exactly chance for any model (a real untrained one and a copier); with demonstrations
     from its own episode the copier gains as the chance of seeing the word rises."""
     task = load_task("incontext_probe")
-    cfg = tiny("causal_decoder", "flm")
+    cfg = _smoke_rows("causal_decoder", "flm")  # rows that hold 8 demonstrations
     vocab = get_vocabulary(cfg.data)
     acc = {}
     for k in (0, 1, 2, 4, 8):
@@ -296,11 +302,71 @@ def test_the_incontext_probe_is_at_chance_without_demonstrations() -> None:
     # Demonstrations never leave their episode, and the twins' answers really differ.
     drawn = fewshot.draw(task, list(task.examples), 8, seed=0)
     for ex, picks in zip(task.examples, drawn, strict=True):
-        assert all(task.examples[i].pool == ex.pool and task.examples[i] is not ex for i in picks)
+        assert len(picks) == 8 and all(task.demos[i].pool == ex.pool for i in picks)
     twins = {}
     for ex in task.examples:
         twins.setdefault((ex.pool[:-1], ex.contexts, ex.choices), set()).add(ex.gold)
     assert all(golds == {0, 1} for golds in twins.values())
+
+
+def test_incontext_demonstrations_are_a_pool_disjoint_from_the_scored_items() -> None:
+    """No prompt holds a scored item: demonstrations come from the episodes' own lines, and
+    every line shown is right for the scored item's episode (never its twin's)."""
+    task = load_task("incontext_probe")
+    scored = set(task.examples)
+    scored_sources = {ex.source for ex in task.examples}
+    assert task.demos and not scored & set(task.demos)
+    assert not scored_sources & {d.source for d in task.demos}
+    # No scored item is repeated within its episode either (one per word).
+    assert len({(ex.pool, ex.contexts) for ex in task.examples}) == len(task.examples)
+    right = {(ex.pool, ex.contexts[0]): ex.choices[ex.gold] for ex in task.examples}
+    for k in (1, 8):
+        for ex, picks in zip(
+            task.examples, fewshot.draw(task, list(task.examples), k, 0), strict=True
+        ):
+            for i in picks:
+                demo = task.demos[i]
+                assert demo not in scored and demo.pool == ex.pool
+                assert demo.choices[0] == right[(ex.pool, demo.contexts[0])]
+
+
+@pytest.mark.parametrize(
+    ("arch", "objective"),
+    [
+        ("causal_decoder", "flm"),
+        ("noncausal_decoder", "plm"),
+        ("encoder_decoder", "plm"),
+        ("causal_decoder", "mlm"),
+        ("encoder_decoder", "mlm"),
+    ],
+)
+def test_incontext_prompts_keep_within_training_rows(arch: str, objective: str) -> None:
+    """At the smoke study's rows (96 + 32) the first 160 items span 80 episodes; no 8-shot
+    prompt is longer than training's rows (no warning); each example's shots are recorded and
+    summarised, fewer only where training's rows cannot hold all 8 (the span-corruption
+    encoder's 96 positions), dropped from the front."""
+    import warnings
+
+    cfg = _smoke_rows(arch, objective)
+    task = load_task("incontext_probe")
+    vocab = get_vocabulary(cfg.data)
+    assert len({ex.pool[:-1] for ex in rank.limit_examples(task, 160)}) == 80
+    records: list[dict] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "longer than training" would be a warning
+        out = rank.evaluate_task(
+            task, _reader(vocab), vocab, cfg, max_examples=160, records=records, num_fewshot=8
+        )
+    name = "incontext_probe.8shot"
+    assert out[f"{name}/longer_than_training"] == 0
+    shots = [r["shots"] for r in records]
+    assert len(shots) == 160 and out[f"{name}/shots"] == pytest.approx(np.mean(shots))
+    assert out[f"{name}/fewshot_dropped"] == sum(s < 8 for s in shots)
+    assert all(len(r["shown"]) == r["shots"] for r in records)
+    if (arch, objective) == ("encoder_decoder", "mlm"):
+        assert min(shots) >= 5 and np.mean(shots) < 8  # the encoder trained on 96 positions
+    else:
+        assert min(shots) == 8
 
 
 def test_incontext_documents_join_the_corpus_only_when_asked() -> None:
