@@ -148,6 +148,10 @@ def bench_grain(cfg: ExperimentConfig, steps: int) -> dict:
     then `steps` batches (batches/s) against `steps` training steps of the configured model:
     `data_share` is a batch's time over a step's, the share of a step the host would spend
     making its batch if nothing overlapped them."""
+    # Importing grain and pyarrow takes seconds once per process: not the reading measured.
+    import grain  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
     from scalestudy.bench.train import time_train_steps
 
     t0 = time.perf_counter()
