@@ -93,6 +93,33 @@ def curve_table(runs: list[dict[str, Any]], task: str) -> list[str]:
     return verdicts.table(["cell", "size", *(f"K={k}" for k in shots), "runs"], body)
 
 
+def shots_lines(runs: list[dict[str, Any]], task: str) -> list[str]:
+    """The demonstrations each cell's prompts really held (`<task>.<K>shot/shots`, the mean
+    over examples, averaged over runs): one line when every prompt held all K, else a table
+    of the K where some did not (a budget or training's rows dropped some from the front)."""
+    pattern = re.compile(rf"^eval/{re.escape(task)}\.(\d+)shot/shots$")
+    rows: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        if run.get("status") != "done":
+            continue
+        for key, value in run.items():
+            if value is not None and (m := pattern.match(key)):
+                rows[(comparisons.label(run), str(run.get("size") or ""))][int(m[1])].append(
+                    float(value)
+                )
+    if not rows:
+        return []
+    short = sorted({k for by_k in rows.values() for k, v in by_k.items() if min(v) < k})
+    if not short:
+        return ["Every prompt held all K demonstrations it was scored with.", ""]
+    body = [
+        [cell, size, *(_mean(by_k.get(k, [])) for k in short)]
+        for (cell, size), by_k in sorted(rows.items())
+    ]
+    head = "Demonstrations really shown (mean per example) where some prompts held fewer than K:"
+    return [head, "", *verdicts.table(["cell", "size", *(f"K={k}" for k in short)], body), ""]
+
+
 def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]]) -> list[str]:
     """The report's in-context section: per task scored with demonstrations, the curve table
     and the verdicts (after `comparisons.adjust` and `comparisons.leader_lines`), or why
@@ -112,7 +139,7 @@ def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]
     ]
     for task in tasks:
         by_question = found.get(task, {})
-        out += [f"**`{task}`**", "", *curve_table(runs, task), ""]
+        out += [f"**`{task}`**", "", *curve_table(runs, task), "", *shots_lines(runs, task)]
         if not by_question:
             out.append(
                 "- No comparison of the gain: no two cells have runs at one parameter count "

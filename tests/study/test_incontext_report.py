@@ -120,3 +120,24 @@ def test_no_few_shot_rows_no_section():
     assert report.compare(runs)["incontext"] == {}
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     assert "## In-context learning" not in report.render_markdown(study, runs, {}, [])
+
+
+def test_the_section_says_how_many_demonstrations_prompts_really_held():
+    """Each run's mean shots per K (`<task>.<K>shot/shots`): one line when every prompt held
+    all K; a table of the cells and K where some held fewer (training's rows dropped some)."""
+    runs = _runs({"causal_decoder/flm": 0.3, "encoder_decoder/mlm": 0.1})
+    for r in runs:
+        for k in SHOTS[1:]:
+            r[f"eval/incontext_probe.{k}shot/shots"] = float(k)
+    assert incontext.shots_lines(runs, "incontext_probe")[0].startswith("Every prompt held all")
+    held = iter([6.5, 6.0, 7.0])
+    for r in runs:
+        if r["objective"] == "mlm" and r["size"] == "r0":
+            r["eval/incontext_probe.8shot/shots"] = next(held)
+    got = incontext.shots_lines(runs, "incontext_probe")
+    assert "| encoder_decoder/mlm | r0 | 6.500 |" in got  # the mean of its three runs
+    assert "| causal_decoder/flm | r0 | 8.000 |" in got
+    assert not any("K=4" in line for line in got)  # only the K some prompts fell short of
+    study = StudySpec(name="t", ladder={"preset": "smoke"})
+    section = report.render_markdown(study, runs, {}, [])
+    assert "Demonstrations really shown" in section[section.index("## In-context learning") :]
