@@ -34,6 +34,7 @@ ROOM_OF = {
     "yamlio": "config",
     "schema": "config",
     "eval_config": "config",
+    "data_config": "config",
     "moe_config": "config",
     "mesh_config": "config",
     "model_limits": "config",

@@ -357,3 +357,53 @@ def report_section(runs: list[dict[str, Any]], out: Path) -> str:
         lines.append(trend_row(cell, t))
     lines += ["", "![zero_shot_tasks](figures/zero_shot_tasks.png)", ""]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class AnswerPoint:
+    """One point of the answer's figure: a run (or, `read` set, a rung an answer row is read
+    at: the cell's mean over the rung's runs, with the row's question in `read`)."""
+
+    cell: str
+    flops: float
+    value: float
+    read: str = ""
+
+
+def fig_answer(points: list[AnswerPoint], metric: str, chance: float | None):
+    """The answer's metric (the same as the answer table's, e.g. example-weighted zero-shot
+    probe accuracy) against training compute: every run, each cell's rung means joined, the
+    chance line dotted, and the points the answer rows are read at ringed (gid
+    `read:<question>:<cell>`). None without points."""
+    runs = [p for p in points if not p.read]
+    if not runs:
+        return None
+    cells = sorted({p.cell for p in runs})
+    styles = fs.cell_styles(cells)
+    fig, [ax] = fs.grid(1, width=7.5, height=5.0)
+    for cell in cells:
+        mine = sorted((p for p in runs if p.cell == cell), key=lambda p: p.flops)
+        st = styles[cell]
+        ax.scatter([p.flops for p in mine], [p.value for p in mine], s=14, alpha=0.6,
+                   color=st["color"], marker=st["marker"], label=cell)  # fmt: skip
+        by_rung: dict[float, list[float]] = defaultdict(list)
+        for p in mine:  # runs of one rung share its compute up to rounding
+            by_rung[float(f"{p.flops:.3g}")].append(p.value)
+        xs = sorted(by_rung)
+        ax.plot(xs, [float(np.mean(by_rung[x])) for x in xs], color=st["color"], lw=1.0)
+    questions = sorted({p.read for p in points if p.read})
+    shapes = dict(zip(questions, ["o", "s", "D", "^", "v", "P"] * 4))
+    for p in points:
+        if p.read:
+            ax.scatter([p.flops], [p.value], s=150, facecolor="none", lw=1.4,
+                       edgecolor=styles.get(p.cell, {}).get("color", "k"),
+                       marker=shapes[p.read], gid=f"read:{p.read}:{p.cell}")  # fmt: skip
+    for q in questions:  # one legend entry per question, in black
+        ax.scatter([], [], s=80, facecolor="none", edgecolor="k", marker=shapes[q],
+                   label=f"read at: {q}")  # fmt: skip
+    if chance is not None:
+        ax.axhline(chance, color="0.3", ls=":", lw=1.2, label=f"chance ({chance:.3f})")
+    fs.axes(ax, "training compute C (FLOPs)", metric, False)
+    fs.legend(ax)
+    ax.set_title(f"The answer's metric: {metric}")
+    return fig

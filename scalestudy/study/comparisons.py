@@ -324,6 +324,7 @@ def leader(
         "scores": {c: _score(per_seed[c], examples) for c in ranked},
         "means": mean,
         "read": read,
+        "quantities": at,  # cell -> its rung's mean of each of QUANTITIES
         "tests": tests,
         "higher": higher,
         "left_out": sorted(left_out),

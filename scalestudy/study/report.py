@@ -360,7 +360,7 @@ def render_markdown(
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
     n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
-    frontier = [f for f in figures if Path(f).stem == "zero_shot_vs_compute"]
+    frontier = [f for f in figures if Path(f).stem == "answer"]
     lines = [
         f"# Study `{study.name}`",
         "",
@@ -371,7 +371,11 @@ def render_markdown(
         f"training.{left_out}",
         "",
         *verdicts.answer(cmp, n_what),
-        *[f"![frontier: probe accuracy against training compute]({f})" for f in frontier],
+        *[
+            f"![the answer's metric, probe accuracy, against training compute; chance dotted; "
+            f"the points the rows are read at ringed]({f})"
+            for f in frontier
+        ],
         "",
         *limits(study, cmp, runs, fits, rate_records),
         *learning_rates,
@@ -446,6 +450,36 @@ def render_html(text: str) -> str:
     )
 
 
+def answer_figure(runs: list[dict[str, Any]], out: Path, tolerance: float) -> str | None:
+    """Draw the answer's metric (probe accuracy, as its table) against training compute, the
+    points its accuracy rows are read at ringed, to `out/figures/answer.png` (and .svg);
+    returns its path relative to `out`, or None without probe accuracies."""
+    from scalestudy.scaling import figstyle, zeroshot_plots  # matplotlib: load late
+
+    points = [
+        zeroshot_plots.AnswerPoint(cell_label(r), float(r["flops"]), acc[0])
+        for r in runs
+        if r.get("flops") and (acc := probe_accuracy(r))
+    ]
+    cmp = compare(runs, tolerance=tolerance)
+    for name, held, _ in verdicts.QUESTIONS:
+        for key, where in ((name, ""), (name + "_ladder", ", ladder")):
+            if got := cmp.get(key):
+                for cell, q in got["quantities"].items():
+                    if q.get("flops"):
+                        read = f"equal {held}{where}"
+                        point = zeroshot_plots.AnswerPoint(
+                            cell, q["flops"], got["means"][cell], read
+                        )
+                        points.append(point)
+    fig = zeroshot_plots.fig_answer(points, "probe accuracy (zero-shot)", chance_accuracy(runs))
+    if fig is None:
+        return None
+    (Path(out) / "figures").mkdir(parents=True, exist_ok=True)
+    figstyle.save(fig, Path(out) / "figures", "answer")
+    return "figures/answer.png"
+
+
 def finalize(study: StudySpec, out: Path) -> Path:
     """Write `out/report.md` and `out/report.html` from the registry's runs that the spec
     plans (its `planned` column, `registry.planned_runs`), with the study's fits and figures
@@ -466,6 +500,8 @@ def finalize(study: StudySpec, out: Path) -> Path:
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")
+    if done and (got := answer_figure(done, out, study.match_tolerance)):
+        figures = [got, *figures]
     per_example = loss_token_report.per_cell(out / "registry.sqlite", run_ids=planned)
     rates = lr_report.section(out, done)
     text = render_markdown(

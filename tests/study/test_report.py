@@ -263,9 +263,9 @@ def test_the_report_opens_with_the_answer_and_it_follows_the_paired_tests():
 
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     clear = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2, "encoder_decoder/plm": 0.3}
-    md = report.render_markdown(study, _ladder(clear), {}, ["figures/zero_shot_vs_compute.png"])
+    md = report.render_markdown(study, _ladder(clear), {}, ["figures/answer.png"])
     head = md[: md.index("## How to read")]
-    assert head.index("## The answer") < head.index("![frontier") < head.index("cannot tell")
+    assert head.index("## The answer") < head.index("![the answer's metric") < head.index("cannot")
     rows = [line for line in head.splitlines() if line.startswith("| equal ")]
     # equal parameters and equal compute, probe accuracy and PLM loss: four questions.
     assert len(rows) == 4
@@ -468,3 +468,33 @@ def test_each_answer_row_gives_the_designs_power():
         assert intervals.detectable(sd, n, alpha) <= abs(iv.mean)
         assert intervals.detectable(sd, n - 1, alpha) > abs(iv.mean)
         assert row.cells()[7] == f"{row.detectable:.3f}" and row.cells()[8] == str(n)
+
+
+def test_the_answer_figure_plots_the_tables_metric_and_rings_the_points_read(tmp_path):
+    """Under the answer: probe accuracy as the table computes it (not a mean over tasks),
+    its chance line, and a ring at each cell's rung an accuracy row is read at."""
+    runs = _ladder({"causal_decoder/plm": 0.0, "encoder_decoder/plm": 0.1})
+    for r in runs:
+        r["eval/probes/chance"] = 0.3
+        r |= {"eval/other/acc": 0.9, "eval/other/n": 100, "eval/other/chance": 0.5}
+    assert report.answer_figure(runs, tmp_path, 0.03) == "figures/answer.png"
+    svg = (tmp_path / "figures" / "answer.svg").read_text()
+    cmp = report.compare(runs)
+    for name, held in (("equal_params", "parameters"), ("equal_compute", "compute")):
+        for cell in cmp[name]["read"]:
+            assert f'id="read:equal {held}:{cell}"' in svg
+    from scalestudy.scaling import zeroshot_plots
+
+    chance = report.chance_accuracy(runs)
+    assert chance == pytest.approx((0.3 * 400 + 0.5 * 100) / 500)  # example-weighted
+    points = [
+        zeroshot_plots.AnswerPoint("a/b", 1e10, 0.4),
+        zeroshot_plots.AnswerPoint("a/b", 1e11, 0.5),
+    ]
+    points.append(zeroshot_plots.AnswerPoint("a/b", 1e11, 0.5, "equal compute"))
+    fig = zeroshot_plots.fig_answer(points, "probe accuracy (zero-shot)", chance)
+    ax = fig.axes[0]
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == ":"] == [chance]
+    assert ax.get_ylabel() == "probe accuracy (zero-shot)"
+    ys = sorted(float(y) for c in ax.collections for _, y in c.get_offsets())
+    assert ys == [0.4, 0.5, 0.5]  # two runs and the ring at the point read
