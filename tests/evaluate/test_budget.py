@@ -51,12 +51,19 @@ def test_no_continuation_is_ever_cut_and_every_context_cut_is_counted() -> None:
         cfg = cfg_for(arch, objective, **settings)
         inputs, targets = random_pairs(rng, 12)
         fitted = fit_pairs(cfg, inputs, targets)
-        batch, n_cut = scoring_batch(scoring_lengths(cfg, fitted.lengths), *_io(fitted))
+        batch, n_cut = scoring_batch(
+            scoring_lengths(cfg, fitted.lengths), *_io(fitted), fitted.unscored
+        )
         assert n_cut == 0, (trial, settings)
         weights = batch["decoder_loss_weights"]
         for r, (ctx, tgt) in enumerate(zip(inputs, targets, strict=True)):
             assert weights[r].sum() == len(tgt)
             np.testing.assert_array_equal(batch["decoder_target_tokens"][r][weights[r] > 0], tgt)
+            # Span corruption's sentinel (the form's prefix) is read just before, unscored.
+            first = int(np.argmax(weights[r] > 0))
+            prefix = fitted.targets[r][: fitted.unscored]
+            got = batch["decoder_target_tokens"][r][first - len(prefix) : first].tolist()
+            assert got == prefix and (objective == "mlm") == bool(prefix)
             kept = int(fitted.context_kept[r])
             body = fitted.inputs[r][:kept]
             assert body == (ctx[len(ctx) - kept :] if kept else [])
@@ -139,10 +146,12 @@ def test_rows_are_sized_as_scoring_batch_lays_them_out() -> None:
         cfg = cfg_for(arch, objective, context_rule=rule)
         inputs, targets = random_pairs(rng, 8)
         fitted = fit_pairs(cfg, inputs, targets)
-        batch, _ = scoring_batch(scoring_lengths(cfg, fitted.lengths), *_io(fitted))
+        batch, _ = scoring_batch(
+            scoring_lengths(cfg, fitted.lengths), *_io(fitted), fitted.unscored
+        )
         widest = max(v.shape[1] for v in batch.values())
         n_ctx = np.array([len(x) for x in inputs])
-        n_tgt = np.array([len(t) for t in targets])
+        n_tgt = np.array([len(t) for t in fitted.targets])  # with the form's prefix, if any
         n_suffix = len(fitted.inputs[0]) - int(fitted.context_kept[0])
         assert size_scoring_rows(cfg, n_ctx, n_tgt, n_suffix).positions == widest, (arch, rule)
         fit_pairs(cfg.replace(eval=cfg.eval.replace(max_length=widest)), inputs, targets)
