@@ -75,8 +75,7 @@ class LocalExecutor:
 
     With `evaluate=False` the runs train without their zero-shot evaluation (a learning-rate
     search's runs, scored on validation loss alone). A finished run without its evaluation is
-    reported, not evaluated here (it may need its own mesh), unless its id is in
-    `evaluate_here` (a search run taken into the study, trained on this host)."""
+    reported, not evaluated here (it may need its own mesh)."""
 
     def __init__(
         self,
@@ -87,12 +86,10 @@ class LocalExecutor:
         workers: int = 1,
         members: int = 1,
         evaluate: bool = True,
-        evaluate_here: frozenset = frozenset(),
     ) -> None:
         self.reg = registry
         self.out = Path(out)
         self.evaluate = evaluate
-        self.evaluate_here = evaluate_here
         self.train_fn = train_fn or functools.partial(_default_train, evaluate=evaluate)
         self.workers = workers
         # Runs per program (study/groups.py); a study's own train_fn trains runs alone.
@@ -289,10 +286,10 @@ class LocalExecutor:
     def _prepare(self, run: Any, workdir: Path, mark: bool = True) -> dict | None:
         """The summary of a run already trained (e.g. by a cluster job), recorded now; or
         None once the run has its directory (and with `mark`, is marked running): a run to
-        train, or one of `evaluate_here` to evaluate (loop.train adds a missing evaluation)."""
+        train."""
         summary = _finished_summary(workdir, run.cfg.train.steps)
         needs_eval = summary is not None and self.evaluate and _needs_eval(run.cfg, summary)
-        if summary is not None and not (needs_eval and run.run_id in self.evaluate_here):
+        if summary is not None:
             if needs_eval:
                 print(f"warning: run {run.cfg.name} {_not_evaluated(workdir)}")
             self._record(run, workdir, summary)

@@ -1,28 +1,30 @@
 """Learning rates chosen on held-out text before a study's runs train (the spec's `lr_search`).
 
-At every searched point of a study (a cell, variant, size and budget) the first seed trains once
-per rate of `lr_search.rates`, as members of one program where they fit. Each search run is
-scored by its final validation loss, on the validation split of the training corpus; the search
-runs are not evaluated on the zero-shot tasks at all, so the choice cannot read an example the
-report scores. The rate with the lowest loss is the point's; a size not searched takes the rate
-of the nearest searched size (lower on a tie), passed through the ladder's `lr_scaling` rule as
-every rate is. The study's runs then train at the chosen rates. The first seed's run at the
-chosen rate is the search's own run (the same config, so the same run id): it is copied into the
-study and evaluated there rather than trained again.
+At every searched point of a study (a cell, variant, size and budget) a seed of the search's
+own (`lr_search.seed`, never one of the study's scored seeds) trains once per rate of
+`lr_search.rates`, as members of one program where they fit. Each search run is scored by its
+final validation loss, on the validation split of the training corpus; the search runs are not
+evaluated on the zero-shot tasks at all, so the choice cannot read an example the report
+scores. The rate with the lowest loss is the point's. A choice at an end of the rates tried
+extends them: one more rate beyond that end (the ratio between the two rates at that end),
+trained and compared, at most `lr_search.extensions` times per point. A size not searched takes
+the rate of the nearest searched size (lower on a tie), passed through the ladder's
+`lr_scaling` rule as every rate is. The study's runs, every scored seed included, then train at
+the chosen rates; no search run is a study run, so none enters a verdict, a fit or a table
+other than the report's learning-rate section.
 
 The search keeps its own registry and run directories in `OUT/lr_search/` (so a stopped search
 resumes like a study), and `OUT/lr_search/choice.json` holds every rate's loss, the chosen rate,
-whether it lies at an end of the range, and its sensitivity (Wortsman et al. 2023): the mean over
-the swept rates of how much worse than the best each is, a run that diverged or ended above the
-loss at initialisation (ln of the vocabulary) counting as that loss. The report's section on
-it is `study/lr_report.py`.
+whether it lies at an end of the rates tried, how many rates were added beyond the spec's, and
+its sensitivity (Wortsman et al. 2023): the mean over the swept rates of how much worse than the
+best each is, a run that diverged or ended above the loss at initialisation (ln of the
+vocabulary) counting as that loss. The report's section on it is `study/lr_report.py`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,38 +34,57 @@ from scalestudy.errors import ConfigError
 from scalestudy.study import executors
 from scalestudy.study.lr_report import CHOICE
 from scalestudy.study.registry import Registry
-from scalestudy.study.spec import StudySpec
-from scalestudy.train import rundir
+from scalestudy.study.spec import RepeatSeedsConfig, StudySpec
 
 DIVERGED = "NonFiniteLoss"  # a search run that stopped on a non-finite loss: data, not a fault
 
 Point = tuple[str, str, str, str, str]  # (arch, objective, variant, size, budget)
 Expand = Callable[..., list]  # sweep.expand(study, spec_dir, rates=None): the study's runs
+Tried = list[tuple[float, Any]]  # (the spec's rate, the search run that trained it)
 
 
 def point(run: Any) -> Point:
     return (run.arch, run.objective, run.variant, run.size, run.budget)
 
 
+def search_study(study: StudySpec) -> StudySpec:
+    """The study as its search trains it: the search's own seed, no scored seed (and no
+    search of its own: its runs are the search's)."""
+    seeds = (study.lr_search.seed,)
+    return study.replace(seeds=seeds, repeat_seeds=RepeatSeedsConfig(), lr_search=None)
+
+
+def searched_sizes(study: StudySpec, order: dict[str, int]) -> set[str]:
+    """The sizes the search trains at (`lr_search.sizes`, or every size), checked against
+    the study's sizes (`order`: `sizes_of`'s answer)."""
+    unknown = [s for s in map(str, study.lr_search.sizes) if s not in order]
+    if unknown:
+        raise ConfigError(f"lr_search.sizes: {unknown} are not sizes of the study ({list(order)})")
+    return set(map(str, study.lr_search.sizes)) or set(order)
+
+
+def _runs_at(
+    study: StudySpec, spec_dir: Path | None, expand: Expand, sizes: set[str], rate_of: Callable
+) -> Tried:
+    """The search seed's runs at `sizes`, each point at `rate_of(point)` (None: not trained)."""
+    return [
+        (rate_of(point(r)), r)
+        for r in expand(search_study(study), spec_dir, rates=rate_of)
+        if r.size in sizes and rate_of(point(r)) is not None
+    ]
+
+
 def plan(
     study: StudySpec, spec_dir: Path | None, expand: Expand, order: dict[str, int] | None = None
-) -> list:
-    """The search's runs: the study's first seed at each searched size, once per rate.
-    `expand`: `sweep.expand`; `order`: `sizes_of`'s answer where the caller has it."""
-    search = study.lr_search
-    sizes = list(order or sizes_of(study, spec_dir, expand))
-    unknown = [s for s in map(str, search.sizes) if s not in sizes]
-    if unknown:
-        raise ConfigError(f"lr_search.sizes: {unknown} are not sizes of the study ({sizes})")
-    searched = set(map(str, search.sizes)) or set(sizes)
-    runs = []
-    for rate in search.rates:
-        runs += [
-            r
-            for r in expand(study, spec_dir, rates=lambda _, rate=rate: rate)
-            if r.seed == study.seeds[0] and r.size in searched
-        ]
-    return runs
+) -> Tried:
+    """The search's grid: its seed at each searched size, once per rate of the spec, as
+    (rate, run) pairs. `expand`: `sweep.expand`; `order`: `sizes_of`'s answer where the
+    caller has it. Extensions beyond the grid's ends are planned from its losses (`extend`)."""
+    sizes = searched_sizes(study, order or sizes_of(study, spec_dir, expand))
+    tried: Tried = []
+    for rate in study.lr_search.rates:
+        tried += _runs_at(study, spec_dir, expand, sizes, lambda _, rate=rate: rate)
+    return tried
 
 
 def sizes_of(study: StudySpec, spec_dir: Path | None, expand: Expand) -> dict[str, int]:
@@ -84,18 +105,27 @@ def sensitivity(losses: list[float | None], start: float) -> float:
 
 
 def choose(
-    search_runs: list, losses: dict[str, float | None], rates: tuple[float, ...]
+    tried: Tried, losses: dict[str, float | None], grid: tuple[float, ...]
 ) -> dict[Point, dict[str, Any]]:
     """Each searched point's curve and chosen rate from the search runs' final validation
-    losses (run id -> loss; None: diverged). `rates` are the spec's values, before the
-    ladder's rule, in the order `plan` gives the runs; `peak` is the rate each trained at."""
+    losses (run id -> loss; None: diverged). `tried`: (the spec's rate, run) pairs; `grid`:
+    the spec's rates (those beyond it count as extensions). A point's `rates` are ascending,
+    `peak` the rate each trained at after the ladder's rule; `edge`: the choice is the lowest
+    or the highest rate tried."""
+    by: dict[Point, list[tuple[float, float, float | None, float]]] = {}
+    for rate, run in tried:
+        by.setdefault(point(run), []).append(
+            (rate, run.cfg.optim.learning_rate, losses.get(run.run_id), initial_loss(run.cfg))
+        )
     out: dict[Point, dict[str, Any]] = {}
-    for run in search_runs:
-        got = out.setdefault(point(run), {"rates": list(rates), "peak": [], "loss": []})
-        got["peak"].append(run.cfg.optim.learning_rate)
-        got["loss"].append(losses.get(run.run_id))
-        got["start"] = initial_loss(run.cfg)
-    for p, got in out.items():
+    for p, rows in by.items():
+        rows.sort(key=lambda row: row[0])
+        got = {
+            "rates": [row[0] for row in rows],
+            "peak": [row[1] for row in rows],
+            "loss": [row[2] for row in rows],
+            "start": rows[0][3],
+        }
         finite = [(v, i) for i, v in enumerate(got["loss"]) if v is not None and math.isfinite(v)]
         if not finite:
             raise executors.StudyRunError(
@@ -104,9 +134,25 @@ def choose(
             )
         best = min(finite)[1]
         got["chosen_index"] = best
-        got["edge"] = best in (0, len(got["loss"]) - 1)
+        got["edge"] = best in (0, len(rows) - 1)
+        got["extended"] = sum(r not in grid for r in got["rates"])
         got["sensitivity"] = sensitivity(got["loss"], got["start"])
+        out[p] = got
     return out
+
+
+def beyond(got: dict[str, Any]) -> float:
+    """The next rate past the end of a point's rates that its choice lies at: the same ratio
+    as the two rates at that end (rounded to 6 digits, so that the run's id is stable)."""
+    r = got["rates"]
+    nxt = r[0] * r[0] / r[1] if got["chosen_index"] == 0 else r[-1] * r[-1] / r[-2]
+    return float(f"{nxt:.6g}")
+
+
+def extensions(chosen: dict[Point, dict[str, Any]], most: int) -> dict[Point, float]:
+    """Point -> the rate to try next, for each point whose choice is at an end of its rates
+    and that has had fewer than `most` rates added."""
+    return {p: beyond(got) for p, got in chosen.items() if got["edge"] and got["extended"] < most}
 
 
 def rate_for(chosen: dict[Point, dict[str, Any]], order: dict[str, int]):
@@ -125,20 +171,14 @@ def rate_for(chosen: dict[Point, dict[str, Any]], order: dict[str, int]):
     return rate
 
 
-def run(study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **executor: Any):
-    """Train the search (what is missing), write choice.json and return the rate function the
-    study's runs are expanded with. `executor`: LocalExecutor's train_fn, workers, members."""
-    order = sizes_of(study, spec_dir, expand)
-    search_runs = plan(study, spec_dir, expand, order)
-    where = Path(out) / "lr_search"
-    with Registry(where / "registry.sqlite") as reg:
-        reg.add_runs(r.row(study.name, where / "runs" / r.dirname) for r in search_runs)
-        print(f"lr_search: {len(search_runs)} runs ({len(study.lr_search.rates)} rates)")
-        executors.LocalExecutor(reg, where, evaluate=False, **executor).run(search_runs)
-        rows = {r["run_id"]: r for r in reg.runs()}
+def _train(reg: Registry, where: Path, runs: list, executor: dict[str, Any]) -> dict[str, Any]:
+    """Train what is missing of `runs`; returns run id -> final loss (None: diverged).
+    Raises StudyRunError naming the runs that failed for another reason."""
+    executors.LocalExecutor(reg, where, evaluate=False, **executor).run(runs)
+    rows = {r["run_id"]: r for r in reg.runs()}
     faults = [
         f"{r.cfg.name}: {rows[r.run_id].get('error') or rows[r.run_id]['status']}"
-        for r in search_runs
+        for r in runs
         if rows[r.run_id]["status"] != "done" and DIVERGED not in (rows[r.run_id]["error"] or "")
     ]
     if faults:
@@ -146,41 +186,49 @@ def run(study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **ex
             f"lr_search: {len(faults)} run(s) did not finish ({'; '.join(faults)}); re-run the "
             "same command to retry them (finished runs are kept)"
         )
-    losses = {k: r["loss"] if r["status"] == "done" else None for k, r in rows.items()}
-    rates = tuple(study.lr_search.rates)
-    chosen = choose(search_runs, losses, rates)
-    records = [{"point": list(p), **got} for p, got in chosen.items()]
+    return {k: r["loss"] if r["status"] == "done" else None for k, r in rows.items()}
+
+
+def run(study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **executor: Any):
+    """Train the search (what is missing), extending each point's rates past an end its
+    choice lies at, write choice.json and return (the rate function the study's runs are
+    expanded with, the search's runs). `executor`: LocalExecutor's train_fn, workers, members."""
+    search = study.lr_search
+    order = sizes_of(study, spec_dir, expand)
+    sizes, tried = searched_sizes(study, order), plan(study, spec_dir, expand, order)
+    grid = tuple(search.rates)
+    where = Path(out) / "lr_search"
+    new = [r for _, r in tried]
+    print(f"lr_search: {len(new)} runs ({len(grid)} rates, seed {search.seed})")
+    with Registry(where / "registry.sqlite") as reg:
+        for round_ in range(search.extensions + 1):
+            reg.add_runs(r.row(study.name, where / "runs" / r.dirname) for r in new)
+            chosen = choose(tried, _train(reg, where, [r for _, r in tried], executor), grid)
+            more = extensions(chosen, search.extensions)
+            if not more:
+                break
+            added = _runs_at(study, spec_dir, expand, sizes, more.get)
+            tried += added
+            new = [r for _, r in added]
+            print(
+                f"lr_search: {len(new)} more run(s) past an end of the rates tried "
+                f"(extension {round_ + 1} of at most {search.extensions})"
+            )
+    keys = {"grid": list(grid), "seed": search.seed, "most": search.extensions}
+    records = [{"point": list(p), **keys, **got} for p, got in chosen.items()]
     (where / CHOICE).write_text(json.dumps(records, indent=1))
-    return rate_for(chosen, order), search_runs
-
-
-def adopt(search_runs: list, runs: list, out: Path) -> int:
-    """Copy each search run that is also a study run (same id) into the study's run
-    directories where the study has none yet; returns how many were copied."""
-    ids = {r.run_id: r for r in search_runs}
-    copied = 0
-    for r in runs:
-        source = Path(out) / "lr_search" / "runs" / r.dirname
-        target = Path(out) / "runs" / r.dirname
-        if r.run_id in ids and not target.exists() and rundir.read_summary(source) is not None:
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns(rundir.LOCK))
-            copied += 1
-    return copied
+    return rate_for(chosen, order), [r for _, r in tried]
 
 
 def resolve(
     study: StudySpec, spec_dir: Path | None, out: Path, runs: list, expand: Expand, **executor: Any
-):
-    """(the study's runs at their chosen rates, the ids of the search's runs among them) with
-    the search trained first (what is missing) and those runs copied in; (`runs`, none) for a
-    study without `lr_search`."""
+) -> list:
+    """The study's runs at their chosen rates, with the search trained first (what is
+    missing); `runs` for a study without `lr_search`."""
     if study.lr_search is None:
-        return runs, frozenset()
-    rate, search_runs = run(study, spec_dir, out, expand, **executor)
-    runs = expand(study, spec_dir, rates=rate)
-    if copied := adopt(search_runs, runs, out):
-        print(f"lr_search: {copied} run(s) at their chosen rate taken into the study")
-    return runs, frozenset(r.run_id for r in search_runs) & {r.run_id for r in runs}
+        return runs
+    rate, _ = run(study, spec_dir, out, expand, **executor)
+    return expand(study, spec_dir, rates=rate)
 
 
 def not_on_clusters(study: StudySpec, what: str) -> None:

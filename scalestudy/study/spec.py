@@ -172,12 +172,18 @@ class RepeatSeedsConfig(Frozen):
 
 class LrSearchConfig(Frozen):
     """Peak learning rates tried before the study's runs train (study/lr_search.py): at each
-    searched size every cell's first seed trains once per rate, and the rate with the lowest
-    validation loss (the training corpus's held-out split) is the one its runs train at."""
+    searched size every cell trains the search's own seed once per rate, and the rate with
+    the lowest validation loss (the training corpus's held-out split) is the one its runs
+    train at; a choice at an end of the rates tried adds one rate beyond it, `extensions`
+    times at most."""
 
     # Values of `optim.learning_rate`, each passed through the ladder's `lr_scaling` rule.
     rates: Annotated[tuple[float, ...], Field(strict=False, min_length=2)]
     sizes: Tuple = ()  # the sizes searched (others take the nearest one's); empty: every size
+    # The search's runs train this seed, never a scored one (StudySpec refuses a clash), so
+    # a choice made on them cannot favour the runs the verdicts compare.
+    seed: int = Field(1000, ge=0, le=MAX_SEED)
+    extensions: int = Field(2, ge=0)  # most rates added beyond an end, per searched point
 
     @model_validator(mode="after")
     def _check(self) -> LrSearchConfig:
@@ -394,6 +400,12 @@ class StudySpec(Frozen):
         if both:
             raise ConfigError(
                 f"repeat_seeds.seeds: {sorted(both)} already in seeds (every size trains those)"
+            )
+        if self.lr_search and self.lr_search.seed in (*self.seeds, *self.repeat_seeds.seeds):
+            raise ConfigError(
+                f"lr_search.seed: {self.lr_search.seed} is one of the study's scored seeds "
+                f"(seeds {list(self.seeds)}, repeat_seeds {list(self.repeat_seeds.seeds)}); the "
+                "search trains a seed of its own: give one outside them"
             )
         if self.members != "auto":
             groups.cap(self.members)  # an error naming the accepted values

@@ -352,7 +352,11 @@ def run_study(
     if dry_run:
         print(plan_table(runs))
         if study.lr_search:
-            print(f"lr_search first: {len(lr_search.plan(study, spec.parent, expand))} runs")
+            search = study.lr_search
+            print(
+                f"lr_search first: {len(lr_search.plan(study, spec.parent, expand))} runs (seed "
+                f"{search.seed}; up to {search.extensions} more per point past an end of the rates)"
+            )
         jobs = groups.plan(runs, cap)
         print(f"members: {groups.describe(jobs)}")
         for job in (j for j in jobs if len(j) > 1):
@@ -365,7 +369,7 @@ def run_study(
         executors.check_collect(out, len(runs))
     with study_lock(out):  # one process per study directory
         (out / "spec.yaml").write_text(to_yaml(study))
-        runs, searched = lr_search.resolve(
+        runs = lr_search.resolve(
             study, spec.parent, out, runs, expand, train_fn=train_fn, workers=workers, members=cap
         )
         with Registry(out / REGISTRY_NAME) as reg:
@@ -380,7 +384,6 @@ def run_study(
                     train_fn=train_fn,
                     workers=workers,
                     members=cap,
-                    evaluate_here=searched,
                 )
                 failed = executor.run(runs)
         report.finalize(study, out)  # the runs `set_plan` marked above
