@@ -324,3 +324,46 @@ def test_what_the_search_cannot_tell_names_close_choices_ends_depth_and_unsearch
     assert "tried for the cell (the ladder's rate rule carried them there): " in text
     assert "encoder_decoder/plm 14K at 0.053." in text and "40K at" not in text
     assert lr_report.cannot_tell([], runs) == []
+
+
+def test_the_main_jobs_deeper_rungs_and_rates_past_the_search_are_named():
+    """The shipped smoke ladder goes from 2 layers at 20K (searched) to 3 at 40K and 70K at the
+    same width; the width rule cannot see that, so the report names those rungs, per stack
+    shape, and a 14K rung the rule carries above every searched rate."""
+    spec = Path(__file__).parents[2] / "configs" / "studies" / "smoke.yaml"
+    study = sweep.load_study(spec)
+    grid = list(study.lr_search.rates)
+    top = ("noncausal_decoder", "plm")  # chose the grid's top rate: 14K trains above it
+
+    def chosen(p):
+        return grid[-1] if p[:2] == top else grid[1]
+
+    runs = [
+        {
+            "name": r.cfg.name,
+            "arch": r.arch,
+            "objective": r.objective,
+            "size": r.size,
+            "size_index": r.size_index,
+            "status": "done",
+            "loss": 1.0 + 0.01 * r.seed,
+            "n_layers": r.cfg.model.n_layers,
+            "n_encoder_layers": r.cfg.model.encoder_layers
+            if r.cfg.model.is_encoder_decoder
+            else None,
+            "recipe": {"optim.learning_rate": r.cfg.optim.learning_rate},
+        }
+        for r in sweep.expand(study, spec.parent, rates=chosen)
+    ]
+    cells = sorted({(r["arch"], r["objective"]) for r in runs})
+    records = [
+        _record(a, o, "20K", grid, [2.0, 1.0, 1.5, 1.7] if (a, o) != top else [2, 1.8, 1.5, 1.0])
+        for a, o in cells
+    ]
+    text = "\n".join(lr_report.cannot_tell(records, runs))
+    decoders = "causal_decoder/flm, causal_decoder/plm, noncausal_decoder/plm"
+    for size in ("40K", "70K"):
+        assert f"{size} (3 layers) from 20K (2 layers): {decoders}" in text
+        assert f"{size} (3+3 layers) from 20K (2+2 layers): encoder_decoder/plm" in text
+    assert "mlm" not in text.split("Depth")[1].split("\n")[0]  # MLM cells train at 20K only
+    assert "noncausal_decoder/plm 14K at 0.213." in text
