@@ -12,12 +12,12 @@ Formats (`data.grain_format`, or `auto`: by each path's extension):
   record is UTF-8 text, or a JSON object holding the text under `data.text_key`.
 
 A row's document is the string in its `data.text_key` column (default "text"), stripped;
-empty ones are dropped, as in a `.jsonl` file of the text source, so the same documents give
-the same batches through either source. The documents then go the NumPy pipeline's way
-(`numpy_pipeline.py`): tokenised once, cut into pieces, objectives, greedy packing, each
-process's rows of the global batch, and the one-integer iterator state in the checkpoint.
-Every process reads the whole corpus, as for the text source, because packing a global batch
-needs the size of every piece; a process materialises only its own rows.
+empty ones and nulls are dropped, as in a `.jsonl` file of the text source, so the same
+documents give the same batches through either source. The documents then go the NumPy
+pipeline's way (`numpy_pipeline.py`): tokenised once, cut into pieces, objectives, greedy
+packing, each process's rows of the global batch, and the one-integer iterator state in the
+checkpoint. Every process reads the whole corpus, as for the text source, because packing a
+global batch needs the size of every piece; a process materialises only its own rows.
 """
 
 from __future__ import annotations
@@ -248,6 +248,8 @@ def _read_texts(source: Any) -> list[str]:
     )
     docs = []
     for i, value in enumerate(loader):
+        if value is None:  # a null cell (Parquet, Arrow): an empty document, dropped alike
+            continue
         if not isinstance(value, str):
             raise DataError(
                 f"row {i} of {source!r} is {type(value).__name__}, not text; data.text_key "

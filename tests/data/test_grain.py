@@ -80,6 +80,19 @@ def test_the_same_documents_give_the_batches_of_a_jsonl_file(corpus, kind, arch,
         assert sources.documents(text.cfg.data, split) == sources.documents(grain.cfg.data, split)
 
 
+def test_loose_json_lines_by_datasets_builder_and_null_cells(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    text = cfg_for({"source": "text", "paths": [str(corpus["jsonl"])]}).data
+    loose = cfg_for({"source": "grain", "paths": [str(corpus["jsonl"])]}).data
+    assert sources.documents(loose, "train") == sources.documents(text, "train")
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"text": ["a story", None, "another"]}), nulls)
+    got = sources.documents(cfg_for({"source": "grain", "paths": [str(nulls)]}).data, "train")
+    assert sorted(got + sources.documents(
+        cfg_for({"source": "grain", "paths": [str(nulls)]}).data, "validation"
+    )) == ["a story", "another"]  # fmt: skip
+
+
 def test_exact_resume_and_two_process_shards(corpus):
     cfg = cfg_for({"source": "grain", "paths": [str(corpus["parquet"])]})
     straight = make_iterator(cfg)
