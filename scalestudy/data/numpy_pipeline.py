@@ -1,4 +1,4 @@
-"""The NumPy batch iterator (sources synthetic/text/tfds): packed, exactly resumable batches.
+"""The NumPy batch iterator (every source but seqio): packed, exactly resumable batches.
 
 The stream: each split's documents are tokenised once and cut into pieces (objectives.py says
 how long per objective). Epoch e visits the pieces in a permutation seeded by (seed, split, e);

@@ -2,10 +2,11 @@
 
 `make_iterator(cfg, split, process_index, process_count)` returns a `batches.BatchIterator`
 (the one contract training speaks): the NumPy pipeline (`numpy_pipeline.py`) for the
-synthetic/text/tfds sources, or the seqio streaming pipeline (`seqio_pipeline.py`) for
-`data.source: seqio`. Neither iterator imports this module, and this module imports the seqio
-one only when it is asked for, so the default path never builds tf.data graphs. Feature
-conversion (which positions each architecture sees) is described in `numpy_pipeline.py`.
+synthetic/order/text/grain/tfds sources, or the seqio streaming pipeline
+(`seqio_pipeline.py`) for `data.source: seqio`. Neither iterator imports this module, and
+this module imports the seqio one only when it is asked for, so the default path never
+builds tf.data graphs. Feature conversion (which positions each architecture sees) is
+described in `numpy_pipeline.py`.
 """
 
 from __future__ import annotations
