@@ -18,7 +18,7 @@ class StudyProgress:
 
     def __init__(self, total: float, n_runs: int, plain: bool | None = None) -> None:
         """`plain` (default: stderr is not a terminal): one line per finished run instead of
-        a bar, whose `\r` updates would glue a log file's lines together."""
+        a bar, whose carriage-return updates would glue a log file's lines together."""
         from tqdm import tqdm
 
         self.plain = not sys.stderr.isatty() if plain is None else plain

@@ -33,6 +33,7 @@ from scalestudy.train import (
     hooks,
     logfile,
     metrics,
+    progress,
     recovery,
     resume,
     rundir,
@@ -64,64 +65,12 @@ class Preempted(ScalestudyError):
 def _prepare_workdir(cfg: ExperimentConfig, workdir: Path, primary: bool) -> None:
     """Refuse a workdir that holds a different run; record the config."""
     resume.check_resume(cfg, workdir)  # before anything is written
+    logfile.run_accepted()  # the run's log, held until here, is written from now on
     # No process creates the checkpoint directory or config.yaml before every process has
     # looked for them: one that looked later would take another branch and another barrier.
     distributed.barrier("scalestudy_workdir_checked")
     if primary:
         rundir.write_config(workdir, to_yaml(cfg))
-
-
-def _progress_bar(cfg: ExperimentConfig, start: int, stop: int) -> Any:
-    """A tqdm bar on a terminal; off one (a CI log, nohup, a SLURM output file) a plain
-    line every PLAIN_EVERY_S seconds, since `\r` updates read as one endless line there."""
-    if not cfg.train.progress:
-        return None
-    if not sys.stderr.isatty():
-        return PlainProgress(cfg.name, start, stop)
-    from tqdm import tqdm
-
-    return tqdm(total=stop, initial=start, desc=cfg.name, unit="step", dynamic_ncols=True)
-
-
-# Seconds between two plain progress lines off a terminal.
-PLAIN_EVERY_S = 30.0
-
-
-class PlainProgress:
-    """Progress as plain lines on stderr (step, loss, tokens/s, ETA) from the metrics rows
-    as they are written: at most one every PLAIN_EVERY_S seconds, and the last step's."""
-
-    def __init__(self, name: str, start: int, stop: int) -> None:
-        self.name, self.start, self.stop = name, start, stop
-        self.t_start = self.t_last = time.monotonic()
-
-    def update(self, n: int) -> None:
-        pass  # the rows say how far the run is (tqdm's call)
-
-    def set_postfix(self, **postfix: str) -> None:
-        pass  # tqdm's call; the rows carry the same numbers
-
-    def on_row(self, step: int, row: dict[str, Any]) -> None:
-        """A metrics row was written (train/metrics.py's watch): print it when it is time."""
-        now = time.monotonic()
-        if now - self.t_last >= PLAIN_EVERY_S or step >= self.stop:
-            self.t_last = now
-            sys.stderr.write(self.line(now, step, row) + "\n")
-            sys.stderr.flush()
-
-    def line(self, now: float, step: int, row: dict[str, Any]) -> str:
-        rate = (step - self.start) / max(now - self.t_start, 1e-9)
-        eta_text = "?"
-        if rate > 0:
-            minutes, seconds = divmod(round((self.stop - step) / rate), 60)
-            eta_text = f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
-        return (
-            f"{self.name} step {step}/{self.stop} loss {row['train/loss']:.3f} "
-            f"tokens/s {row['tokens_per_s']:.0f} eta {eta_text}"
-        )
-
-    def close(self) -> None:
-        pass
 
 
 def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None) -> dict[str, Any]:
@@ -246,11 +195,11 @@ class Run:
         self.writer = metrics.MetricsWriter(self.workdir, active=self.primary)
         per_step = self.cfg.train.batch_size * counting.flops(self.cfg)["flops_per_example"]
         moe = self.cfg.model.moe
-        self.bar = _progress_bar(self.cfg, self.start, self.stop)
+        self.bar = progress.progress_bar(self.cfg, self.start, self.stop)
         watchers = []
         if expert_load.watched(moe) and self.primary:
             watchers.append(expert_load.LoadWatch(moe, self.totals))
-        if isinstance(self.bar, PlainProgress):
+        if isinstance(self.bar, progress.PlainProgress):
             watchers.append(self.bar.on_row)
         self.metrics = metrics.DeferredMetrics(
             self.writer,

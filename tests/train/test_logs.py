@@ -8,7 +8,7 @@ from pathlib import Path
 
 from scalestudy.evaluate.results import task_lines
 from scalestudy.study.progress import StudyProgress
-from scalestudy.train import loop
+from scalestudy.train import loop, progress
 
 from .conftest import tiny
 
@@ -16,7 +16,7 @@ LINE = re.compile(r"^(\S+) step (\d+)/(\d+) loss (\d+\.\d+) tokens/s (\d+) eta \
 
 
 def test_train_off_a_terminal_prints_plain_lines(tmp_path: Path, capsys, monkeypatch):
-    monkeypatch.setattr(loop, "PLAIN_EVERY_S", 0.0)  # a line at every log step
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)  # a line at every log step
     cfg = tiny("causal_decoder", None, "train.progress=true", "train.stop_after_steps=6")
     loop.train(cfg, tmp_path)
     out = capsys.readouterr()
@@ -30,7 +30,7 @@ def test_train_off_a_terminal_prints_plain_lines(tmp_path: Path, capsys, monkeyp
 
 
 def test_train_lines_come_at_most_once_an_interval(tmp_path: Path, capsys, monkeypatch):
-    monkeypatch.setattr(loop, "PLAIN_EVERY_S", 3600.0)
+    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 3600.0)
     cfg = tiny("causal_decoder", None, "train.progress=true", "train.steps=8")
     loop.train(cfg, tmp_path)
     lines = [line for line in capsys.readouterr().err.splitlines() if LINE.match(line)]
