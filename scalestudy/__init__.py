@@ -1,4 +1,8 @@
-"""Architecture x objective scaling studies of language models in JAX/Flax NNX."""
+"""Architecture x objective scaling studies of language models in JAX/Flax NNX.
+
+The names docs/python.md uses are importable from here (`from scalestudy import train_group`);
+each is imported on first use, so `import scalestudy` stays cheap for the command line.
+"""
 
 import glob as _glob
 import os as _os
@@ -32,3 +36,33 @@ if not tpu_chip_present():
     # needs no TPU backend: `compile --topology` runs on the CPU platform.)
     if "JAX_PLATFORMS" not in _os.environ and not _gpu_plugin_installed():
         _os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+# name -> module that defines it (docs/python.md shows each in use).
+_EXPORTS = {
+    "ExperimentConfig": "scalestudy.config",
+    "load_config": "scalestudy.config",
+    "build_model": "scalestudy.models.api",
+    "get_vocabulary": "scalestudy.data.vocab",
+    "train_group": "scalestudy.train.group",
+    "Scorer": "scalestudy.evaluate.scorer",
+    "load_run": "scalestudy.evaluate.rank",
+    "evaluate_run": "scalestudy.evaluate.rank",
+    "DataSettings": "scalestudy.scaling.table",
+    "FitSettings": "scalestudy.scaling.laws",
+    "build_table": "scalestudy.scaling.io",
+    "load_table": "scalestudy.scaling.io",
+    "fit_cells": "scalestudy.scaling.laws",
+    "make_all_plots": "scalestudy.scaling.plots",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'scalestudy' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # imported once
+    return value

@@ -8,6 +8,7 @@ import csv
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -83,9 +84,11 @@ def _values(rows: list[dict], col: str | None, scale: float) -> np.ndarray:
     return np.array([to_float(r.get(col)) for r in rows]) * scale
 
 
-def build_table(rows: list[dict], settings: DataSettings, kind: str) -> RunTable:
+def build_table(rows: Any, settings: DataSettings, kind: str) -> RunTable:
     """Rows of a table (one per run, or per curve point with repeated run ids) -> RunTable,
-    applying the N/D/C choices in `settings`; `kind` names the source in the choices."""
+    applying the N/D/C choices in `settings`; `kind` names the source in the choices.
+    `rows`: a list of dicts, or a pandas DataFrame (one row each)."""
+    rows = as_rows(rows)
     if not rows:
         raise ScalingDataError("no runs to fit")
     columns = list(dict.fromkeys(k for r in rows for k in r))
@@ -179,6 +182,14 @@ def build_table(rows: list[dict], settings: DataSettings, kind: str) -> RunTable
         "filters": filters,
     }
     return _validate(table, s.drop_invalid)
+
+
+def as_rows(table: Any) -> list[dict]:
+    """A table as a list of row dicts: a pandas DataFrame by its records (no pandas import
+    here: anything with `to_dict("records")` and `columns`), a list as it is."""
+    if hasattr(table, "to_dict") and hasattr(table, "columns"):
+        return table.to_dict("records")
+    return list(table)
 
 
 def _curves_from_rows(ids, C, D, loss):
