@@ -102,16 +102,15 @@ def _accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def _per_seed(runs: list[dict[str, Any]], metric: str) -> dict[int, float]:
-    out = {}
-    for r in runs:
-        if metric == "acc":
-            got = _accuracy(r)
-            value = got[0] if got else None
-        else:
-            value = r.get(metric)
-        if value is not None:
-            out[int(r.get("seed") or 0)] = float(value)
-    return out
+    values = ((r, _metric(r, metric)) for r in runs)
+    return {int(r.get("seed") or 0): float(v) for r, v in values if v is not None}
+
+
+def _metric(run: dict[str, Any], metric: str) -> float | None:
+    if metric == "acc":
+        got = _accuracy(run)
+        return got[0] if got else None
+    return run.get(metric)
 
 
 def compare(
@@ -253,13 +252,6 @@ def lines(
 
 
 # ----------------------------------------------------------------------------- leaders
-
-
-def _metric(run: dict[str, Any], metric: str) -> float | None:
-    if metric == "acc":
-        got = _accuracy(run)
-        return got[0] if got else None
-    return run.get(metric)
 
 
 def leader(

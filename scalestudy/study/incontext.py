@@ -4,9 +4,10 @@ cell, and the in-context gain compared across cells.
 A task scored with demonstrations (`eval.num_fewshot`, results `<task>.<K>shot/acc` beside the
 zero-shot `<task>/acc`) gives every run a curve over K. A run's **in-context gain** is its
 accuracy at the largest K minus its zero-shot accuracy: one number per run, so the run is the
-unit of every interval. Cells are compared on it as on probe accuracy (`comparisons.leader`,
-paired by seed, at equal parameters and at equal compute), and the tests join the report's
-Holm family. The claim under test (decoder-only models gain more from demonstrations than
+unit of every interval (`intervals.run_difference`: paired by seed, Welch on run means
+otherwise; no examples term, since the scored items are shared and their noise is in each
+run's gain). Cells are compared on it as on probe accuracy (`comparisons.leader`, at equal
+parameters and at equal compute), and the tests join the answer's primary Holm family. The claim under test (decoder-only models gain more from demonstrations than
 encoder-decoders or prefix LMs) is answered by whichever cell leads, with its interval.
 """
 
@@ -60,7 +61,7 @@ def compare(
     runs: list[dict[str, Any]], n_key: str, tolerance: float
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """task -> {"equal_params" | "equal_compute": leader on the in-context gain} (before
-    Holm's adjustment, which the report makes over its whole family)."""
+    Holm's adjustment, which the report makes over the answer's primary family)."""
     done, largest = with_gains([r for r in runs if r.get("status") == "done"])
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for task, k in sorted(largest.items()):
@@ -133,8 +134,8 @@ def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]
         "",
         "Accuracy against K, the demonstrations before each question (mean over runs). A "
         "run's in-context gain is its accuracy at the largest K minus its zero-shot accuracy; "
-        "the cells are compared on it with runs as the unit, paired by seed, in the report's "
-        "Holm family.",
+        "the cells are compared on it with runs as the unit (paired by seed, Welch on run "
+        "means otherwise), in the answer's primary Holm family.",
         "",
     ]
     for task in tasks:

@@ -166,7 +166,7 @@ def _row(question: str, metric: str, got: dict[str, Any], level: float) -> Answe
 
 
 def answer_rows(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[AnswerRow]:
-    """The answer's rows over `report.compare`'s leaders (after its primary family's
+    """The answer's rows over `answer.compare`'s leaders (after its primary family's
     adjustment): per question, probe accuracy, validation loss within each objective and the
     in-context gain, then the same along the ladder where some cells sit at fewer rungs."""
     rows = []
@@ -202,7 +202,7 @@ HEAD = [
 
 
 def answer(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[str]:
-    """The report's first screen: a verdict table over `report.compare`'s leaders."""
+    """The report's first screen: a verdict table over `answer.compare`'s leaders."""
     rows = answer_rows(cmp, n_what, level)
     if not rows:
         return []

@@ -4,7 +4,7 @@ in the report's Holm family; few-shot rows stay out of the zero-shot probe accur
 import numpy as np
 import pytest
 
-from scalestudy.study import incontext, report, task_laws
+from scalestudy.study import answer, incontext, report, task_laws
 from scalestudy.study.spec import StudySpec
 
 SHOTS = (0, 1, 2, 4, 8)
@@ -72,7 +72,7 @@ def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
         assert r["incontext_gain/incontext_probe"] == pytest.approx(
             r["eval/incontext_probe.8shot/acc"] - 0.5
         )
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     found = cmp["incontext"]["incontext_probe"]
     for name in ("equal_params", "equal_compute"):
         got = found[name]
@@ -91,11 +91,11 @@ def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
 
     # Gains within run noise of each other: no winner, whatever the means' order.
     close = {"causal_decoder/flm": 0.2, "noncausal_decoder/plm": 0.195}
-    got = report.compare(_runs(close, noise=0.05))["incontext"]["incontext_probe"]
+    got = answer.compare(_runs(close, noise=0.05))["incontext"]["incontext_probe"]
     assert "**" not in got["equal_params"]["verdict"][0]
     assert got["equal_params"]["verdict"][0].startswith("no winner")
     # One seed: no between-run interval, no winner.
-    one = report.compare(_runs(clear, seeds=1))["incontext"]["incontext_probe"]
+    one = answer.compare(_runs(clear, seeds=1))["incontext"]["incontext_probe"]
     assert one["equal_params"]["verdict"][0].startswith("one seed")
 
 
@@ -103,7 +103,7 @@ def test_curves_without_a_comparison_are_shown_and_say_why():
     """One cell (nothing to compare it with): the curve table is still the section, with the
     reason there is no verdict."""
     runs = _runs({"causal_decoder/flm": 0.3})
-    assert report.compare(runs)["incontext"] == {}
+    assert answer.compare(runs)["incontext"] == {}
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     section = report.render_markdown(study, runs, {}, [])
     section = section[section.index("## In-context learning") :]
@@ -117,7 +117,7 @@ def test_no_few_shot_rows_no_section():
         for r in _runs({"causal_decoder/flm": 0.3})
         if r.update({k: None for k in list(r) if "shot" in k}) is None
     ]
-    assert report.compare(runs)["incontext"] == {}
+    assert answer.compare(runs)["incontext"] == {}
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     assert "## In-context learning" not in report.render_markdown(study, runs, {}, [])
 

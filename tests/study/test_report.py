@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from scalestudy.study import report
+from scalestudy.study import answer, report
 
 Z = 1.959964  # the normal 95% quantile the old unpaired sentences used
 
@@ -56,7 +56,7 @@ def test_cells_are_read_at_their_runs_never_between_rungs():
         for i, n in enumerate((1e5, 1e6)):
             runs.append(_run("causal_decoder", "plm", i, n, 1e10 * 10**i, 0.5, 2.0 - i, s))
             runs.append(_run("noncausal_decoder", "plm", i, 3 * n, 1e10 * 10**i, 0.5, 2.1 - i, s))
-    got = report.compare(runs)["equal_params_loss"]["plm"]
+    got = answer.compare(runs)["equal_params_loss"]["plm"]
     assert got["at"] == pytest.approx(1e6)
     assert got["read"] == {"causal_decoder/plm": 1e6, "noncausal_decoder/plm": 3e6}
     assert got["scores"]["noncausal_decoder/plm"].mean == pytest.approx(1.1)  # its runs' value
@@ -79,7 +79,7 @@ def test_an_unpaired_lead_the_seeds_do_not_support_names_no_winner():
     halves = [Z * statistics.stdev(x) / math.sqrt(3) for x in (loss_a, loss_b)]
     gap = statistics.mean(loss_b) - statistics.mean(loss_a)
     assert gap > math.hypot(*halves)  # the unpaired means would call a clear lead
-    cmp = report.compare(_two_cells(loss_a, loss_b))
+    cmp = answer.compare(_two_cells(loss_a, loss_b))
     text = "\n".join(cmp["equal_params_loss"]["plm"]["verdict"])
     assert text.startswith("no winner: causal_decoder/plm has the lowest mean")
     assert "not distinguishable from noncausal_decoder/plm" in text and "**" not in text
@@ -92,7 +92,7 @@ def test_a_lead_every_seed_shows_is_a_winner_despite_seed_spread():
     base = [2.0, 2.4, 1.8, 2.2]
     gain = [0.05, 0.052, 0.048, 0.051]
     runs = _two_cells([b - g for b, g in zip(base, gain, strict=True)], base)
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     [line, detail] = cmp["equal_params_loss"]["plm"]["verdict"]
     assert line.startswith("**causal_decoder/plm** is ahead of every other cell")
     assert "causal_decoder/plm minus noncausal_decoder/plm: -0.050 [" in detail
@@ -111,14 +111,14 @@ def test_a_lead_every_seed_shows_is_a_winner_despite_seed_spread():
 
 
 def test_one_seed_names_no_winner_only_the_better_run():
-    cmp = report.compare(_two_cells([1.0], [1.3]))
+    cmp = answer.compare(_two_cells([1.0], [1.3]))
     [line, detail] = cmp["equal_compute_loss"]["plm"]["verdict"]
     assert line == (
         "one seed: causal_decoder/plm had the lower loss in this run; with no between-run "
         "interval no winner is named."
     )
     assert "no between-run interval" in detail and "Holm" not in detail
-    acc = report.compare(
+    acc = answer.compare(
         [
             _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.7, 2.0),
             _run("noncausal_decoder", "flm", 0, 1e5, 1e10, 0.5, 2.0),
@@ -134,7 +134,7 @@ def test_what_is_not_held_equal_at_equal_compute_is_named():
         for i, (n, c) in enumerate([(1e5, 1e10), (1e6, 1e12)]):
             runs.append(_run("causal_decoder", "plm", i, n, c, 0.5, 2.0 - i + 0.01 * seed, seed))
             runs.append(_run("encoder_decoder", "plm", i, 2 * n, c, 0.5, 2.1 - i, seed))
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     assert cmp["equal_compute_loss"]["plm"]["at"] == pytest.approx(1e12)
     text = "\n".join(cmp["equal_compute_loss"]["plm"]["verdict"])
     assert "Not equal (causal_decoder/plm / encoder_decoder/plm): total parameters (0.50x)" in text
@@ -153,9 +153,9 @@ def test_not_scaling_names_cells_whose_loss_rises_up_the_ladder():
         _run("causal_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0),
         _run("causal_decoder", "plm", 1, 1e6, 1e11, 0.3, 1.5),
     ]
-    assert report.compare(runs)["not_scaling"] == []
+    assert answer.compare(runs)["not_scaling"] == []
     runs.append(_run("causal_decoder", "plm", 2, 1e7, 1e13, 0.3, 5.0))  # worse when larger
-    assert report.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
+    assert answer.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
 
 
 def test_variants_are_ladders_of_their_own_and_isoflop_budgets_are_not_ladders():
@@ -172,13 +172,13 @@ def test_variants_are_ladders_of_their_own_and_isoflop_budgets_are_not_ladders()
                          2.0 - 0.1 * i + offset, seed=s)  # fmt: skip
                 name = f"t.causal_decoder.flm.{variant}.r{i}.s{s}"
                 runs.append(r | {"name": name, "run_id": name})
-    assert report.not_scaling(runs) == []
+    assert answer.not_scaling(runs) == []
     runs[-1]["loss"] = runs[-2]["loss"] = 9.0  # e16's top rung, both seeds
-    assert report.not_scaling(runs) == ["causal_decoder/flm/e16"]
+    assert answer.not_scaling(runs) == ["causal_decoder/flm/e16"]
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "- Runs per point: 2 to 2." in md
     valley = [r | {"budget": "C1e11"} for r in runs]
-    assert report.not_scaling(valley) == []
+    assert answer.not_scaling(valley) == []
 
 
 class _Page(HTMLParser):
@@ -237,7 +237,7 @@ def test_truncation_is_reported_as_the_worst_runs_share():
 def test_runs_of_one_seed_at_one_size_are_averaged_not_picked():
     # Two budgets of one seed at the same N: the seed's value at that N is their mean.
     runs = _two_cells([1.0], [1.5]) + _two_cells([1.2], [1.5])
-    scores = report.compare(runs)["equal_params_loss"]["plm"]["scores"]
+    scores = answer.compare(runs)["equal_params_loss"]["plm"]["scores"]
     assert scores["causal_decoder/plm"].mean == pytest.approx(1.1)
 
 
@@ -293,7 +293,7 @@ def test_a_cell_whose_runs_end_below_the_others_is_left_out_and_named():
 
     runs = _ladder({"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2})
     runs += _ladder({"causal_decoder/mlm": 0.1}, sizes=(1e3, 1e4))  # ends below 1e5
-    assert report.compare(runs)["equal_params"]["left_out"] == ["causal_decoder/mlm"]
+    assert answer.compare(runs)["equal_params"]["left_out"] == ["causal_decoder/mlm"]
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "(left out: causal_decoder/mlm)" in md
     assert "Left out (their runs end below this x): causal_decoder/mlm." in md
@@ -313,7 +313,7 @@ def test_moe_runs_add_a_verdict_at_equal_active_parameters():
                          2.0 - 0.2 * i - gain + 0.01 * s, seed=s)  # fmt: skip
                 r |= {"name": f"t.causal_decoder.flm.{variant}.r{i}.s{s}", "experts": experts}
                 runs.append(r | {"params_active": active, "run_id": r["name"]})
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     active = cmp["equal_active"]
     assert active["at"] == pytest.approx(1e6) and active["leader"] == "causal_decoder/flm/e8"
     [test] = active["tests"]
@@ -382,7 +382,7 @@ def _design_runs(rng, seeds, difficulty, scale):
 
 @pytest.mark.parametrize("seeds", [3, 5])
 def test_the_answer_rows_cover_at_this_studys_design(seeds):
-    """Coverage of the verdict path itself (`report.compare` then `verdicts.answer_rows`, the
+    """Coverage of the verdict path itself (`answer.compare` then `verdicts.answer_rows`, the
     rows the answer table prints) on simulated studies of this design (800 items): the
     interval beside the answer covers the true margin 92-98% of the time at seed sd 0.005,
     0.02 and 0.05, two-sided: neither too narrow (examples counted as replicates) nor too
@@ -395,7 +395,7 @@ def test_the_answer_rows_cover_at_this_studys_design(seeds):
         difficulty, scale, truth = _design(rng, sd)
         hits = 0
         for _ in range(sims):
-            cmp = report.compare(_design_runs(rng, seeds, difficulty, scale))
+            cmp = answer.compare(_design_runs(rng, seeds, difficulty, scale))
             row = verdicts.answer_rows(cmp, "total parameters")[0]
             iv = row.closest["shown"]
             assert cmp["family"] == 1 and iv.df == seeds - 1  # one hypothesis, runs' df
@@ -412,7 +412,7 @@ def test_the_primary_family_holds_the_answers_tests_only():
 
     cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.01, "encoder_decoder/plm": 0.3}
     runs = _ladder(cells, own=(0.02, -0.01, 0.015))
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     leaders = [cmp[k] for k in ("equal_params", "equal_compute")]
     leaders += [cmp[k + "_loss"]["plm"] for k in ("equal_params", "equal_compute")]
     primary = [t for g in leaders for t in g["tests"]]
@@ -437,7 +437,7 @@ def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
 
     runs = _ladder({"causal_decoder/flm": 0.0, "noncausal_decoder/plm": 0.1})
     runs += _ladder({"encoder_decoder/mlm": 0.2}, sizes=(1e5,))  # the bottom rung only
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     assert cmp["equal_params"]["at"] == pytest.approx(1e5)  # every cell: the bottom rung
     ladder = cmp["equal_params_ladder"]
     assert ladder["at"] == pytest.approx(1e6) and ladder["left_out"] == ["encoder_decoder/mlm"]
@@ -455,7 +455,7 @@ def test_each_answer_row_gives_the_designs_power():
     from scalestudy.study import verdicts
 
     cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.004}
-    cmp = report.compare(_ladder(cells, own=(0.02, -0.01, 0.015)))
+    cmp = answer.compare(_ladder(cells, own=(0.02, -0.01, 0.015)))
     rows = verdicts.answer_rows(cmp, "total parameters")
     assert rows and all(r.detectable is not None for r in rows)
     for row in rows:
@@ -479,7 +479,7 @@ def test_the_answer_figure_plots_the_tables_metric_and_rings_the_points_read(tmp
         r |= {"eval/other/acc": 0.9, "eval/other/n": 100, "eval/other/chance": 0.5}
     assert report.answer_figure(runs, tmp_path, 0.03) == "figures/answer.png"
     svg = (tmp_path / "figures" / "answer.svg").read_text()
-    cmp = report.compare(runs)
+    cmp = answer.compare(runs)
     for name, held in (("equal_params", "parameters"), ("equal_compute", "compute")):
         for cell in cmp[name]["read"]:
             assert f'id="read:equal {held}:{cell}"' in svg
