@@ -7,8 +7,9 @@ accuracy at the largest K minus its zero-shot accuracy: one number per run, so t
 unit of every interval (`intervals.run_difference`: paired by seed, Welch on run means
 otherwise; no examples term, since the scored items are shared and their noise is in each
 run's gain). Cells are compared on it as on probe accuracy (`comparisons.leader`, at equal
-parameters and at equal compute), and the tests join the answer's primary Holm family. The claim under test (decoder-only models gain more from demonstrations than
-encoder-decoders or prefix LMs) is answered by whichever cell leads, with its interval.
+parameters and at equal compute), and the tests join the answer's primary Holm family. The
+claim under test (decoder-only models gain more from demonstrations than encoder-decoders or
+prefix LMs) is answered by whichever cell leads, with its interval.
 """
 
 from __future__ import annotations
