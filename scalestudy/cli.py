@@ -287,8 +287,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.error(
+                _override_form(argv, extra) or f"unrecognized arguments: {' '.join(extra)}"
+            )
     return args
+
+
+def _override_form(argv: list[str], extra: list[str]) -> str | None:
+    """For an override written as another tool's flag (`--model.d_model=64`,
+    `--model.d_model 64`, `--config.model.d_model=64`): the one form this CLI reads."""
+    for item in extra:
+        name, eq, value = item.partition("=")
+        if not (name.startswith("--") and "." in name):
+            continue
+        if not eq and item in argv and argv.index(item) + 1 < len(argv):
+            value = argv[argv.index(item) + 1]
+        key = name[2:].removeprefix("config.")
+        given = item if eq else f"{item} {value}".strip()
+        return f"{given}: config overrides are written key=value without dashes: {key}={value}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
