@@ -210,9 +210,12 @@ def seed_flag(N_J: np.ndarray, D_J: np.ndarray) -> list[str]:
     single = [g[0] for g in groups if len(g) == 1]
     if not single:
         return []
-    sizes = ", ".join(f"{v:.3g}" for v in sorted(np.exp(x[0, single])))
+    # A point is an (N, D): a ladder of sizes at several token counts has more points than
+    # sizes, so both are counted.
+    sizes = sorted({f"{v:.3g}" for v in np.exp(x[0, single])}, key=float)
     return [
-        f"seed: {len(single)} of {len(groups)} sizes trained by one run only (N = {sizes}): "
+        f"seed: {len(single)} of {len(groups)} (N, D) points trained by one run only "
+        f"({len(sizes)} size{'s' if len(sizes) != 1 else ''}, N = {', '.join(sizes)}): "
         "run-to-run variation is not measured there, so their losses are single draws; "
         "train at least two seeds at every size before comparing close fits"
     ]

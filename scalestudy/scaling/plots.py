@@ -83,7 +83,8 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
             if np.isnan(x).all():
                 continue
             law, f = fs.first_fit(fits, cell, (family, f"{family}_noE"))
-            names.add(law if f else family)
+            if f:
+                names.add(law)
             entry = fs.cell_label(cell, [(law, f)])
             ax.scatter(x, sub.loss, label=entry, edgecolor="k", lw=0.4, **st)
             if f:
@@ -97,7 +98,9 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
         if np.isfinite(x_max):
             fs.mark_extrapolation(ax, x_max, x_end)
         fs.axes(ax, label, fs.loss_label(t))
-        ax.set_title(f"L({var}) with fitted {' / '.join(sorted(names)) or family}", fontsize=9)
+        # Name only laws that were fitted: a panel of points alone says so.
+        title = f"with fitted {' / '.join(sorted(names))}" if names else f"({family} not fitted)"
+        ax.set_title(f"L({var}) {title}", fontsize=9)
         fs.legend(ax)
     return fig
 

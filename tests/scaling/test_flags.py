@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from scalestudy.scaling import flags
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
 from scalestudy.scaling.report import format_table
@@ -191,7 +192,7 @@ def test_a_single_seed_is_flagged_and_repeated_sizes_are_not():
     fit = _fit("kaplan_n_noE", _table(np.append(N, N[0]), DD, repeat))
     # One size with two seeds does not vouch for the five with one (the flag is per size).
     flag = next(f for f in fit["flags"] if f.startswith("seed"))
-    assert "5 of 6 sizes trained by one run only" in flag
+    assert "5 of 6 (N, D) points trained by one run only (5 sizes, N = " in flag
     both = _table(np.concatenate([N, N]), np.concatenate([D, D * 1.0002]), np.tile(loss, 2))
     assert "seed" not in _kinds(_fit("kaplan_n_noE", both))
     # ... but a size trained at twice the tokens is another point, not a repeat.
@@ -240,3 +241,13 @@ def test_a_prediction_interval_that_runs_off_is_called_unbounded_not_a_percentag
     runaway_R[:, 0] = np.nan
     [flag] = prediction_span_flag(pred_P, runaway_R, 0.95, x_P, "N")
     assert "unbounded 95% interval" in flag and "reach past the largest float" in flag
+
+
+def test_a_grid_of_sizes_and_token_counts_is_counted_in_points_and_sizes():
+    """5 sizes x 4 token counts, each trained once: 20 (N, D) points of 5 sizes, not "20 of 20
+    sizes"."""
+    N = np.repeat(np.geomspace(1e7, 1e9, 5), 4)
+    D = np.tile(np.geomspace(2e9, 6e10, 4), 5)
+    [flag] = flags.seed_flag(N, D)
+    assert flag.startswith("seed: 20 of 20 (N, D) points trained by one run only (5 sizes, N = ")
+    assert "N = 1e+07, 3.16e+07, 1e+08, 3.16e+08, 1e+09)" in flag

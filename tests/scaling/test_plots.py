@@ -356,3 +356,32 @@ def test_residuals_ring_only_the_outlying_points_not_their_whole_run():
     assert len(rings) == 1 and len(rings[0].get_offsets()) == len(flagged)
     assert ax.get_xlabel() == "training compute C (FLOPs)"
     plt.close(fig)
+
+
+def test_size_panels_name_only_laws_that_were_fitted():
+    """A table fitted with chinchilla3 alone: the L(N) and L(D) panels say kaplan_n / kaplan_d
+    were not fitted (and draw no curve), instead of a title naming them as fitted."""
+    import matplotlib.pyplot as plt
+
+    from scalestudy.scaling.laws import FitSettings, fit_cells
+    from scalestudy.scaling.plots import fig_loss_vs_size
+    from scalestudy.scaling.table import RunTable
+
+    N = np.repeat(np.geomspace(1e7, 1e9, 5), 4)
+    D = np.tile(np.geomspace(2e9, 6e10, 4), 5)
+    loss = 1.7 + 400 / N**0.34 + 410 / D**0.28
+    t = RunTable([f"r{i}" for i in range(20)], ["all"] * 20, N, D, 6 * N * D, loss)
+    t.choices = {"groups": []}
+    fits = fit_cells(t, settings=FitSettings(laws=("chinchilla3",), bootstrap=0))
+    fig = fig_loss_vs_size(t, fits)
+    titles = [ax.get_title() for ax in fig.axes[:2]]
+    assert titles == ["L(N) (kaplan_n not fitted)", "L(D) (kaplan_d not fitted)"]
+    assert not any(ax.get_lines() for ax in fig.axes[:2])
+    plt.close(fig)
+    fits = fit_cells(t, settings=FitSettings(laws=("kaplan_n",), bootstrap=0))
+    fig = fig_loss_vs_size(t, fits)
+    assert [ax.get_title() for ax in fig.axes[:2]] == [
+        "L(N) with fitted kaplan_n",
+        "L(D) (kaplan_d not fitted)",
+    ]
+    plt.close(fig)
