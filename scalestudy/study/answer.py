@@ -58,6 +58,7 @@ def compare(
         rungs[cell_label(r)].add(r.get("size_index") or 0)
     one_rung = sorted(c for c, sizes in rungs.items() if len(sizes) == 1)
     ladder = [r for r in done if cell_label(r) not in one_rung]
+    out["one_rung"] = one_rung if len(rungs) - len(one_rung) >= 2 else []
     leaders = []
     for name, x_key in questions:
         leaders += _leaders(out, name, done, x_key, tolerance)

@@ -174,6 +174,8 @@ def answer_rows(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[
         x_what = n_what if key == "equal_params" else x_what
         for suffix, where in (("", ""), ("_ladder", "; cells spanning the ladder")):
             name = key + suffix
+            if suffix == "" and cmp.get("one_rung"):  # why every cell meets at one rung
+                where = f"; every cell, at the rung of the one-rung {', '.join(cmp['one_rung'])}"
             if got := cmp.get(name):
                 q = f"equal {held} ({got['at']:.3g} {x_what}{where})"
                 rows.append(_row(q, "probe accuracy", got, level))

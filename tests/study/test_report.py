@@ -444,6 +444,8 @@ def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
     assert set(ladder["read"]) == {"causal_decoder/flm", "noncausal_decoder/plm"}
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "| equal parameters (1e+06 total parameters; cells spanning the ladder) |" in md
+    bottom = "every cell, at the rung of the one-rung encoder_decoder/mlm"
+    assert f"| equal parameters (1e+05 total parameters; {bottom}) |" in md
     assert "Left out (their runs are at one rung only): encoder_decoder/mlm." in md
 
 
