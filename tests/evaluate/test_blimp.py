@@ -12,7 +12,7 @@ import pytest
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import EOS_ID
-from scalestudy.data.vocab import get_vocabulary
+from scalestudy.data.vocab import get_vocabulary, sentinel_id
 from scalestudy.eval_config import TaskConfig
 from scalestudy.evaluate import blimp, rank
 from scalestudy.evaluate.generic import generic_task
@@ -54,14 +54,17 @@ def tiny(arch: str, objective: str) -> ExperimentConfig:
     )
 
 
-def independent_logprobs(cfg, model, params, sentences: list[list[int]]) -> np.ndarray:
+def independent_logprobs(
+    cfg, model, params, sentences: list[list[int]], prefix: list[int] = ()
+) -> np.ndarray:
     """Sum of log p(token) over every token of each sentence, from the forward pass on
-    right-padded rows that start at the decoder's start token (0); the encoder-decoder's
-    encoder reads the form an empty span-corruption or prefix input takes: a lone EOS."""
-    width = max(len(s) for s in sentences)
+    right-padded rows that start at the decoder's start token (0), then read `prefix` (span
+    corruption's sentinel) unscored; the encoder-decoder's encoder reads the form an empty
+    span-corruption or prefix input takes: a lone EOS."""
+    width = max(len(s) for s in sentences) + len(prefix)
     tgt = np.zeros((len(sentences), width), np.int32)
     for i, s in enumerate(sentences):
-        tgt[i, : len(s)] = s
+        tgt[i, : len(prefix) + len(s)] = [*prefix, *s]
     batch = {"decoder_target_tokens": tgt, "decoder_input_tokens": np.pad(tgt, ((0, 0), (1, 0)))}
     batch["decoder_input_tokens"] = batch["decoder_input_tokens"][:, :width]
     if cfg.model.is_encoder_decoder:
@@ -69,8 +72,9 @@ def independent_logprobs(cfg, model, params, sentences: list[list[int]]) -> np.n
     else:
         batch["decoder_causal_attention"] = np.zeros_like(tgt)  # an empty prefix
     logp = np.asarray(jax.nn.log_softmax(model.apply(params, batch), axis=-1), np.float64)
+    first = len(prefix)
     return np.array(
-        [sum(logp[i, j, tok] for j, tok in enumerate(s)) for i, s in enumerate(sentences)]
+        [sum(logp[i, first + j, tok] for j, tok in enumerate(s)) for i, s in enumerate(sentences)]
     )
 
 
@@ -88,7 +92,11 @@ def test_blimp_scores_equal_an_independent_computation(tmp_path, arch, objective
     vocab = get_vocabulary(cfg.data)
     sentences = [s for ex in task.examples for s in ex.choices]
     ours = [c["logprob"] for r in records["blimp"] for c in r["choices"]]
-    expected = independent_logprobs(cfg, model, params, [vocab.encode(s) for s in sentences])
+    # Span corruption's targets began with <extra_id_0>: it is read first, not scored.
+    prefix = [sentinel_id(vocab, 0)] if objective == "mlm" else []
+    expected = independent_logprobs(
+        cfg, model, params, [vocab.encode(s) for s in sentences], prefix
+    )
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
     good_wins = expected[0::2] > expected[1::2]
     assert out["blimp/acc"] == np.mean(good_wins) and out["blimp/truncated"] == 0
