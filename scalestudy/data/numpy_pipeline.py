@@ -129,7 +129,12 @@ class NumpyBatchIterator:
         self._perm = np.zeros(0, dtype=np.int64)
         self._cursor = 0
         self._step = 0
-        self._fingerprint = stream_fingerprint(cfg, split)
+        # Grain's files may be rewritten between a run and its resume under the same paths:
+        # its state restores only into the same corpus (piece count, tokens), not just config.
+        corpus = (
+            (self.n_pieces, int(self._pieces.tokens.size)) if cfg.data.source == "grain" else ()
+        )
+        self._fingerprint = stream_fingerprint(cfg, split, *corpus)
         # Corpus tokens of the pieces behind this process's rows of the last batch.
         self.last_document_tokens = 0
 
@@ -153,7 +158,7 @@ class NumpyBatchIterator:
             raise DataError(
                 "data iterator state was saved for a different data/objective/arch/batch config "
                 f"(fingerprint {state.get('fingerprint')} != {self._fingerprint}); resume with "
-                "the run's own config.yaml"
+                "the run's own config.yaml (and, for data.source=grain, the same files)"
             )
         self._cursor = int(state["cursor"])
         self._step = int(state["step"])

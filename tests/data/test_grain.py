@@ -15,7 +15,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 datasets = pytest.importorskip("datasets")
 
 from scalestudy.config import ExperimentConfig, load_config  # noqa: E402
-from scalestudy.data import DataError, grain_source, sources, synthetic  # noqa: E402
+from scalestudy.data import DataError, grain_source, numpy_pipeline, sources, synthetic  # noqa: E402
 from scalestudy.data.pipeline import make_iterator  # noqa: E402
 from scalestudy.errors import ConfigError  # noqa: E402
 from scalestudy.train import loop, rundir  # noqa: E402
@@ -111,6 +111,21 @@ def test_exact_resume_and_two_process_shards(corpus):
         parts = [next(h) for h in halves]
         for k in b:
             np.testing.assert_array_equal(b[k], np.concatenate([p[k] for p in parts]), err_msg=k)
+
+
+def test_a_state_restores_only_into_the_same_files(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": DOCS}), path)
+    cfg = cfg_for({"source": "grain", "paths": [str(path)]})
+    it = make_iterator(cfg)
+    next(it)
+    state = it.state()
+    pq.write_table(pa.table({"text": DOCS + DOCS[:30]}), path)  # rewritten: more rows
+    # A resume is a new process: forget this one's cached corpus as a fresh process would.
+    numpy_pipeline._pieces.cache_clear()
+    numpy_pipeline._encoded.cache_clear()
+    with pytest.raises(DataError, match=r"different data.*the same files"):
+        make_iterator(cfg).restore(state)
 
 
 TINY = [
