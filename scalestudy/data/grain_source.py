@@ -42,7 +42,13 @@ _SUFFIX_FORMAT = {
     ".jsonl": "huggingface",
     ".csv": "huggingface",
 }
-_HF_BUILDER = {".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+_HF_BUILDER = {
+    ".arrow": "arrow",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
 _HF_SAVED = ("dataset_dict.json", "state.json")  # what save_to_disk leaves in its directory
 
 
@@ -53,13 +59,15 @@ def path_format(path: Path, given: str) -> str:
     if path.is_dir():
         if any((path / name).is_file() for name in _HF_SAVED):
             return "huggingface"
-        kinds = {_SUFFIX_FORMAT.get(f.suffix.lower()) for f in _dir_files(path)}
-        if len(kinds) == 1 and None not in kinds:
+        # Other files (a README, lock files) do not count: a hub snapshot has them.
+        suffixes = {f.suffix.lower() for f in _dir_files(path)}
+        kinds = {_SUFFIX_FORMAT[x] for x in suffixes if x in _SUFFIX_FORMAT}
+        if len(kinds) == 1:
             return kinds.pop()
         raise DataError(
             f"data.paths: cannot tell the format of directory {str(path)!r} (not a save_to_disk "
-            f"directory; its files are of {len(kinds)} kinds); set data.grain_format to one of "
-            f"{', '.join(FORMATS)}"
+            f"directory; it holds {len(kinds)} kinds of data files); set data.grain_format to "
+            f"one of {', '.join(FORMATS)}"
         )
     fmt = _SUFFIX_FORMAT.get(path.suffix.lower())
     if fmt is None:
@@ -73,6 +81,22 @@ def path_format(path: Path, given: str) -> str:
 
 def _dir_files(path: Path) -> list[Path]:
     return sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith("."))
+
+
+def _files_of(path: Path, fmt: str, key: str) -> list[Path]:
+    """The files of format `fmt` that `path` names: itself, or those under a directory."""
+    if not path.is_dir():
+        return [path]
+    suffixes = _HF_BUILDER if fmt == "huggingface" else _SUFFIX_FORMAT
+    files = [
+        f
+        for f in _dir_files(path)
+        if f.suffix.lower() in suffixes
+        and (fmt == "huggingface" or _SUFFIX_FORMAT[f.suffix.lower()] == fmt)
+    ]
+    if not files:
+        raise DataError(f"{key}: directory {str(path)!r} holds no {fmt} files")
+    return files
 
 
 # ----------------------------------------------------------------------------- data sources
@@ -180,27 +204,23 @@ def read(paths: tuple, cfg: DataConfig, split_name: str, key: str) -> tuple[list
         if not p.exists():
             raise DataError(f"{key}: {str(p)!r} does not exist (give files or directories)")
         fmt = path_format(p, cfg.grain_format)
-        files = _dir_files(p) if p.is_dir() else [p]
-        if fmt == "parquet":
-            require_grain(f"data.source='grain' ({key}: Parquet)", ("pyarrow",))
-            sources = [
-                ParquetSource(f, cfg.text_key)
-                for f in files
-                if not p.is_dir() or f.suffix.lower() == ".parquet"
-            ]
-            split_given = False
-        elif fmt == "array_record":
-            sources, split_given = [JsonRecordSource(files, cfg.text_key)], False
-        else:
-            source, split_given = _huggingface(p, cfg.text_key, split_name)
+        if fmt == "huggingface":
+            source, split_given = _huggingface(p, cfg.text_key, split_name, key)
             sources = [source]
+        elif fmt == "parquet":
+            require_grain(f"data.source='grain' ({key}: Parquet)", ("pyarrow",))
+            sources = [ParquetSource(f, cfg.text_key) for f in _files_of(p, fmt, key)]
+            split_given = False
+        else:
+            sources = [JsonRecordSource(_files_of(p, fmt, key), cfg.text_key)]
+            split_given = False
         own = own and split_given
         for source in sources:
             docs.extend(_read_texts(source))
     return docs, own
 
 
-def _huggingface(path: Path, column: str, split_name: str) -> tuple[ColumnSource, bool]:
+def _huggingface(path: Path, column: str, split_name: str, key: str) -> tuple[ColumnSource, bool]:
     """A save_to_disk directory (a DatasetDict at `split_name`), or local files by `datasets`'
     builders; (the text column as a random-access source, whether it came with splits)."""
     require_grain(f"data.source='grain' ({str(path)!r}: Hugging Face)", ("datasets",))
@@ -219,7 +239,7 @@ def _huggingface(path: Path, column: str, split_name: str) -> tuple[ColumnSource
                 )
             return ColumnSource(loaded[split_name], column, f"{path}[{split_name}]"), True
         return ColumnSource(loaded, column, str(path)), False
-    files = _dir_files(path) if path.is_dir() else [path]
+    files = _files_of(path, "huggingface", key)
     builders = {_HF_BUILDER.get(f.suffix.lower(), f.suffix.lower().lstrip(".")) for f in files}
     if len(builders) != 1:
         raise DataError(

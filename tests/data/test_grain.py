@@ -93,6 +93,24 @@ def test_loose_json_lines_by_datasets_builder_and_null_cells(corpus, tmp_path, m
     )) == ["a story", "another"]  # fmt: skip
 
 
+def test_a_directory_of_parquet_shards_beside_other_files(tmp_path):
+    shards = tmp_path / "snapshot" / "data"
+    shards.mkdir(parents=True)
+    (tmp_path / "snapshot" / "README.md").write_text("# a dataset card")  # not data: ignored
+    pq.write_table(pa.table({"text": DOCS[:60]}), shards / "train-00000-of-00002.parquet")
+    pq.write_table(pa.table({"text": DOCS[60:]}), shards / "train-00001-of-00002.parquet")
+    data = {"paths": [str(tmp_path / "snapshot")], "validation_fraction": 0.1}
+    one = cfg_for({"source": "grain", **data}).data
+    whole = tmp_path / "whole.parquet"
+    pq.write_table(pa.table({"text": DOCS}), whole)
+    ref = cfg_for({"source": "grain", "paths": [str(whole)], "validation_fraction": 0.1}).data
+    for split in ("train", "validation"):
+        assert sources.documents(one, split) == sources.documents(ref, split)
+    (tmp_path / "snapshot" / "extra.array_record").write_bytes(b"")
+    with pytest.raises(DataError, match="2 kinds of data files"):
+        sources.documents(one, "train")
+
+
 def test_exact_resume_and_two_process_shards(corpus):
     cfg = cfg_for({"source": "grain", "paths": [str(corpus["parquet"])]})
     straight = make_iterator(cfg)
