@@ -12,8 +12,16 @@ Faults are per member. A member whose loss is not finite stops alone: its last g
 checkpoint is kept, its error names it, the others go on. A signal saves every member at
 one step and stops the group (Preempted); the same command resumes it. A checkpoint does not
 know whether it was written by a group, so a member can resume alone and a run trained alone
-can resume in a group. Members whose checkpoints stand at different steps train as separate
-groups, one after another.
+can resume in a group.
+
+Members whose checkpoints stand at different steps (a member's directory deleted, its newest
+checkpoint set aside as damaged) resume in their one group: the group starts from the
+earliest member's step, and a member ahead of it waits (its slot of the program is fed its
+own state and a validation batch, and what the step makes of them is discarded) until the
+group reaches its step, then joins. A member's step in the program depends on its own slot
+only, so a member that caught up computed exactly what it computed in the uninterrupted group
+(the same compiled program, the same slot): its losses equal that group's bit for bit, where
+training it alone would run another program (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -42,7 +50,6 @@ from scalestudy.train import (
     rundir,
     sharding,
 )
-from scalestudy.train import saved as saved_runs
 
 Result = dict[str, Any] | Exception  # a member's summary, or why it stopped
 
@@ -54,7 +61,10 @@ class Member(loop.Run):
         super().__init__(cfg, workdir, eval_fn, build=False)
         self.group, self.member_index = group, index
         self.error: Exception | None = None
-        self.restored: Any = None  # a state restored from the member's checkpoints
+        # Its own state while it waits for the group to reach its step (None once it trains
+        # in its slot of the group's state).
+        self.restored: Any = None
+        self.summary: dict[str, Any] | None = None  # a finished member's, read on resume
         self.measured: dict[str, Any] = {}  # what the hooks measured at the latest hook step
 
     @property
@@ -63,6 +73,8 @@ class Member(loop.Run):
 
     @property
     def state(self) -> Any:
+        if self.restored is not None:  # waiting: its slot holds what is discarded
+            return self.restored
         return self.program.member(self.group.state, self.member_index)
 
     @state.setter
@@ -75,6 +87,12 @@ class Member(loop.Run):
     def measure(self, values: dict[str, Any]) -> None:
         self.row |= values
         self.measured |= values
+
+    def close(self, failing: bool) -> None:
+        if self.summary is not None:  # finished before: no writers were opened
+            self.ckpt.close()
+        else:
+            super().close(failing)
 
 
 def train_group(
@@ -101,26 +119,12 @@ def train_group(
                     f"member {cfg.name}: {workdir} is {path_kind(workdir)}, not a directory"
                 )
             resume.check_resume(cfg, workdir)  # a directory holding another run: refused
-        steps = [saved_runs.latest_step(w) or 0 for w in workdirs]
     if len(cfgs) == 1:
         return [loop.train(cfgs[0], workdirs[0], eval_fn=eval_fns[0])]
-    parts: dict[int, list[int]] = {}
-    for i, step in enumerate(steps):
-        parts.setdefault(step, []).append(i)
-    mesh_cfg = cfgs[0].mesh  # every part split as the mesh says, checked before any trains
-    sizes = sharding.mesh_shape(mesh_cfg, jax.device_count())
-    for index in parts.values():
-        if len(index) > 1:
-            sharding.check_members_fit(mesh_cfg, sizes, len(index))
-    if len(parts) > 1:  # each part from its own step; a part of one is an ordinary run
-        results: list[Result] = [None] * len(cfgs)  # type: ignore[list-item]
-        for index in parts.values():
-            part = train_group(
-                [cfgs[i] for i in index], [workdirs[i] for i in index], [eval_fns[i] for i in index]
-            )
-            for i, result in zip(index, part):
-                results[i] = result
-        return results
+    mesh_cfg = cfgs[0].mesh  # checked before anything is written
+    sharding.check_members_fit(
+        mesh_cfg, sharding.mesh_shape(mesh_cfg, jax.device_count()), len(cfgs)
+    )
     try:
         with contextlib.ExitStack() as stack:
             for workdir in workdirs:
@@ -157,21 +161,24 @@ class Group:
 
     @property
     def active(self) -> list[Member]:
-        return [m for m in self.members if m.error is None]
+        """The members still training: not stopped by a fault, not finished before."""
+        return [m for m in self.members if m.error is None and m.summary is None]
+
+    @property
+    def live(self) -> list[Member]:
+        """The active members training in their slots (not waiting for the group's step)."""
+        return [m for m in self.active if m.restored is None]
 
     def restore(self) -> int:
-        """Every member's state from its checkpoints (or fresh); returns the common step."""
+        """Every member's state from its checkpoints (or fresh); returns the step the group
+        starts from: the earliest member's (the others wait for it, `join`)."""
         for m in self.members:
             m.timing["compile_s"] = self.program.compile_s
             restored = recovery.restore_run(m.cfg, m.ckpt, self.program.member_abstract_state)
             m.start_from(*restored)
-        starts = sorted({m.start for m in self.members})
-        if len(starts) > 1:  # a damaged newest checkpoint was set aside for some member
-            raise ConfigError(
-                f"the members' checkpoints stand at different steps ({starts}) after setting "
-                "damaged ones aside; run the same command again (members at different steps "
-                "train as separate groups)"
-            )
+            if m.start >= self.stop:
+                m.summary = rundir.read_summary(m.workdir)
+        start = min(m.start for m in self.members)
         seeds = [m.cfg.train.seed for m in self.members]
         if all(m.restored is None for m in self.members):
             self.state = self.program.init(seeds)
@@ -184,23 +191,37 @@ class Group:
                 ]
             )
         for m in self.members:
+            if m.start == start:
+                m.restored = None
+        return start
+
+    def join(self, step: int | None) -> None:
+        """The waiting members whose step is `step` or earlier (every one with None) take
+        their slots of the group's state; every waiting member's slot is reset to its own
+        state."""
+        joining = [
+            m for m in self.active if m.restored is not None and (step is None or m.start <= step)
+        ]
+        if not joining:
+            return
+        self.state = self.program.stack([m.state for m in self.members])
+        for m in joining:
             m.restored = None
-        return starts[0]
 
     def train(self) -> list[Result]:
         start = self.restore()
-        finished = [rundir.read_summary(m.workdir) for m in self.members]
-        if start >= self.stop and all(s is not None for s in finished):
+        if not self.active:  # every member finished: at most their evaluations to add
             for m in self.members:
                 m.ckpt.close()
-            return [loop.add_evaluation(m, s) for m, s in zip(self.members, finished)]
-        for m in self.members:
+            return [loop.add_evaluation(m, m.summary) for m in self.members]
+        for m in self.active:
             m.open_writers()
         try:
             with distributed.stop_requests(self.cfg.train.log_every) as stop_requested:
                 done, signum, train_time = self._loop(start, stop_requested)
                 if signum is not None:
                     self._preempted(done, signum)
+                self.join(None)  # a member saved at or past the stop: its final hooks
                 self.run_hooks(done, force=True)
                 for m in self.active:
                     t = time.perf_counter()
@@ -219,6 +240,9 @@ class Group:
             if m.error is not None:
                 results.append(m.error)
                 continue
+            if m.summary is not None:
+                results.append(loop.add_evaluation(m, m.summary))
+                continue
             m.timing["members"] = float(len(self.members))
             results.append(loop.summarise(m, done, train_time, m.measured))
         return results
@@ -236,6 +260,7 @@ class Group:
                 break
             for m in self.active:
                 m.ckpt.poll()
+            self.join(t - 1)
             n = self.steps_in_call(t)
             self.dispatch(t, n)
             t += n
@@ -251,18 +276,25 @@ class Group:
         return sum(m.timing["eval_s"] + m.timing["checkpoint_s"] for m in self.members)
 
     def steps_in_call(self, t: int) -> int:
-        """As `Run.steps_in_call`, with the group's hooks."""
+        """As `Run.steps_in_call`, with the group's hooks; a member that joins after one of
+        the steps also breaks the call there."""
         k, every = self.program.steps_per_call, self.cfg.train.log_every
         if k == 1 or t + k - 1 > self.stop or jax.process_count() > 1:
             return 1
         inner = range(t, t + k - 1)
-        return 1 if any(s % every == 0 or self.hooks.due(s) for s in inner) else k
+        joins = {m.start for m in self.active if m.restored is not None}
+        return 1 if any(s % every == 0 or self.hooks.due(s) or s in joins for s in inner) else k
 
     def dispatch(self, t: int, n: int) -> None:
         """Steps `t .. t + n - 1` of every member in one call (a stopped member still reads
-        its data, so the others' batches keep their places)."""
+        its data, so the others' batches keep their places; a waiting or finished member's
+        data stays where it is, its slot fed a validation batch whose step is discarded)."""
+        live = self.live
         batches = []
         for m in self.members:
+            if m.restored is not None or m.summary is not None:
+                batches.append([m.val_host[0]] * n)
+                continue
             own = []
             for _ in range(n):
                 own.append(next(m.train_it))
@@ -277,7 +309,7 @@ class Group:
             self.state, step_metrics = self.program.multi_step(self.state, stacked, hyper)
         t += n - 1
         log = t % self.cfg.train.log_every == 0 or t == self.stop
-        for m in self.active:
+        for m in live:
             with self.guard(m):
                 m.metrics.push(t, step_metrics, log=log)
 
@@ -299,7 +331,7 @@ class Group:
         t = time.perf_counter()
         params = self.state["params"]
         sums = jax.device_get([self.program.eval_step(params, b) for b in self.val_batches])
-        active = self.active
+        active = self.live
         for m in active:
             own = [{k: v[m.member_index] for k, v in s.items()} for s in sums]
             m.measure(hooks.validation_metrics(m, own))
@@ -307,12 +339,12 @@ class Group:
             m.timing["eval_s"] += (time.perf_counter() - t) / len(active)
 
     def zero_shot(self, step: int) -> None:
-        for m in self.active:
+        for m in self.live:
             if m.eval_fn is not None:
                 m.measure(hooks.ZeroShot(m.eval_fn)(m, step))
 
     def checkpoint(self, step: int) -> None:
-        for m in self.active:
+        for m in self.live:
             with self.guard(m):
                 m.checkpointer(m, step)
 

@@ -178,7 +178,7 @@ def test_members_resume_alone_and_runs_resume_as_a_group(tiny_cfg, tmp_path):
         assert len(losses(a)) == 8
 
 
-def test_members_at_different_steps_train_as_separate_groups(tiny_cfg, tmp_path):
+def test_members_at_different_steps_resume_in_one_group(tiny_cfg, tmp_path):
     cfgs = _pair(tiny_cfg)
     loop.train(_with(cfgs[0], "train", stop_after_steps=4), tmp_path / "g0")
     results = group.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
