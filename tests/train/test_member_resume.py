@@ -6,11 +6,13 @@ Marked `optimized`: the programs as users compile them. There a member trained a
 the member in its group (seed 0 below: equal at step 1, 1.4e-7 relative by step 8 on these 8
 CPU devices), so a member retrained alone would not pass."""
 
+import contextlib
 import shutil
+import signal
 
 import pytest
 
-from scalestudy.train import group, rundir, saved
+from scalestudy.train import group, loop, rundir, saved
 
 # Three replicates (`--members seed=0,1,2`), float32, stopped at step 8 of the tiny schedule,
 # checkpoints every 4 steps. Dropout off: with it on (0.1), these members happen to train
@@ -20,7 +22,7 @@ K = 3
 pytestmark = pytest.mark.optimized
 
 
-def _members(tiny_cfg, stop=8):
+def _members(tiny_cfg, stop=8, *more):
     return [
         tiny_cfg(
             "causal_decoder",
@@ -31,6 +33,7 @@ def _members(tiny_cfg, stop=8):
             f"name=grp.seed{s}",
             "model.dtype=float32",
             "model.dropout=0.0",
+            *more,
         )
         for s in range(K)
     ]
@@ -96,3 +99,39 @@ def test_a_corrupted_newest_checkpoint_resumes_inside_the_finished_group(
     assert results[1:] == finished[1:]
     assert [rundir.read_summary(d) for d in dirs[1:]] == finished[1:]
     assert results[0]["final_val_loss"] == finished[0]["final_val_loss"]
+
+
+def test_a_group_stopped_while_a_member_waits_saves_only_where_each_stands(
+    tiny_cfg, straight, tmp_path, monkeypatch
+):
+    dirs = [tmp_path / f"seed{s}" for s in range(K)]
+    group.train_group(_members(tiny_cfg, stop=4), dirs)
+    shutil.rmtree(dirs[0])
+
+    @contextlib.contextmanager
+    def sigterm_after_step_2(check_every):
+        yield lambda step: signal.SIGTERM if step == 2 else None
+
+    with monkeypatch.context() as m:
+        m.setattr(group.distributed, "stop_requests", sigterm_after_step_2)
+        with pytest.raises(loop.Preempted, match="at step 2"):
+            group.train_group(_members(tiny_cfg), dirs)
+    # The catching-up member saved step 2; the waiting ones kept step 4 and its rows.
+    assert [saved.latest_step(d) for d in dirs] == [2, 4, 4]
+    assert [len(_losses(d)) for d in dirs] == [2, 4, 4]
+    group.train_group(_members(tiny_cfg), dirs)
+    for d, (losses, _) in zip(dirs, straight):
+        assert _losses(d) == losses
+
+
+def test_the_batched_program_resumes_a_deleted_member_bit_for_bit(tiny_cfg, tmp_path):
+    vmap = "mesh.member_program=vmap"
+    whole = [tmp_path / f"whole{s}" for s in range(K)]
+    group.train_group(_members(tiny_cfg, 8, vmap), whole)
+    dirs = [tmp_path / f"seed{s}" for s in range(K)]
+    group.train_group(_members(tiny_cfg, 4, vmap), dirs)
+    shutil.rmtree(dirs[0])
+    group.train_group(_members(tiny_cfg, 8, vmap), dirs)
+    for d, w in zip(dirs, whole):
+        assert len(_losses(w)) == 8
+        assert _losses(d) == _losses(w)
