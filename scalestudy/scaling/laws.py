@@ -30,6 +30,7 @@ import numpy as np
 from scalestudy.scaling import allocation, frontier, resample
 from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
 from scalestudy.scaling.flags import (
+    SAME_POINT_REL,
     fit_flags,
     outlier_flags,
     outlier_points,
@@ -41,7 +42,7 @@ from scalestudy.scaling.flags import (
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.report import compare_cells, strip_private
-from scalestudy.scaling.resample import run_counts, summarise
+from scalestudy.scaling.resample import stratified_counts, summarise, widen
 from scalestudy.scaling.table import (
     DataSettings,
     RunTable,
@@ -184,8 +185,13 @@ def chinchilla_allocation(named: dict[str, np.ndarray], k: float) -> dict[str, n
         return {"a": be / (al + be), "b": al / (al + be), "G": G}
 
 
-def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings, k: float):
-    """Fit one form to a cell's runs: point estimate from the full grid, bootstrap, residuals."""
+def fit_form(
+    form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings, k: float, df: int = 0
+):
+    """Fit one form to a cell's runs: point estimate from the full grid, bootstrap, residuals.
+
+    `df`: the degrees of freedom of the within-size spread the resamples draw from
+    (`resample.stratified_counts`); the resampled fits are widened by t_df / z (`widen`)."""
     x, y, run = _inputs(table, form)
     _check_points(form, x)
     grid = form.grid(x)
@@ -205,6 +211,7 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
             fit_delta(form, s.huber_delta),
             s.top_k,
         )
+        theta_R = widen(theta, theta_R, df, s.ci)
         samples = form.named(theta_R)
     if isinstance(form, Chinchilla):
         point.update(
@@ -243,6 +250,7 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     outlying = set(out_P.tolist())
     out = {
         "formula": form.formula(),
+        **_along(form, table, run),
         "params": params,
         "n_points": len(y),
         "n_params": len(form.params),
@@ -285,6 +293,42 @@ def fit_form(form: Form, table: RunTable, counts_RJ: np.ndarray, s: FitSettings,
     return out
 
 
+def _along(form: Form, table: RunTable, run: np.ndarray) -> dict:
+    """For a law in N (or D) alone whose runs vary the other along the ladder (each rung
+    trains its own step count): the law is L(N, D(N)), and its formula and an `along` note
+    say so, so that its exponent is not read as one at fixed D."""
+    if len(form.inputs) != 1 or form.inputs[0] not in ("N", "D"):
+        return {}
+    v = form.inputs[0]
+    o = "D" if v == "N" else "N"
+    other = (table.D if v == "N" else table.N)[run]
+    other = other[np.isfinite(other) & (other > 0)]
+    if other.size < 2 or other.max() <= other.min() * (1 + 2 * SAME_POINT_REL):
+        return {}
+    law = f"L({v}, {o}({v}))"
+    what = "tokens D" if o == "D" else "parameters N"
+    return {
+        "formula": law + form.formula()[len(f"L({v})") :],
+        "along": (
+            f"{law}: {what} vary with {v} along the ladder ({other.min():.3g} to "
+            f"{other.max():.3g}), so alpha_{v} is the ladder's exponent, of {v} and {o} "
+            f"together, not one of {v} at fixed {o}"
+        ),
+    }
+
+
+def strata(table: RunTable) -> np.ndarray:
+    """A label per run: its size, the (N, D) point its seeds repeat (`repeat_groups`); runs
+    without N are each their own."""
+    rows = [table.N] + ([table.D] if np.isfinite(table.D).all() else [])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(np.stack(rows).astype(float))
+    label = np.arange(x.shape[1])
+    for g in repeat_groups(x):
+        label[g] = g[0]
+    return label
+
+
 # ----------------------------------------------------------------------------- cells
 
 
@@ -322,7 +366,8 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
     auto = "auto" in s.laws
     laws = AUTO_LAWS if auto else s.laws
     k, k_src = flops_per_nd(table, s)
-    counts = run_counts(len(table.run_id), s.bootstrap, s.seed)
+    # Runs are resampled within their size, so no resample loses a size (docs/fits.md).
+    counts, df = stratified_counts(strata(table), s.bootstrap, s.seed)
     fits = {}
     for law in laws:
         t0 = time.perf_counter()
@@ -332,7 +377,7 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
             elif law == "chinchilla2":
                 fits[law] = allocation.approach2(table, counts, s)
             else:
-                fits[law] = fit_form(get_form(law), table, counts, s, k)
+                fits[law] = fit_form(get_form(law), table, counts, s, k, df)
         except ScalingDataError as e:
             if not auto:
                 raise ScalingDataError(f"cell {table.cell[0]!r}: {e}") from None

@@ -76,7 +76,7 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
         (axs[1], "D", "kaplan_d", "training tokens D"),
     ):
         x_max, x_end = -np.inf, -np.inf
-        names = set()
+        names, along = set(), False  # along: a law whose other input varies with this one
         for cell in t.cells():
             sub, st = t.subset(cell), styles[cell]
             x = getattr(sub, var)
@@ -85,6 +85,7 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
             law, f = fs.first_fit(fits, cell, (family, f"{family}_noE"))
             if f:
                 names.add(law)
+                along = along or bool(f.get("along"))
             entry = fs.cell_label(cell, [(law, f)])
             ax.scatter(x, sub.loss, label=entry, edgecolor="k", lw=0.4, **st)
             if f:
@@ -100,7 +101,8 @@ def fig_loss_vs_size(t: RunTable, fits: dict):
         fs.axes(ax, label, fs.loss_label(t))
         # Name only laws that were fitted: a panel of points alone says so.
         title = f"with fitted {' / '.join(sorted(names))}" if names else f"({family} not fitted)"
-        ax.set_title(f"L({var}) {title}", fontsize=9)
+        head = f"L({var}, {'D' if var == 'N' else 'N'}({var}))" if along else f"L({var})"
+        ax.set_title(f"{head} {title}", fontsize=9)
         fs.legend(ax)
     return fig
 

@@ -163,6 +163,8 @@ def _fit_lines(law: str, fit: dict) -> list[str]:
     extra = f"rmse(log) {fit['residuals']['rmse_log']:.3g}" if "residuals" in fit else ""
     mark = "  FLAGGED" if fit.get("flags") else ""
     lines = [f"  {law:<16} {fit['formula']}   {extra}{mark}"]
+    if fit.get("along"):
+        lines.append(f"      {fit['along']}")
     for name, p in fit["params"].items():
         lines.append(f"      {name:<8} {_g(p['value']):>11}  {_ci(p.get('ci'))}")
     if "published" in fit:

@@ -6,6 +6,7 @@ batched optimiser as the bootstrap)."""
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 from scalestudy.scaling.forms import Form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
@@ -18,6 +19,48 @@ def run_counts(n_runs: int, resamples: int, seed: int) -> np.ndarray:
     if resamples <= 0:
         return np.zeros((0, n_runs))
     return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(float)
+
+
+def stratified_counts(strata_J, resamples: int, seed: int) -> tuple[np.ndarray, int]:
+    """Multiplicities [R, J] of J runs drawn within their stratum (a label per run: its size),
+    and the degrees of freedom of the within-size spread they resample (the sum of n - 1 over
+    the sizes trained more than once). No resample loses a size.
+
+    A size of n >= 2 runs draws n - 1 of them with replacement, each weighted n / (n - 1): it
+    keeps the weight of n runs, and its mean varies by s^2 / n, the variance of a mean of n
+    runs (n draws of n would give (n - 1) / n of it: 2/3 at three seeds). Sizes trained once
+    have nothing within them to resample and are resampled among themselves as one stratum;
+    with no size trained twice this is `run_counts`.
+    """
+    labels = np.asarray(strata_J)
+    groups = [np.flatnonzero(labels == g) for g in np.unique(labels)]
+    single = np.array([g[0] for g in groups if len(g) == 1], dtype=int)
+    repeated = [g for g in groups if len(g) > 1]
+    if not repeated:
+        return run_counts(len(labels), resamples, seed), 0
+    rng = np.random.default_rng(seed)
+    out = np.zeros((max(resamples, 0), len(labels)))
+    if resamples <= 0:
+        return out, 0
+    for g in repeated:
+        n = len(g)
+        out[:, g] = rng.multinomial(n - 1, np.full(n, 1.0 / n), size=resamples) * (n / (n - 1))
+    if single.size:
+        k = single.size
+        out[:, single] = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
+    return out, sum(len(g) - 1 for g in repeated)
+
+
+def widen(theta_Q: np.ndarray, theta_RQ: np.ndarray, df: int, ci: float) -> np.ndarray:
+    """Resampled parameter vectors moved away from the point fit by t_df / z at level `ci`
+    (1 where df is 0): each size's spread is estimated from a few runs, and a percentile
+    interval that took it as known would cover as a z interval does with t's df (about 89%
+    for E at 5/3/3/3 runs; docs/fits.md)."""
+    if df <= 0 or not len(theta_RQ):
+        return theta_RQ
+    q = (1.0 + ci) / 2.0
+    scale = float(stats.t.ppf(q, df) / stats.norm.ppf(q))
+    return theta_Q[None] + scale * (theta_RQ - theta_Q[None])
 
 
 def interval(samples: np.ndarray, ci: float) -> tuple[list[float] | None, int]:

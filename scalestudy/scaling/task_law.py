@@ -9,7 +9,8 @@ Compute-Efficient Model Ladders") and of Llama 3's downstream prediction:
    otherwise (a ladder at fixed tokens, or at a fixed ratio of tokens to parameters);
    fitted like the loss laws (the same objective and starting grids);
 2. accuracy as a sigmoid of task loss: acc = b + a / (1 + exp(k (L_t - L0))), with b fixed at
-   the task's chance accuracy when the table records it (`eval/<task>/chance`), else fitted.
+   the task's chance accuracy when the table records it (`eval/<task>/chance`), else fitted,
+   and a <= 1 - b: every prediction, and every end of its interval, lies in [b, 1].
 Intervals come from one bootstrap over runs that refits both steps, so a prediction carries
 the uncertainty of both. The backtest fits on every size but the largest and predicts the
 largest size's accuracy: its error (predicted - observed) with an interval that holds the
@@ -100,7 +101,8 @@ def sigmoid_jacobian(L: np.ndarray, p) -> np.ndarray:
 
 
 def fit_sigmoid(L_P, acc_P, w_P, chance: float | None, start=None) -> np.ndarray:
-    """(L0, k, a, b) by weighted least squares; b = chance when given; k >= 0, a, b in [0, 1].
+    """(L0, k, a, b) by weighted least squares; b = chance when given; k >= 0, b in [0, 1]
+    and a in [0, 1 - b], so that accuracy stays within [b, 1] at every task loss.
 
     From a grid of starting points, or from `start` alone (a bootstrap resample starts from
     the point fit: nine starts per resample made the bootstrap the slowest part of a report).
@@ -110,7 +112,6 @@ def fit_sigmoid(L_P, acc_P, w_P, chance: float | None, start=None) -> np.ndarray
     L, acc, sw = L_P[keep], acc_P[keep], np.sqrt(w_P[keep])
     spread = max(float(np.ptp(L)), 1e-3)
     b0 = chance if chance is not None else float(acc.min())
-    best = None
     if start is None:
         starts = [
             (L0, k, max(float(acc.max()) - b0, 1e-3), b0)
@@ -121,24 +122,31 @@ def fit_sigmoid(L_P, acc_P, w_P, chance: float | None, start=None) -> np.ndarray
         starts = [tuple(np.asarray(start, dtype=np.float64))]
     n_free = 4 if chance is None else 3
 
+    # Fitted as (L0, k, c, b) with a = c (1 - b), c in [0, 1]: a + b <= 1 is then a box
+    # constraint, which the solver's bounds can hold (a in [0, 1] let accuracy reach 1 + b).
     def full(q):
-        return q if chance is None else [*q, chance]
+        b = q[3] if chance is None else chance
+        return [q[0], q[1], q[2] * (1.0 - b), b]
 
     def resid(q):
         return sw * (sigmoid(L, full(q)) - acc)
 
     def jac(q):
-        return sw[:, None] * sigmoid_jacobian(L, full(q))[:, :n_free]
+        p = full(q)
+        J = sigmoid_jacobian(L, p)
+        J = np.stack([J[:, 0], J[:, 1], J[:, 2] * (1.0 - p[3]), J[:, 3] - q[2] * J[:, 2]], 1)
+        return sw[:, None] * J[:, :n_free]
 
     lo = np.array([-np.inf, 0.0, 0.0, 0.0][:n_free])
     hi = np.array([np.inf, np.inf, 1.0, 1.0][:n_free])
+    best = None
     for L0, k, a0, b_start in starts:
-        x0 = np.clip([L0, k, a0, b_start][:n_free], lo + 1e-9, hi - 1e-9)
+        c0 = a0 / max(1.0 - (b_start if chance is None else chance), 1e-12)
+        x0 = np.clip([L0, k, c0, b_start][:n_free], lo + 1e-9, hi - 1e-9)
         r = least_squares(resid, x0, jac=jac, bounds=(lo, hi))
         if best is None or r.cost < best.cost:
             best = r
-    p = best.x if chance is None else np.append(best.x, chance)
-    return np.asarray(p, dtype=np.float64)
+    return np.asarray(full(best.x), dtype=np.float64)
 
 
 def _points(table: RunTable, task: str, form, loss_metric: str, acc_metric: str):
@@ -314,6 +322,8 @@ def backtest(table: RunTable, task: str, form, s, loss_metric: str, acc_metric: 
             rng = np.random.default_rng(s.seed + 1)
             n_held = int(held.sum())
             samples = samples + rng.standard_t(df, samples.size) * np.sqrt(var / n_held)
+            # An accuracy the runs could score lies in [0, 1] (below chance by bad luck).
+            samples = np.clip(samples, 0.0, 1.0)
         out["error_ci"] = interval(samples - observed, s.ci)[0]
     return out
 

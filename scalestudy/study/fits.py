@@ -214,4 +214,19 @@ def fits_lines(fits: dict[str, Any]) -> list[str]:
             flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
             warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
             lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
+    along = sorted(
+        {
+            fit["along"].split(":")[0]
+            for v in fits["cells"].values()
+            for fit in v.get("fits", {}).values()
+            if fit.get("along")
+        }
+    )
+    if along:
+        lines += [
+            "",
+            f"{' and '.join(along)}: each rung trains its own step count, so a law over the "
+            "rungs is one of size and training length together; its exponent is the ladder's, "
+            "not one at a fixed value of the other input.",
+        ]
     return lines

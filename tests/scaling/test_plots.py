@@ -298,7 +298,8 @@ def test_laws_without_E_are_drawn_with_their_bands(tmp_path, make_isoflop):
     fig = fig_loss_vs_size(t, fits)
     gids = {a.get_gid() for a in fig.axes[0].get_children() if a.get_gid()}
     assert {f"band:{c}:kaplan_n_noE" for c in t.cells()} <= gids
-    assert fig.axes[0].get_title() == "L(N) with fitted kaplan_n_noE"
+    # IsoFLOP runs: each size trains its own token count, so the law is L(N, D(N)).
+    assert fig.axes[0].get_title() == "L(N, D(N)) with fitted kaplan_n_noE"
     plt.close(fig)
     fig = fig_residuals(t, fits)
     assert fig is not None and len([ax for ax in fig.axes if ax.has_data()]) == 2

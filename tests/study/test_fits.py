@@ -314,3 +314,18 @@ def test_a_studys_variants_are_fitted_alone_unless_the_law_takes_their_experts(t
     for variant, alpha in (("rope", 0.3), ("nope", 0.15)):
         params = got["cells"][f"causal_decoder/flm/{variant}"]["fits"]["kaplan_n_noE"]["params"]
         assert params["alpha_N"]["value"] == pytest.approx(alpha, rel=1e-3)
+
+
+def test_the_reports_fits_label_a_law_over_rungs_of_their_own_steps_l_of_n_and_d_of_n():
+    from scalestudy.scaling.table import RunTable
+    from scalestudy.study.fits import fits_lines
+
+    N = np.repeat([14e3, 25e3, 38e3, 84e3], 3)
+    D = N * 10 * (1 + 1e-3 * np.arange(N.size))  # each rung its own steps; seeds' jitter
+    loss = (0.37 + (7600.0 / N) ** 1.46) * np.exp(np.random.default_rng(0).normal(0, 0.02, 12))
+    t = RunTable([f"r{i}" for i in range(12)], ["a"] * 12, N, D, 6 * N * D, loss)
+    t.choices = {"groups": []}
+    lines = fits_lines(fit_cells(t, FitSettings(laws=("kaplan_n",), bootstrap=20)))
+    (row,) = [line for line in lines if line.startswith("| a | kaplan_n |")]
+    assert "L(N, D(N)) = (N_c/N)^alpha_N + E" in row
+    assert any(line.startswith("L(N, D(N)): each rung trains its own step count") for line in lines)
