@@ -22,6 +22,7 @@ from scalestudy.study import answer, comparisons, incontext, lr_report, task_law
 from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
+from scalestudy.study.host import host_line
 from scalestudy.study.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.spec import StudySpec
 
@@ -204,6 +205,8 @@ def render_markdown(
         f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
         f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of "
         f"training.{left_out}",
+        "",
+        host_line(),
         "",
         *verdicts.answer(cmp, n_what),
         *[
