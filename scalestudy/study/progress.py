@@ -60,10 +60,13 @@ class StudyProgress:
             self._thread.join()
         self.done += weight
         self._set(self.done)
-        if self.plain:
+        # A job with nothing left to train ends without a start (a worker pool's queue):
+        # only a run named since the last line is announced.
+        if self.plain and self.bar.desc:
             self.bar.write(
                 f"{self.bar.desc} finished: study {100.0 * self.done / self.total:.1f}% done"
             )
+            self.bar.desc = ""
 
     def close(self) -> None:
         self.bar.close()

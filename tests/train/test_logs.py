@@ -44,6 +44,7 @@ def test_study_off_a_terminal_prints_a_line_per_finished_run(tmp_path: Path, cap
         progress.start(i, name, tmp_path / name, weight, steps=10)
         progress.bar.write(f"warning: {name} says something")
         progress.end(weight)
+    progress.end(0.0)  # a job that had nothing left to train: no line
     progress.close()
     out = capsys.readouterr()
     assert "\r" not in out.out + out.err
