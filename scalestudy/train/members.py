@@ -4,10 +4,11 @@ The runs of a group share everything that decides the program (architecture, obj
 sizes, lengths, batch, mesh, optimizer kind, schedule shape, steps and cadence). They may
 differ in the keys of `MEMBER_KEYS`: the seeds (initialisation and data order) and the
 numbers of the optimizer and its schedule. The group's program is the single run's train
-step under `jax.vmap`, over a leading member axis of the train state, the batches and the
-differing numbers (which the step receives as traced scalars). A member's slice of the state
-is exactly the state of a run trained alone, so its checkpoints are those of a run trained
-alone and either can resume the other.
+step over a leading member axis of the train state, the batches and the differing numbers
+(which the step receives as traced scalars), vmapped or looped. A member's slice of the state
+has the structure of a run's state, so its checkpoints are those of a run trained alone and
+either can resume the other; the numbers are the same bit for bit only in the same program
+(a member resumes exactly inside its own group: train/group.py).
 
 The compiled program is train/group_program.py; the loop that trains a group, with one run
 directory per member, is train/group.py.
