@@ -32,6 +32,7 @@ from scalestudy.data.objectives import (
     mlm_piece_length,
     scores_zero_shot,
 )
+from scalestudy.data.vocab import Vocabulary, encode_pair
 
 __all__ = [
     "DECODER_FEATURES",
@@ -40,6 +41,7 @@ __all__ = [
     "ScoringRows",
     "document_tokens_per_row",
     "empty_features",
+    "encode_scoring_pair",
     "make_iterator",
     "prompted_lengths",
     "scoring_batch",
@@ -153,6 +155,15 @@ def size_scoring_rows(
         positions=max(lengths) if encdec else sum(lengths),
         context_room=ev.max_length - n_suffix - (0 if encdec else _round_up(longest_tgt)),
     )
+
+
+def encode_scoring_pair(
+    cfg: ExperimentConfig, vocab: Vocabulary, context: str, continuation: str
+) -> tuple[list[int], list[int]]:
+    """A scored pair's (context, continuation) tokens, as lm-evaluation-harness tokenises
+    them: a decoder-only row reads context and continuation as one text, so the pair is
+    encoded as one and split at the context's tokens; the encoder-decoder reads them apart."""
+    return encode_pair(vocab, context, continuation, joint=not cfg.model.is_encoder_decoder)
 
 
 def scoring_batch(

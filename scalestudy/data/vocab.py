@@ -164,6 +164,28 @@ def sentinel_id(vocab: Vocabulary | Any, i: int) -> int:
     return vocab.vocab_size - 1 - i
 
 
+def encode_pair(
+    vocab: Vocabulary | Any, context: str, continuation: str, *, joint: bool
+) -> tuple[list[int], list[int]]:
+    """(context, continuation) tokens as lm-evaluation-harness tokenises a scored pair.
+
+    Whitespace ending the context moves to the front of the continuation: a word boundary
+    belongs to the word after it, as a tokeniser that marks it (SentencePiece's "▁") reads
+    it. `joint` (a model that reads both in one stream): the continuation is what encoding the
+    whole text adds past the context's own tokens, so that it is tokenised as the model saw
+    such text in training; else each part is encoded on its own. On the byte vocabulary both
+    ways give the bytes of each part.
+    """
+    stripped = context.rstrip()
+    moved = context[len(stripped) :]
+    context, continuation = stripped, moved + continuation
+    context_ids = list(vocab.encode(context)) if context else []
+    if not joint or not context:
+        return context_ids, list(vocab.encode(continuation))
+    whole = list(vocab.encode(context + continuation))
+    return context_ids, whole[len(context_ids) :]
+
+
 def encode_documents(vocab: Vocabulary, documents: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Tokenise documents into one flat int32 array plus `offsets` (len(documents) + 1)."""
     if isinstance(vocab, ByteVocabulary):

@@ -22,13 +22,20 @@ def limit_examples(task: Task, max_examples: int | None) -> list[Example]:
     return out
 
 
-def tokenize_pairs(encode: Callable[[str], list[int]], task: Task, examples: list[Example]):
-    """Token pairs of a choice/last-word task and, per pair, the example index."""
+def tokenize_pairs(
+    encode_pair: Callable[[str, str], tuple[list[int], list[int]]],
+    task: Task,
+    examples: list[Example],
+):
+    """Token pairs of a choice/last-word task and, per pair, the example index. `encode_pair`
+    tokenises (context, delimiter + choice) as the model reads them
+    (`data.pipeline.encode_scoring_pair`)."""
     inputs, targets, owner = [], [], []
     for i, ex in enumerate(examples):
         for context, choice in ex.pairs():
-            inputs.append(list(encode(context)))
-            targets.append(list(encode(task.delimiter + choice)))
+            context_ids, choice_ids = encode_pair(context, task.delimiter + choice)
+            inputs.append(context_ids)
+            targets.append(choice_ids)
             owner.append(i)
     return inputs, targets, np.asarray(owner)
 

@@ -9,6 +9,7 @@ run directory's results are written by `results.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from scalestudy.data.objectives import (
     scoring_inputs_suffix,
     scoring_targets_prefix,
 )
+from scalestudy.data.pipeline import encode_scoring_pair
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ConfigError, ScalestudyError, not_found
 from scalestudy.evaluate import fewshot
@@ -85,7 +87,7 @@ def _prepare(task: Task, vocab, cfg: ExperimentConfig, max_examples, num_fewshot
         examples = limit_examples(task, max_examples)
         if num_fewshot:
             examples, shots = _fewshot(task, examples, num_fewshot, vocab, cfg)
-        inputs, targets, owner = tokenize_pairs(vocab.encode, task, examples)
+        inputs, targets, owner = tokenize_pairs(_pair_encoder(cfg, vocab), task, examples)
     fitted = fit_pairs(cfg, inputs, targets, task.name)
     return _Prepared(task, num_fewshot, examples, shots, inputs, targets, owner, fitted)
 
@@ -157,11 +159,16 @@ def _identical_choices(task: str, examples) -> dict:
     return {f"{task}/identical_choices": same}
 
 
+def _pair_encoder(cfg: ExperimentConfig, vocab):
+    """(context, continuation) -> their tokens, as the model reads a scored pair."""
+    return functools.partial(encode_scoring_pair, cfg, vocab)
+
+
 def _fewshot(task: Task, examples, k: int, vocab, cfg: ExperimentConfig):
     """`examples` as K-shot prompts within each pair's context budget, and their shots."""
 
     def budget(exs):
-        _, targets, owner = tokenize_pairs(vocab.encode, task, exs)
+        _, targets, owner = tokenize_pairs(_pair_encoder(cfg, vocab), task, exs)
         room = context_budget(cfg, targets)
         if task.demos_within_training:
             room = np.minimum(room, training_room(cfg, targets))
@@ -347,7 +354,7 @@ def check_tasks(cfg: ExperimentConfig, tasks: Sequence[Task]) -> None:
             shown = examples
             if k:  # enough demonstrations, and room for at least one of them
                 shown, _ = _fewshot(task, examples, k, vocab, scoring)
-            inputs, targets, _ = tokenize_pairs(vocab.encode, task, shown)
+            inputs, targets, _ = tokenize_pairs(_pair_encoder(scoring, vocab), task, shown)
             fit_pairs(scoring, inputs, targets, fewshot.task_name(task.name, k))
 
 
