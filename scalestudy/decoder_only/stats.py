@@ -111,10 +111,12 @@ def verdict(
             "(needs at least two seeds common to both)."
         )
     span = (
-        f"difference {intervals.span(d, d - half, d + half, 4)} (95%), {n}, "
+        f"difference {intervals.span(d, d - half, d + half, 4)} (95%, unadjusted), {n}, "
         f"Holm-adjusted p = {p_holm:.3g}"
     )
     said = verdicts.outcome(d, p_holm, None if lower is None else not lower)
     if said == "not distinguishable":
+        if abs(d) > half:  # the interval is not adjusted for the family the p is
+            span += "; the unadjusted interval excludes 0, the Holm-adjusted p does not reject"
         return f"{name} vs {ref}, {what}: not distinguishable ({span})."
     return f"{name} is {said} than {ref} on {what} ({span})."

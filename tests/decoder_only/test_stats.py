@@ -315,3 +315,12 @@ def test_order_floor_is_a_distribution_and_matches_its_expectation():
             count += (n - s) / len(splits)
     assert order_floor.validation_floor(cfg) == pytest.approx(total / count, abs=0.005)
     assert 0.3 < total / count < math.log(len(order_task.LETTERS)) / 2
+
+
+def test_not_distinguishable_beside_an_interval_excluding_zero_says_why():
+    est = {"d": 0.03, "half": 0.01, "seeds": 3, "examples": 800}
+    line = stats.verdict("a", "b", est, "probe accuracy", False, 0.2)
+    assert "not distinguishable" in line and "(95%, unadjusted)" in line
+    assert "the unadjusted interval excludes 0, the Holm-adjusted p does not reject" in line
+    wide = stats.verdict("a", "b", {**est, "half": 0.05}, "probe accuracy", False, 0.2)
+    assert "excludes 0" not in wide
