@@ -42,7 +42,7 @@ from scalestudy.scaling.flags import (
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.report import compare_cells, strip_private
-from scalestudy.scaling.resample import stratified_counts, summarise, widen
+from scalestudy.scaling.resample import strata, stratified_counts, summarise, widen
 from scalestudy.scaling.table import (
     DataSettings,
     RunTable,
@@ -317,18 +317,6 @@ def _along(form: Form, table: RunTable, run: np.ndarray) -> dict:
     }
 
 
-def strata(table: RunTable) -> np.ndarray:
-    """A label per run: its size, the (N, D) point its seeds repeat (`repeat_groups`); runs
-    without N are each their own."""
-    rows = [table.N] + ([table.D] if np.isfinite(table.D).all() else [])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = np.log(np.stack(rows).astype(float))
-    label = np.arange(x.shape[1])
-    for g in repeat_groups(x):
-        label[g] = g[0]
-    return label
-
-
 # ----------------------------------------------------------------------------- cells
 
 
@@ -367,7 +355,7 @@ def fit_cell(table: RunTable, s: FitSettings) -> dict:
     laws = AUTO_LAWS if auto else s.laws
     k, k_src = flops_per_nd(table, s)
     # Runs are resampled within their size, so no resample loses a size (docs/fits.md).
-    counts, df = stratified_counts(strata(table), s.bootstrap, s.seed)
+    counts, df = stratified_counts(strata(table.N, table.D), s.bootstrap, s.seed)
     fits = {}
     for law in laws:
         t0 = time.perf_counter()

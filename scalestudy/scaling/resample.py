@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
+from scalestudy.scaling.flags import repeat_groups
 from scalestudy.scaling.forms import Form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
 from scalestudy.scaling.table import RunTable
@@ -19,6 +20,18 @@ def run_counts(n_runs: int, resamples: int, seed: int) -> np.ndarray:
     if resamples <= 0:
         return np.zeros((0, n_runs))
     return rng.multinomial(n_runs, np.full(n_runs, 1.0 / n_runs), size=resamples).astype(float)
+
+
+def strata(N_J: np.ndarray, D_J: np.ndarray) -> np.ndarray:
+    """A label per run: its size, the (N, D) point its seeds repeat (`repeat_groups`; D left
+    out where a run lacks it); runs without N are each their own."""
+    rows = [N_J] + ([D_J] if np.isfinite(D_J).all() else [])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log(np.stack(rows).astype(float))
+    label = np.arange(x.shape[1])
+    for g in repeat_groups(x):
+        label[g] = g[0]
+    return label
 
 
 def stratified_counts(strata_J, resamples: int, seed: int) -> tuple[np.ndarray, int]:

@@ -36,7 +36,7 @@ from scalestudy.scaling.flags import (
 )
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
-from scalestudy.scaling.resample import interval, run_counts, summarise
+from scalestudy.scaling.resample import interval, strata, stratified_counts, summarise
 from scalestudy.scaling.table import RunTable, ScalingDataError
 
 TASK_FORMS = ("auto", "chinchilla3", "chinchilla3_noE", "kaplan_n", "kaplan_d", "kaplan_c")
@@ -227,7 +227,7 @@ def fit_task(
             f"{' and '.join(form.inputs)}"
         )
     chance = _chance(table, task, idx)
-    counts = run_counts(len(idx), s.bootstrap, s.seed)
+    counts, _ = stratified_counts(strata(table.N[idx], table.D[idx]), s.bootstrap, s.seed)
     theta, sig, theta_R, sig_R = _two_steps(form, x, L, acc, counts, chance, s)
     point = {n: v[0] for n, v in form.named(theta[None]).items()}
     samples = form.named(theta_R) if len(theta_R) else {}
@@ -288,7 +288,8 @@ def backtest(table: RunTable, task: str, form, s, loss_metric: str, acc_metric: 
     if np.unique(N[~held]).size < 3 or (~held).sum() < len(form.params) + 1:
         return {"skipped": "too few sizes left to fit after holding out the largest (3 needed)"}
     chance = _chance(table, task, idx)
-    counts = run_counts(int((~held).sum()), s.bootstrap, s.seed)
+    fitted = idx[~held]
+    counts, _ = stratified_counts(strata(table.N[fitted], table.D[fitted]), s.bootstrap, s.seed)
     theta, sig, theta_R, sig_R = _two_steps(
         form, x[:, ~held], L[~held], acc[~held], counts, chance, s
     )
