@@ -15,8 +15,10 @@ Laws (names accepted by `--law` and `FitSettings.laws`):
   b/D^beta, for granularity G (Krajewski et al. 2024), with their constants beside ours. E and
   G come from table columns (experts, granularity); `auto` does not include them.
 - auto: every law the data support (the others are reported as skipped, with the reason).
-Every parameter and derived exponent carries a percentile bootstrap interval over runs, and
-every fit a list of flags saying why the data may not support it (scaling/flags.py).
+Every parameter and derived exponent carries a percentile bootstrap interval over runs (drawn
+within each size: `resample.stratified_counts`), and every fit a list of flags saying why the
+data may not support it (scaling/flags.py). A law in N (or D) alone over rungs that vary the
+other is labelled L(N, D(N)) (or L(D, N(D))).
 """
 
 from __future__ import annotations

@@ -67,8 +67,8 @@ def stratified_counts(strata_J, resamples: int, seed: int) -> tuple[np.ndarray, 
 def widen(theta_Q: np.ndarray, theta_RQ: np.ndarray, df: int, ci: float) -> np.ndarray:
     """Resampled parameter vectors moved away from the point fit by t_df / z at level `ci`
     (1 where df is 0): each size's spread is estimated from a few runs, and a percentile
-    interval that took it as known would cover as a z interval does with t's df (about 89%
-    for E at 5/3/3/3 runs; docs/fits.md)."""
+    interval that took it as known would cover as a z interval does where t's are due
+    (coverage at the smoke study's design: docs/fits.md)."""
     if df <= 0 or not len(theta_RQ):
         return theta_RQ
     q = (1.0 + ci) / 2.0
