@@ -4,24 +4,29 @@
 (`rank.load_run`: the run's own mesh and shardings) and answers the harness's three requests
 through the package's own paths, for every architecture:
 
-- `loglikelihood`: (context, continuation) pairs scored by `Scorer` after `budget.fit_pairs`,
-  the path and context rule (`eval.*`) of `scalestudy eval`: the causal decoder reads context
-  and continuation causally, the non-causal decoder holds the context in its bidirectional
-  prefix, the encoder-decoder encodes the context and scores the continuation in its decoder.
+- `loglikelihood`: (context, continuation) pairs tokenised as lm-eval tokenises them
+  (`data.pipeline.encode_scoring_pair`, as `scalestudy eval` does) and scored by `Scorer`
+  after `budget.fit_pairs`, each context cut from the left, as lm-eval cuts it, to what fits
+  in `max_length` positions: the causal decoder reads context and continuation causally, the
+  non-causal decoder holds the context in its bidirectional prefix, the encoder-decoder
+  encodes the context and scores the continuation in its decoder.
 - `loglikelihood_rolling`: a text's log-likelihood in windows of the training length, each
   token predicted once (`rolling_windows`), every window scored as a (context, continuation)
   pair by the same path; the first window's context is empty (an empty prefix; the
   encoder-decoder's encoder reads a lone EOS, as for any empty context).
 - `generate_until`: greedy decoding with the package's key/value cache (`Model.generate`),
-  cut at the first stop string, at most `max_gen_toks` tokens; prompts of different lengths
+  cut at the first stop string, at most `max_gen_toks` tokens, a decoder-only prompt keeping at
+  least half of `max_length`; prompts of different lengths
   share a call, padded to the lengths of scoring's ladder (`batching.bucket_length`).
 
-lm-eval finds no models outside its own package by itself: `scalestudy harness ARGS` imports
-this module (registering the model) and hands ARGS to lm-eval's own command line unchanged.
+lm-eval 0.4.x finds no models outside its own package (`lm_eval --model scalestudy` says "no
+model for this name found"): `scalestudy harness ARGS` imports this module (registering the
+model) and hands ARGS to lm-eval's own command line unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import sys
@@ -34,6 +39,7 @@ import numpy as np
 
 from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import feature_lengths, scoring_inputs_suffix
+from scalestudy.data.pipeline import encode_scoring_pair
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate import rank
@@ -145,7 +151,8 @@ class ScalestudyLM(LM):
         if batch_size is not None:
             # Before the eval.* keys: an explicit eval.batch_size wins over lm-eval's default.
             overrides.insert(0, f"eval.batch_size={batch_size}")
-        cfg, params, self.step = rank.load_run(Path(str(workdir)), step, overrides)
+        with _quiet_absl():  # orbax logs "read only" for each item of a read-only restore
+            cfg, params, self.step = rank.load_run(Path(str(workdir)), step, overrides)
         self.workdir = Path(str(workdir))
         self.run_cfg = cfg
         self.model = build_model(cfg.model)
@@ -169,6 +176,15 @@ class ScalestudyLM(LM):
                 f"(context and prediction); accepted: {least} or more"
             )
         self._generate = jax.jit(self.model.generate, static_argnums=2)
+        # loglikelihood's rule, lm-eval's: a context keeps what fits beside its continuation
+        # in max_length positions (the encoder's max_length for the encoder-decoder).
+        ev = self.cfg.eval
+        if self.encoder_length:
+            lengths = {"inputs_length": self.max_length, "targets_length": 1}
+        else:
+            lengths = {"inputs_length": self.max_length - 1, "targets_length": 1}
+        rule = ev.replace(context_rule="wang2022", **lengths)
+        self.truncating = self.cfg.replace(eval=rule)
 
     # ------------------------------------------------------------------ scoring
 
@@ -180,9 +196,8 @@ class ScalestudyLM(LM):
         cut = int(fitted.cut.sum())
         if cut:
             warnings.warn(
-                f"{what}: {cut} of {len(inputs)} contexts cut from the left to the context "
-                f"budget (eval.context_rule={cfg.eval.context_rule}, "
-                f"eval.inputs_length={cfg.eval.inputs_length})",
+                f"{what}: {cut} of {len(inputs)} contexts cut from the left to fit "
+                f"max_length={self.max_length} beside their continuations",
                 stacklevel=3,
             )
         rank.beyond_training(cfg, what, fitted, np.arange(len(inputs)))
@@ -194,14 +209,15 @@ class ScalestudyLM(LM):
         if not requests:
             return []
         pairs = [req.args for req in requests]
-        inputs = [list(self.vocab.encode(c)) for c, _ in pairs]
-        targets = [list(self.vocab.encode(t)) for _, t in pairs]
+        encoded = [encode_scoring_pair(self.run_cfg, self.vocab, c, t) for c, t in pairs]
+        inputs = [c for c, _ in encoded]
+        targets = [t for _, t in encoded]
         # An empty continuation has probability 1 (log 0), and greedy decoding "produces" it.
         out = [(0.0, True)] * len(pairs)
         scored = [i for i, t in enumerate(targets) if t]
         if scored:
             lp, greedy = self._score(
-                self.cfg,
+                self.truncating,
                 [inputs[i] for i in scored],
                 [targets[i] for i in scored],
                 "lm-eval loglikelihood",
@@ -247,9 +263,11 @@ class ScalestudyLM(LM):
         max_length beside the generated tokens (decoder-only) or the encoder; whether cut."""
         tokens = list(self.vocab.encode(context))
         keep = self.max_length - len(self.suffix)
-        if not self.encoder_length:  # the decoder row holds the generated tokens too
-            keep -= steps
-        keep = max(keep, 1)  # past the training length rather than no context at all
+        if not self.encoder_length:
+            # The decoder row holds the generated tokens too, but a task's max_gen_toks is a
+            # cap (most stop at a stop string well before it): the prompt keeps at least half
+            # the row, and generation runs on past it only if it has to.
+            keep -= min(steps, keep // 2)
         kept = tokens[max(len(tokens) - keep, 0) :]
         prompt = kept + self.suffix
         if self.encoder_length and not prompt:
@@ -305,6 +323,19 @@ class ScalestudyLM(LM):
         for req, text in zip(requests, out, strict=True):
             self.cache_hook.add_partial("generate_until", req.args, text)
         return [str(t) for t in out]
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+    """absl's log (orbax's) at errors only for the block: its warnings are not the user's."""
+    from absl import logging as absl_logging
+
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(level)
 
 
 def _cut_at_stop(text: str, until: Sequence[str]) -> str:

@@ -5,10 +5,12 @@ decode, for all three architectures; bad input is one error line."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import jax
@@ -109,8 +111,11 @@ def tasks(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("num_fewshot", [0, 2])
 @pytest.mark.parametrize("arch", list(ARCH_OBJECTIVE))
 def test_harness_scores_equal_scalestudy_eval(arch, num_fewshot, runs, models, tasks) -> None:
+    # K-shot prompts outgrow the tiny model's 32 training positions: the adapter would cut them
+    # to max_length, as lm-eval does (tested below), where `scalestudy eval` keeps them whole.
+    lm = models[arch] if num_fewshot == 0 else ScalestudyLM(workdir=str(runs[arch]), max_length=512)
     out = lm_eval.simple_evaluate(
-        model=models[arch],
+        model=lm,
         tasks=["tiny_mc"],
         task_manager=TaskManager(include_path=str(tasks / "harness"), include_defaults=False),
         num_fewshot=num_fewshot,
@@ -356,3 +361,74 @@ def test_without_lm_eval_one_error_line() -> None:
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
     assert "lm-eval" in lines[0] and "scalestudy[lmeval]" in lines[0]
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "encoder_decoder"])
+def test_loglikelihood_tokenises_and_cuts_as_lm_eval(arch, models) -> None:
+    lm = models[arch]
+    ll = lambda *pairs: lm.loglikelihood([_request("loglikelihood", c, t) for c, t in pairs])
+    # The context's trailing space is read as the continuation's first token, as lm-eval does.
+    (moved,), (given,) = ll(("The sky is ", "blue.")), ll(("The sky is", " blue."))
+    assert moved[0] == pytest.approx(given[0], rel=1e-6) and moved[1] == given[1]
+    # A context longer than max_length keeps what fits beside the continuation (decoders) or
+    # in the encoder, cut from the left; a cut is counted in a warning.
+    long = "The quick brown fox jumps over the lazy dog; " * 3 + "and the sky is"
+    target = " blue."
+    n_tgt = len(lm.vocab.encode(target))
+    keep = lm.max_length - (0 if lm.encoder_length else n_tgt)
+    assert len(lm.vocab.encode(long)) > keep
+    with pytest.warns(
+        UserWarning, match=f"1 of 1 contexts cut from the left to fit max_length={lm.max_length}"
+    ):
+        (cut,) = ll((long, target))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the kept context alone: no cut, nothing past training
+        (kept,) = ll((long[-keep:], target))
+    assert not [w for w in caught if "cut" in str(w.message) or "training" in str(w.message)]
+    assert cut[0] == pytest.approx(kept[0], rel=1e-6) and cut[1] == kept[1]
+    # One token less of context changes the score: the cut is exactly there, not shorter.
+    (shorter,) = ll((long[-keep + 1 :], target))
+    assert shorter[0] != pytest.approx(kept[0], rel=1e-6)
+
+
+def test_generate_until_prompt_keeps_half_the_row(models) -> None:
+    lm = models["causal_decoder"]
+    long = "Once upon a time there was a small red hen who lived on a farm. " * 2
+    steps = lm.max_length + 8  # more than the row: the prompt still keeps half of it
+    keep = lm.max_length // 2
+    assert len(lm.vocab.encode(long)) > keep
+    generate = jax.jit(lm.model.generate, static_argnums=2)
+    prompt = np.asarray([lm.vocab.encode(long)[-keep:]], np.int32)
+    want = lm.vocab.decode(np.asarray(generate(lm.scorer.params, prompt, steps))[0].tolist())
+    asked = {"until": [], "max_gen_toks": steps}
+    with pytest.warns(UserWarning, match="1 of 1 prompts cut from the left"):
+        got = lm.generate_until([_request("generate_until", long, asked)])
+    assert got == [want]
+
+
+def test_no_checkpoint_log_noise(runs, caplog) -> None:
+    """Restoring a run logs orbax's read-only warnings through absl; the adapter keeps them
+    from a harness run's output."""
+    caplog.set_level(logging.WARNING, logger="absl")
+    rank.load_run(runs["causal_decoder"], None, [])
+    assert "read only" in caplog.text  # the noise is there without the adapter's guard
+    caplog.clear()
+    ScalestudyLM(workdir=str(runs["causal_decoder"]))
+    assert "read only" not in caplog.text and logging.getLogger("absl").level == logging.WARNING
+
+
+def test_lm_eval_own_command_line_points_to_scalestudy_harness() -> None:
+    """lm-eval 0.4.x reads no model plugins: its own command line cannot find the model, and
+    the evaluation page says to use `scalestudy harness`."""
+    from lm_eval.api import registry
+
+    if hasattr(registry, "load_plugins") or "entry_points(" in Path(registry.__file__).read_text():
+        pytest.skip("this lm-eval reads plugins: see docs/evaluation.md")
+    # A fresh process, as `lm_eval --model scalestudy` starts: lm-eval alone does not find it.
+    probe = "from lm_eval.api.registry import get_model; get_model('scalestudy')"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0 and "no model for this name found" in done.stderr
+    page = (Path(__file__).parents[2] / "docs" / "evaluation.md").read_text()
+    assert "lm_eval --model scalestudy" in page and "Use `scalestudy harness`" in page
