@@ -7,13 +7,32 @@ traceback.
 
 from __future__ import annotations
 
-import argparse
+import os
 import signal
 import sys
 
-from scalestudy import cli_args
-from scalestudy.errors import ScalestudyError
-from scalestudy.train import stops
+
+def _stopped_at_once(signum: int, frame: object) -> None:
+    """A stop signal while the command's own modules are still importing: one `stopped:`
+    line and the signal's exit status (nothing has started that a stop must wind down)."""
+    name = signal.Signals(signum).name
+    os.write(2, f"stopped: {name} during start-up; nothing was started\n".encode())
+    os._exit(128 + signum)
+
+
+# The command (the console script, or `python -m scalestudy.cli`): from its first line, a
+# SIGTERM or SIGINT ends it with a `stopped:` line, not by the signal; `main` replaces this
+# with the handler that lets a started command wind down (train/stops.py).
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "scalestudy":
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(_signum) is not signal.SIG_IGN:
+            signal.signal(_signum, _stopped_at_once)
+
+import argparse  # noqa: E402
+
+from scalestudy import cli_args  # noqa: E402
+from scalestudy.errors import ScalestudyError  # noqa: E402
+from scalestudy.train import stops  # noqa: E402
 
 # The commands' modules are imported when the parser is built, not with this module: the
 # command's signal handler is set first, so a Ctrl-C during the imports is answered like

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from scalestudy.errors import ScalestudyError, path_kind
+from scalestudy.errors import ScalestudyError, checked_path
 
 
 def checkpoint_step(text: str) -> int:
@@ -58,77 +58,6 @@ def shot_counts(text: str) -> list[int]:
     return values
 
 
-def _too_long(path: Path) -> str | None:
-    """Why `path` is longer than the file system takes (a name past NAME_MAX, the whole past
-    PATH_MAX), or None: an OSError (errno 36) deep inside the work would say it later."""
-    existing = next((p for p in path.parents if os.path.isdir(p)), Path("."))
-    try:
-        name_max = os.pathconf(existing, "PC_NAME_MAX")
-        path_max = os.pathconf(existing, "PC_PATH_MAX")
-    except (OSError, ValueError):
-        name_max, path_max = 255, 4096
-    for part in path.parts:
-        if len(os.fsencode(part)) > name_max:
-            return f"has a name of {len(os.fsencode(part))} bytes; the file system takes {name_max}"
-    if len(os.fsencode(str(path.absolute()))) >= path_max:
-        return f"is longer than the file system takes ({path_max} bytes)"
-    return None
-
-
-def checked_path(
-    text: str | os.PathLike,
-    flag: str,
-    expect: str,
-    *,
-    must_exist: bool = False,
-    parent_must_exist: bool = False,
-    writable: bool = False,
-) -> Path:
-    """Every path a command takes, checked for kind before any work: not empty, not too long,
-    no link to nothing, under no file, `expect` (words ending in "file" or "directory")
-    where something is, there when `must_exist`, its folder there when `parent_must_exist`,
-    and (`writable`) its nearest existing folder writable. One `ScalestudyError` naming the
-    flag otherwise."""
-    if not str(text).strip():
-        raise ScalestudyError(f"{flag} is empty; give {expect}")
-    path = Path(text)
-    if (why := _too_long(path)) is not None:
-        raise ScalestudyError(f"{flag} {shown_path(path)} {why}; give a shorter path")
-    for p in (path, *path.parents):
-        if os.path.islink(p) and not p.exists():
-            where = "" if p == path else f" (in {path})"
-            raise ScalestudyError(
-                f"{flag} {path}: {p} is a link to nothing (-> {os.readlink(p)}){where}; "
-                f"give {expect}, or make the link's target first"
-            )
-    for p in path.parents:
-        if p.exists() and not p.is_dir():
-            raise ScalestudyError(
-                f"{flag} {path}: {p} is {path_kind(p)}, so nothing can be under it; give "
-                f"{expect} in a directory"
-            )
-    wanted = Path.is_dir if expect.endswith("directory") else Path.is_file
-    if path.exists() and not wanted(path):
-        raise ScalestudyError(f"{flag} {path} is {path_kind(path)}; expected {expect}")
-    if must_exist and not path.exists():
-        raise ScalestudyError(f"{flag} {path}: not found; give {expect} that exists")
-    if parent_must_exist and not path.parent.exists():
-        raise ScalestudyError(
-            f"{flag} {path}: its folder {path.parent} does not exist; create it first"
-        )
-    if writable:
-        existing = next(p for p in (path, *path.parents) if p.exists() or p == Path(p.anchor))
-        if not os.access(existing, os.W_OK):
-            raise ScalestudyError(f"{flag} {path}: {existing} is not writable")
-    return path
-
-
-def shown_path(path: Path, limit: int = 80) -> str:
-    """A path for an error line, its middle cut when long (a name of 300 bytes is not read)."""
-    text = str(path)
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
-
-
 def output_file(text: str | None, flag: str = "--out") -> Path | None:
     """A results file to be written after the work (`eval --out`): checked before the work,
     so that finished scores are never lost to a path that cannot take them."""
@@ -167,6 +96,26 @@ def run_dir(text: str, *, must_exist: bool) -> Path:
                 f"directory itself: --workdir {parent}"
             )
     return path
+
+
+def check_recorded_config(workdir: Path) -> None:
+    """Refuse a run directory whose config.yaml is not a config: training with --config
+    would replace it, and the file may be the only record of what the run was."""
+    from scalestudy.config import load_config
+    from scalestudy.errors import ConfigError
+    from scalestudy.train import rundir
+
+    path = rundir.config_path(workdir)
+    if not os.path.lexists(path):
+        return
+    try:
+        load_config(path)
+    except ConfigError as e:
+        first = str(e).splitlines()[-1].strip()
+        raise ScalestudyError(
+            f"--workdir {workdir} holds {path.name}, which is not a run's config ({first}); "
+            "training would replace it: move it away or mend it, or give another --workdir"
+        ) from None
 
 
 def check_step(workdir: Path, step: int | None) -> None:

@@ -90,6 +90,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.members is not None:
         return _train_members(args, workdir)
     cfg_path = args.config
+    if cfg_path is not None:
+        cli_args.check_recorded_config(workdir)
     if cfg_path is None:
         resolved = rundir.config_path(workdir)
         if not resolved.is_file():
@@ -129,6 +131,8 @@ def _train_members(args: argparse.Namespace, workdir: Path) -> int:
     grid = members.parse_grid(args.members, args.overrides)
     dirs = [workdir / name for name, _ in grid]
     cfg_path = args.config
+    for d in dirs if cfg_path is not None else ():
+        cli_args.check_recorded_config(d)
     if cfg_path is None:  # resuming: the first member's recorded config, re-gridded
         cfg_path = rundir.config_path(dirs[0])
         if not cfg_path.is_file():
@@ -229,6 +233,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         print(status_table(args.out))
         return 0
+    cli_args.checked_path(args.spec, "--spec", "a YAML file", must_exist=True)
     cli_args.output_dir(args.out)
     if args.stage_run is not None and not args.stage_run.strip():
         raise ScalestudyError("--stage-run is empty; give a run's name (see --status)")
@@ -307,6 +312,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     from scalestudy.study.pipeline import launch
 
+    cli_args.checked_path(args.spec, "--spec", "a YAML file", must_exist=True)
     out = cli_args.output_dir(args.out)
     print(launch(Path(args.spec), args.executor, out, submit=args.submit))
     return 0
@@ -357,9 +363,8 @@ def cmd_experts(args: argparse.Namespace) -> int:
 def cmd_vocab(args: argparse.Namespace) -> int:
     from scalestudy.data.vocab import train_sentencepiece
 
-    path = train_sentencepiece(
-        [Path(p) for p in args.inputs], Path(args.out), vocab_size=args.vocab_size
-    )
+    out = cli_args.checked_path(args.out, "--out", "a file", writable=True)
+    path = train_sentencepiece([Path(p) for p in args.inputs], out, vocab_size=args.vocab_size)
     print(path)
     return 0
 
@@ -368,6 +373,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from scalestudy.study import stages
     from scalestudy.train import logfile
 
+    cli_args.checked_path(args.parent, "--from", "a run directory")
     cli_args.output_dir(args.out)
     settings = stages.FinetuneConfig if args.command == "finetune" else stages.AdaptConfig
     cli_args.check_stage_keys(args.command, args.overrides, settings.model_fields)

@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any
 
+from scalestudy import cli_args
 from scalestudy.cli_commands import _print
 from scalestudy.config import load_config
 from scalestudy.errors import ScalestudyError
@@ -21,6 +22,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "shape, --preset a built-in one; give one"
         )
     args.preset = args.preset or "small"
+    if args.profile is not None:  # the traces' folder, checked before the benchmark runs
+        cli_args.output_dir(args.profile, "--profile")
     if args.what == "gpu":
         from scalestudy.bench.gpu import main as bench_gpu
 
@@ -104,6 +107,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if (args.config is None) == (args.spec is None):
         raise ScalestudyError("compile: give --config FILE (one run) or --spec STUDY (every shape)")
+    if args.spec is not None:
+        cli_args.checked_path(args.spec, "--spec", "a YAML file", must_exist=True)
     from scalestudy.train.members import check_count
 
     check_count(args.members, "compile --members")

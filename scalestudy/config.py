@@ -62,6 +62,10 @@ def check_cell(arch: str, objective: str) -> None:
     """Raise ConfigError unless (arch, objective) is a trainable cell of the grid."""
     if arch not in VALID_CELLS:
         raise ConfigError(f"model.arch: got {arch!r}; accepted: {', '.join(ARCHS)}")
+    if objective not in get_args(ObjectiveName):  # a name first, then the pair
+        raise ConfigError(
+            f"objective.name: got {objective!r}; accepted: {', '.join(get_args(ObjectiveName))}"
+        )
     if objective not in (*VALID_CELLS[arch], *EXTRA_CELLS.get(arch, ())):
         valid = {a: (*o, *EXTRA_CELLS.get(a, ())) for a, o in VALID_CELLS.items()}
         cells = "; ".join(f"{a}: {', '.join(o)}" for a, o in valid.items())

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from scalestudy.errors import ConfigError, not_found
+from scalestudy.errors import ConfigError, PathError, checked_path, not_found
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -169,6 +169,10 @@ def syntax_error(path: str | Path, e: yaml.MarkedYAMLError) -> str:
 def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a YAML mapping, resolving `include:` lists relative to the file."""
     path = Path(path)
+    try:  # a name too long, a link to nothing, a folder under a file: said as such
+        checked_path(path, "config file", "a YAML file")
+    except PathError as e:
+        raise ConfigError(str(e)) from None
     if not path.is_file():
         raise ConfigError(not_found(path, "config file", "a YAML file"))
     resolved = path.resolve()
@@ -264,8 +268,15 @@ def _model_of(annotation: Any) -> Any:
 def format_validation_error(err: ValidationError, model: type[BaseModel], source: str) -> str:
     """Turn a pydantic error into lines that name key, value and what is accepted."""
     lines = []
-    for e in err.errors():
+    errors = err.errors()
+    # A list whose item is refused is then too short as well: the item's error says it.
+    item_errors = {
+        tuple(e["loc"][:-1]) for e in errors if e["loc"] and isinstance(e["loc"][-1], int)
+    }
+    for e in errors:
         loc = tuple(e["loc"])
+        if e["type"] == "too_short" and loc in item_errors:
+            continue
         key = ".".join(str(p) for p in loc)
         if e["type"] == "extra_forbidden":
             accepted = _accepted_keys(model, loc)
@@ -278,6 +289,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], source
         else:
             msg = e["msg"].replace("Value error, ", "")
             lines.append(f"{key}: {msg}; got {shown(e.get('input'))}")
+    if len(lines) == 1:  # one problem: one line
+        return f"{source}: invalid config: {lines[0]}"
     return f"{source}: invalid config:\n  " + "\n  ".join(lines)
 
 

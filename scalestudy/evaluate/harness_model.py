@@ -401,19 +401,19 @@ def _hold_logs() -> None:
     logger.addHandler(held)
     _log_held.append(held)
 
-    def release() -> None:
+    def give_out() -> None:
         logger.removeHandler(held)
         for handler in targets:
             logger.addHandler(handler)
         held.flush()
 
-    held.release = release  # type: ignore[attr-defined]
+    held.give_out = give_out  # type: ignore[attr-defined]
 
 
 def _release_logs() -> None:
     """lm-eval accepted the command (it starts the model): its held log goes out now."""
     while _log_held:
-        _log_held.pop().release()  # type: ignore[attr-defined]
+        _log_held.pop().give_out()  # type: ignore[attr-defined]
 
 
 class _Fanout(logging.Handler):

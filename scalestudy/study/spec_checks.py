@@ -30,6 +30,7 @@ def check_spec(
     """ConfigError for what the spec's later steps would refuse. `eval_section`: the base
     experiment's `eval` keys; `grid`: the study's (arch, objective) cells; `labels`: its
     groups as the experiments name them ("arch/objective[/variant]")."""
+    check_run_count(study, grid)
     tasks = eval_section.get("tasks", EvalConfig.model_fields["tasks"].default)
     unknown = [law for law in study.fit.laws if law not in (*LAWS, "auto")]
     if unknown:
@@ -42,6 +43,44 @@ def check_spec(
         _check_stages(study.stages, spec_dir, grid)
     if study.experiments is not None:
         _check_experiments(study.experiments, labels, [v.name for v in study.variants])
+
+
+# Runs one study may expand into: a study of the whole grid at a dozen sizes and a few seeds
+# plans hundreds; past this, planning alone (configs, hashes, the registry) takes minutes
+# before the first run, and the spec is far more likely a list written by mistake.
+MAX_RUNS = 10_000
+
+
+def check_run_count(study: StudySpec, grid: list[tuple[str, str]]) -> int:
+    """The fewest runs the spec expands into (cells x variants x sizes x seeds), refused past
+    MAX_RUNS before any run is planned (a preset ladder counts as one size here)."""
+    # Only what every cell trains counts: a variant or size some cells skip, or a seed only
+    # some sizes repeat, may add fewer runs.
+    every_cell = all(not v.cells for v in study.variants)
+    variants = max(1, len(study.variants)) if every_cell else 1
+    sizes = max(1, len(study.ladder.sizes)) if not study.ladder.cell_sizes else 1
+    seeds = len(study.seeds)
+    least = len(grid) * variants * sizes * max(1, seeds)
+    if least > MAX_RUNS:
+        raise ConfigError(
+            f"the spec expands into at least {least:,} runs ({len(grid)} cells x {variants} "
+            f"variant(s) x {sizes} sizes x {seeds} seeds); a study plans at most {MAX_RUNS:,}: "
+            "split it into several studies, or shorten ladder.sizes or seeds"
+        )
+    return least
+
+
+def check_against_runs(study: StudySpec, runs: list[Any]) -> None:
+    """The parts of a spec that name sizes, checked against the sizes its runs train at
+    (known once the ladder is expanded), before anything is written for the study."""
+    sizes = list(dict.fromkeys(r.size for r in runs))
+    if study.lr_search is not None:
+        unknown = [s for s in map(str, study.lr_search.sizes) if s not in sizes]
+        if unknown:
+            raise ConfigError(
+                f"lr_search.sizes: {unknown} are not sizes of the study; accepted: "
+                f"{', '.join(sizes)}"
+            )
 
 
 def _check_per_task_keys(eval_section: dict, tasks: list[str]) -> None:

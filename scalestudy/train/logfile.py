@@ -95,22 +95,42 @@ def _handler(path: Path, delay: bool = False) -> _QuietFileHandler:
     return handler
 
 
+_accept: list[Callable[[], None]] = []  # open run logs whose run has not passed its checks
+
+
 @contextlib.contextmanager
 def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
     """Send the libraries' log records and thread tracebacks to the run's log file while the
-    block runs (and, on the command line, after it)."""
+    block runs (and, on the command line, after it). Until the run passes its checks
+    (`run_accepted`), they are held: a run refused on resume leaves its log as it was."""
     path = rundir.log_path(workdir)
     while _after:
         _after.pop()()
-    handler = _handler(path)
-    _write_held(handler)
-    restore, swap = _route(handler)
+    handler = _handler(path, delay=True)
+    held = logging.handlers.MemoryHandler(1 << 30, flushLevel=logging.CRITICAL + 1)
+    restore, swap = _route(held)
+
+    def accept() -> None:
+        _write_held(handler)
+        held.setTarget(handler)
+        held.flush()
+        swap(handler)
+
+    _accept.append(accept)
     _active.append(handler)
     saves_failed_before, failed = _failed_saves, True
     try:
         yield path
         failed = False
+    except ScalestudyError:
+        if accept in _accept:  # refused before its checks passed: nothing of it is written
+            _accept.remove(accept)
+            held.buffer.clear()
+        raise
     finally:
+        if accept in _accept:
+            _accept.remove(accept)
+            accept()
         _active.remove(handler)
         # Futures of a failed save that nobody retrieved log their exception when collected:
         # collect them while their records still go to the file. (Only then: a collection
@@ -124,6 +144,13 @@ def library_logs_to_file(workdir: str | Path) -> Iterator[Path]:
         else:
             restore()
         handler.close()
+
+
+def run_accepted() -> None:
+    """The run (or every member of a group) passed the checks made before anything is
+    written: its held log records go to its file, and from now on straight there."""
+    while _accept:
+        _accept.pop(0)()
 
 
 @contextlib.contextmanager
@@ -165,9 +192,12 @@ def library_logs_dropped() -> Iterator[None]:
         restore()
 
 
-def _write_held(handler: logging.Handler) -> None:
-    """Write the held start-up output into `handler`'s file."""
+def _write_held(handler: logging.FileHandler) -> None:
+    """Write the held start-up output into `handler`'s file (opening it: the run's log
+    exists from here on)."""
     with contextlib.suppress(OSError, ValueError):
+        if handler.stream is None:
+            handler.stream = handler._open()
         while _held:
             handler.stream.write(_held[0])
             _held.pop(0)
