@@ -345,7 +345,9 @@ def run_study(
     spec = Path(spec)
     study = load_study(spec, overrides)
     runs = expand(study, spec.parent)
-    print(f"study {study.name}: {len(runs)} runs ({len(cells(study))} cells)")
+    spec_checks.check_against_runs(study, runs)  # before anything is written to OUT
+    limit = f" of at most {spec_checks.MAX_RUNS:,}" if dry_run else ""
+    print(f"study {study.name}: {len(runs)} runs{limit} ({len(cells(study))} cells)")
     cap = groups.cap(study.members)
     if not collect:  # the runs are evaluated here
         spec_checks.check_task_paths(runs)
