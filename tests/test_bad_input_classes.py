@@ -7,6 +7,7 @@ process state needs (XLA_FLAGS read at start-up, a signal before `main`) runs a 
 """
 
 import logging
+import logging.handlers
 import os
 import signal
 import subprocess
@@ -284,9 +285,12 @@ def test_lm_evals_refusal_is_one_line_without_its_log(raised, monkeypatch, capsy
         raise raised
 
     monkeypatch.setattr(harness_model, "cli_evaluate", refuse)
+    logger = logging.getLogger("lm_eval")
     line = refused(["harness", "--model", "scalestudy", "--tasks", "x"], capsys)
     assert line.startswith("error: lm-eval refused the command:") and str(raised)[:20] in line
     assert not harness_model._log_held
+    # nothing held is left on lm-eval's logger to be printed at exit
+    assert not [h for h in logger.handlers if isinstance(h, logging.handlers.MemoryHandler)]
 
 
 def test_lm_evals_log_is_held_until_the_model_starts_then_given_out(monkeypatch):

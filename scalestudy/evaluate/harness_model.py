@@ -358,8 +358,10 @@ def run_cli(argv: list[str]) -> int:
     given = sys.argv
     sys.argv = ["lm-eval", *argv]
     _hold_logs()
+    finished = False
     try:
         cli_evaluate()
+        finished = True
     except SystemExit as e:  # its argument errors and --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except _REFUSALS as e:
@@ -369,8 +371,8 @@ def run_cli(argv: list[str]) -> int:
         raise ScalestudyError(f"lm-eval refused the command: {text}") from None
     finally:
         sys.argv = given
-        if _log_held:
-            _log_held.pop().buffer.clear()
+        while _log_held:  # never started a model: its log out if it finished, else dropped
+            _log_held.pop().give_out(finished)  # type: ignore[attr-defined]
     return 0
 
 
@@ -401,11 +403,14 @@ def _hold_logs() -> None:
     logger.addHandler(held)
     _log_held.append(held)
 
-    def give_out() -> None:
+    def give_out(flush: bool = True) -> None:
         logger.removeHandler(held)
         for handler in targets:
             logger.addHandler(handler)
+        if not flush:
+            held.buffer.clear()
         held.flush()
+        held.close()
 
     held.give_out = give_out  # type: ignore[attr-defined]
 
