@@ -204,6 +204,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     is_override = re.compile(r"^[A-Za-z_][\w.]*=").match
     tasks = [t for t in args.tasks or () if not is_override(t)] or None
     overrides = [*(t for t in args.tasks or () if is_override(t)), *args.overrides]
+    _check_per_task_keys(tasks, overrides)
     if args.num_fewshot is not None:
         # for every task scored: a run's per-task numbers give way to the command line's
         overrides += [f"eval.num_fewshot={args.num_fewshot}", "eval.num_fewshot_per_task=null"]
@@ -215,6 +216,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                 overrides=overrides)  # fmt: skip
 
     return _print_results(evaluate, args.json)
+
+
+def _check_per_task_keys(tasks: list[str] | None, overrides: list[str]) -> None:
+    """`eval --tasks A B eval.num_fewshot_per_task={C: [1]}`: a per-task key given on the
+    command line names a task scored by it, as `train` requires of its config (the run's
+    recorded keys may name its other tasks). Task files name their tasks inside: not looked."""
+    from scalestudy.yamlio import apply_overrides
+
+    if not tasks or any(":" in t or t.endswith((".yaml", ".yml")) for t in tasks):
+        return
+    given = apply_overrides({}, overrides).get("eval", {})
+    for key in ("num_fewshot_per_task", "fewshot_files"):
+        named = given.get(key) if isinstance(given, dict) else None
+        unknown = [str(k) for k in named or {} if k not in tasks] if isinstance(named, dict) else []
+        if unknown:
+            raise ScalestudyError(
+                f"eval.{key} names {unknown[0]!r}, which is not a task scored here "
+                f"(--tasks {' '.join(tasks)}); accepted: one of those names"
+            )
 
 
 def cmd_harness(args: argparse.Namespace) -> int:

@@ -450,14 +450,22 @@ def test_a_missing_demonstrations_file_is_named(override, words, place, capsys):
 
 
 @pytest.mark.parametrize("key", ["bogus", "synthetic_probe", "copa_x"])
-def test_per_task_shots_naming_no_task_are_refused_by_eval_as_by_train(key):
+@pytest.mark.parametrize("setting", ["num_fewshot_per_task", "fewshot_files"])
+def test_per_task_keys_naming_no_task_are_refused_by_eval_as_by_train(key, setting, place, capsys):
     from scalestudy.eval_config import EvalConfig
     from scalestudy.evaluate.tasks import load_tasks
 
-    cfg = EvalConfig(tasks=("synthetic_probes",), num_fewshot_per_task={key: [1]})
-    for names in (None, ["synthetic_probes"]):  # train's tasks, and `eval --tasks`
+    value = "[1]" if setting == "num_fewshot_per_task" else "a_file"
+    if setting == "num_fewshot_per_task":  # train's tasks: refused when they load
+        cfg = EvalConfig(tasks=("synthetic_probes",), num_fewshot_per_task={key: [1]})
         with pytest.raises(ConfigError, match=f"names '{key}', which is not a task scored"):
-            load_tasks(cfg, names=names)
+            load_tasks(cfg)
+    run = place / "run"
+    run.mkdir()
+    argv = ["eval", "--workdir", "run", "--tasks", "synthetic_probes"]
+    line = refused([*argv, f"eval.{setting}={{{key}: {value}}}"], capsys)
+    assert f"eval.{setting} names '{key}', which is not a task scored here" in line
+    assert list(run.iterdir()) == []
 
 
 def test_a_resume_refused_for_its_config_leaves_the_runs_log_as_it_was(tmp_path, capsys):

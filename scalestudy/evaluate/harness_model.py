@@ -344,8 +344,7 @@ def _cut_at_stop(text: str, until: Sequence[str]) -> str:
     return text[: min(ends)] if ends else text
 
 
-# lm-eval's refusals of its own command line (an unknown task, an include path that is not
-# there), raised before it builds the model: each becomes one `error:` line.
+# lm-eval's refusals of its command line (an unknown task, a missing include path): one line.
 _REFUSALS = (ValueError, FileNotFoundError, NotADirectoryError, KeyError)
 _log_held: list[logging.handlers.MemoryHandler] = []  # lm-eval's log until the model starts
 
@@ -384,9 +383,7 @@ def check_shots(argv: Sequence[str]) -> None:
             continue
         value = value if sep else (argv[i + 1] if i + 1 < len(argv) else "")
         if value.lstrip("-").isdecimal() and int(value) < 0:
-            raise ScalestudyError(
-                f"--num_fewshot {value}: a number of demonstrations >= 0 is accepted"
-            )
+            raise ScalestudyError(f"--num_fewshot {value}: a number of demonstrations >= 0")
 
 
 def _hold_logs() -> None:
@@ -397,7 +394,6 @@ def _hold_logs() -> None:
     logger = logging.getLogger("lm_eval")
     targets = list(logger.handlers)
     held = logging.handlers.MemoryHandler(1 << 30, flushLevel=logging.CRITICAL + 1)
-    held.setTarget(_Fanout(targets))
     for handler in targets:
         logger.removeHandler(handler)
     logger.addHandler(held)
@@ -407,9 +403,10 @@ def _hold_logs() -> None:
         logger.removeHandler(held)
         for handler in targets:
             logger.addHandler(handler)
-        if not flush:
-            held.buffer.clear()
-        held.flush()
+        for record in held.buffer if flush else ():
+            for handler in (h for h in targets if record.levelno >= h.level):
+                handler.handle(record)
+        held.buffer.clear()
         held.close()
 
     held.give_out = give_out  # type: ignore[attr-defined]
@@ -419,16 +416,3 @@ def _release_logs() -> None:
     """lm-eval accepted the command (it starts the model): its held log goes out now."""
     while _log_held:
         _log_held.pop().give_out()  # type: ignore[attr-defined]
-
-
-class _Fanout(logging.Handler):
-    """Hands each record to the handlers lm-eval set up."""
-
-    def __init__(self, handlers: list[logging.Handler]):
-        super().__init__()
-        self.handlers = handlers
-
-    def emit(self, record: logging.LogRecord) -> None:
-        for handler in self.handlers:
-            if record.levelno >= handler.level:
-                handler.handle(record)

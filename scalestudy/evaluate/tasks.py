@@ -400,9 +400,8 @@ def load_tasks(
     dupes = sorted({n for n in seen if seen.count(n) > 1})
     if dupes:
         raise ConfigError(f"duplicate task names {dupes}; give each task a distinct name")
-    # With names given (`eval --tasks`), a per-task key may name a task of the run that is
-    # not scored this time, never a task that does not exist.
-    check_fewshot_files(eval_cfg, tasks, also=() if names is None else REGISTRY)
+    if names is None:
+        check_fewshot_files(eval_cfg, tasks)
     return [_with_demos(t, eval_cfg, data_dir) for t in tasks]
 
 
@@ -415,24 +414,21 @@ def _with_demos(task: Task, eval_cfg: EvalConfig, data_dir) -> Task:
     return dataclasses.replace(task, demos=demos.examples, demos_source=demos.source)
 
 
-def check_fewshot_files(
-    eval_cfg: EvalConfig, tasks: list[Task], also: Sequence[str] = ()
-) -> None:
+def check_fewshot_files(eval_cfg: EvalConfig, tasks: list[Task]) -> None:
     """Refuse eval.fewshot_files and eval.num_fewshot_per_task entries that name no task being
-    evaluated (nor one of `also`)."""
-    scored = {t.name for t in tasks}
-    names = scored | set(also)
+    evaluated."""
+    names = {t.name for t in tasks}
     bad = [n for n in eval_cfg.fewshot_files if n not in REGISTRY or n not in names]
     if bad:
         raise ConfigError(
             f"eval.fewshot_files names {bad}: each key is a registered task being evaluated "
-            f"({', '.join(sorted(scored & set(REGISTRY))) or 'none here'}); a task YAML gives "
+            f"({', '.join(sorted(names & set(REGISTRY))) or 'none here'}); a task YAML gives "
             "its demonstrations as fewshot_path"
         )
     unknown = sorted(set(eval_cfg.num_fewshot_per_task) - names)
     if unknown:
         raise ConfigError(
             f"eval.num_fewshot_per_task names {unknown[0]!r}, which is not a task scored here "
-            f"({', '.join(sorted(scored)) or 'none'}); accepted: a task's name as it is scored "
+            f"({', '.join(sorted(names)) or 'none'}); accepted: a task's name as it is scored "
             "(a registered name, or the `name` in a task YAML)"
         )
