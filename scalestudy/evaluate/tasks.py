@@ -11,6 +11,9 @@ A task name resolves, in order, to:
   `NAME`                       a registered task read from its release file under `data_dir`
 
 `data_dir` has the layout of ../shared/data/eval (see `DEFAULT_FILES`).
+
+Kept whole: one name, one resolution order; splitting the resolvers from the order they are
+tried in would leave a reader two files to learn which source a name means.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 `study/sweep.py` expands a spec in code into ExperimentConfigs, one per (cell, size, budget
 point, seed).
+
+Kept whole: the spec's schema, one model per section, and the checks of each section against
+the others that pydantic runs as the spec is read (the cross-file checks are spec_checks.py).
 """
 
 from __future__ import annotations
