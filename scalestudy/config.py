@@ -338,7 +338,7 @@ def load_config(
 ) -> ExperimentConfig:
     """Load an ExperimentConfig from YAML (or defaults when `path` is None) plus overrides."""
     data = read_yaml(path) if path is not None else {}
-    data = apply_overrides(data, overrides)
+    data = apply_overrides(data, overrides, ExperimentConfig)
     return validate(ExperimentConfig, data, str(path or "defaults"))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 import reprlib
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -219,8 +220,12 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
 _NULLS = ("~", "null", "Null", "NULL")
 
 
-def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
-    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict."""
+def apply_overrides(
+    data: dict, overrides: list[str] | tuple[str, ...], model: type[BaseModel] | None = None
+) -> dict:
+    """Apply `a.b.c=value` overrides (value parsed as YAML) to a nested dict. Given the
+    `model` the dict validates as, a key whose type is a list also takes `a,b,c` and a lone
+    `a` (as `--members seed=0,1,2` does), besides YAML's `[a, b, c]`."""
     out = dict(data)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -236,12 +241,69 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
             value = text
         if value is None and text.strip() not in _NULLS:  # `---`, `#x`: YAML syntax, not null
             value = text
+        if model is not None and _is_list(_annotation_at(model, key)):
+            value = _as_list(key, text, value)
         *parents, leaf = key.split(".")
         node: dict[str, Any] = {leaf: value}
         for parent in reversed(parents):
             node = {parent: node}
         out = deep_merge(out, node)
     return out
+
+
+def _as_list(key: str, text: str, value: Any) -> Any:
+    """An override's value for a list-typed key: `a,b` split at its commas (each part read as
+    YAML), a lone scalar as a list of one; a YAML list, a mapping or null as given."""
+    if isinstance(value, list | dict) or value is None or not text.strip():
+        return value
+    if not isinstance(value, str) or "," not in text or text.lstrip()[:1] in ("'", '"'):
+        return [value]  # a quoted 'a,b' stays one item
+    parts = [part.strip() for part in text.split(",")]
+    if "" in parts:
+        raise ConfigError(
+            f"override {key}={text}: an empty item between commas; give values as "
+            f"{key}=a,b,c or {key}=[a, b, c]"
+        )
+    return [_scalar(part) for part in parts]
+
+
+def _scalar(text: str) -> Any:
+    """One item of a comma list, read as YAML (`1e-3` a float, `0` an int), else the text."""
+    try:
+        value = parse_yaml(text)
+    except yaml.YAMLError:
+        return text
+    return text if value is None and text not in _NULLS else value
+
+
+def _annotation_at(model: type[BaseModel], key: str) -> Any:
+    """The type annotation of dotted `key` in `model` (mappings' values included), or None."""
+    annotation: Any = model
+    for part in key.split("."):
+        cls = _model_of(annotation)
+        if cls is not None and part in cls.model_fields:
+            annotation = cls.model_fields[part].annotation
+            continue
+        values = [a for a in _members(annotation) if typing.get_origin(a) is dict]
+        if not values:
+            return None
+        annotation = typing.get_args(values[0])[1]
+    return annotation
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation allows: `Annotated[X, ...]` -> X, `X | None` -> X, ..."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _is_list(annotation: Any) -> bool:
+    """Whether a key of this type takes a list (and never text, where a comma is text)."""
+    kinds = [typing.get_origin(a) or a for a in _members(annotation) if a is not type(None)]
+    return bool(kinds) and any(k in (tuple, list) for k in kinds) and str not in kinds
 
 
 def _accepted_keys(model: type[BaseModel], loc: tuple) -> list[str]:

@@ -72,6 +72,27 @@ def test_overrides_parse_yaml_scalars_and_lists():
     assert apply_overrides({}, ["a=#x", "b=null", "c=~"]) == {"a": "#x", "b": None, "c": None}
 
 
+def test_a_list_key_takes_a_comma_list_as_members_do_and_a_scalar_key_keeps_its_comma():
+    # `--members seed=0,1,2` writes a list with commas; an override of a list-typed key does too.
+    flow = load_config(None, ["eval.num_fewshot=[0, 2]", "eval.tasks=[copa, piqa]"])
+    commas = load_config(None, ["eval.num_fewshot=0,2", "eval.tasks=copa, piqa"])
+    assert commas.eval.num_fewshot == flow.eval.num_fewshot == (0, 2)
+    assert commas.eval.tasks == flow.eval.tasks == ("copa", "piqa")
+    # A mapping's list values, and a lone value of a list key (a list of one).
+    cfg = load_config(None, ["eval.num_fewshot_per_task.copa=1,4", "eval.tasks=copa"])
+    assert cfg.eval.num_fewshot_per_task == {"copa": (1, 4)} and cfg.eval.tasks == ("copa",)
+    # Each item is read as YAML: numbers stay numbers.
+    assert apply_overrides({}, ["eval.num_fewshot=0,1"], ExperimentConfig) == {
+        "eval": {"num_fewshot": [0, 1]}
+    }
+    # A text key keeps its comma; a quoted comma list stays one item.
+    assert load_config(None, ["data.delimiter=a,b"]).data.delimiter == "a,b"
+    quoted = apply_overrides({}, ["eval.tasks='a,b'"], ExperimentConfig)
+    assert quoted == {"eval": {"tasks": ["a,b"]}}
+    with pytest.raises(ConfigError, match=r"eval.num_fewshot=0,,1: an empty item"):
+        load_config(None, ["eval.num_fewshot=0,,1"])
+
+
 def test_includes_merge_then_file_then_overrides(tmp_path: Path):
     (tmp_path / "base.yaml").write_text("model: {d_model: 96, n_heads: 4}\ntrain: {steps: 7}\n")
     (tmp_path / "exp.yaml").write_text("include: [base.yaml]\nmodel: {n_layers: 3}\n")

@@ -121,7 +121,7 @@ class PromptedMixture(Frozen):
 
 def load_mixture(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PromptedMixture:
     """Read a mixture YAML file (relative paths in it resolve against its folder)."""
-    data = apply_overrides(read_yaml(path), overrides)
+    data = apply_overrides(read_yaml(path), overrides, PromptedMixture)
     data["base_dir"] = str(Path(path).resolve().parent)
     return validate(PromptedMixture, data, str(path))
 

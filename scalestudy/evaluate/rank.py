@@ -274,7 +274,7 @@ def eval_overrides(cfg: ExperimentConfig, overrides: Sequence[str]) -> Experimen
             "(e.g. eval.inputs_length=512, eval.context_rule=wang2022); its model, data and "
             "objective are those it was trained with"
         )
-    data = apply_overrides(cfg.model_dump(mode="json"), list(overrides))
+    data = apply_overrides(cfg.model_dump(mode="json"), list(overrides), ExperimentConfig)
     return validate(ExperimentConfig, data, "eval overrides")
 
 

@@ -157,7 +157,9 @@ def split_overrides(overrides: list[str] | tuple[str, ...], stage_keys: set[str]
 
 def _apply(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
     return validate(
-        ExperimentConfig, apply_overrides(cfg.model_dump(mode="json"), overrides), "overrides"
+        ExperimentConfig,
+        apply_overrides(cfg.model_dump(mode="json"), overrides, ExperimentConfig),
+        "overrides",
     )
 
 
@@ -226,7 +228,9 @@ def prepare_finetune(
 
     stage_over, run_over = split_overrides(overrides, set(FinetuneConfig.model_fields))
     base = settings.model_dump(mode="json") if settings is not None else {}
-    ft = validate(FinetuneConfig, apply_overrides(base, stage_over), "finetune overrides")
+    ft = validate(
+        FinetuneConfig, apply_overrides(base, stage_over, FinetuneConfig), "finetune overrides"
+    )
     if ft.mixture is None:
         raise ConfigError(
             "finetune: no mixture given; set mixture=PATH to a prompted mixture YAML "
@@ -340,7 +344,7 @@ def prepare_adapt(
     base = (
         settings.model_dump(mode="json", include=set(AdaptConfig.model_fields)) if settings else {}
     )
-    ad = validate(AdaptConfig, apply_overrides(base, stage_over), "adapt overrides")
+    ad = validate(AdaptConfig, apply_overrides(base, stage_over, AdaptConfig), "adapt overrides")
     parent, out = Path(parent), Path(out)
     _check_out(out, parent)
     parent_cfg, step = finished_parent(parent, ad.expect_arch)

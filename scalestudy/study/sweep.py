@@ -106,7 +106,7 @@ def load_study(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     rather than a finished study's report.
     """
     path = Path(path)
-    data = apply_overrides(read_yaml(path), overrides)
+    data = apply_overrides(read_yaml(path), overrides, StudySpec)
     study = validate(StudySpec, data, str(path))
     base = base_config(study, path.parent)
     steps = base.get("train", {}).get("steps") if isinstance(base.get("train"), dict) else None

@@ -18,6 +18,14 @@ def _expand(path, overrides=()):
     return sweep.expand(sweep.load_study(path, overrides), Path(path).parent)
 
 
+def test_a_spec_override_writes_seeds_with_commas_as_members_do():
+    spec = REPO / "configs" / "studies" / "smoke.yaml"
+    commas = sweep.load_study(spec, ["seeds=0,1", "lr_search.rates=1e-3,3e-3"])
+    flow = sweep.load_study(spec, ["seeds=[0, 1]", "lr_search.rates=[1e-3, 3e-3]"])
+    assert commas.seeds == flow.seeds == (0, 1)
+    assert commas.lr_search.rates == flow.lr_search.rates == (1e-3, 3e-3)
+
+
 def test_smoke_spec_has_every_cell_with_seeds_and_one_shape_of_rows():
     runs = _expand(REPO / "configs" / "studies" / "smoke.yaml")
     cells = {(r.arch, r.objective) for r in runs}
