@@ -275,6 +275,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             return 128 + e.signum
         _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, False)
         return 0
+    from scalestudy.study.progress import phase
     from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
 
@@ -290,7 +291,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         if not args.dry_run and study.experiments is not None:  # the decoder-only experiments
             from scalestudy.decoder_only import run as decoder_only
 
-            decoder_only.run(study, runs, Path(args.out))
+            with phase("experiments"):
+                decoder_only.run(study, runs, Path(args.out))
         if study.stages is not None and args.collect:  # records stage runs; never trains
             from scalestudy.study import executors, pipeline
 
@@ -302,7 +304,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         elif study.stages is not None:  # adaptation and finetuning after pretraining
             from scalestudy.study import pipeline
 
-            pipeline.run(study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run)
+            with phase("stages", plain=False if args.dry_run else None):  # a plan: no phase
+                pipeline.run(
+                    study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run
+                )
     except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum

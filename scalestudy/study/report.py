@@ -23,6 +23,7 @@ from scalestudy.study import loss_tokens as loss_token_report
 from scalestudy.study.fits import fit_study, fits_lines
 from scalestudy.study.fits import fmt as _fmt
 from scalestudy.study.host import host_line
+from scalestudy.study.progress import phase
 from scalestudy.study.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.spec import StudySpec
 
@@ -334,7 +335,8 @@ def finalize(study: StudySpec, out: Path) -> Path:
     if done:
         try:
             curves = [c for c in load_curves(out / "registry.sqlite") if c["run_id"] in planned]
-            fits, paths = fit_study(study, out, done, curves)
+            with phase("fits"):
+                fits, paths = fit_study(study, out, done, curves)
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
         except ScalestudyError as e:  # too few runs to fit is a finding, not a crash
             notes.append(f"Scaling fits were not possible: {e}")

@@ -11,6 +11,7 @@ writes the report.
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from scalestudy.models import counting
 from scalestudy.study import executors, groups, ladder, lr_search, report, spec_checks
 from scalestudy.study import matching as matched
 from scalestudy.study.lock import study_lock
+from scalestudy.study.progress import phase
 from scalestudy.study.registry import Registry
 from scalestudy.study.spec import BudgetConfig, StudySpec
 from scalestudy.yamlio import apply_overrides, deep_merge, read_yaml, validate
@@ -371,10 +373,21 @@ def run_study(
         executors.check_collect(out, len(runs))
     with study_lock(out):  # one process per study directory
         (out / "spec.yaml").write_text(to_yaml(study))
-        runs = lr_search.resolve(
-            study, spec.parent, out, runs, expand, train_fn=train_fn, workers=workers, members=cap
-        )
-        with Registry(out / REGISTRY_NAME) as reg:
+        with phase("learning-rate search") if study.lr_search else nullcontext():
+            runs = lr_search.resolve(
+                study,
+                spec.parent,
+                out,
+                runs,
+                expand,
+                train_fn=train_fn,
+                workers=workers,
+                members=cap,
+            )
+        with (
+            Registry(out / REGISTRY_NAME) as reg,
+            phase("collecting runs" if collect else "pretraining"),
+        ):
             reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
             reg.set_plan(r.run_id for r in runs)
             if collect:
@@ -388,7 +401,8 @@ def run_study(
                     members=cap,
                 )
                 failed = executor.run(runs)
-        report.finalize(study, out)  # the runs `set_plan` marked above
+        with phase("report"):
+            report.finalize(study, out)  # the runs `set_plan` marked above
     if collect and missing:
         raise executors.StudyRunError(
             f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "

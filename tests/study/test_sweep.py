@@ -1,5 +1,7 @@
 """Spec expansion: run counts, stable ids, matching modes, spec files, cluster rendering."""
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,7 @@ import pytest
 from scalestudy.config import load_config
 from scalestudy.errors import ConfigError
 from scalestudy.study import pipeline, sweep
+from scalestudy.study.progress import phase
 
 counting = pytest.importorskip("scalestudy.models.counting")
 
@@ -208,3 +211,39 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     assert "gcloud compute tpus queued-resources create" in tpu
     assert tpu.count("train --eval --config") == 4 and tpu.count(" all 'cd ") == 5
     assert "launch --spec" in tpu  # workers write the run configs themselves
+
+
+def _fake_train(cfg, workdir):
+    summary = {"steps": cfg.train.steps, "tokens": 1.0, "flops": 1.0, "final_val_loss": 1.0}
+    (workdir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def test_a_study_off_a_terminal_prints_a_line_as_each_phase_starts_and_ends(
+    tmp_path, tiny_spec, capsys
+):
+    sweep.run_study(tiny_spec, tmp_path / "out", train_fn=_fake_train)
+    out = capsys.readouterr()  # pytest's captured stderr is not a terminal
+    assert "\r" not in out.out + out.err
+    phases = [ln for ln in out.out.splitlines() if ln.startswith("study: ")]
+    said = [re.sub(r" \(\d+\.\d+s\)$", "", ln) for ln in phases]
+    # No learning-rate search in this spec: no line for it. Fits run inside the report.
+    assert said == [
+        "study: pretraining started",
+        "study: pretraining finished",
+        "study: report started",
+        "study: fits started",
+        "study: fits finished",
+        "study: report finished",
+    ]
+
+
+def test_a_phase_that_raises_says_it_did_not_finish_and_a_terminal_gets_no_line(capsys):
+    with pytest.raises(KeyError), phase("stages", plain=True):
+        raise KeyError("x")
+    with phase("fits", plain=False):
+        pass
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "study: stages started"
+    assert re.fullmatch(r"study: stages did not finish \(\d+\.\d+s\)", lines[1])
+    assert len(lines) == 2
