@@ -101,7 +101,7 @@ def _finish(p: _Prepared, scores, vocab, cfg: ExperimentConfig, records: list | 
         n_bytes = [len(vocab.decode(t).encode("utf-8")) for t in p.targets]
         out = text_metrics(scored, sum(n_bytes), prefix)
         if records is not None:
-            records += window_records(scored, p.fitted, n_bytes)
+            records += _mark_beyond(cfg, p, window_records(scored, p.fitted, n_bytes))
     else:
         if task.kind == "last_word":
             out = last_word_metrics(scored, prefix)
@@ -114,7 +114,7 @@ def _finish(p: _Prepared, scores, vocab, cfg: ExperimentConfig, records: list | 
             kept = example_records(task, p.examples, scored, p.fitted)
             for record, shown in zip(kept, fewshot.shot_records(task, p.shots or []), strict=False):
                 record |= shown  # how many demonstrations it really got, and which
-            records += kept
+            records += _mark_beyond(cfg, p, kept)
     out[f"{prefix}/truncated"] = truncated
     out |= beyond_training(cfg, task.name, p.fitted, p.owner)
     if task.kind == "choice":
@@ -200,28 +200,48 @@ def training_room(cfg: ExperimentConfig, targets: list[list[int]]) -> np.ndarray
     return np.maximum(room - suffix, 0)
 
 
+# (task, row kind, training's length) already warned about in this process: evaluating a run
+# at each checkpoint, or K-shot prompts the user asked to run long, would repeat it per call.
+BEYOND_TRAINING_SAID: set[tuple[str, str, int]] = set()
+
+
+def _rows(cfg: ExperimentConfig, fitted) -> tuple[np.ndarray, int, str]:
+    """Each pair's row in the stack whose length training fixed, that length, and the stack."""
+    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    if encoder:
+        return np.array([len(x) for x in fitted.inputs]), encoder, "encoder"
+    rows = np.array([len(x) + len(y) for x, y in zip(fitted.inputs, fitted.targets)])
+    return rows, decoder, "decoder"
+
+
 def beyond_training(cfg: ExperimentConfig, task: str, fitted, owner: np.ndarray) -> dict:
     """`<task>/longer_than_training`: examples scored in rows longer than the training rows
     (the encoder's for the encoder-decoder, context + continuation for a decoder), and
-    `<task>/longest`, the longest such row in tokens; a warning, once per task and length,
+    `<task>/longest`, the longest such row in tokens; a warning, once per task and process,
     when any is (positions the model never trained on are scored without a word otherwise)."""
-    encoder, decoder = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
-    if encoder:
-        rows = np.array([len(x) for x in fitted.inputs])
-        trained, where = encoder, "encoder"
-    else:
-        rows = np.array([len(x) + len(y) for x, y in zip(fitted.inputs, fitted.targets)])
-        trained, where = decoder, "decoder"
+    rows, trained, where = _rows(cfg, fitted)
     longer = len(set(owner[rows > trained].tolist())) if rows.size else 0
     longest = int(rows.max()) if rows.size else 0
-    if longer:
+    if longer and (task, where, trained) not in BEYOND_TRAINING_SAID:
+        BEYOND_TRAINING_SAID.add((task, where, trained))
         warnings.warn(
             f"{task}: {longer} of {len(set(owner.tolist()))} examples are scored in "
             f"{where} rows longer than training's {trained} tokens (longest {longest}); "
-            "their positions were never trained on",
+            "their positions were never trained on (each example's `longer_than_training` "
+            "in its per-example record)",
             stacklevel=2,
         )
     return {f"{task}/longer_than_training": longer, f"{task}/longest": longest}
+
+
+def _mark_beyond(cfg: ExperimentConfig, p: _Prepared, kept: list[dict]) -> list[dict]:
+    """Each record (an example, or a text window: both index `owner`) marked with whether any
+    of its rows is longer than training's."""
+    rows, trained, _ = _rows(cfg, p.fitted)
+    beyond = set(p.owner[rows > trained].tolist()) if rows.size else set()
+    for i, record in enumerate(kept):
+        record["longer_than_training"] = i in beyond
+    return kept
 
 
 def evaluate_params(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import jax
@@ -230,15 +231,19 @@ def test_evaluate_params_end_to_end(built, shared_data: Path, tmp_path: Path) ->
 
 def test_rows_longer_than_training_are_counted_and_said_once(built, shared_data: Path):
     """COPA's contexts and choices at the default scoring lengths exceed these models' 24 + 8
-    training rows: counted per task with the longest row, and one warning per task."""
+    training rows: counted per task with the longest row, one warning per task and process
+    (not per call), and each example's record says whether it was one of them."""
     cfg, model, params, scorer = built
     enc, dec = feature_lengths(cfg.objective, cfg.model.is_encoder_decoder)
+    rank.BEYOND_TRAINING_SAID.clear()  # another test's evaluation of copa may have said it
     records: dict[str, list[dict]] = {}
+    kwargs = dict(tasks=["copa"], data_dir=str(shared_data / "eval"), max_examples=16)
     with pytest.warns(UserWarning, match=r"copa: \d+ of 16 examples .* longer than training"):
-        out = rank.evaluate_params(
-            cfg, model, params, tasks=["copa"], data_dir=str(shared_data / "eval"),
-            max_examples=16, scorer=scorer, records=records,
-        )  # fmt: skip
+        out = rank.evaluate_params(cfg, model, params, scorer=scorer, records=records, **kwargs)
+    with warnings.catch_warnings():  # resets Python's own once-registry; still not said again
+        warnings.simplefilter("error")
+        again = rank.evaluate_params(cfg, model, params, scorer=scorer, **kwargs)
+    assert again["copa/longer_than_training"] == out["copa/longer_than_training"]
     rows = records["copa"]
     if enc:  # the encoder reads the context (and the input form's EOS, if any)
         suffix = out["copa/longest"] - max(max(r["context_kept"]) for r in rows)
@@ -252,6 +257,7 @@ def test_rows_longer_than_training_are_counted_and_said_once(built, shared_data:
         trained = dec
     assert out["copa/longest"] == max(lengths) > trained
     assert out["copa/longer_than_training"] == sum(n > trained for n in lengths) > 0
+    assert [r["longer_than_training"] for r in rows] == [n > trained for n in lengths]
 
 
 def test_eval_fn_scores_the_params_it_is_given() -> None:
