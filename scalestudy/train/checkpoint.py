@@ -335,14 +335,23 @@ class Checkpointer:
             checkpoint_writers.settle_failed_save(self.directory, save_dir, step)
             try:
                 self._manager.reload()
-                kept = self.all_steps()
+                steps = self.all_steps()
             except Exception:
-                kept = []
+                steps = []
+            # orbax may have finished the step before what failed (its checksums): on disk,
+            # it is listed, but it is the failed save, not an intact one.
+            kept = [s for s in steps if s != step]
+            unverified = (
+                f"; step {step}'s files were written without their checksums, so a resume "
+                "from it is not verified"
+                if step in steps
+                else ""
+            )
             raise CheckpointWriteError(
                 f"cannot write the checkpoint of step {step} to {self.directory}: "
                 f"{describe(e)}. Earlier checkpoints are intact "
-                f"(steps {kept or 'none'}); free space or fix permissions, then run the same "
-                "command again to resume"
+                f"(steps {kept or 'none'}){unverified}; free space or fix permissions, then run "
+                "the same command again to resume"
             ) from None
 
     def reload(self) -> None:

@@ -236,6 +236,27 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
     assert max(r["step"] for r in rundir.read_metrics(tmp_path)) <= 8
 
 
+def test_a_save_whose_checksums_cannot_be_written_is_not_called_intact(
+    tiny_cfg, tmp_path, monkeypatch
+):
+    """The disk fills after orbax has finished step 8 but before its checksums are written:
+    the error names step 8 as the failed save and lists only the earlier steps as intact."""
+    real = checkpoint.write_checksums
+
+    def full_at_8(step_dir):
+        if Path(step_dir).name == "8":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(step_dir)
+
+    monkeypatch.setattr(checkpoint, "write_checksums", full_at_8)
+    with pytest.raises(checkpoint.CheckpointWriteError) as error:
+        loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
+    message = str(error.value)
+    assert message.startswith("cannot write the checkpoint of step 8 to ")
+    assert "Earlier checkpoints are intact (steps [4])" in message, message
+    assert "step 8's files were written without their checksums" in message
+
+
 def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
     tiny_cfg, tmp_path, monkeypatch
 ):
