@@ -181,11 +181,16 @@ def _fewshot(task: Task, examples, k: int, vocab, cfg: ExperimentConfig):
 
 
 def shot_counts(cfg: ExperimentConfig, task: Task) -> tuple[int, ...]:
-    """The numbers of demonstrations `task` is scored with (held-out text: zero only)."""
+    """The numbers of demonstrations `task` is scored with (held-out text: zero only, and
+    refused when its numbers leave out 0: it would be scored at none of them)."""
     shots = cfg.eval.shots(task.name)
-    if task.kind == "text":
-        return (0,) if 0 in shots else ()
-    return shots
+    if task.kind == "text" and 0 not in shots:
+        raise ConfigError(
+            f"task {task.name!r} is held-out text, scored without demonstrations only, but "
+            f"its numbers of demonstrations are {list(shots)}: it would score nothing; give "
+            "0 among them (e.g. --num-fewshot 0,2 or eval.num_fewshot=0,2), or score it apart"
+        )
+    return (0,) if task.kind == "text" else shots
 
 
 def training_room(cfg: ExperimentConfig, targets: list[list[int]]) -> np.ndarray:
@@ -368,6 +373,7 @@ def check_tasks(cfg: ExperimentConfig, tasks: Sequence[Task]) -> None:
     scoring = scoring_config(cfg)
     for task in tasks:
         if task.kind == "text":
+            shot_counts(cfg, task)  # scored at zero shots, or refused
             continue  # windows are cut to the eval lengths by construction
         examples = limit_examples(task, cfg.eval.max_examples)
         for k in shot_counts(cfg, task):

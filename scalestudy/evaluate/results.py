@@ -115,6 +115,6 @@ def write_examples(
         if key is not None:
             index[task] = {"key": key, "settings": settings}
         paths.append(path)
-    if key is not None:
+    if key is not None and paths:  # nothing scored: no folder, no index to update
         rundir.write_atomic(index_path, json.dumps(index, indent=1, sort_keys=True) + "\n")
     return paths

@@ -201,6 +201,13 @@ def test_bad_fewshot_settings_are_one_clear_error(tmp_path: Path) -> None:
     cfg = tiny("causal_decoder", "flm", num_fewshot=[0, 2])
     assert rank.shot_counts(cfg, load_task(f"text:{path}")) == (0,)
     assert rank.shot_counts(cfg, task) == (0, 2)
+    # ... and without 0 among the numbers it would score nothing: refused, naming it.
+    only_two = tiny("causal_decoder", "flm", num_fewshot=[2])
+    text = load_task(f"text:{path}")
+    with pytest.raises(ConfigError, match=rf"task '{text.name}' is held-out text.*\[2\]"):
+        rank.shot_counts(only_two, text)
+    with pytest.raises(ConfigError, match="would score nothing"):
+        rank.check_tasks(only_two, [task, text])  # before any training
 
 
 def test_per_task_shot_counts_replace_num_fewshot_for_the_tasks_they_name(tmp_path: Path) -> None:
@@ -230,9 +237,9 @@ def test_per_task_shot_counts_replace_num_fewshot_for_the_tasks_they_name(tmp_pa
     ]
 
 
-def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path) -> None:
+def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path, capsys) -> None:
     from scalestudy.cli import main
-    from scalestudy.evaluate.results import examples_path
+    from scalestudy.evaluate.results import examples_path, write_examples
     from scalestudy.train.checkpoint import Checkpointer
 
     cfg = tiny("causal_decoder", "flm", tasks=[str(_write_task(tmp_path))], max_examples=3)
@@ -248,6 +255,18 @@ def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exit_:  # argparse's one line, exit 2
         main(["eval", "--workdir", str(run), "--num-fewshot", "-1"])
     assert exit_.value.code == 2
+    # Held-out text has no few-shot form: at K=2 only, one error naming it (it said "could
+    # not update the run directory" once nothing had been scored).
+    (tmp_path / "notes.txt").write_text("Some held-out text to score. " * 20)
+    capsys.readouterr()
+    text = ["--tasks", f"text:{tmp_path / 'notes.txt'}", "--num-fewshot", "2"]
+    assert main(["eval", "--workdir", str(run), *text]) == 2
+    err = capsys.readouterr().err
+    assert "is held-out text" in err and "would score nothing" in err
+    assert "could not update" not in err
+    # Nothing scored writes nothing (no settings index into a folder never made).
+    assert write_examples(tmp_path / "empty", 5, {}, {"num_fewshot": [2]}) == []
+    assert not (tmp_path / "empty").exists()
     after = sorted(p.name for p in run.rglob("*") if p.name != "train.log")  # the run's log
     assert after == before  # no results written
     assert main(["eval", "--workdir", str(run), "--num-fewshot", "0,2"]) == 0
