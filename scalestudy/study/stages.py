@@ -156,11 +156,8 @@ def split_overrides(overrides: list[str] | tuple[str, ...], stage_keys: set[str]
 
 
 def _apply(cfg: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
-    return validate(
-        ExperimentConfig,
-        apply_overrides(cfg.model_dump(mode="json"), overrides, ExperimentConfig),
-        "overrides",
-    )
+    data = apply_overrides(cfg.model_dump(mode="json"), overrides, ExperimentConfig)
+    return validate(ExperimentConfig, data, "overrides")
 
 
 # ----------------------------------------------------------------------------- finetune
@@ -228,9 +225,8 @@ def prepare_finetune(
 
     stage_over, run_over = split_overrides(overrides, set(FinetuneConfig.model_fields))
     base = settings.model_dump(mode="json") if settings is not None else {}
-    ft = validate(
-        FinetuneConfig, apply_overrides(base, stage_over, FinetuneConfig), "finetune overrides"
-    )
+    given = apply_overrides(base, stage_over, FinetuneConfig)
+    ft = validate(FinetuneConfig, given, "finetune overrides")
     if ft.mixture is None:
         raise ConfigError(
             "finetune: no mixture given; set mixture=PATH to a prompted mixture YAML "
