@@ -2,8 +2,8 @@
 
 A file may start with `include: [other.yaml, ...]` (paths relative to the including file);
 included files are deep-merged first, then the file's own keys, then overrides of the form
-`model.d_model=512` (values parsed as YAML scalars). `validate` turns pydantic's errors into
-lines that name the key, the value and what would be accepted.
+`model.d_model=512` (values parsed as YAML; a list-typed key also takes `a,b,c`). `validate`
+turns pydantic's errors into lines that name the key, the value and what would be accepted.
 """
 
 from __future__ import annotations
