@@ -180,7 +180,11 @@ def answer_rows(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[
                 q = f"equal {held} ({got['at']:.3g} {x_what}{where})"
                 rows.append(_row(q, "probe accuracy", got, level))
             for obj, got in cmp.get(name + "_loss", {}).items():
-                q = f"equal {held} ({got['at']:.3g} {x_what}{where})"
+                # a loss row names the one-rung cells only where its objective has one
+                mine = (
+                    where if suffix or set(cmp.get("one_rung", ())) & set(got.get("of", ())) else ""
+                )
+                q = f"equal {held} ({got['at']:.3g} {x_what}{mine})"
                 rows.append(_row(q, f"val loss, {obj}", got, level))
         for task, by_question in cmp.get("incontext", {}).items():
             if got := by_question.get(key):

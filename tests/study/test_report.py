@@ -449,6 +449,22 @@ def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
     assert "Left out (their runs are at one rung only): encoder_decoder/mlm." in md
 
 
+def test_a_loss_row_names_the_one_rung_cells_only_where_its_objective_has_one():
+    """The bottom-rung label ("every cell, at the rung of the one-rung ...") belongs to rows
+    the one-rung cells are in: a PLM loss row read at the top of the ladder does not carry it."""
+    from scalestudy.study import verdicts
+
+    runs = _ladder({"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.1})
+    runs += _ladder({"encoder_decoder/mlm": 0.2}, sizes=(1e5,))
+    cmp = answer.compare(runs)
+    plm = [r for r in verdicts.answer_rows(cmp, "total parameters") if r.metric == "val loss, plm"]
+    assert plm and not any("one-rung" in r.question for r in plm)
+    accuracy = [
+        r for r in verdicts.answer_rows(cmp, "total parameters") if r.metric == "probe accuracy"
+    ]
+    assert any("one-rung encoder_decoder/mlm" in r.question for r in accuracy)
+
+
 def test_each_answer_row_gives_the_designs_power():
     """Detectable: the smallest difference found with 80% power at the primary family's
     Bonferroni level from the measured spread of the per-seed differences; seeds to resolve:
