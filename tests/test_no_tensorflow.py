@@ -52,6 +52,8 @@ CHILD = textwrap.dedent(
     codes["seqio_source"] = main(["train", "--config", {config!r}, "--workdir",
                                   str(tmp / "seqio"), "data.source=seqio",
                                   "data.seqio_task=scalestudy.synthetic.flm", *small])
+    codes["eval_tfds"] = main(["eval", "--workdir", str(tmp / "causal_decoder"), "--tasks",
+                               "super_glue/copa"])
     loaded = [m for m in {blocked!r} if sys.modules.get(m) is not None]
     print("RESULT", json.dumps({{"codes": codes, "loaded": loaded}}))
     """
@@ -68,7 +70,13 @@ def test_training_evaluation_and_bench_need_no_tensorflow(tmp_path):
     result = json.loads(lines[-1][len("RESULT ") :])
     codes = result.pop("codes")
     assert codes.pop("seqio_source") == 2
+    assert codes.pop("eval_tfds") == 2
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    # a TFDS evaluation task names what is missing and the released file to score instead,
+    # not a training source
+    (tfds_error,) = [ln for ln in errors if "super_glue/copa" in ln]
+    assert "tensorflow" in tfds_error and "copa:PATH" in tfds_error, tfds_error
+    assert "train from" not in tfds_error
     assert codes == dict.fromkeys(codes, 0), (codes, errors)
     assert result["loaded"] == []
     assert "pip install 'scalestudy[seqio]'" in proc.stderr

@@ -16,14 +16,20 @@ class DataError(ScalestudyError):
     """Data cannot be read or prepared as configured; the message says what to do."""
 
 
-def require_seqio(what: str) -> None:
-    """Raise DataError naming `what` when seqio, TensorFlow or TFDS is not installed."""
+TRAIN_WITHOUT_SEQIO = (
+    "train from data.source 'synthetic', 'order', 'text' or 'grain' (byte or SentencePiece "
+    "vocabulary), which need none of them"
+)
+
+
+def require_seqio(what: str, instead: str = TRAIN_WITHOUT_SEQIO) -> None:
+    """Raise DataError naming `what` when seqio, TensorFlow or TFDS is not installed;
+    `instead`: what the user can do without them (training from other sources by default)."""
     missing = [m for m in SEQIO_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise DataError(
             f"{what} needs {', '.join(missing)}, which this environment does not have; "
-            f"install them with `{SEQIO_EXTRA}`, or train from data.source 'synthetic', "
-            "'order' or 'text' (byte or SentencePiece vocabulary), which need none of them"
+            f"install them with `{SEQIO_EXTRA}`, or {instead}"
         )
 
 

@@ -208,7 +208,11 @@ def _tfds(tfds_name: str, tfds_data_dir: str | None) -> Task:
         )
     name = TFDS_NAMES[base]
     split = REGISTRY[name].tfds[1]
-    require_seqio(f"the TFDS task {tfds_name!r}")
+    require_seqio(
+        f"the TFDS task {tfds_name!r}",
+        instead=f"score the task's released file instead (`{name}:PATH`, or `{name}` with "
+        "eval.data_dir), which needs none of them",
+    )
     import tensorflow_datasets as tfds
 
     try:  # try_gcs=False and no download: a missing dataset is an error, never a network wait
