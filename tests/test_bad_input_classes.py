@@ -346,11 +346,22 @@ def test_the_environment_is_refused_by_name_before_jax_starts(env, words, place)
         cli_args.check_environment(env)
 
 
-def test_a_distributed_job_without_a_cluster_is_one_config_error():
-    from scalestudy.train.sharding import MeshError, initialize_distributed
-
-    with pytest.raises(MeshError, match="SCALESTUDY_DISTRIBUTED=auto, and JAX finds no cluster"):
-        initialize_distributed({"SCALESTUDY_DISTRIBUTED": "auto"})
+def test_a_distributed_job_without_a_cluster_is_one_config_error(tmp_path):
+    """JAX joins a cluster only before its backend starts, once per process: a process of its
+    own, as a user's command is."""
+    env = {**os.environ, "SCALESTUDY_DISTRIBUTED": "auto"}
+    done = subprocess.run(
+        [sys.executable, "-m", "scalestudy.cli", "train", "--config", TINY, "--workdir", "w"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: SCALESTUDY_DISTRIBUTED=auto, and JAX finds no cluster"), line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_garbage_xla_flags_are_one_line_from_the_command(tmp_path):
