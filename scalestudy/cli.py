@@ -29,6 +29,7 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "scalestudy":
             signal.signal(_signum, _stopped_at_once)
 
 import argparse  # noqa: E402
+from typing import NoReturn  # noqa: E402
 
 from scalestudy import cli_args  # noqa: E402
 from scalestudy.errors import ScalestudyError  # noqa: E402
@@ -278,9 +279,18 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=commands.cmd_vocab)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the package's refusal: one `error:` line (what is wrong, where to read
+    what is accepted), exit 2, instead of a usage block before argparse's own error line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `scalestudy` argument parser, one subparser per command."""
-    parser = argparse.ArgumentParser(
+    """The `scalestudy` argument parser, one subparser per command (subparsers inherit
+    the parser's class, so every command refuses the same way)."""
+    parser = Parser(
         prog="scalestudy", description="Architecture x objective scaling studies in JAX/Flax."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

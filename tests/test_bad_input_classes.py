@@ -492,3 +492,26 @@ def test_a_resume_refused_for_its_config_leaves_the_runs_log_as_it_was(tmp_path,
     assert err.startswith("error: ") and "trained with a different config" in err
     assert "Traceback" not in err
     assert (run / "train.log").read_bytes() == log
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bogus"],  # an unknown command
+        ["train", "--config", TINY],  # a required argument left out
+        ["eval", "--workdir", "w", "--num-fewshot", "1,1"],  # a repeated value
+        ["fit", "--no-such-flag"],  # an unknown flag
+        ["train", "--config", TINY, "--workdir", "w", "--model.d_model", "64"],  # a habit
+    ],
+)
+def test_an_argument_refusal_is_one_error_line_without_a_usage_block(
+    argv, capsys, tmp_path, monkeypatch
+):
+    """argparse's refusals read as the package's: one `error:` line, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: scalestudy") and line.endswith("--help`)"), line
+    assert list(tmp_path.iterdir()) == []

@@ -16,9 +16,9 @@ def test_flag_style_overrides_name_the_override_form(habit, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.parse_args(argv)
     assert exit_.value.code == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("scalestudy: error: " + " ".join(habit) + ": ")
-    assert last.endswith("without dashes: model.d_model=64")
+    (line,) = capsys.readouterr().err.strip().splitlines()  # no usage block before it
+    assert line.startswith("error: scalestudy: " + " ".join(habit) + ": ")
+    assert line.endswith("without dashes: model.d_model=64 (see `scalestudy --help`)")
 
 
 def test_the_override_form_is_read(capsys):
@@ -29,4 +29,5 @@ def test_the_override_form_is_read(capsys):
 def test_other_unknown_flags_keep_argparses_message(capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(["describe", "--config", "configs/models/tiny.yaml", "--bogus"])
-    assert capsys.readouterr().err.strip().endswith("unrecognized arguments: --bogus")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: scalestudy: unrecognized arguments: --bogus")
