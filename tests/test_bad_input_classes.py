@@ -194,6 +194,37 @@ def test_the_harness_refuses_a_negative_number_of_shots(value, form):
     check_shots(["--num_fewshot", "2"])  # a count is fine
 
 
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda d: d / "missing", "not found"),
+        (lambda d: (d / "a.yaml").write_text("x: 1") and d / "a.yaml", "is a file"),
+        (lambda d: d / ("x" * 300), "has a name of 300 bytes"),
+    ],
+)
+def test_the_harness_refuses_an_include_path_that_is_not_a_directory(make, words, tmp_path):
+    """lm-eval skips such a path without a word and looks the tasks up elsewhere (on a hub)."""
+    from scalestudy.evaluate.harness_model import check_shots
+
+    path = make(tmp_path)
+    with pytest.raises(ScalestudyError, match=f"--include_path .*{words}"):
+        check_shots(["--tasks", "x", "--include_path", str(path)])
+    check_shots(["--tasks", "x", f"--include_path={tmp_path}"])  # a directory is fine
+
+
+def test_task_data_lm_eval_cannot_fetch_is_one_line(monkeypatch, capsys):
+    """A task whose data is on a hub this host cannot reach, after the model has started."""
+    from scalestudy.evaluate import harness_model
+
+    def fetch() -> None:
+        harness_model._release_logs()  # the model started
+        raise ConnectionError("Couldn't reach 'allenai/ai2_arc' on the Hub")
+
+    monkeypatch.setattr(harness_model, "cli_evaluate", fetch)
+    line = refused(["harness", "--model", "scalestudy", "--tasks", "arc_easy"], capsys)
+    assert line.startswith("error: lm-eval could not fetch a task's data") and "ai2_arc" in line
+
+
 # Config files that hold nothing, YAML syntax errors, and files past the size limit.
 FILES = {
     "zero_bytes.yaml": ("", ["holds no keys"]),

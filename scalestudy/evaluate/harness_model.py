@@ -22,6 +22,9 @@ through the package's own paths, for every architecture:
 lm-eval 0.4.x finds no models outside its own package (`lm_eval --model scalestudy` says "no
 model for this name found"): `scalestudy harness ARGS` imports this module (registering the
 model) and hands ARGS to lm-eval's own command line unchanged.
+
+Kept whole: the model lm-eval calls and the command that registers it and answers for its
+refusals are one interface to one outside program.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from scalestudy.config import ExperimentConfig
 from scalestudy.data.objectives import feature_lengths, scoring_inputs_suffix
 from scalestudy.data.pipeline import encode_scoring_pair
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ScalestudyError
+from scalestudy.errors import ScalestudyError, checked_path
 from scalestudy.evaluate import rank
 from scalestudy.evaluate.batching import bucket_length
 from scalestudy.evaluate.budget import fit_pairs
@@ -363,6 +366,12 @@ def run_cli(argv: list[str]) -> int:
         finished = True
     except SystemExit as e:  # its argument errors and --help
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except ConnectionError as e:  # a task's data on a hub this host cannot reach
+        text = " ".join(str(e).split()) or type(e).__name__
+        raise ScalestudyError(
+            f"lm-eval could not fetch a task's data ({text}); give a task whose data is on "
+            "this host (--include_path DIR with a local dataset_path) or prepare its cache"
+        ) from None
     except _REFUSALS as e:
         if not _log_held:  # raised after the model started: not a refusal of the command
             raise
@@ -376,13 +385,17 @@ def run_cli(argv: list[str]) -> int:
 
 
 def check_shots(argv: Sequence[str]) -> None:
-    """Refuse `--num_fewshot` below 0 (lm-eval would take it and score zero-shot)."""
+    """Refuse `--num_fewshot` below 0 (lm-eval would take it and score zero-shot) and an
+    `--include_path` that is not a directory (lm-eval would skip it without a word and look
+    its tasks up elsewhere)."""
     for i, item in enumerate(argv):
         flag, sep, value = item.partition("=")
-        if flag != "--num_fewshot":
+        if flag not in ("--num_fewshot", "--include_path"):
             continue
         value = value if sep else (argv[i + 1] if i + 1 < len(argv) else "")
-        if value.lstrip("-").isdecimal() and int(value) < 0:
+        if flag == "--include_path":
+            checked_path(value, flag, "a task YAML directory", must_exist=True)
+        elif value.lstrip("-").isdecimal() and int(value) < 0:
             raise ScalestudyError(f"--num_fewshot {value}: a number of demonstrations >= 0")
 
 
