@@ -6,6 +6,9 @@ A run's id is the hash of its resolved ExperimentConfig, so re-expanding the sam
 same ids and a changed config gives a new run. `run_study` records the plan in the registry,
 trains what is missing (resuming unfinished runs from their checkpoints), then fits, plots and
 writes the report.
+
+Kept whole: a run's id is made where the spec is expanded, and the main job reads the runs in
+the order expansion gives them; the two are one contract.
 """
 
 from __future__ import annotations
@@ -354,18 +357,7 @@ def run_study(
     if not collect:  # the runs are evaluated here
         spec_checks.check_task_paths(runs)
     if dry_run:
-        print(plan_table(runs))
-        if study.lr_search:
-            search = study.lr_search
-            print(
-                f"lr_search first: {len(lr_search.plan(study, spec.parent, expand))} runs (seed "
-                f"{search.seed}; up to {search.extensions} more per point past an end of the rates)"
-            )
-        jobs = groups.plan(runs, cap)
-        print(f"members: {groups.describe(jobs)}")
-        for job in (j for j in jobs if len(j) > 1):
-            names = ", ".join(r.cfg.name.split(".", 1)[-1] for r in job)
-            print(f"  one program: {names}")
+        _print_plan(study, spec.parent, runs, cap)
         return study, runs
     out = Path(out)
     if collect:  # refused before anything is written to OUT
@@ -403,17 +395,38 @@ def run_study(
                 failed = executor.run(runs)
         with phase("report"):
             report.finalize(study, out)  # the runs `set_plan` marked above
-    if collect and missing:
+    _refuse_unfinished(out, len(runs), missing if collect else [], [] if collect else failed)
+    return study, runs
+
+
+def _print_plan(study: StudySpec, spec_dir: Path, runs: list, cap: int) -> None:
+    """A dry run's answer: the plan's table, the search before it and the programs of members."""
+    print(plan_table(runs))
+    if study.lr_search:
+        search = study.lr_search
+        print(
+            f"lr_search first: {len(lr_search.plan(study, spec_dir, expand))} runs (seed "
+            f"{search.seed}; up to {search.extensions} more per point past an end of the rates)"
+        )
+    jobs = groups.plan(runs, cap)
+    print(f"members: {groups.describe(jobs)}")
+    for job in (j for j in jobs if len(j) > 1):
+        names = ", ".join(r.cfg.name.split(".", 1)[-1] for r in job)
+        print(f"  one program: {names}")
+
+
+def _refuse_unfinished(out: Path, n_runs: int, missing: list, failed: list) -> None:
+    """After the report: runs a collect found incomplete, or runs that failed here."""
+    if missing:
         raise executors.StudyRunError(
-            f"{len(missing)} of {len(runs)} run(s) are not complete (listed above; each "
+            f"{len(missing)} of {n_runs} run(s) are not complete (listed above; each "
             f"run's state is in the `error` column of {out / REGISTRY_NAME}); the report "
             "covers the complete ones. Collecting never trains: re-submit their jobs, then "
             "collect again"
         )
-    if not collect and failed:
+    if failed:
         raise executors.StudyRunError(
             f"{len(failed)} run(s) failed: {', '.join(failed)}; see the `error` column of "
             f"{out / REGISTRY_NAME} and each run's directory. Re-run the same command to retry "
             "them; finished runs are kept"
         )
-    return study, runs
