@@ -14,11 +14,12 @@ share their first documents and generation needs no state. `probe_tasks` builds 
 multiple-choice probes from held-out stories: pick the continuation the story's grammar gives.
 
 With `incontext_share` > 0, that share of documents are in-context episodes instead: lines
-"dax is red" over a few made-up words whose colours are drawn anew in every document, so the
-only way to predict a colour is to find the word earlier in the same document.
-`incontext_probe` asks for a colour that only the prompt's demonstrations can give (K-shot
-evaluation, evaluate/fewshot.py), drawn from a pool of their own (`incontext_demonstrations`);
-without them it is at chance by construction.
+"dax is red" over made-up words that all share one colour, drawn anew in every document, so
+the only way to predict the colour of a word met for the first time is the lines before it.
+`incontext_probe` asks for the colour of a word no demonstration names, which only the
+episode's rule shown by the demonstrations can give (K-shot evaluation, evaluate/fewshot.py);
+the demonstrations come from a pool of their own (`incontext_demonstrations`), and without
+them the probe is at chance by construction.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ EPISODE_KINDS = ("opening", "own", "meet", "count", "eat", "animal", "lost", "we
 EPISODE_KINDS += ("incontext",)
 
 
-# In-context episodes: made-up words (no story uses them), each given a colour per document.
+# In-context episodes: made-up words (no story uses them), all given one colour per document.
 _NONCE = ["dax", "wug", "blick", "fep", "zib", "lorp", "mib", "toma", "kiki", "yop", "glim"]
 _NONCE += ["nup", "vek", "jora", "plim", "sorb"]
 INCONTEXT_DELIMITER = "\n"  # between the lines of an episode, and between demonstrations
@@ -182,12 +183,16 @@ def _line(word: str, colour: str) -> str:
 
 
 def incontext_episode(seed: int, split: str, index: int) -> str:
-    """In-context document `index` of `split`: 16 lines over 4 made-up words, each word's
-    colour drawn for this document alone."""
+    """In-context document `index` of `split`: 16 lines over 8 made-up words, all of one
+    colour drawn for this document alone.
+
+    Every word meets its first line somewhere in the document, so the corpus teaches the rule
+    (this document's colour, read off the lines before), not only the recall of a line seen
+    before: the in-context probe scores words that no demonstration names."""
     rng = random.Random(_rng(seed, split, index).random() + 0.5)
-    words = rng.sample(_NONCE, 4)
-    colour = {w: rng.choice(_COLORS) for w in words}
-    return INCONTEXT_DELIMITER.join(_line(w, colour[w]) for w in rng.choices(words, k=16))
+    words = rng.sample(_NONCE, 8)
+    colour = rng.choice(_COLORS)
+    return INCONTEXT_DELIMITER.join(_line(w, colour) for w in rng.choices(words, k=16))
 
 
 def _is_episode(seed: int, split: str, index: int, share: float) -> bool:
@@ -228,14 +233,16 @@ def labelled_documents(cfg: SyntheticConfig, split: str) -> list[list[tuple[str,
 # and its answer fit a training row of 128 bytes (the smoke study's 96 + 32).
 _PROBE_WORDS = [w for w in _NONCE if len(w) <= 4]
 _PROBE_COLOURS = [c for c in _COLORS if len(c) <= 5]
-PROBE_LINES_PER_WORD = 2  # each word's line in an episode's demonstration pool
+PROBE_LINES_PER_WORD = 2  # each demonstration word's line in an episode's pool
+PROBE_SCORED_WORDS = 4  # words an episode asks about; as many others make its demonstrations
 
 
-def _probe_episode(cfg: SyntheticConfig, e: int) -> tuple[list[str], dict[str, list[str]]]:
-    """Episode `e`'s 4 words and each word's (twin a's, twin b's) colours."""
+def _probe_episode(cfg: SyntheticConfig, e: int) -> tuple[list[str], list[str], list[str]]:
+    """Episode `e`'s scored words, its demonstration words (disjoint from them) and its two
+    colours: twin a's rule, twin b's rule."""
     rng = _rng(cfg.seed, "probe", 1_000_000 + e)
-    words = rng.sample(_PROBE_WORDS, 4)
-    return words, {w: rng.sample(_PROBE_COLOURS, 2) for w in words}
+    words = rng.sample(_PROBE_WORDS, 2 * PROBE_SCORED_WORDS)
+    return words[:PROBE_SCORED_WORDS], words[PROBE_SCORED_WORDS:], rng.sample(_PROBE_COLOURS, 2)
 
 
 def _episode_name(e: int, twin: int) -> str:
@@ -244,29 +251,29 @@ def _episode_name(e: int, twin: int) -> str:
 
 def incontext_probe(cfg: SyntheticConfig, n_episodes: int = 80) -> list[dict]:
     """The in-context probe's scored items: {"context", "choices", "gold", "episode"}, one per
-    word of each episode and twin (8 per episode).
+    scored word of each episode and twin (8 per episode).
 
-    An episode gives 4 made-up words a (right, wrong) pair of colours each, drawn for it
-    alone; an item asks "<word> is" with both colours as choices, and only the episode's
-    demonstrations (`incontext_demonstrations`, a pool of its own, never a scored item) can
-    tell the right one. Episodes come in twins that swap every word's right and wrong colour:
-    the two items of a twin read the same zero-shot prompt and choices with opposite answers,
+    An episode draws two colours and gives all its words one of them, the one its twin does
+    not: the rule of the corpus's in-context documents. An item asks "<word> is" with both
+    colours as choices about a word that none of the episode's demonstrations names
+    (`incontext_demonstrations`: other words, in a pool of their own), so only the rule that
+    the demonstrations show can tell the right one; a prompt never holds the scored question.
+    The two items of a twin read the same zero-shot prompt and choices with opposite answers,
     so any model is exactly at chance at K = 0. Items are ordered word by word across all
     episodes, twins side by side, so that the first n items (any even n) span min(n / 2,
     n_episodes) episodes and stay twin-balanced.
     """
     episodes = [_probe_episode(cfg, e) for e in range(n_episodes)]
     items = []
-    for slot in range(4):
-        for e, (words, pairs) in enumerate(episodes):
-            w = words[slot]
-            choices = sorted(pairs[w])
+    for slot in range(PROBE_SCORED_WORDS):
+        for e, (scored, _, colours) in enumerate(episodes):
+            choices = sorted(colours)
             for twin in (0, 1):
                 items.append(
                     {
-                        "context": f"{w} is",
+                        "context": f"{scored[slot]} is",
                         "choices": choices,
-                        "gold": choices.index(pairs[w][twin]),
+                        "gold": choices.index(colours[twin]),
                         "episode": _episode_name(e, twin),
                     }
                 )
@@ -275,17 +282,18 @@ def incontext_probe(cfg: SyntheticConfig, n_episodes: int = 80) -> list[dict]:
 
 def incontext_demonstrations(cfg: SyntheticConfig, n_episodes: int = 80) -> list[dict]:
     """The in-context probe's demonstration pool: {"context", "answer", "episode"} lines
-    "<word> is <colour>", each word of each episode and twin PROBE_LINES_PER_WORD times with
-    its right colour. Disjoint from the scored items (`incontext_probe`): K-shot prompts draw
-    their demonstrations from the scored item's episode here."""
+    "<word> is <colour>", each demonstration word of each episode and twin
+    PROBE_LINES_PER_WORD times with that twin's colour. No line names a scored word of its
+    episode (`incontext_probe`): K-shot prompts draw their demonstrations from the scored
+    item's episode here."""
     out = []
     for e in range(n_episodes):
-        words, pairs = _probe_episode(cfg, e)
+        _, shown, colours = _probe_episode(cfg, e)
         for twin in (0, 1):
             episode = _episode_name(e, twin)
             for _ in range(PROBE_LINES_PER_WORD):
-                out += [{"context": f"{w} is", "answer": pairs[w][twin], "episode": episode}
-                        for w in words]  # fmt: skip
+                out += [{"context": f"{w} is", "answer": colours[twin], "episode": episode}
+                        for w in shown]  # fmt: skip
     return out
 
 

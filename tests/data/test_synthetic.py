@@ -124,19 +124,26 @@ def test_incontext_items_span_episodes_twin_balanced_in_any_even_prefix():
         assert a["gold"] != b["gold"] and a["episode"][:-1] == b["episode"][:-1]
 
 
-def test_incontext_demonstrations_give_each_word_its_episodes_colour_and_fit_a_row():
-    """The pool: each word of an episode PROBE_LINES_PER_WORD times with the colour right in
-    that episode (twin), none of them a scored item; eight of its longest lines, the question
-    and its longest answer stay within a smoke training row of 128 bytes."""
+def test_incontext_demonstrations_show_the_episodes_rule_never_a_scored_word_and_fit_a_row():
+    """The pool: each demonstration word of an episode PROBE_LINES_PER_WORD times with the
+    colour right in that episode (twin); no line names a word the episode scores, so no
+    prompt holds a scored question; eight of its longest lines, the question and its longest
+    answer stay within a smoke training row of 128 bytes."""
     cfg = SyntheticConfig()
     items = synthetic.incontext_probe(cfg)
     demos = synthetic.incontext_demonstrations(cfg)
-    right = {(t["episode"], t["context"]): t["choices"][t["gold"]] for t in items}
+    right = {t["episode"]: t["choices"][t["gold"]] for t in items}
+    questions: dict[str, set[str]] = {}
+    for t in items:
+        questions.setdefault(t["episode"], set()).add(t["context"])
     seen: dict[tuple[str, str], int] = {}
     for d in demos:
-        assert d["answer"] == right[(d["episode"], d["context"])]
+        assert d["answer"] == right[d["episode"]]
+        assert d["context"] not in questions[d["episode"]], d  # never the scored question
         seen[(d["episode"], d["context"])] = seen.get((d["episode"], d["context"]), 0) + 1
-    assert set(seen) == set(right) and set(seen.values()) == {synthetic.PROBE_LINES_PER_WORD}
+    assert {e for e, _ in seen} == set(right)
+    assert set(seen.values()) == {synthetic.PROBE_LINES_PER_WORD}
+    assert all(sum(e == x for x, _ in seen) == synthetic.PROBE_SCORED_WORDS for e in right)
     delimiter = synthetic.INCONTEXT_DELIMITER
     longest = max(len(f"{d['context']} {d['answer']}{delimiter}".encode()) for d in demos)
     question = max(len(t["context"].encode()) + 1 + len(max(t["choices"], key=len)) for t in items)

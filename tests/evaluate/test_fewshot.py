@@ -296,6 +296,22 @@ def _reader(vocab):
     return score
 
 
+def _rule_reader(vocab):
+    """A scorer that has learnt the corpus's rule: a choice scores 1 when it is the colour of
+    the prompt's lines before the question (all one colour in an episode), else 0."""
+
+    def score(fitted):
+        lp = []
+        for x, t in zip(fitted.inputs, fitted.targets, strict=True):
+            prompt, choice = vocab.decode(x), vocab.decode(t).strip()
+            shown = [line.rsplit(" is ", 1)[-1] for line in prompt.split("\n")[:-1]]
+            lp.append(float(bool(shown) and shown[-1] == choice))
+        n = np.array([len(t) for t in fitted.targets])
+        return np.array(lp), n, np.zeros(len(n), bool)
+
+    return score
+
+
 def _smoke_rows(arch: str, objective: str):
     """The tiny model trained on the smoke study's rows (96 + 32 positions)."""
     cfg = tiny(arch, objective)
@@ -304,16 +320,24 @@ def _smoke_rows(arch: str, objective: str):
 
 def test_the_incontext_probe_is_at_chance_without_demonstrations() -> None:
     """Zero-shot, every twin pair reads the same prompt and choices with opposite answers:
-    exactly chance for any model (a real untrained one and a copier); with demonstrations
-    from its own episode the copier gains as the chance of seeing the word rises."""
+    exactly chance for any model (a real untrained one, a copier, a rule reader); with
+    demonstrations from its own episode a model that has learnt the episode's rule is right
+    from K = 1, while one that only copies the scored question from the prompt stays at
+    chance at every K (no demonstration holds it)."""
     task = load_task("incontext_probe")
     cfg = _smoke_rows("causal_decoder", "flm")  # rows that hold 8 demonstrations
     vocab = get_vocabulary(cfg.data)
-    acc = {}
+    copied, ruled = {}, {}
     for k in (0, 1, 2, 4, 8):
-        out = rank.evaluate_task(task, _reader(vocab), vocab, cfg, num_fewshot=k)
-        acc[k] = out[f"{fewshot.task_name('incontext_probe', k)}/acc"]
-    assert acc[0] == 0.5 and acc[0] < acc[1] < acc[2] < acc[4] < acc[8] and acc[8] > 0.9
+        name = fewshot.task_name("incontext_probe", k)
+        copied[k] = rank.evaluate_task(task, _reader(vocab), vocab, cfg, num_fewshot=k)[
+            f"{name}/acc"
+        ]
+        ruled[k] = rank.evaluate_task(task, _rule_reader(vocab), vocab, cfg, num_fewshot=k)[
+            f"{name}/acc"
+        ]
+    assert set(copied.values()) == {0.5}
+    assert ruled[0] == 0.5 and all(ruled[k] == 1.0 for k in (1, 2, 4, 8))
     model = build_model(cfg.model)
     scorer = rank.Scorer(cfg, model, model.init(jax.random.key(5)))
     out = rank.evaluate_task(task, scorer.score, vocab, cfg, max_examples=None)
@@ -329,8 +353,9 @@ def test_the_incontext_probe_is_at_chance_without_demonstrations() -> None:
 
 
 def test_incontext_demonstrations_are_a_pool_disjoint_from_the_scored_items() -> None:
-    """No prompt holds a scored item: demonstrations come from the episodes' own lines, and
-    every line shown is right for the scored item's episode (never its twin's)."""
+    """No prompt holds a scored item, nor the scored question: demonstrations come from the
+    episodes' own lines about other words, and every line shown is right for the scored
+    item's episode (never its twin's)."""
     task = load_task("incontext_probe")
     scored = set(task.examples)
     scored_sources = {ex.source for ex in task.examples}
@@ -338,7 +363,8 @@ def test_incontext_demonstrations_are_a_pool_disjoint_from_the_scored_items() ->
     assert not scored_sources & {d.source for d in task.demos}
     # No scored item is repeated within its episode either (one per word).
     assert len({(ex.pool, ex.contexts) for ex in task.examples}) == len(task.examples)
-    right = {(ex.pool, ex.contexts[0]): ex.choices[ex.gold] for ex in task.examples}
+    right = {ex.pool: ex.choices[ex.gold] for ex in task.examples}
+    asked = {(ex.pool, ex.contexts[0]) for ex in task.examples}
     for k in (1, 8):
         for ex, picks in zip(
             task.examples, fewshot.draw(task, list(task.examples), k, 0), strict=True
@@ -346,7 +372,9 @@ def test_incontext_demonstrations_are_a_pool_disjoint_from_the_scored_items() ->
             for i in picks:
                 demo = task.demos[i]
                 assert demo not in scored and demo.pool == ex.pool
-                assert demo.choices[0] == right[(ex.pool, demo.contexts[0])]
+                assert demo.contexts[0] != ex.contexts[0]  # never the scored question
+                assert (ex.pool, demo.contexts[0]) not in asked  # nor another of its episode
+                assert demo.choices[0] == right[ex.pool]
 
 
 @pytest.mark.parametrize(
@@ -400,11 +428,12 @@ def test_incontext_documents_join_the_corpus_only_when_asked() -> None:
     assert 30 < len(episodes) < 90 and all(
         mixed[i] == plain[i] for i in range(200) if i not in episodes
     )
-    for i in episodes:  # each made-up word keeps one colour within its document
+    for i in episodes:  # one colour for every made-up word of its document: the rule
         colour: dict[str, str] = {}
         for line in mixed[i].split("\n"):
             word, _, c = line.partition(" is ")
             assert colour.setdefault(word, c) == c
+        assert len(set(colour.values())) == 1 and len(colour) > 4  # words met for the first time
     colours = {
         synthetic.incontext_episode(0, "train", i).split(" is ")[1].split("\n")[0]
         for i in range(40)
