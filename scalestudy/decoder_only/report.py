@@ -121,12 +121,12 @@ def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[st
         "",
         study.description.strip(),
         "",
-        f"Time taken on this host: {taken}. Intervals are 95%. Per group: validation loss by "
-        "a t-interval over seeds, probe accuracy by a binomial interval over the examples "
-        "widened by the seed spread. Differences between groups are paired by seed (the same "
+        f"Time taken on this host: {taken}. Intervals are 95% and unadjusted, with the run "
+        "as the unit. Per group: validation loss and probe accuracy by a t-interval over "
+        "seeds (a run's accuracy is its mean over the examples every seed scores, so no "
+        "examples term is added). Differences between groups are paired by seed (the same "
         "seed gives the same data order and initialisation stream) with a t-interval over the "
-        "common seeds; for accuracy the binomial variance over the examples is added "
-        "(`decoder_only/stats.py`). Verdicts are tested at 5% after Holm's correction over "
+        "common seeds (`decoder_only/stats.py`). Verdicts are tested at 5% after Holm's correction over "
         "every test in this report, and each shows its n. Each comparison names what its "
         "groups change and what they hold equal (within the study's `match_tolerance`).",
         "",

@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from scipy.stats import t as student_t
+
 from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling.io import cell_label
@@ -70,17 +72,18 @@ def truncated_share(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
 
 
 def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean probe accuracy over seeds and its 95% half-width (binomial over the examples, plus
-    the seed spread); every seed scores the same examples, so they are counted once."""
-    points = [pa for r in rows if (pa := probe_accuracy(r))]
+    """Mean probe accuracy over seeds and its 95% t half-width over them (n - 1 degrees of
+    freedom; None for one seed). The run is the unit: a run's accuracy is its mean over the
+    examples every seed scores, so their noise is in the seeds' spread and not added again."""
+    points = [pa[0] for r in rows if (pa := probe_accuracy(r))]
     if not points:
         return {"mean": math.nan, "half": None, "n": 0}
     n = len(points)
-    mean = sum(acc for acc, _ in points) / n
-    var = max(mean * (1 - mean), 1e-12) / max(max(examples for _, examples in points), 1.0)
-    if n > 1:  # the spread between seeds, as the variance of their mean
-        var += sum((acc - mean) ** 2 for acc, _ in points) / (n - 1) / n
-    return {"mean": mean, "half": Z95 * math.sqrt(var), "n": n}
+    mean = sum(points) / n
+    if n < 2:
+        return {"mean": mean, "half": None, "n": n}
+    var = sum((acc - mean) ** 2 for acc in points) / (n - 1)
+    return {"mean": mean, "half": float(student_t.ppf(0.975, n - 1)) * math.sqrt(var / n), "n": n}
 
 
 def limits(

@@ -3,6 +3,7 @@
 import math
 import statistics
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -90,13 +91,20 @@ def test_losses_of_different_objectives_are_not_compared():
     assert [c["metric"] for c in comparisons.compare(runs)] == ["acc"]
 
 
-def test_the_report_counts_shared_examples_once_across_seeds():
+def test_a_groups_accuracy_interval_is_over_its_runs_not_its_examples():
+    from scipy.stats import t as student_t
+
     from scalestudy.study import report
 
-    # Three seeds scoring the same 100 examples: the example term is p(1-p)/100, not /300.
-    rows = [{"eval/t/acc": 0.6, "eval/t/n": 100.0}] * 3
-    got = report.acc_stats(rows)
-    assert got["n"] == 3 and got["half"] == pytest.approx(report.Z95 * math.sqrt(0.24 / 100))
+    # Three seeds scoring the same 100 examples: the run is the unit, n - 1 = 2 degrees of
+    # freedom, and no examples term (equal runs give a zero-width interval; one run, none).
+    same = [{"eval/t/acc": 0.6, "eval/t/n": 100.0}] * 3
+    assert report.acc_stats(same) == {"mean": pytest.approx(0.6), "half": 0.0, "n": 3}
+    accs = [0.55, 0.6, 0.68]
+    got = report.acc_stats([{"eval/t/acc": a, "eval/t/n": 100.0} for a in accs])
+    sd = float(np.std(accs, ddof=1))
+    assert got["half"] == pytest.approx(student_t.ppf(0.975, 2) * sd / math.sqrt(3))
+    assert report.acc_stats(same[:1])["half"] is None
 
 
 def test_a_cells_own_recipe_is_named_among_what_is_not_equal():
