@@ -11,9 +11,13 @@ through the package's own paths, for every architecture:
   non-causal decoder holds the context in its bidirectional prefix, the encoder-decoder
   encodes the context and scores the continuation in its decoder.
 - `loglikelihood_rolling`: a text's log-likelihood in windows of the training length, each
-  token predicted once (`rolling_windows`), every window scored as a (context, continuation)
-  pair by the same path; the first window's context is empty (an empty prefix; the
-  encoder-decoder's encoder reads a lone EOS, as for any empty context).
+  token predicted once, every window scored as a (context, continuation) pair by the same
+  path. Decoder-only (model arg `rolling`): `lm_eval` (default), lm-eval's own windows
+  (`lm_eval_windows`): the first row is the start token (lm-eval's prefix token) and
+  `max_length - 1` text tokens, every later row `max_length` text tokens without it;
+  `start_token`, every row starting with the start token as training rows do
+  (`rolling_windows`). The encoder-decoder has windows of its own (`rolling_windows`): the
+  first window's encoder reads a lone EOS, as for any empty context.
 - `generate_until`: greedy decoding with the package's key/value cache (`Model.generate`),
   cut at the first stop string, at most `max_gen_toks` tokens, a decoder-only prompt keeping at
   least half of `max_length`; prompts of different lengths
@@ -30,6 +34,7 @@ refusals are one interface to one outside program.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import logging.handlers
 import sys
@@ -65,7 +70,9 @@ except ImportError:
         f"environment does not have; install the extra: {LMEVAL_EXTRA}"
     ) from None
 
-MODEL_ARGS = ("workdir", "step", "batch_size", "max_length", "eval.KEY")
+MODEL_ARGS = ("workdir", "step", "batch_size", "max_length", "rolling", "eval.KEY")
+ROLLING = ("lm_eval", "start_token")  # decoder-only rolling windows; the first the default
+START_TOKEN = 0  # what a decoder row's first position reads (`data.batches.write_decoder`)
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's default for generate_until tasks
 
 
@@ -91,10 +98,33 @@ def rolling_windows(
     return windows
 
 
+def lm_eval_windows(
+    tokens: Sequence[int], row: int, prefix_token: int = START_TOKEN
+) -> list[tuple[list[int], list[int]]]:
+    """lm-eval's rolling windows of `tokens` in rows of `row` tokens, as its causal models make
+    them (`get_rolling_token_windows(tokens, prefix_token, row, context_len=1)`, each made
+    disjoint by `make_disjoint_window`): (context, predicted) with `context + predicted[:-1]`
+    the row. The first window's context is `[prefix_token]` and it predicts the first `row`
+    tokens; each later row is `row` text tokens predicting the next up to `row` tokens after
+    the `row + 1 - len(predicted)` before them (the last window gets the most context)."""
+    tokens = list(tokens)
+    if not tokens:
+        return []
+    windows = [([prefix_token], tokens[:row])]
+    start = row
+    while start < len(tokens):
+        end = min(start + row, len(tokens))
+        windows.append((tokens[max(0, end - row - 1) : start], tokens[start:end]))
+        start = end
+    return windows
+
+
 def _model_args(kwargs: dict) -> tuple[dict, list[str]]:
     """Known model args and `eval.key=value` overrides; any other key is refused by name."""
     known = {
-        k: kwargs.pop(k) for k in ("workdir", "step", "batch_size", "max_length") if k in kwargs
+        k: kwargs.pop(k)
+        for k in ("workdir", "step", "batch_size", "max_length", "rolling")
+        if k in kwargs
     }
     # The harness passes these from its own command line (--device defaults to cuda:0): JAX
     # places the model on the run's mesh over the devices it sees (JAX_PLATFORMS chooses).
@@ -141,6 +171,11 @@ class ScalestudyLM(LM):
         _release_logs()
         known, overrides = _model_args(dict(model_args))
         workdir = known.get("workdir")
+        self.rolling = str(known.get("rolling", ROLLING[0])).strip()
+        if self.rolling not in ROLLING:
+            raise ScalestudyError(
+                f"model_args: rolling={known['rolling']!r}; accepted: {', '.join(ROLLING)}"
+            )
         if not workdir:
             raise ScalestudyError(
                 "model_args: workdir is required: the run directory to evaluate "
@@ -192,10 +227,15 @@ class ScalestudyLM(LM):
     # ------------------------------------------------------------------ scoring
 
     def _score(
-        self, cfg: ExperimentConfig, inputs: list[list[int]], targets: list[list[int]], what: str
+        self,
+        cfg: ExperimentConfig,
+        inputs: list[list[int]],
+        targets: list[list[int]],
+        what: str,
+        start_token: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         fitted = fit_pairs(cfg, inputs, targets, what)
-        lp, _, greedy = self.scorer.score(fitted)
+        lp, _, greedy = self.scorer.score(fitted, start_token=start_token)
         cut = int(fitted.cut.sum())
         if cut:
             warnings.warn(
@@ -203,6 +243,8 @@ class ScalestudyLM(LM):
                 f"max_length={self.max_length} beside their continuations",
                 stacklevel=3,
             )
+        if not start_token:  # the first context token takes the start token's position
+            fitted = dataclasses.replace(fitted, inputs=[x[1:] for x in fitted.inputs])
         rank.beyond_training(cfg, what, fitted, np.arange(len(inputs)))
         return np.asarray(lp, np.float64), np.asarray(greedy, bool)
 
@@ -232,28 +274,38 @@ class ScalestudyLM(LM):
         return out
 
     def windows(self, tokens: Sequence[int]) -> list[tuple[list[int], list[int]]]:
-        """The rolling windows of `tokens` for this model (see the module docstring)."""
+        """The rolling windows of `tokens` for this model (see the module docstring); with
+        `rolling=lm_eval` (decoder-only) lm-eval's own, the first context `[START_TOKEN]`."""
         room = self.max_length - len(self.suffix)  # context positions beside the input form
         if self.encoder_length:  # the context in the encoder
             return rolling_windows(tokens, self.decoder_length, room)
+        if self.rolling == "lm_eval":  # rows of max_length: start token only in the first
+            return lm_eval_windows(tokens, room, START_TOKEN)
         # One decoder row of max_length positions: start token, context, predicted[:-1].
         return rolling_windows(tokens, room)
 
     def loglikelihood_rolling(self, requests) -> list[float]:
         """Per text: the log-likelihood of all its tokens, windows of the training length."""
-        inputs, targets, owner = [], [], []
+        lm_eval_rows = self.rolling == "lm_eval" and not self.encoder_length
+        # Rows with the start token (lm_eval: each text's first, its context the start token
+        # that the scorer puts there itself) and rows without it (lm_eval's later windows).
+        groups: dict[bool, tuple[list, list, list]] = {True: ([], [], []), False: ([], [], [])}
         for i, req in enumerate(requests):
-            for context, predicted in self.windows(self.vocab.encode(req.args[0])):
-                inputs.append(context)
+            for w, (context, predicted) in enumerate(self.windows(self.vocab.encode(req.args[0]))):
+                start = not lm_eval_rows or w == 0
+                inputs, targets, owner = groups[start]
+                inputs.append(context[1:] if lm_eval_rows and start else context)
                 targets.append(predicted)
                 owner.append(i)
         totals = np.zeros(len(requests))
-        if inputs:
-            # Windows fit the training rows by construction: no context rule, no cut.
-            ev = self.cfg.eval.replace(context_rule="same", inputs_length=None, max_length=1 << 30)
-            cfg = self.cfg.replace(eval=ev)
-            lp, _ = self._score(cfg, inputs, targets, "lm-eval loglikelihood_rolling")
-            np.add.at(totals, np.asarray(owner), lp)
+        # Windows fit the training rows by construction: no context rule, no cut.
+        ev = self.cfg.eval.replace(context_rule="same", inputs_length=None, max_length=1 << 30)
+        cfg = self.cfg.replace(eval=ev)
+        for start, (inputs, targets, owner) in groups.items():
+            if inputs:
+                what = "lm-eval loglikelihood_rolling"
+                lp, _ = self._score(cfg, inputs, targets, what, start_token=start)
+                np.add.at(totals, np.asarray(owner), lp)
         out = [float(t) for t in totals]
         for req, result in zip(requests, out, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, result)

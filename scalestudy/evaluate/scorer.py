@@ -47,6 +47,22 @@ def scoring_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg.replace(objective=cfg.objective.replace(**lengths))
 
 
+def without_start_token(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Decoder-only rows read from their first context token on: every decoder feature one
+    position to the left (the start token's position dropped, positions from 0 again), so
+    that a pair (context, continuation) is the row `context + continuation[:-1]` predicting
+    `context[1:] + continuation`, only the continuation scored; the non-causal decoder's
+    bidirectional prefix is the context's positions. lm-evaluation-harness reads its rolling
+    windows after the first so."""
+    out = {}
+    for key, value in batch.items():
+        out[key] = value
+        if key.startswith("decoder_"):
+            out[key] = np.concatenate([value[:, 1:], np.zeros_like(value[:, :1])], axis=1)
+    out["decoder_positions"] = np.maximum(out["decoder_positions"] - 1, 0)
+    return out
+
+
 class Scorer:
     """Scores token pairs with `Model.score` in mesh-sharded batches of a few fixed shapes
     (`batching.plan_calls`; `bucketed=False`: every row at the task's full lengths)."""
@@ -119,14 +135,25 @@ class Scorer:
             self._configs[lengths] = scoring_lengths(self.cfg, lengths)
         return self._configs[lengths]
 
-    def score(self, fitted: Fitted) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole."""
-        return self.score_parts([fitted])[0]
+    def score(
+        self, fitted: Fitted, *, start_token: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per pair of `fitted`: (logprob, n_tokens, all_correct), every pair whole.
+        `start_token=False` (decoder-only): rows without the start token
+        (`without_start_token`)."""
+        return self.score_parts([fitted], start_token=start_token)[0]
 
-    def score_parts(self, parts: list[Fitted]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def score_parts(
+        self, parts: list[Fitted], *, start_token: bool = True
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """`score` of each part, all parts' pairs laid out by one plan (they share shapes)."""
         inputs = [x for part in parts for x in part.inputs]
         targets = [t for part in parts for t in part.targets]
+        if not start_token and (self.encdec or not all(inputs)):
+            raise ScalestudyError(
+                "rows without the start token: decoder-only pairs with a context each (the "
+                "first context token takes the start token's place)"
+            )
         unscored = {part.unscored for part in parts}
         if len(unscored) > 1:  # one objective's form: every part starts its targets alike
             raise ScalestudyError(f"parts fitted with different target prefixes: {unscored}")
@@ -153,6 +180,8 @@ class Scorer:
             )
             if n_cut:  # fit_pairs sized the rows; a cut here is a bug, never a silent result
                 raise ScalestudyError(f"scoring rows of {call.lengths} cut {n_cut} pairs")
+            if not start_token:
+                batch = without_start_token(batch)
             part = self._run(self._distinct_contexts(batch))
             k = len(call.pairs)
             for acc, value in zip((lp, n_tok, correct), part, strict=True):

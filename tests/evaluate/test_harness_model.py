@@ -26,12 +26,18 @@ lm_eval = pytest.importorskip(
 
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
 from scalestudy.data.objectives import EOS_ID  # noqa: E402
 from scalestudy.data.pipeline import make_iterator  # noqa: E402
 from scalestudy.data.vocab import get_vocabulary  # noqa: E402
 from scalestudy.evaluate import rank  # noqa: E402
-from scalestudy.evaluate.harness_model import ScalestudyLM, rolling_windows  # noqa: E402
+from scalestudy.evaluate.harness_model import (  # noqa: E402
+    START_TOKEN,
+    ScalestudyLM,
+    lm_eval_windows,
+    rolling_windows,
+)
 from scalestudy.evaluate.results import examples_path  # noqa: E402
 from scalestudy.models.api import build_model  # noqa: E402
 from scalestudy.train import saved  # noqa: E402
@@ -198,9 +204,117 @@ def test_rolling_windows_predict_every_token_once() -> None:
     assert rolling_windows([], 16) == []
 
 
+def _lm_evals_windows(tokens: list[int], row: int) -> list[tuple[list[int], list[int]]]:
+    """lm-eval's own rolling windows, as its causal models ask for them."""
+    windows = get_rolling_token_windows(tokens, START_TOKEN, max_seq_len=row, context_len=1)
+    return list(map(make_disjoint_window, windows))
+
+
+@pytest.mark.parametrize("row", [1, 2, 5, 16, 32])
+def test_lm_eval_windows_equal_lm_evals(row, models) -> None:
+    for n in sorted({0, 1, max(row - 1, 0), row, row + 1, 3 * row + 2}):
+        tokens = list(range(10, 10 + n))
+        want = _lm_evals_windows(tokens, row)
+        assert lm_eval_windows(tokens, row) == want, (row, n)
+        # The model's own windows (the default rolling=lm_eval) in rows of its max_length.
+        if row == 32:  # the tiny runs' training row
+            for arch in ("causal_decoder", "noncausal_decoder"):
+                assert models[arch].rolling == "lm_eval" and models[arch].max_length == row
+                assert models[arch].windows(tokens) == want, (arch, n)
+
+
+@pytest.mark.parametrize("row", [1, 2, 5, 16])
+def test_lm_eval_windows_predict_every_token_once(row) -> None:
+    for n in (1, row - 1, row, row + 1, 3 * row + 2, 70):
+        tokens = list(range(10, 10 + n))
+        windows = lm_eval_windows(tokens, row)
+        if not n:
+            assert windows == []
+            continue
+        assert [t for _, p in windows for t in p] == tokens
+        # The first row: the start token and the first row - 1 tokens; each later row exactly
+        # row text tokens (context, then the predicted but the last), in the text's order.
+        context, predicted = windows[0]
+        assert context == [START_TOKEN] and predicted == tokens[:row]
+        start = len(predicted)
+        for context, predicted in windows[1:]:
+            assert len(context) + len(predicted) - 1 == row and START_TOKEN not in context
+            assert context + predicted == tokens[start - len(context) : start + len(predicted)]
+            start += len(predicted)
+
+
+def _reference_lm_eval_rolling(arch: str, model, params, tokens: list[int], row: int) -> float:
+    """Sum of log p(token) over lm-eval's own rolling rows (`get_rolling_token_windows`, its
+    input rows as they are: the first `[start] + tokens[:row - 1]`, later ones `row` text
+    tokens), the last len(predicted) positions' logits of each scored, as lm-eval scores
+    them, through Model.apply; the non-causal decoder's prefix is each window's disjoint
+    context (none in the first window)."""
+    apply = jax.jit(model.apply)
+    total = 0.0
+    pairs = list(get_rolling_token_windows(tokens, START_TOKEN, max_seq_len=row, context_len=1))
+    for w, (read, predicted) in enumerate(pairs):
+        context, _ = make_disjoint_window((read, predicted))
+
+        def padded(xs: list[int]) -> np.ndarray:
+            return np.asarray([[*xs, *[0] * (row - len(xs))]], np.int32)
+
+        batch = {
+            "decoder_input_tokens": padded(read),
+            "decoder_target_tokens": padded([*read[1:], predicted[-1]]),
+            "decoder_segment_ids": padded([1] * len(read)),
+            "decoder_positions": padded(list(range(len(read)))),
+            "decoder_causal_attention": padded([1] * (len(context) if w else 0)),
+        }
+        logp = np.asarray(jax.nn.log_softmax(apply(params, batch), axis=-1))[0]
+        first = len(read) - len(predicted)
+        total += sum(float(logp[first + j, t]) for j, t in enumerate(predicted))
+    return total
+
+
+@pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder"])
+def test_rolling_lm_eval_equals_direct_rows(arch, runs, models) -> None:
+    lm = models[arch]
+    _, params, _ = saved.restore_params(runs[arch])
+    text = "The quick brown fox jumps over the lazy dog; " * 3
+    tokens = lm.vocab.encode(text)
+    row = lm.max_length
+    assert len(tokens) > 2 * row + 1 and (len(tokens) - row) % row  # a short last window
+    (got,) = lm.loglikelihood_rolling([_request("loglikelihood_rolling", text)])
+    want = _reference_lm_eval_rolling(arch, lm.model, params, tokens, row)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-5)
+    # Not today's start-token windows: later rows differ (a sum that ignored the form of the
+    # windows would equal both).
+    old = _reference_rolling(arch, lm.model, params, tokens, row)
+    assert abs(want - old) > 1e-3
+    # Short texts (one window) and several texts in one call, each its own sum.
+    short = "A small red hen."
+    both = lm.loglikelihood_rolling(
+        [_request("loglikelihood_rolling", short), _request("loglikelihood_rolling", text)]
+    )
+    want_short = _reference_lm_eval_rolling(arch, lm.model, params, lm.vocab.encode(short), row)
+    assert both == pytest.approx([want_short, want], rel=1e-5, abs=1e-5)
+
+
+def test_scorer_rows_without_start_token_need_a_context(models) -> None:
+    from scalestudy.errors import ScalestudyError
+    from scalestudy.evaluate.budget import fit_pairs
+
+    for arch in ("causal_decoder", "encoder_decoder"):
+        lm = models[arch]
+        inputs = [[] if arch == "causal_decoder" else [5, 6]]
+        fitted = fit_pairs(lm.cfg, inputs, [[7, 8]])
+        with pytest.raises(ScalestudyError, match="rows without the start token"):
+            lm.scorer.score(fitted, start_token=False)
+
+
 @pytest.mark.parametrize("arch", list(ARCH_OBJECTIVE))
 def test_rolling_equals_validation_loss_and_windows(arch, runs, models, tmp_path) -> None:
+    # Today's windows of every row starting with the start token (rolling=start_token; the
+    # encoder-decoder has windows of its own whatever the option).
     lm = models[arch]
+    if arch != "encoder_decoder":
+        lm = ScalestudyLM(workdir=str(runs[arch]), rolling="start_token")
+        assert lm.rolling == "start_token"
     short = "A small red hen."  # fits one training row with its EOS
     long = "The quick brown fox jumps over the lazy dog; " * 3
     got_short, got_long = lm.loglikelihood_rolling(
@@ -238,6 +352,11 @@ def test_rolling_equals_validation_loss_and_windows(arch, runs, models, tmp_path
     assert len(tokens) > 2 * row
     want = _reference_rolling(arch, lm.model, params, tokens, row)
     assert got_long == pytest.approx(want, rel=1e-5)
+    # lm-eval's windows (the default) begin alike: a text of one window scores the same.
+    (default_short,) = models[arch].loglikelihood_rolling(
+        [_request("loglikelihood_rolling", short)]
+    )
+    assert default_short == pytest.approx(got_short, rel=1e-6)
 
 
 @pytest.mark.parametrize("arch", list(ARCH_OBJECTIVE))
@@ -334,6 +453,10 @@ def test_bad_model_args(runs, tmp_path) -> None:
         ScalestudyLM(workdir=str(runs["causal_decoder"]), pretrained="gpt2")
     with pytest.raises(ScalestudyError, match=r"batch_size='x'; accepted"):
         ScalestudyLM(workdir=str(runs["causal_decoder"]), batch_size="x")
+    with pytest.raises(
+        ScalestudyError, match=r"^model_args: rolling='harness'; accepted: lm_eval, start_token$"
+    ):
+        ScalestudyLM(workdir=str(runs["causal_decoder"]), rolling="harness")
     with pytest.raises(ScalestudyError, match=r"max_length=1 leaves no room.*accepted: 2 or more"):
         ScalestudyLM(workdir=str(runs["causal_decoder"]), max_length=1)
     # lm-eval always passes its --batch_size (1 by default): an explicit eval.batch_size wins.
