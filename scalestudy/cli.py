@@ -56,8 +56,16 @@ def _add_step_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     """Commands on one run: describe, train, eval, harness, compile, attention-rank, experts."""
+    # Added in this order, which is the order `scalestudy --help` lists them in.
+    _add_train_commands(sub)
+    _add_eval_commands(sub)
+    _add_compile_command(sub)
+    _add_measure_commands(sub)
+
+
+def _add_train_commands(sub: argparse._SubParsersAction) -> None:
+    """describe (counts of a config) and train."""
     from scalestudy import cli_commands as commands
-    from scalestudy import cli_tools as tools
 
     p = sub.add_parser("describe", help="parameter and FLOP counts of a config (no weights)")
     _add_config_args(p)
@@ -77,6 +85,11 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=commands.cmd_train)
+
+
+def _add_eval_commands(sub: argparse._SubParsersAction) -> None:
+    """eval (the project's own scorer) and harness (lm-eval's command line)."""
+    from scalestudy import cli_commands as commands
 
     p = sub.add_parser("eval", help="zero-shot evaluation of a run's checkpoint")
     p.add_argument("--workdir", required=True)
@@ -107,6 +120,11 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval's own arguments")
     p.set_defaults(fn=commands.cmd_harness)
 
+
+def _add_compile_command(sub: argparse._SubParsersAction) -> None:
+    """compile: ahead-of-time plans of the train step."""
+    from scalestudy import cli_tools as tools
+
     p = sub.add_parser("compile", help="ahead-of-time compile the train step (OOM check)")
     _add_config_args(p, required=False)
     p.add_argument("--spec", default=None, help="a study spec: plan every shape it trains")
@@ -133,6 +151,11 @@ def _add_run_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=tools.cmd_compile)
+
+
+def _add_measure_commands(sub: argparse._SubParsersAction) -> None:
+    """Measures of a checkpoint: attention-rank and experts."""
+    from scalestudy import cli_commands as commands
 
     p = sub.add_parser(
         "attention-rank", help="attention rank and representation collapse of a checkpoint"

@@ -19,7 +19,8 @@ from scalestudy.config import ExperimentConfig, load_config
 from scalestudy.errors import ScalestudyError
 
 
-def _print(obj: dict, as_json: bool) -> None:
+def print_dict(obj: dict, as_json: bool) -> None:
+    """Print `obj` as indented JSON, or one aligned `key  value` line per item."""
     if as_json:
         print(json.dumps(obj, indent=2, sort_keys=False, default=str))
     else:
@@ -36,9 +37,9 @@ def _print_results(compute: Callable[[], dict], as_json: bool) -> int:
     try:
         results = compute()
     except RunNotUpdated as e:
-        _print(e.results, as_json)
+        print_dict(e.results, as_json)
         raise
-    _print(results, as_json)
+    print_dict(results, as_json)
     return 0
 
 
@@ -71,10 +72,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
     info = counting.describe(cfg)
     if args.json:
-        _print(info, True)
+        print_dict(info, True)
         return 0
     shapes = info.pop("shapes")
-    _print({k: f"{v:,.0f}" if type(v) in (int, float) else v for k, v in info.items()}, False)
+    print_dict({k: f"{v:,.0f}" if type(v) in (int, float) else v for k, v in info.items()}, False)
     print("parameters (shape, logical axes):")
     width = max(len(k) for k in shapes)
     for name, shape in shapes.items():
@@ -118,15 +119,42 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 128 + e.signum
     except OSError as e:  # a file the run needs cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
-    _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    print_dict({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0
 
 
 def _train_members(args: argparse.Namespace, workdir: Path) -> int:
     """`train --members`: one group, each member in its own `workdir/<member>` directory."""
-    from scalestudy.train import members, rundir
     from scalestudy.train.group import train_group
     from scalestudy.train.loop import Preempted
+
+    base, cfgs, dirs = _member_configs(args, workdir)
+    _join_job()
+    from scalestudy.train import sharding
+
+    mesh = sharding.make_mesh(base.mesh, model=base.model, batch=base.train)
+    sharding.check_members_fit(base.mesh, dict(mesh.shape), len(cfgs))
+    eval_fns = [None] * len(cfgs)
+    if args.eval:
+        from scalestudy.evaluate.rank import make_eval_fn
+
+        eval_fns = [make_eval_fn(c, d) for c, d in zip(cfgs, dirs)]
+    try:
+        results = train_group(cfgs, dirs, eval_fns)
+    except Preempted as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except OSError as e:
+        raise ScalestudyError(str(e)) from None
+    return _report_members(cfgs, dirs, results, args.json)
+
+
+def _member_configs(
+    args: argparse.Namespace, workdir: Path
+) -> tuple[ExperimentConfig, list[ExperimentConfig], list[Path]]:
+    """`train --members`: the base config, each member's config and each member's directory,
+    checked before any device is touched."""
+    from scalestudy.train import members, rundir
 
     grid = members.parse_grid(args.members, args.overrides)
     dirs = [workdir / name for name, _ in grid]
@@ -146,23 +174,14 @@ def _train_members(args: argparse.Namespace, workdir: Path) -> int:
         for name, ov in grid
     ]
     members.check(cfgs)
-    _join_job()
-    from scalestudy.train import sharding
+    return base, cfgs, dirs
 
-    mesh = sharding.make_mesh(base.mesh, model=base.model, batch=base.train)
-    sharding.check_members_fit(base.mesh, dict(mesh.shape), len(cfgs))
-    eval_fns = [None] * len(cfgs)
-    if args.eval:
-        from scalestudy.evaluate.rank import make_eval_fn
 
-        eval_fns = [make_eval_fn(c, d) for c, d in zip(cfgs, dirs)]
-    try:
-        results = train_group(cfgs, dirs, eval_fns)
-    except Preempted as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        return 128 + e.signum
-    except OSError as e:
-        raise ScalestudyError(str(e)) from None
+def _report_members(
+    cfgs: list[ExperimentConfig], dirs: list[Path], results: list, as_json: bool
+) -> int:
+    """Print one row per member (its summary, or the error that stopped it); exit status 1
+    when any member stopped."""
     rows = []
     for cfg, d, result in zip(cfgs, dirs, results):
         if isinstance(result, Exception):
@@ -170,7 +189,7 @@ def _train_members(args: argparse.Namespace, workdir: Path) -> int:
         else:
             plain = {k: v for k, v in result.items() if not isinstance(v, dict)}
             rows.append({"workdir": str(d), **plain})
-    if args.json:
+    if as_json:
         print(json.dumps(rows, indent=2, default=str))
     else:
         for row in rows:
@@ -212,8 +231,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     def evaluate() -> dict:
         with logfile.library_logs_of(workdir):
             given = {"data_dir": args.data_dir, "step": args.step, "out": args.out}
-            return evaluate_run(workdir, tasks, **given, max_examples=args.max_examples,
-                                overrides=overrides)  # fmt: skip
+            return evaluate_run(
+                workdir, tasks, **given, max_examples=args.max_examples, overrides=overrides
+            )
 
     return _print_results(evaluate, args.json)
 
@@ -263,18 +283,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             "--stage-run trains one stage run: give it without --collect/--dry-run"
         )
     if args.stage_run:  # one stage run, as a cluster task after its parent's job
-        from scalestudy.study import pipeline
-        from scalestudy.train.loop import Preempted
-
-        try:
-            summary = pipeline.run_named(
-                Path(args.spec), Path(args.out), args.stage_run, args.overrides
-            )
-        except Preempted as e:  # checkpoint saved: the task requeues itself and resumes
-            print(f"stopped: {e}", file=sys.stderr)
-            return 128 + e.signum
-        _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, False)
-        return 0
+        return _study_stage_run(args)
     from scalestudy.study.progress import phase
     from scalestudy.study.stopping import StudyInterrupted
     from scalestudy.study.sweep import run_study
@@ -293,27 +302,50 @@ def cmd_study(args: argparse.Namespace) -> int:
 
             with phase("experiments"):
                 decoder_only.run(study, runs, Path(args.out))
-        if study.stages is not None and args.collect:  # records stage runs; never trains
-            from scalestudy.study import executors, pipeline
-
-            if missing := pipeline.collect(study, Path(args.spec).parent, Path(args.out), runs):
-                raise executors.StudyRunError(
-                    f"{len(missing)} stage run(s) are not complete (listed above); collecting "
-                    "never trains: re-submit their jobs, then collect again"
-                )
-        elif study.stages is not None:  # adaptation and finetuning after pretraining
-            from scalestudy.study import pipeline
-
-            with phase("stages", plain=False if args.dry_run else None):  # a plan: no phase
-                pipeline.run(
-                    study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run
-                )
+        if study.stages is not None:
+            _study_stages(args, study, runs)
     except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
     except OSError as e:  # a study file cannot be read or written: one line
         raise ScalestudyError(str(e)) from None
     return 0
+
+
+def _study_stage_run(args: argparse.Namespace) -> int:
+    """`study --stage-run NAME`: train that one stage run and print its summary."""
+    from scalestudy.study import pipeline
+    from scalestudy.train.loop import Preempted
+
+    try:
+        summary = pipeline.run_named(
+            Path(args.spec), Path(args.out), args.stage_run, args.overrides
+        )
+    except Preempted as e:  # checkpoint saved: the task requeues itself and resumes
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
+    print_dict({k: v for k, v in summary.items() if not isinstance(v, dict)}, False)
+    return 0
+
+
+def _study_stages(args: argparse.Namespace, study, runs) -> None:
+    """A study's stages after its pretraining runs: collected (`--collect`, never trains) or
+    run (adaptation and finetuning; a plan only with `--dry-run`)."""
+    from scalestudy.study import pipeline
+
+    if args.collect:  # records stage runs; never trains
+        from scalestudy.study import executors
+
+        if missing := pipeline.collect(study, Path(args.spec).parent, Path(args.out), runs):
+            raise executors.StudyRunError(
+                f"{len(missing)} stage run(s) are not complete (listed above); collecting "
+                "never trains: re-submit their jobs, then collect again"
+            )
+        return
+    from scalestudy.study.progress import phase
+
+    with phase("stages", plain=False if args.dry_run else None):  # a plan: no phase
+        pipeline.run(study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -381,7 +413,7 @@ def cmd_experts(args: argparse.Namespace) -> int:
         results = experts.measure_run(
             workdir, args.step, out, strings=strings, rows=args.rows, top=args.top
         )
-    _print(results, args.json)
+    print_dict(results, args.json)
     return 0
 
 
@@ -407,5 +439,5 @@ def cmd_stage(args: argparse.Namespace) -> int:
     with logfile.library_logs_dropped():  # orbax's notes on the parent's checkpoints
         cfg, record = prepare(Path(args.parent), Path(args.out), args.overrides)
     summary = stages.run_stage(cfg, record, Path(args.out), evaluate=args.command == "finetune")
-    _print({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
+    print_dict({k: v for k, v in summary.items() if not isinstance(v, dict)}, args.json)
     return 0

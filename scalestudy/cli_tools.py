@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from scalestudy import cli_args
-from scalestudy.cli_commands import _print
+from scalestudy.cli_commands import print_dict
 from scalestudy.config import load_config
 from scalestudy.errors import ScalestudyError
 
@@ -41,7 +41,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             cfg = preset_config(args.preset, args.seq, overrides)
         out = bench_peer(cfg, steps=args.steps, which=args.peer, profile_dir=args.profile)
         profile = out.pop("profile_ms_per_step", None) if not args.json else None
-        _print(out, args.json)
+        print_dict(out, args.json)
         for kind, sides in (profile or {}).items():  # ms per step of each side, by kind
             print(f"{kind:<48}" + "".join(f"  {side} {ms:>10}" for side, ms in sides.items()))
         return 0
@@ -50,7 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         from scalestudy.bench.eval import bench as bench_fn
     cfg = load_config(args.config, args.overrides) if args.config or args.overrides else None
-    _print(bench_fn(cfg, steps=args.steps), args.json)
+    print_dict(bench_fn(cfg, steps=args.steps), args.json)
     return 0
 
 
@@ -66,10 +66,10 @@ def _bench_train(args: argparse.Namespace) -> int:
         return _bench_members(args, cfg, archs)
     result = bench(cfg, steps=args.steps, archs=archs)
     if args.json:
-        _print(result, True)
+        print_dict(result, True)
         return 0
     rows = {k: v for k, v in result.items() if isinstance(v, dict)}  # one per architecture
-    _print({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
+    print_dict({k: v for k, v in result.items() if not isinstance(v, dict)}, False)
     cols = list(next(iter(rows.values())))
     print("\n" + "  ".join(f"{c:>17}" for c in ["arch", *cols]))
     for arch, row in rows.items():
@@ -89,10 +89,10 @@ def _bench_members(args: argparse.Namespace, cfg: Any, archs: tuple | None) -> i
     (_, _, cell), *_ = cells(cfg, archs=archs, one_per_arch=True)
     result = bench(cell, args.members, args.steps, whole_runs=not args.steps_only)
     if args.json:
-        _print(result, True)
+        print_dict(result, True)
         return 0
     curve = result.pop("curve")
-    _print(result, False)
+    print_dict(result, False)
     cols = list(curve[0])
     print("\n" + "  ".join(f"{c:>22}" for c in cols))
     for row in curve:
@@ -124,7 +124,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(plans, indent=2, default=str))
         for plan in [] if args.json else plans:
-            _print(plan, False)
+            print_dict(plan, False)
             print()
         return 0
     cfg = load_config(args.config, args.overrides)
@@ -135,5 +135,5 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = compile_plan(
         cfg, topology=args.topology, costs=not args.memory_only, members=args.members
     )
-    _print(plan, args.json)
+    print_dict(plan, args.json)
     return 0
