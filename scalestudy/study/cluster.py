@@ -22,6 +22,7 @@ import shlex
 import subprocess
 from pathlib import Path
 from string import Template
+from typing import Any
 
 from scalestudy.config import to_yaml
 from scalestudy.errors import ScalestudyError
@@ -241,35 +242,25 @@ def render_slurm_stages(
     return scripts
 
 
-def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path, stage_runs: list = ()) -> str:
-    """A bash script: create (or reuse) the TPU VM, train and evaluate every run, then every
-    stage run (`stage_runs`, parents first), collect."""
-    t = study.tpu
+def _tpu_create(t: Any, fields: dict[str, str]) -> str:
+    """The script's step that creates the TPU VM: a queued resource, or the VM at once."""
+    if not t.queued:
+        return Template(VM_CREATE).substitute(fields)
+    timeout_s = max(1, round(t.queue_timeout_minutes * 60))
+    return Template(QUEUED_CREATE).substitute(
+        fields,
+        qr=shlex.quote(f"{t.name}-qr"),
+        timeout_s=timeout_s,
+        timeout_min=f"{t.queue_timeout_minutes:g}",
+        poll_s=min(60, timeout_s),
+    )
+
+
+def _tpu_train_lines(
+    t: Any, head: list[str], spec: Path, out: Path, runs: list, stage_runs: list
+) -> list[str]:
+    """One `on_slice` line per run, then per stage run: each trains on every worker."""
     q = shlex.quote
-    location = [f"--zone={t.zone}"] + ([f"--project={t.project}"] if t.project else [])
-    fields = {
-        "name": q(t.name),
-        "accelerator": q(t.accelerator_type),
-        "runtime": q(t.runtime_version),
-        "spot": " --spot" if t.spot else "",
-    }
-    if t.queued:
-        timeout_s = max(1, round(t.queue_timeout_minutes * 60))
-        create = Template(QUEUED_CREATE).substitute(
-            fields,
-            qr=q(f"{t.name}-qr"),
-            timeout_s=timeout_s,
-            timeout_min=f"{t.queue_timeout_minutes:g}",
-            poll_s=min(60, timeout_s),
-        )
-    else:
-        create = Template(VM_CREATE).substitute(fields)
-    head = [f"cd {t.repo_dir}", *t.setup]  # repo_dir unquoted: `~` expands on the worker
-    prepare = [
-        *head,
-        f"{t.scalestudy} launch --spec {q(str(spec))} --executor tpu --out {q(str(out))} "
-        "> /dev/null",
-    ]
     lines = []
     for run in runs:
         workdir = out / "runs" / run.dirname
@@ -289,6 +280,29 @@ def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path, stage_runs: 
             f"--stage-run {q(r.name)}",
         ]
         lines.append(f"  on_slice {q(f'{r.stage} {r.name}')} all {q(' && '.join(train))}")
+    return lines
+
+
+def render_tpu(study: StudySpec, spec: Path, runs: list, out: Path, stage_runs: list = ()) -> str:
+    """A bash script: create (or reuse) the TPU VM, train and evaluate every run, then every
+    stage run (`stage_runs`, parents first), collect."""
+    t = study.tpu
+    q = shlex.quote
+    location = [f"--zone={t.zone}"] + ([f"--project={t.project}"] if t.project else [])
+    fields = {
+        "name": q(t.name),
+        "accelerator": q(t.accelerator_type),
+        "runtime": q(t.runtime_version),
+        "spot": " --spot" if t.spot else "",
+    }
+    create = _tpu_create(t, fields)
+    head = [f"cd {t.repo_dir}", *t.setup]  # repo_dir unquoted: `~` expands on the worker
+    prepare = [
+        *head,
+        f"{t.scalestudy} launch --spec {q(str(spec))} --executor tpu --out {q(str(out))} "
+        "> /dev/null",
+    ]
+    lines = _tpu_train_lines(t, head, spec, out, runs, stage_runs)
     collect = [
         *head,
         f"{t.scalestudy} study --collect --spec {q(str(spec))} --out {q(str(out))}",

@@ -275,6 +275,35 @@ def leader(
     x, left_out = _common_x(by_cell, x_key)
     if x is None:
         return None
+    per_seed, at, read = _read_rungs(by_cell, x_key, x, tolerance, metric)
+    higher = metric == "acc" if higher is None else higher
+    mean = {c: sum(v.values()) / len(v) for c, v in per_seed.items()}
+    ranked = sorted(mean, key=lambda c: -mean[c] if higher else mean[c])
+    examples = 0
+    if metric == "acc":
+        examples = int(min(_accuracy(r)[1] for rows in by_cell.values() for r in rows))
+    best = ranked[0]
+    tests = [
+        _leader_test(best, other, per_seed, at, metric, examples, tolerance) for other in ranked[1:]
+    ]
+    return {
+        "at": x,
+        "leader": best,
+        "scores": {c: _score(per_seed[c], examples) for c in ranked},
+        "means": mean,
+        "read": read,
+        "quantities": at,  # cell -> its rung's mean of each of QUANTITIES
+        "tests": tests,
+        "higher": higher,
+        "left_out": sorted(left_out),
+    }
+
+
+def _read_rungs(
+    by_cell: dict[str, list[dict[str, Any]]], x_key: str, x: float, tolerance: float, metric: str
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[str, float]], dict[str, float]]:
+    """Each cell read at its rung nearest `x`: (cell -> seed -> `metric`, cell -> its rung's
+    quantities, cell -> the rung's mean `x_key`)."""
     per_seed: dict[str, dict[int, float]] = {}
     at: dict[str, dict[str, float]] = {}
     read: dict[str, float] = {}
@@ -286,40 +315,33 @@ def leader(
         per_seed[cell] = {s: sum(v) / len(v) for s, v in seeds.items()}
         at[cell] = _quantities(rung)
         read[cell] = sum(float(r[x_key]) for r in rung) / len(rung)
-    higher = metric == "acc" if higher is None else higher
-    mean = {c: sum(v.values()) / len(v) for c, v in per_seed.items()}
-    ranked = sorted(mean, key=lambda c: -mean[c] if higher else mean[c])
-    examples = 0
+    return per_seed, at, read
+
+
+def _leader_test(
+    best: str,
+    other: str,
+    per_seed: dict[str, dict[int, float]],
+    at: dict[str, dict[str, float]],
+    metric: str,
+    examples: int,
+    tolerance: float,
+) -> dict[str, Any]:
+    """The leader `best` against `other`: the difference's interval, and what the two rungs
+    read hold equal and what not."""
     if metric == "acc":
-        examples = int(min(_accuracy(r)[1] for rows in by_cell.values() for r in rows))
-    best, tests = ranked[0], []
-    for other in ranked[1:]:
-        if metric == "acc":
-            interval, unpaired = accuracy_difference(per_seed[best], per_seed[other], examples)
-        else:
-            interval, unpaired = run_difference(per_seed[best], per_seed[other])
-        same, differ = held_equal([at[best]], [at[other]], tolerance)
-        tests.append(
-            {
-                "cell": best,
-                "reference": other,
-                "metric": metric,
-                "interval": interval,
-                "unpaired": unpaired,
-                "held_equal": same,
-                "not_equal": differ,
-            }
-        )
+        interval, unpaired = accuracy_difference(per_seed[best], per_seed[other], examples)
+    else:
+        interval, unpaired = run_difference(per_seed[best], per_seed[other])
+    same, differ = held_equal([at[best]], [at[other]], tolerance)
     return {
-        "at": x,
-        "leader": best,
-        "scores": {c: _score(per_seed[c], examples) for c in ranked},
-        "means": mean,
-        "read": read,
-        "quantities": at,  # cell -> its rung's mean of each of QUANTITIES
-        "tests": tests,
-        "higher": higher,
-        "left_out": sorted(left_out),
+        "cell": best,
+        "reference": other,
+        "metric": metric,
+        "interval": interval,
+        "unpaired": unpaired,
+        "held_equal": same,
+        "not_equal": differ,
     }
 
 

@@ -99,6 +99,34 @@ def limits(
     done = [r for r in runs if r["status"] == "done" and r.get("params_total")]
     if not done:
         return []
+    per_point = defaultdict(int)
+    for r in done:
+        per_point[(cell_label(r), r["size"], r.get("budget"))] += 1
+    out = [
+        "## What this study cannot tell",
+        "",
+        _scale_line(done),
+        f"- Runs per point: {min(per_point.values())} to {max(per_point.values())}. "
+        '"Not distinguishable" is not "equal": a difference smaller than the run-to-run '
+        "spread needs more runs to resolve.",
+    ]
+    if cmp["not_scaling"]:
+        out.append(
+            f"- Validation loss does not fall at every step up the ladder in "
+            f"{', '.join(cmp['not_scaling'])}."
+        )
+    out += _flagged_laws_line(fits)
+    if not study.lr_search:
+        out.append(
+            "- Learning rates were set in the spec, not searched: a cell trained away from its "
+            "best rate is handicapped in every comparison (add `lr_search`)."
+        )
+    out += lr_report.cannot_tell(list(rate_records), runs)
+    return [*out, ""]
+
+
+def _scale_line(done: list[dict[str, Any]]) -> str:
+    """The limits' scale item: the finished runs' sizes, steps and tokens per parameter."""
     n = [float(r["params_total"]) for r in done]
     ratio = [r["tokens"] / r["params_total"] for r in done if r.get("tokens")]
     # Chinchilla's 20 counts every parameter; many ladders count non-embedding ones.
@@ -107,12 +135,7 @@ def limits(
         for r in done
         if r.get("tokens") and r.get("params_non_embedding")
     ]
-    per_point = defaultdict(int)
-    for r in done:
-        per_point[(cell_label(r), r["size"], r.get("budget"))] += 1
-    out = [
-        "## What this study cannot tell",
-        "",
+    return (
         f"- Scale: {min(n):.3g} to {max(n):.3g} total parameters, "
         f"{min(r.get('steps') or 0 for r in done)} to {max(r.get('steps') or 0 for r in done)} "
         "steps"
@@ -123,16 +146,12 @@ def limits(
             else ""
         )
         + ". The verdicts hold at these sizes and this budget; which cell is best can change "
-        "with scale, so read the fits below for trends, not for answers far beyond the runs.",
-        f"- Runs per point: {min(per_point.values())} to {max(per_point.values())}. "
-        '"Not distinguishable" is not "equal": a difference smaller than the run-to-run '
-        "spread needs more runs to resolve.",
-    ]
-    if cmp["not_scaling"]:
-        out.append(
-            f"- Validation loss does not fall at every step up the ladder in "
-            f"{', '.join(cmp['not_scaling'])}."
-        )
+        "with scale, so read the fits below for trends, not for answers far beyond the runs."
+    )
+
+
+def _flagged_laws_line(fits: dict[str, Any]) -> list[str]:
+    """The limits' laws item, where any fitted law is flagged (none otherwise)."""
     laws = [
         (cell, law, fit.get("flags") or [])
         for cell, c in (fits.get("cells") or {}).items()
@@ -141,17 +160,11 @@ def limits(
     ]
     if flagged := [(c, law, f) for c, law, f in laws if f]:
         kinds = sorted({flag.split(":")[0] for _, _, f in flagged for flag in f})
-        out.append(
+        return [
             f"- Laws: {len(flagged)} of {len(laws)} fitted laws are flagged ({', '.join(kinds)}; "
             "the fits section says why): read their exponents as this ladder's, not as laws."
-        )
-    if not study.lr_search:
-        out.append(
-            "- Learning rates were set in the spec, not searched: a cell trained away from its "
-            "best rate is handicapped in every comparison (add `lr_search`)."
-        )
-    out += lr_report.cannot_tell(list(rate_records), runs)
-    return [*out, ""]
+        ]
+    return []
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -197,11 +210,38 @@ def render_markdown(
     `left_out`: a sentence naming the registry's runs that the spec does not plan.
     `rate_records`: the search's choice records, for what it left open (`limits`)."""
     cmp = answer.compare(runs, tolerance=study.match_tolerance)
+    n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
+    lines = [
+        *_answer_lines(study, cmp, runs, figures, n_what, left_out),
+        *limits(study, cmp, runs, fits, rate_records),
+        *learning_rates,
+        *_reading_lines(cmp, runs),
+        *_verdict_lines(study, cmp, runs, n_what),
+    ]
+    if fits or notes:
+        lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
+    lines += task_laws.section(fits)
+    if figures:
+        lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
+    if loss_tokens is not None:
+        lines += loss_token_report.lines(runs, loss_tokens)
+    lines += ["## Runs", "", *_runs_table(runs), ""]
+    return "\n".join(lines)
+
+
+def _answer_lines(
+    study: StudySpec,
+    cmp: dict[str, Any],
+    runs: list[dict[str, Any]],
+    figures: list[str],
+    n_what: str,
+    left_out: str,
+) -> list[str]:
+    """The report's title, what ran, the host, the verdict table and the frontier figure."""
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
-    n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
     frontier = [f for f in figures if Path(f).stem == "answer"]
-    lines = [
+    return [
         f"# Study `{study.name}`",
         "",
         study.description.strip() or "",
@@ -219,8 +259,12 @@ def render_markdown(
             for f in frontier
         ],
         "",
-        *limits(study, cmp, runs, fits, rate_records),
-        *learning_rates,
+    ]
+
+
+def _reading_lines(cmp: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """How to read the comparisons: what is comparable, the method, chance and cut contexts."""
+    return [
         "## How to read the comparisons",
         "",
         "Validation losses of different objectives are **not comparable**: an MLM model "
@@ -247,9 +291,14 @@ def render_markdown(
             if (share := truncated_share(runs)) and (cut := share[0]) and (n := share[1])
             else []
         ),
-        "## Verdicts",
-        "",
     ]
+
+
+def _verdict_lines(
+    study: StudySpec, cmp: dict[str, Any], runs: list[dict[str, Any]], n_what: str
+) -> list[str]:
+    """The verdicts section: whether loss falls up the ladder, then every verdict in full."""
+    lines = ["## Verdicts", ""]
     if cmp["not_scaling"]:
         lines += [
             f"Validation loss falls at every step up the ladder except in "
@@ -265,15 +314,7 @@ def render_markdown(
     lines += comparisons.lines(
         runs, study.match_tolerance, found=cmp["matched"], family=cmp["secondary"]
     )
-    if fits or notes:
-        lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
-    lines += task_laws.section(fits)
-    if figures:
-        lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
-    if loss_tokens is not None:
-        lines += loss_token_report.lines(runs, loss_tokens)
-    lines += ["## Runs", "", *_runs_table(runs), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def render_html(text: str) -> str:
