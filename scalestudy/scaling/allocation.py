@@ -127,46 +127,10 @@ def _parabola_min(x_J, y_J, w_RJ, member_J):
 
 def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
     """Chinchilla approach 2: IsoFLOP parabolas in log N and log D -> N_opt(C), D_opt(C)."""
-    flags: list[str] = []
-    if any(table.budget):
-        # Budgets named by the study or a budget column: exact IsoFLOP membership, and the
-        # named budget is the compute of its parabola (when the label is a number).
-        labels = sorted(set(table.budget), key=lambda b: (budget_compute(b), b))
-        groups = np.array([labels.index(b) for b in table.budget])
-        named = [budget_compute(b) for b in labels]
-        c_source = "budget labels" if np.isfinite(named).all() else "mean of runs' log C"
-    else:
-        groups, flags = isoflop_groups(table.C, s.isoflop_tol)
-        named, c_source = [np.nan] * (groups.max() + 1), "mean of runs' log C"
+    groups, named, c_source, flags = _budget_groups(table, s)
     w_RJ = np.concatenate([np.ones((1, len(table.run_id))), counts_RJ])
-    logn, logd, loss = np.log(table.N), np.log(table.D), table.loss
-    rows, profiles = [], []
-    for g in range(groups.max() + 1):
-        member = groups == g
-        if np.unique(table.N[member]).size < 3:
-            continue
-        n_min, coef, x0, good = _parabola_min(logn, loss, w_RJ, member)
-        d_min, *_ = _parabola_min(logd, loss, w_RJ, member)
-        c_g = named[g] if c_source == "budget labels" else np.exp(np.log(table.C[member]).mean())
-        c_g = float(c_g)
-        rows.append((np.log(c_g), n_min, d_min))
-        profiles.append(
-            {
-                "C": c_g,
-                "runs": int(member.sum()),
-                "run_ids": [table.run_id[j] for j in np.flatnonzero(member)],
-                "parabola_logN": {"c0": coef[0, 0], "c1": coef[0, 1], "c2": coef[0, 2], "x0": x0},
-                # Bootstrap coefficients (c0, c1, c2; null where a resample has < 3 sizes).
-                "parabola_samples": coef[1 : SAMPLES_KEPT + 1].tolist(),
-                "N_opt": float(np.exp(n_min[0])) if good[0] else None,
-                "D_opt": float(np.exp(d_min[0])) if np.isfinite(d_min[0]) else None,
-            }
-        )
-        if not good[0]:
-            flags.append(
-                f"budget C={c_g:.3g}: the parabola has no minimum inside the sampled sizes "
-                "(not convex or optimum at the edge); budget left out"
-            )
+    rows, profiles, budget_flags = _isoflop_minima(table, groups, named, c_source, w_RJ)
+    flags += budget_flags
     if not rows:
         raise ScalingDataError(
             "approach 2 needs IsoFLOP budgets with at least 3 model sizes each; found none "
@@ -194,6 +158,57 @@ def approach2(table: RunTable, counts_RJ: np.ndarray, s) -> dict:
         int(w[0].sum()),
         "IsoFLOP budgets with a minimum",
     )
+
+
+def _budget_groups(table: RunTable, s) -> tuple[np.ndarray, list, str, list[str]]:
+    """Each run's IsoFLOP budget (an index), each budget's named compute (NaN when not a
+    number), where a budget's compute comes from, and the grouping's flags."""
+    if any(table.budget):
+        # Budgets named by the study or a budget column: exact IsoFLOP membership, and the
+        # named budget is the compute of its parabola (when the label is a number).
+        labels = sorted(set(table.budget), key=lambda b: (budget_compute(b), b))
+        groups = np.array([labels.index(b) for b in table.budget])
+        named = [budget_compute(b) for b in labels]
+        c_source = "budget labels" if np.isfinite(named).all() else "mean of runs' log C"
+        return groups, named, c_source, []
+    groups, flags = isoflop_groups(table.C, s.isoflop_tol)
+    return groups, [np.nan] * (groups.max() + 1), "mean of runs' log C", flags
+
+
+def _isoflop_minima(
+    table: RunTable, groups: np.ndarray, named: list, c_source: str, w_RJ: np.ndarray
+) -> tuple[list[tuple], list[dict], list[str]]:
+    """Per budget with at least 3 sizes: (log C, argmin log N [R], argmin log D [R]), its
+    profile for the report, and a flag for each budget whose parabola has no minimum."""
+    logn, logd, loss = np.log(table.N), np.log(table.D), table.loss
+    rows, profiles, flags = [], [], []
+    for g in range(groups.max() + 1):
+        member = groups == g
+        if np.unique(table.N[member]).size < 3:
+            continue
+        n_min, coef, x0, good = _parabola_min(logn, loss, w_RJ, member)
+        d_min, *_ = _parabola_min(logd, loss, w_RJ, member)
+        c_g = named[g] if c_source == "budget labels" else np.exp(np.log(table.C[member]).mean())
+        c_g = float(c_g)
+        rows.append((np.log(c_g), n_min, d_min))
+        profiles.append(
+            {
+                "C": c_g,
+                "runs": int(member.sum()),
+                "run_ids": [table.run_id[j] for j in np.flatnonzero(member)],
+                "parabola_logN": {"c0": coef[0, 0], "c1": coef[0, 1], "c2": coef[0, 2], "x0": x0},
+                # Bootstrap coefficients (c0, c1, c2; null where a resample has < 3 sizes).
+                "parabola_samples": coef[1 : SAMPLES_KEPT + 1].tolist(),
+                "N_opt": float(np.exp(n_min[0])) if good[0] else None,
+                "D_opt": float(np.exp(d_min[0])) if np.isfinite(d_min[0]) else None,
+            }
+        )
+        if not good[0]:
+            flags.append(
+                f"budget C={c_g:.3g}: the parabola has no minimum inside the sampled sizes "
+                "(not convex or optimum at the edge); budget left out"
+            )
+    return rows, profiles, flags
 
 
 def _leave_one_budget_out(logc_B, logn_B, logd_B, w_B) -> dict:

@@ -26,6 +26,14 @@ from scalestudy.scaling.task_law import TASK_FORMS, fit_task_laws
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """Flags that say how a registry or table of runs maps to N, D, C and loss."""
+    # In this order, which is the order `--help` lists them in.
+    _add_column_args(p)
+    _add_unit_args(p)
+    _add_filter_args(p)
+
+
+def _add_column_args(p: argparse.ArgumentParser) -> None:
+    """Which column holds N, D, C, loss, the run id, the budget and the groups."""
     p.add_argument("--n-col", default=None, help="column of parameter counts N")
     p.add_argument("--d-col", default=None, help="column of training tokens D")
     p.add_argument("--c-col", default=None, help="column of training FLOPs C")
@@ -50,6 +58,10 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
         help="comma-separated columns fitted apart (default arch,objective if "
         "present; '' for one group)",
     )
+
+
+def _add_unit_args(p: argparse.ArgumentParser) -> None:
+    """The units of N, D and C, and which count each is."""
     p.add_argument("--n-unit", default="", help="multiplier of N values: 1e6, M, B, ...")
     p.add_argument("--d-unit", default="", help="multiplier of D values: 1e9, B, T, ...")
     p.add_argument("--c-unit", default="", help="multiplier of C values: 1e18, PF-days, ...")
@@ -71,6 +83,10 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="C as counted FLOPs or 6ND (default: counted if a C column exists)",
     )
+
+
+def _add_filter_args(p: argparse.ArgumentParser) -> None:
+    """Which runs are fitted: invalid rows, conditions, exclusions, unplanned runs."""
     p.add_argument(
         "--drop-invalid",
         action="store_true",

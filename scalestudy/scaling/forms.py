@@ -252,8 +252,14 @@ class KrajewskiMoE(Form):
     # log g, gamma, log a, alpha, log b, beta, log c
     params = ("lg", "gamma", "la", "alpha", "lb", "beta", "lc")
     published: ClassVar[dict[str, float]] = {
-        "a": 18.1, "alpha": 0.115, "b": 30.8, "beta": 0.147, "g": 2.1, "gamma": 0.58, "c": 0.47
-    }  # fmt: skip
+        "a": 18.1,
+        "alpha": 0.115,
+        "b": 30.8,
+        "beta": 0.147,
+        "g": 2.1,
+        "gamma": 0.58,
+        "c": 0.47,
+    }
 
     def predict(self, theta_KQ, x_VP):
         lg, gamma, la, alpha, lb, beta, lc = (theta_KQ[:, i : i + 1] for i in range(7))
@@ -268,17 +274,27 @@ class KrajewskiMoE(Form):
 
     def grid(self, x_VP):
         return _grid(
-            [0.0, 2.0, 4.0], [0.3, 0.6], [0.0, 2.5, 5.0], [0.1, 0.3], [0.0, 5.0, 10.0],
-            [0.1, 0.3], [-1.0, 0.0, 0.5],
-        )  # fmt: skip
+            [0.0, 2.0, 4.0],
+            [0.3, 0.6],
+            [0.0, 2.5, 5.0],
+            [0.1, 0.3],
+            [0.0, 5.0, 10.0],
+            [0.1, 0.3],
+            [-1.0, 0.0, 0.5],
+        )
 
     def named(self, theta_KQ):
         lg, gamma, la, alpha, lb, beta, lc = theta_KQ.T
         with np.errstate(over="ignore"):
             return {
-                "g": np.exp(lg), "gamma": gamma, "a": np.exp(la), "alpha": alpha,
-                "b": np.exp(lb), "beta": beta, "c": np.exp(lc),
-            }  # fmt: skip
+                "g": np.exp(lg),
+                "gamma": gamma,
+                "a": np.exp(la),
+                "alpha": alpha,
+                "b": np.exp(lb),
+                "beta": beta,
+                "c": np.exp(lc),
+            }
 
     def formula(self):
         return "c + (g/G^gamma + a)/N^alpha + b/D^beta"

@@ -100,38 +100,9 @@ def build_table(rows: Any, settings: DataSettings, kind: str) -> RunTable:
     c_col = _column(columns, s.c_col, "c", required=False)
     loss_col = _column(columns, s.loss_col, "loss", required=True)
     run_col = _column(columns, s.run_col, "run", required=False) if s.run_col else None
-    N = _values(rows, n_col, parse_unit(s.n_unit, "--n-unit"))
-    D = _values(rows, d_col, parse_unit(s.d_unit, "--d-unit"))
+    N, D, C, c_kind, desc = _sizes(rows, s, n_col, d_col, c_col)
     loss = _values(rows, loss_col, 1.0)
-    c_kind = s.c_kind or ("counted" if c_col else "6nd")
-    if c_kind == "counted":
-        if c_col is None:
-            raise ScalingDataError("c_kind 'counted' needs a compute column; name it with --c-col")
-        C = _values(rows, c_col, parse_unit(s.c_unit, "--c-unit"))
-        c_desc = f"counted FLOPs from column {c_col!r}"
-    elif c_kind == "6nd":
-        C = 6.0 * N * D
-        c_desc = f"C = 6 N D (N from {n_col!r}, D from {d_col!r})"
-    else:
-        raise ScalingDataError(f"c_kind {c_kind!r}; accepted: counted, 6nd")
-    n_desc, d_desc = f"column {n_col!r}", f"column {d_col!r}"
-    # Published IsoFLOP tables often give only two of N, D, C: the third from C = 6ND.
-    if d_col is None and n_col is not None and c_col is not None:
-        D, d_desc = C / (6.0 * N), "D = C / (6 N) (no tokens column)"
-    if n_col is None and d_col is not None and c_col is not None:
-        N, n_desc = C / (6.0 * D), "N = C / (6 D) (no parameters column)"
-
-    groups = s.group_cols
-    if groups is None:
-        groups = tuple(g for g in ("arch", "objective") if g in columns)
-    missing = [g for g in groups if g not in columns]
-    if missing:
-        raise ScalingDataError(f"group columns {missing} not in the table; columns: {columns}")
-    cell = ["/".join(str(r.get(g)) for g in groups) or "all" for r in rows]
-    budget_col = s.budget_col or ("budget" if "budget" in columns else None)
-    if budget_col is not None and budget_col not in columns:
-        raise ScalingDataError(f"budget column {budget_col!r} not in the table; columns: {columns}")
-    budget = [str(r.get(budget_col) or "") if budget_col else "" for r in rows]
+    groups, cell, budget = _cells(rows, columns, s)
     ids = [str(r[run_col]) if run_col else str(i) for i, r in enumerate(rows)]
 
     table_curves: dict[str, dict[str, np.ndarray]] = {}
@@ -155,6 +126,67 @@ def build_table(rows: Any, settings: DataSettings, kind: str) -> RunTable:
         N, D, C, loss = N[k], D[k], C[k], loss[k]
         table_curves = {r: c for r, c in table_curves.items() if r in set(ids)}
 
+    extra = _extra_columns(rows, columns)
+    table = RunTable(ids, cell, N, D, C, loss, extra, table_curves, budget=budget)
+    table.choices = {
+        "source_kind": kind,
+        **desc,
+        "c_kind": c_kind,
+        "loss": f"column {loss_col!r}",
+        "units": {"n": s.n_unit or "1", "d": s.d_unit or "1", "c": s.c_unit or "1"},
+        "groups": list(groups),
+        "curve_points": s.curve_points,
+        "filters": filters,
+    }
+    return _validate(table, s.drop_invalid)
+
+
+def _sizes(
+    rows: list[dict], s: DataSettings, n_col: str | None, d_col: str | None, c_col: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, dict[str, str]]:
+    """N, D and C of each row in their units, the compute kind, and where each came from."""
+    N = _values(rows, n_col, parse_unit(s.n_unit, "--n-unit"))
+    D = _values(rows, d_col, parse_unit(s.d_unit, "--d-unit"))
+    c_kind = s.c_kind or ("counted" if c_col else "6nd")
+    if c_kind == "counted":
+        if c_col is None:
+            raise ScalingDataError("c_kind 'counted' needs a compute column; name it with --c-col")
+        C = _values(rows, c_col, parse_unit(s.c_unit, "--c-unit"))
+        c_desc = f"counted FLOPs from column {c_col!r}"
+    elif c_kind == "6nd":
+        C = 6.0 * N * D
+        c_desc = f"C = 6 N D (N from {n_col!r}, D from {d_col!r})"
+    else:
+        raise ScalingDataError(f"c_kind {c_kind!r}; accepted: counted, 6nd")
+    n_desc, d_desc = f"column {n_col!r}", f"column {d_col!r}"
+    # Published IsoFLOP tables often give only two of N, D, C: the third from C = 6ND.
+    if d_col is None and n_col is not None and c_col is not None:
+        D, d_desc = C / (6.0 * N), "D = C / (6 N) (no tokens column)"
+    if n_col is None and d_col is not None and c_col is not None:
+        N, n_desc = C / (6.0 * D), "N = C / (6 D) (no parameters column)"
+    return N, D, C, c_kind, {"N": n_desc, "D": d_desc, "C": c_desc}
+
+
+def _cells(
+    rows: list[dict], columns: list[str], s: DataSettings
+) -> tuple[tuple[str, ...], list[str], list[str]]:
+    """The group columns, each row's cell ("arch/objective" by default) and its budget label."""
+    groups = s.group_cols
+    if groups is None:
+        groups = tuple(g for g in ("arch", "objective") if g in columns)
+    missing = [g for g in groups if g not in columns]
+    if missing:
+        raise ScalingDataError(f"group columns {missing} not in the table; columns: {columns}")
+    cell = ["/".join(str(r.get(g)) for g in groups) or "all" for r in rows]
+    budget_col = s.budget_col or ("budget" if "budget" in columns else None)
+    if budget_col is not None and budget_col not in columns:
+        raise ScalingDataError(f"budget column {budget_col!r} not in the table; columns: {columns}")
+    budget = [str(r.get(budget_col) or "") if budget_col else "" for r in rows]
+    return groups, cell, budget
+
+
+def _extra_columns(rows: list[dict], columns: list[str]) -> dict[str, np.ndarray]:
+    """Columns beside N, D, C and loss: every `eval/*` score, and the MoE laws' input."""
     extra = {}
     for col in columns:
         if col.startswith("eval/"):
@@ -168,20 +200,7 @@ def build_table(rows: Any, settings: DataSettings, kind: str) -> RunTable:
             )
         if found:
             extra[var] = _values(rows, found[0], 1.0)
-    table = RunTable(ids, cell, N, D, C, loss, extra, table_curves, budget=budget)
-    table.choices = {
-        "source_kind": kind,
-        "N": n_desc,
-        "D": d_desc,
-        "C": c_desc,
-        "c_kind": c_kind,
-        "loss": f"column {loss_col!r}",
-        "units": {"n": s.n_unit or "1", "d": s.d_unit or "1", "c": s.c_unit or "1"},
-        "groups": list(groups),
-        "curve_points": s.curve_points,
-        "filters": filters,
-    }
-    return _validate(table, s.drop_invalid)
+    return extra
 
 
 def as_rows(table: Any) -> list[dict]:

@@ -200,21 +200,7 @@ def fit_form(
     ones = np.ones_like(y)
     theta = point_fit(form, x, y, ones, fit_delta(form, s.huber_delta), grid)
     point = {n: v[0] for n, v in form.named(theta[None]).items()}
-    samples: dict[str, np.ndarray] = {}
-    theta_R = np.zeros((0, len(theta)))
-    if len(counts_RJ):
-        theta_R = fit_weighted(
-            form,
-            grid,
-            theta,
-            x,
-            y,
-            counts_RJ[:, run],
-            fit_delta(form, s.huber_delta),
-            s.top_k,
-        )
-        theta_R = widen(theta, theta_R, df, s.ci)
-        samples = form.named(theta_R)
+    theta_R, samples = _bootstrap(form, grid, theta, x, y, counts_RJ, run, s, df)
     if isinstance(form, Chinchilla):
         point.update(
             {n: v[0] for n, v in chinchilla_allocation(form.named(theta[None]), k).items()}
@@ -225,31 +211,9 @@ def fit_form(
     resid = y - pred[0]
     params = summarise(point, samples, s.ci)
     ids = [table.run_id[j] for j in run]
-    # Frontier points (L(C)) are read off the runs' curves: count the runs they come from.
-    n_runs = int(np.unique(run).size)
-    what = "points" if n_runs == len(y) else f"runs (behind {len(y)} frontier points)"
-    flags = points_flag(n_runs, len(form.params), s.min_points_per_param, what)
-    if np.ptp(pred[0]) < 1e-3:
-        flags.append(
-            "flat: the fitted loss varies by less than 0.1% over the data, so the exponents "
-            "are not determined (loss does not change with scale in these runs)"
-        )
-    flags += param_flags(params, samples, s.ci, float(np.exp(y.min())))
-    if len(theta_R):
-        pred_R, _ = form.predict(theta_R, x)
-        v = form.inputs[0]
-        flags += prediction_span_flag(np.exp(pred[0]), np.exp(pred_R), s.ci, np.exp(x[0]), v)
-    # Training and seeds are properties of the cell's runs, not only of the points kept.
-    in_n_and_d = len(form.inputs) > 1 and "D" in form.inputs
-    flags += fit_flags(resid, x[0], table.N, table.D, f"log {form.inputs[0]}", in_n_and_d)
-    flags += [
-        f"bound: {name}: {bad:.0%} of bootstrap fits failed"
-        for name, v in samples.items()
-        if (bad := float(np.mean(~np.isfinite(v)))) > 0.05
-    ]
+    flags = _form_flags(form, table, x, y, run, pred[0], params, samples, theta_R, s)
     out_P = outlier_points(resid)
     outliers, outlier_runs = outlier_flags(resid, ids, out_P)
-    outlying = set(out_P.tolist())
     out = {
         "formula": form.formula(),
         **_along(form, table, run),
@@ -262,30 +226,11 @@ def fit_form(
         "theta": theta.tolist(),
         "theta_samples": theta_R[:SAMPLES_KEPT].tolist(),
         "_theta_samples": theta_R,
-        "residuals": {
-            "rmse_log": float(np.sqrt(np.mean(resid**2))),
-            "max_abs_log": float(np.abs(resid).max()),
-            "outlier_runs": outlier_runs,
-            "points": [
-                {
-                    "run": table.run_id[j],
-                    "x": np.exp(x[:, i]).tolist(),
-                    "log_resid": float(r),
-                    "outlier": i in outlying,
-                }
-                for i, (j, r) in enumerate(zip(run, resid))
-            ],
-        },
+        "residuals": _residuals(table, x, run, resid, set(out_P.tolist()), outlier_runs),
         "flags": flags + outliers,
     }
-    if form.inputs == ("C",):
-        finished = finished_curves(table) and len(table.curves) >= 2
-        out["points_used"] = frontier.FINISHED_CURVES if finished else frontier.FINAL_POINTS
-    elif len(form.inputs) == 1:
-        out["points_used"] = (
-            f"per distinct {form.inputs[0]}, every run of the training length with the lowest "
-            "mean loss"
-        )
+    if note := _points_used(form, table):
+        out["points_used"] = note
     if published := getattr(form, "published", None):
         out["published"] = published  # the paper's constants, beside ours
     if s.holdout > 0:
@@ -293,6 +238,105 @@ def fit_form(
     if s.kfold:
         out["crossval"] = resample.kfold(form, x, y, theta, grid, s)
     return out
+
+
+def _bootstrap(
+    form: Form,
+    grid,
+    theta: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    counts_RJ: np.ndarray,
+    run: np.ndarray,
+    s: FitSettings,
+    df: int,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The resampled fits [R, P] (widened by t_df / z) and their named parameters; none
+    (0 rows, no names) without resamples. `run`: each point's run (a column of `counts_RJ`)."""
+    if not len(counts_RJ):
+        return np.zeros((0, len(theta))), {}
+    delta = fit_delta(form, s.huber_delta)
+    theta_R = fit_weighted(form, grid, theta, x, y, counts_RJ[:, run], delta, s.top_k)
+    theta_R = widen(theta, theta_R, df, s.ci)
+    return theta_R, form.named(theta_R)
+
+
+def _form_flags(
+    form: Form,
+    table: RunTable,
+    x: np.ndarray,
+    y: np.ndarray,
+    run: np.ndarray,
+    pred: np.ndarray,
+    params: dict,
+    samples: dict[str, np.ndarray],
+    theta_R: np.ndarray,
+    s: FitSettings,
+) -> list[str]:
+    """The warnings on one fit, outliers apart: too few runs, a flat fit, badly determined
+    parameters or predictions, residual patterns, failed bootstrap fits."""
+    resid = y - pred
+    # Frontier points (L(C)) are read off the runs' curves: count the runs they come from.
+    n_runs = int(np.unique(run).size)
+    what = "points" if n_runs == len(y) else f"runs (behind {len(y)} frontier points)"
+    flags = points_flag(n_runs, len(form.params), s.min_points_per_param, what)
+    if np.ptp(pred) < 1e-3:
+        flags.append(
+            "flat: the fitted loss varies by less than 0.1% over the data, so the exponents "
+            "are not determined (loss does not change with scale in these runs)"
+        )
+    flags += param_flags(params, samples, s.ci, float(np.exp(y.min())))
+    if len(theta_R):
+        pred_R, _ = form.predict(theta_R, x)
+        v = form.inputs[0]
+        flags += prediction_span_flag(np.exp(pred), np.exp(pred_R), s.ci, np.exp(x[0]), v)
+    # Training and seeds are properties of the cell's runs, not only of the points kept.
+    in_n_and_d = len(form.inputs) > 1 and "D" in form.inputs
+    flags += fit_flags(resid, x[0], table.N, table.D, f"log {form.inputs[0]}", in_n_and_d)
+    flags += [
+        f"bound: {name}: {bad:.0%} of bootstrap fits failed"
+        for name, v in samples.items()
+        if (bad := float(np.mean(~np.isfinite(v)))) > 0.05
+    ]
+    return flags
+
+
+def _residuals(
+    table: RunTable,
+    x: np.ndarray,
+    run: np.ndarray,
+    resid: np.ndarray,
+    outlying: set[int],
+    outlier_runs: list,
+) -> dict:
+    """A fit's residual summary and each point's log residual."""
+    return {
+        "rmse_log": float(np.sqrt(np.mean(resid**2))),
+        "max_abs_log": float(np.abs(resid).max()),
+        "outlier_runs": outlier_runs,
+        "points": [
+            {
+                "run": table.run_id[j],
+                "x": np.exp(x[:, i]).tolist(),
+                "log_resid": float(r),
+                "outlier": i in outlying,
+            }
+            for i, (j, r) in enumerate(zip(run, resid))
+        ],
+    }
+
+
+def _points_used(form: Form, table: RunTable) -> str | None:
+    """Which points a one-input law was fitted to (None for a law in several inputs)."""
+    if form.inputs == ("C",):
+        finished = finished_curves(table) and len(table.curves) >= 2
+        return frontier.FINISHED_CURVES if finished else frontier.FINAL_POINTS
+    if len(form.inputs) == 1:
+        return (
+            f"per distinct {form.inputs[0]}, every run of the training length with the lowest "
+            "mean loss"
+        )
+    return None
 
 
 def _along(form: Form, table: RunTable, run: np.ndarray) -> dict:

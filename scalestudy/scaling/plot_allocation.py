@@ -80,6 +80,31 @@ def fig_allocation(t: RunTable, fits: dict):
     c = np.geomspace(np.nanmin(t.C) / 10, c_max * 1e4, 100)
     fig, axs = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
     ci = fs.ci_level(fits)
+    _draw_references(axs, c)
+    styles = fs.cell_styles(t.cells())
+    drawn = set()
+    for cell in t.cells():
+        drawn |= _draw_cell(axs, fits, cell, styles[cell], c, c_max, ci)
+    for ax in axs:
+        fs.mark_extrapolation(ax, c_max, c[-1])
+    fs.axes(axs[0], "training compute C (FLOPs)", "compute-optimal parameters N_opt")
+    fs.axes(axs[1], "training compute C (FLOPs)", "compute-optimal tokens D_opt")
+    for ls, name in sorted(drawn, key=lambda d: d[1], reverse=True):
+        axs[1].plot([], [], color="k", ls=ls, lw=1.3, label=name)
+    fs.legend(axs[0], 6)
+    fs.legend(axs[1], 6)
+    kinds = {"approach 3": "solid", "approach 2": "dashed", "approach 1": "dotted"}
+    keys = "; ".join(f"{kinds[n]}: {n}" for n in sorted({n for _, n in drawn}, reverse=True))
+    fig.suptitle(
+        f"Compute-optimal allocation ({keys + '; ' if keys else ''}shaded: {ci:.0%} bootstrap "
+        "band; hatched: beyond the runs)",
+        fontsize=9,
+    )
+    return fig
+
+
+def _draw_references(axs, c: np.ndarray) -> None:
+    """The published allocations on both panels (N_opt, then D_opt)."""
     # Published references: Chinchilla's ~20 tokens per parameter (C = 6ND) and Kaplan et
     # al.'s N_opt = 1.3e9 (C / PF-day)^0.73.
     n_chin, n_kap = np.sqrt(c / 120.0), 1.3e9 * (c / PF_DAY) ** 0.73
@@ -100,44 +125,33 @@ def fig_allocation(t: RunTable, fits: dict):
             lw=0.8,
             label="Kaplan et al. (N ∝ C^0.73)",
         )
-    styles = fs.cell_styles(t.cells())
+
+
+def _draw_cell(
+    axs, fits: dict, cell: str, st: dict, c: np.ndarray, c_max: float, ci: float
+) -> set[tuple]:
+    """One cell's allocation lines and bands (each approach fitted) and its IsoFLOP optima;
+    returns the (line style, approach) pairs drawn, for the legend."""
     drawn = set()
-    for cell in t.cells():
-        st = styles[cell]
-        k = fits["cells"][cell]["flops_per_nd"]["k"] if cell in fits.get("cells", {}) else 6.0
-        for law, ls, name in (
-            ("chinchilla3", "-", "approach 3"),
-            ("chinchilla2", "--", "approach 2"),
-            ("chinchilla1", (0, (1, 1)), "approach 1"),
-        ):
-            f = fs.get_fit(fits, cell, law)
-            if not f:
-                continue
-            drawn.add((ls, name))
-            n_KC, d_KC = allocation_curves(law, f, k, c)
-            for ax, v_KC, lab in ((axs[0], n_KC, True), (axs[1], d_KC, False)):
-                label = fs.cell_label(f"{cell} {name}", [("fit", f)]) if lab else None
-                fs.split_line(ax, c, v_KC[0], c_max, color=st["color"], ls=ls, lw=1.3, label=label)
-                fs.band(ax, c, v_KC[1:], st["color"], ci, f"band:{cell}:{law}")
-        if f := fs.get_fit(fits, cell, "chinchilla2"):
-            opt = [(pr["C"], pr["N_opt"], pr["D_opt"]) for pr in f["isoflop"] if pr["N_opt"]]
-            if opt:
-                cc, nn, dd = np.array(opt, dtype=float).T
-                axs[0].scatter(cc, nn, edgecolor="k", lw=0.4, label=f"{cell} IsoFLOP optima", **st)
-                axs[1].scatter(cc, dd, edgecolor="k", lw=0.4, **st)
-    for ax in axs:
-        fs.mark_extrapolation(ax, c_max, c[-1])
-    fs.axes(axs[0], "training compute C (FLOPs)", "compute-optimal parameters N_opt")
-    fs.axes(axs[1], "training compute C (FLOPs)", "compute-optimal tokens D_opt")
-    for ls, name in sorted(drawn, key=lambda d: d[1], reverse=True):
-        axs[1].plot([], [], color="k", ls=ls, lw=1.3, label=name)
-    fs.legend(axs[0], 6)
-    fs.legend(axs[1], 6)
-    kinds = {"approach 3": "solid", "approach 2": "dashed", "approach 1": "dotted"}
-    keys = "; ".join(f"{kinds[n]}: {n}" for n in sorted({n for _, n in drawn}, reverse=True))
-    fig.suptitle(
-        f"Compute-optimal allocation ({keys + '; ' if keys else ''}shaded: {ci:.0%} bootstrap "
-        "band; hatched: beyond the runs)",
-        fontsize=9,
-    )
-    return fig
+    k = fits["cells"][cell]["flops_per_nd"]["k"] if cell in fits.get("cells", {}) else 6.0
+    for law, ls, name in (
+        ("chinchilla3", "-", "approach 3"),
+        ("chinchilla2", "--", "approach 2"),
+        ("chinchilla1", (0, (1, 1)), "approach 1"),
+    ):
+        f = fs.get_fit(fits, cell, law)
+        if not f:
+            continue
+        drawn.add((ls, name))
+        n_KC, d_KC = allocation_curves(law, f, k, c)
+        for ax, v_KC, lab in ((axs[0], n_KC, True), (axs[1], d_KC, False)):
+            label = fs.cell_label(f"{cell} {name}", [("fit", f)]) if lab else None
+            fs.split_line(ax, c, v_KC[0], c_max, color=st["color"], ls=ls, lw=1.3, label=label)
+            fs.band(ax, c, v_KC[1:], st["color"], ci, f"band:{cell}:{law}")
+    if f := fs.get_fit(fits, cell, "chinchilla2"):
+        opt = [(pr["C"], pr["N_opt"], pr["D_opt"]) for pr in f["isoflop"] if pr["N_opt"]]
+        if opt:
+            cc, nn, dd = np.array(opt, dtype=float).T
+            axs[0].scatter(cc, nn, edgecolor="k", lw=0.4, label=f"{cell} IsoFLOP optima", **st)
+            axs[1].scatter(cc, dd, edgecolor="k", lw=0.4, **st)
+    return drawn

@@ -93,21 +93,7 @@ def compare_cells(result: dict, s) -> dict:
     names = sorted(cells)
     for i, c1 in enumerate(names):
         for c2 in names[i + 1 :]:
-            d = pred[c1][1] - pred[c2][1]
-            cross = _first_crossing(d[None], np.log(grid))[0]
-            entry = {"cells": [c1, c2], "C": None if np.isnan(cross) else float(cross)}
-            if not np.isnan(cross):
-                lower = c1 if d[0] < 0 else c2
-                other = c2 if lower == c1 else c1
-                entry["meaning"] = f"{other} overtakes {lower} above C = {cross:.3g} FLOPs"
-            if c1 in samp and c2 in samp:
-                R = min(len(samp[c1][1]), len(samp[c2][1]))
-                bc = _first_crossing(samp[c1][1][:R] - samp[c2][1][:R], np.log(grid))
-                # Over the resamples that cross at all; their share is reported beside it.
-                ok = np.isfinite(bc).sum() >= 2
-                entry["ci_among_crossing_resamples"] = interval(bc, s.ci)[0] if ok else None
-                entry["fraction_of_resamples_crossing"] = float(np.isfinite(bc).mean())
-            crossings.append(entry)
+            crossings.append(_crossover(c1, c2, pred, samp, grid, s.ci))
     objectives = {c.split("/")[-1] for c in cells}
     note = None
     if "objective" in result["data"].get("groups", []) and len(objectives) > 1:
@@ -122,6 +108,26 @@ def compare_cells(result: dict, s) -> dict:
         "search_range_C": [grid[0], grid[-1]],
         "note": note,
     }
+
+
+def _crossover(c1: str, c2: str, pred: dict, samp: dict, grid: np.ndarray, ci: float) -> dict:
+    """Where cell c2's predicted loss first crosses c1's on the compute grid (None if never),
+    and its interval over the resamples that cross."""
+    d = pred[c1][1] - pred[c2][1]
+    cross = _first_crossing(d[None], np.log(grid))[0]
+    entry = {"cells": [c1, c2], "C": None if np.isnan(cross) else float(cross)}
+    if not np.isnan(cross):
+        lower = c1 if d[0] < 0 else c2
+        other = c2 if lower == c1 else c1
+        entry["meaning"] = f"{other} overtakes {lower} above C = {cross:.3g} FLOPs"
+    if c1 in samp and c2 in samp:
+        R = min(len(samp[c1][1]), len(samp[c2][1]))
+        bc = _first_crossing(samp[c1][1][:R] - samp[c2][1][:R], np.log(grid))
+        # Over the resamples that cross at all; their share is reported beside it.
+        ok = np.isfinite(bc).sum() >= 2
+        entry["ci_among_crossing_resamples"] = interval(bc, ci)[0] if ok else None
+        entry["fraction_of_resamples_crossing"] = float(np.isfinite(bc).mean())
+    return entry
 
 
 # ----------------------------------------------------------------------------- output

@@ -199,6 +199,22 @@ def _predict(form, theta_KQ, sig_K4, x_VP):
     return L, sigmoid(L, np.atleast_2d(sig_K4)[:, None, :])
 
 
+def _enough_points(
+    table: RunTable, task: str, form, form_name: str, loss_metric: str, acc_metric: str
+) -> tuple:
+    """`_points` of a task, refused when too few runs or sizes are left to fit `form`."""
+    idx, x, L, acc = _points(table, task, form, loss_metric, acc_metric)
+    n_params = len(form.params)
+    distinct = min(np.unique(np.round(v, 9)).size for v in x)
+    if len(idx) < n_params + 1 or distinct < 3:
+        raise ScalingDataError(
+            f"task {task!r}: {len(idx)} run(s) with task loss and accuracy; the {form_name} "
+            f"law of task loss needs at least {n_params + 1} runs and 3 or more distinct values of "
+            f"{' and '.join(form.inputs)}"
+        )
+    return idx, x, L, acc
+
+
 def fit_task(
     table: RunTable,
     task: str,
@@ -217,15 +233,8 @@ def fit_task(
     if form_name == "auto":
         form_name = "chinchilla3" if varies_independently(table.N, table.D) else "kaplan_n"
     form = get_form(form_name)
-    idx, x, L, acc = _points(table, task, form, loss_metric, acc_metric)
+    idx, x, L, acc = _enough_points(table, task, form, form_name, loss_metric, acc_metric)
     n_params = len(form.params)
-    distinct = min(np.unique(np.round(v, 9)).size for v in x)
-    if len(idx) < n_params + 1 or distinct < 3:
-        raise ScalingDataError(
-            f"task {task!r}: {len(idx)} run(s) with task loss and accuracy; the {form_name} "
-            f"law of task loss needs at least {n_params + 1} runs and 3 or more distinct values of "
-            f"{' and '.join(form.inputs)}"
-        )
     chance = _chance(table, task, idx)
     counts, _ = stratified_counts(strata(table.N[idx], table.D[idx]), s.bootstrap, s.seed)
     theta, sig, theta_R, sig_R = _two_steps(form, x, L, acc, counts, chance, s)
@@ -244,19 +253,7 @@ def fit_task(
         pred_R, _ = _predict(form, theta_R, sig_R, x)
         flags += prediction_span_flag(pred_L[0], pred_R, s.ci, np.exp(x[0]), form.inputs[0])
     flags += outlier_flags(resid, ids, outlier_points(resid))[0]
-    sig_names = ("L0", "k", "a", "b")
-    sig_params = summarise(
-        dict(zip(sig_names, sig)),
-        {n: sig_R[:, i] for i, n in enumerate(sig_names)} if len(sig_R) else {},
-        s.ci,
-    )
-    sig_flags = points_flag(len(idx), 3 if chance is not None else 4, s.min_points_per_param)
-    if np.ptp(acc) < FLAT_ACC:
-        sig_flags.append(
-            f"flat: accuracy spans {np.ptp(acc):.3g} over the runs (under {FLAT_ACC}): the "
-            "sigmoid's position and slope are not determined (accuracy does not yet move "
-            "with scale)"
-        )
+    sig_params, sig_flags = _sigmoid_summary(sig, sig_R, acc, chance, len(idx), s)
     out = {
         "runs": ids,
         "task_loss": {
@@ -278,6 +275,28 @@ def fit_task(
     if holdout_largest:
         out["backtest"] = backtest(table, task, form, s, loss_metric, acc_metric)
     return out
+
+
+def _sigmoid_summary(
+    sig: np.ndarray, sig_R: np.ndarray, acc: np.ndarray, chance: float | None, n_runs: int, s
+) -> tuple[dict, list[str]]:
+    """The accuracy step's parameters (with intervals) and its flags: too few runs, or an
+    accuracy too flat to place the sigmoid."""
+    sig_names = ("L0", "k", "a", "b")
+    sig_params = summarise(
+        dict(zip(sig_names, sig)),
+        {n: sig_R[:, i] for i, n in enumerate(sig_names)} if len(sig_R) else {},
+        s.ci,
+    )
+    # A fixed chance level leaves 3 free parameters of the 4.
+    sig_flags = points_flag(n_runs, 3 if chance is not None else 4, s.min_points_per_param)
+    if np.ptp(acc) < FLAT_ACC:
+        sig_flags.append(
+            f"flat: accuracy spans {np.ptp(acc):.3g} over the runs (under {FLAT_ACC}): the "
+            "sigmoid's position and slope are not determined (accuracy does not yet move "
+            "with scale)"
+        )
+    return sig_params, sig_flags
 
 
 def backtest(table: RunTable, task: str, form, s, loss_metric: str, acc_metric: str) -> dict:

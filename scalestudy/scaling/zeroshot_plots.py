@@ -384,8 +384,15 @@ def fig_answer(points: list[AnswerPoint], metric: str, chance: float | None):
     for cell in cells:
         mine = sorted((p for p in runs if p.cell == cell), key=lambda p: p.flops)
         st = styles[cell]
-        ax.scatter([p.flops for p in mine], [p.value for p in mine], s=14, alpha=0.6,
-                   color=st["color"], marker=st["marker"], label=cell)  # fmt: skip
+        ax.scatter(
+            [p.flops for p in mine],
+            [p.value for p in mine],
+            s=14,
+            alpha=0.6,
+            color=st["color"],
+            marker=st["marker"],
+            label=cell,
+        )
         by_rung: dict[float, list[float]] = defaultdict(list)
         for p in mine:  # runs of one rung share its compute up to rounding
             by_rung[float(f"{p.flops:.3g}")].append(p.value)
@@ -395,12 +402,20 @@ def fig_answer(points: list[AnswerPoint], metric: str, chance: float | None):
     shapes = dict(zip(questions, ["o", "s", "D", "^", "v", "P"] * 4))
     for p in points:
         if p.read:
-            ax.scatter([p.flops], [p.value], s=150, facecolor="none", lw=1.4,
-                       edgecolor=styles.get(p.cell, {}).get("color", "k"),
-                       marker=shapes[p.read], gid=f"read:{p.read}:{p.cell}")  # fmt: skip
+            ax.scatter(
+                [p.flops],
+                [p.value],
+                s=150,
+                facecolor="none",
+                lw=1.4,
+                edgecolor=styles.get(p.cell, {}).get("color", "k"),
+                marker=shapes[p.read],
+                gid=f"read:{p.read}:{p.cell}",
+            )
     for q in questions:  # one legend entry per question, in black
-        ax.scatter([], [], s=80, facecolor="none", edgecolor="k", marker=shapes[q],
-                   label=f"read at: {q}")  # fmt: skip
+        ax.scatter(
+            [], [], s=80, facecolor="none", edgecolor="k", marker=shapes[q], label=f"read at: {q}"
+        )
     if chance is not None:
         ax.axhline(chance, color="0.3", ls=":", lw=1.2, label=f"chance ({chance:.3f})")
     fs.axes(ax, "training compute C (FLOPs)", metric, False)
