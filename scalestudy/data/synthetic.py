@@ -292,8 +292,10 @@ def incontext_demonstrations(cfg: SyntheticConfig, n_episodes: int = 80) -> list
         for twin in (0, 1):
             episode = _episode_name(e, twin)
             for _ in range(PROBE_LINES_PER_WORD):
-                out += [{"context": f"{w} is", "answer": colours[twin], "episode": episode}
-                        for w in shown]  # fmt: skip
+                out += [
+                    {"context": f"{w} is", "answer": colours[twin], "episode": episode}
+                    for w in shown
+                ]
     return out
 
 
@@ -338,53 +340,52 @@ def probe_tasks(cfg: SyntheticConfig, n: int = 400) -> dict[str, list[dict]]:
         s = _Story(rng)
         _tell(s, rng, every=True)  # advances rng and leaves the last drawn numbers in `s`
         pick = random.Random(rng.random())
-        his = {"he": "his", "she": "her"}
-        other = "she" if s.he == "he" else "he"
-        tasks["pronoun"].append(
-            _probe(
-                f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved",
-                f"{s.his} {s.color} {s.obj}.",
-                [f"{his[other]} {s.color} {s.obj}."],
-                s.He,
-                pick,
-            )
-        )
-        tasks["object_color"].append(
-            _probe(
-                f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved {s.his}",
-                f"{s.color} {s.obj}.",
-                [f"{c} {s.obj}." for c in _others(pick, _COLORS, [s.color], 3)],
-                s.color,
-                pick,
-            )
-        )
-        tasks["friend_name"].append(
-            _probe(
-                f'{s.name} met {s.friend} at the {s.place}. "{s.greeting},',
-                f'{s.friend}!"',
-                [f'{f}!"' for f in _others(pick, _GIRLS + _BOYS, [s.name, s.friend], 3)],
-                s.friend,
-                pick,
-            )
-        )
-        k = pick.randrange(1, s.count)  # numbers said so far; the answer is number k + 1
-        tasks["next_number"].append(
-            _probe(
-                f"{s.He} counted: {', '.join(_NUMBERS[:k])},",
-                _NUMBERS[k],
-                _others(pick, _NUMBERS[:8], [_NUMBERS[k]], 3),
-                _NUMBERS[k - 1],
-                pick,
-            )
-        )
-        before = _NUMBERS[s.had - 1]
-        tasks["one_fewer"].append(
-            _probe(
-                f"{s.name} had {before} {s.food}. {s.He} ate one. Now {s.he} had",
-                f"{_NUMBERS[s.had - 2]} {s.food}.",
-                [f"{w} {s.food}." for w in _others(pick, _NUMBERS[1:], [_NUMBERS[s.had - 2]], 3)],
-                before,
-                pick,
-            )
-        )
+        for name, probe in _story_probes(s, pick).items():
+            tasks[name].append(probe)
     return tasks
+
+
+def _story_probes(s: _Story, pick: random.Random) -> dict[str, dict]:
+    """One story's probe of each task. The probes draw from `pick` in this order (the choices'
+    shuffles and the wrong answers), so the order below fixes every probe set."""
+    his = {"he": "his", "she": "her"}
+    other = "she" if s.he == "he" else "he"
+    probes = {}
+    probes["pronoun"] = _probe(
+        f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved",
+        f"{s.his} {s.color} {s.obj}.",
+        [f"{his[other]} {s.color} {s.obj}."],
+        s.He,
+        pick,
+    )
+    probes["object_color"] = _probe(
+        f"{s.name} had {_a(s.color)} {s.obj}. {s.He} loved {s.his}",
+        f"{s.color} {s.obj}.",
+        [f"{c} {s.obj}." for c in _others(pick, _COLORS, [s.color], 3)],
+        s.color,
+        pick,
+    )
+    probes["friend_name"] = _probe(
+        f'{s.name} met {s.friend} at the {s.place}. "{s.greeting},',
+        f'{s.friend}!"',
+        [f'{f}!"' for f in _others(pick, _GIRLS + _BOYS, [s.name, s.friend], 3)],
+        s.friend,
+        pick,
+    )
+    k = pick.randrange(1, s.count)  # numbers said so far; the answer is number k + 1
+    probes["next_number"] = _probe(
+        f"{s.He} counted: {', '.join(_NUMBERS[:k])},",
+        _NUMBERS[k],
+        _others(pick, _NUMBERS[:8], [_NUMBERS[k]], 3),
+        _NUMBERS[k - 1],
+        pick,
+    )
+    before = _NUMBERS[s.had - 1]
+    probes["one_fewer"] = _probe(
+        f"{s.name} had {before} {s.food}. {s.He} ate one. Now {s.he} had",
+        f"{_NUMBERS[s.had - 2]} {s.food}.",
+        [f"{w} {s.food}." for w in _others(pick, _NUMBERS[1:], [_NUMBERS[s.had - 2]], 3)],
+        before,
+        pick,
+    )
+    return probes

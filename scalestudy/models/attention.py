@@ -223,9 +223,15 @@ def cudnn(
     if bias_HLS is not None:
         bias = (bias_HLS[None] if bias_HLS.ndim == 3 else bias_HLS).astype(q_BLHK.dtype)
     return jax.nn.dot_product_attention(
-        q_BLHK, k_BSHK, v_BSHK, bias, mask_BHLS, scale=1.0, is_causal=is_causal,
+        q_BLHK,
+        k_BSHK,
+        v_BSHK,
+        bias,
+        mask_BHLS,
+        scale=1.0,
+        is_causal=is_causal,
         implementation="xla" if _EMULATE[0] else "cudnn",
-    )  # fmt: skip
+    )
 
 
 def _block(n: int) -> int:
@@ -241,13 +247,22 @@ def _splash_local(q_BHLK, k_BHSK, v_BHSK, q_segment_BL, k_segment_BS, causal: bo
     head_mask = sm.CausalMask((q_len, k_len)) if causal else sm.FullMask((q_len, k_len))
     bq, bk = _block(q_len), _block(k_len)
     sizes = sk.BlockSizes(
-        block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
-        block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk,
-    )  # fmt: skip
+        block_q=bq,
+        block_kv=bk,
+        block_kv_compute=bk,
+        block_q_dkv=bq,
+        block_kv_dkv=bk,
+        block_kv_dkv_compute=bk,
+        block_q_dq=bq,
+        block_kv_dq=bk,
+    )
     kernel = sk.make_splash_mha(
-        sm.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
-        q_seq_shards=1, interpret=_EMULATE[0],
-    )  # fmt: skip
+        sm.MultiHeadMask([head_mask] * heads),
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=_EMULATE[0],
+    )
 
     def one(q_HLK, k_HSK, v_HSK, q_seg_L, k_seg_S):
         return kernel(q_HLK, k_HSK, v_HSK, segment_ids=sk.SegmentIds(q_seg_L, k_seg_S))
@@ -273,9 +288,12 @@ def splash(q_BLHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array, mask: MaskSp
         spec_BHLK = linen_spmd.logical_to_mesh_axes(("batch", "heads", "length", "kv"), rules)
         spec_BL = linen_spmd.logical_to_mesh_axes(("batch", "length"), rules)
         local = jax.shard_map(
-            local, mesh=mesh, in_specs=(spec_BHLK,) * 3 + (spec_BL,) * 2, out_specs=spec_BHLK,
+            local,
+            mesh=mesh,
+            in_specs=(spec_BHLK,) * 3 + (spec_BL,) * 2,
+            out_specs=spec_BHLK,
             check_vma=False,
-        )  # fmt: skip
+        )
     return jnp.swapaxes(local(q_BHLK, k_BHSK, v_BHSK, *segs), 1, 2)
 
 

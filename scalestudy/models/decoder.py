@@ -140,17 +140,32 @@ class Block(nnx.Module):
         self_kv, cross_kv = (None, None) if cache is None else cache
         h = self.self_norm(x_BLD)
         h, self_kv = self.self_attn(
-            h, h, ctx.mask, ctx.bias_HLL, ctx.positions_BL, ctx.positions_BL,
-            keys[0], deterministic, record, self_kv,
-        )  # fmt: skip
+            h,
+            h,
+            ctx.mask,
+            ctx.bias_HLL,
+            ctx.positions_BL,
+            ctx.positions_BL,
+            keys[0],
+            deterministic,
+            record,
+            self_kv,
+        )
         x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[1], deterministic), RESIDUAL)
         if self.cross:
             h = self.cross_norm(x_BLD)
             # No position information across the two sequences (as in T5).
             h, cross_kv = self.cross_attn(
-                h, ctx.encoded_BSD, ctx.cross_mask, None, None, None, keys[2], deterministic,
+                h,
+                ctx.encoded_BSD,
+                ctx.cross_mask,
+                None,
+                None,
+                None,
+                keys[2],
+                deterministic,
                 cache=cross_kv,
-            )  # fmt: skip
+            )
             x_BLD = checkpoint_name(x_BLD + dropout(h, self.rate, keys[3], deterministic), RESIDUAL)
         h, stats = self.mlp_norm(x_BLD), None
         if self.moe:
@@ -229,56 +244,11 @@ class Stack(nnx.Module):
         layer_masks = _layer_masks(ctx.mask)
         start = None if cache is None else cache[0].start
         cache_arrays = _arrays(cache)
-
-        def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, mask, kv):
-            layer = nnx.merge(graphdef, layer_state)
-            layer_cache = None if kv is None else _block_cache(kv, start)
-            args = (x, ctx._replace(mask=mask), key, deterministic, record, layer_cache)
-            if not record:
-                y, layer_cache, stats = layer(*args)
-                return y, _arrays(layer_cache), None, stats
-            (y, layer_cache, stats), sown = nnx.capture(layer, nnx.Intermediate)(*args)
-            if stats is not None:  # an MoE layer: its routing choices beside its measurements
-                stats = {**stats, "expert_BLK": sown["mlp"]["expert_BLK"][0]}
-            return y, _arrays(layer_cache), sown["self_attn"]["probs_BHLS"][0], stats
-
-        if self.cfg.remat != "none":
-            run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[self.cfg.remat])
-        if self.scan:
-            graphdef, state = nnx.split(self.layers)
-
-            def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
-                layer_state, key, index, kv = xs
-                if len(layer_masks) == 1:
-                    out = run(graphdef, layer_state, x, key, layer_masks[0], kv)
-                else:  # masks may differ in static structure: one branch per mask
-                    branches = [_with_mask(run, graphdef, m) for m in layer_masks]
-                    out = jax.lax.switch(
-                        index % len(layer_masks), branches, layer_state, x, key, kv
-                    )
-                y, kv, probs_BHLL, stats = out
-                return y, (kv, (probs_BHLL, x) if record else None, stats)
-
-            xs = (state, keys, jnp.arange(self.n_layers), cache_arrays)
-            x_BLD, (cache_arrays, per_layer, moe_stats) = jax.lax.scan(body, x_BLD, xs)
-        else:
-            per_layer, new_arrays, moe_stats = [], [], []
-            for i in range(self.n_layers):
-                graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
-                key = None if keys is None else keys[i]
-                mask = layer_masks[i % len(layer_masks)]
-                kv = jax.tree.map(lambda a, i=i: a[i], cache_arrays)
-                y, kv, probs_BHLL, stats = run(graphdef, layer_state, x_BLD, key, mask, kv)
-                if stats is not None:
-                    moe_stats.append(stats)
-                per_layer.append((probs_BHLL, x_BLD))
-                new_arrays.append(kv)
-                x_BLD = y
-            if cache_arrays is not None:
-                cache_arrays = jax.tree.map(lambda *xs: jnp.stack(xs), *new_arrays)
-            if record:
-                per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
-            moe_stats = jax.tree.map(lambda *xs: jnp.stack(xs), *moe_stats) if moe_stats else None
+        run = _layer_runner(ctx, start, deterministic, record, self.cfg.remat)
+        layers = self._scanned if self.scan else self._unrolled
+        x_BLD, cache_arrays, per_layer, moe_stats = layers(
+            run, x_BLD, keys, layer_masks, cache_arrays, record
+        )
         if moe_stats is not None:
             self.sow(nnx.Intermediate, "moe", moe_stats)
         out_BLD = self.final_norm(x_BLD)
@@ -288,6 +258,47 @@ class Stack(nnx.Module):
             self.sow(nnx.Intermediate, "attention_NBHLL", attention_NBHLL)
             self.sow(nnx.Intermediate, "hidden_NBLD", hidden_NBLD)
         return out_BLD, (None if cache is None else _block_cache(cache_arrays, start))
+
+    def _scanned(self, run, x_BLD, keys, layer_masks: tuple, cache_arrays, record: bool):
+        """The scanned layers over `x_BLD`: (output, new cache arrays, per-layer recordings
+        (attention, layer input) or None, stacked MoE measurements or None)."""
+        graphdef, state = nnx.split(self.layers)
+
+        def body(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple]:
+            layer_state, key, index, kv = xs
+            if len(layer_masks) == 1:
+                out = run(graphdef, layer_state, x, key, layer_masks[0], kv)
+            else:  # masks may differ in static structure: one branch per mask
+                branches = [_with_mask(run, graphdef, m) for m in layer_masks]
+                out = jax.lax.switch(index % len(layer_masks), branches, layer_state, x, key, kv)
+            y, kv, probs_BHLL, stats = out
+            return y, (kv, (probs_BHLL, x) if record else None, stats)
+
+        xs = (state, keys, jnp.arange(self.n_layers), cache_arrays)
+        x_BLD, (cache_arrays, per_layer, moe_stats) = jax.lax.scan(body, x_BLD, xs)
+        return x_BLD, cache_arrays, per_layer, moe_stats
+
+    def _unrolled(self, run, x_BLD, keys, layer_masks: tuple, cache_arrays, record: bool):
+        """`_scanned`'s results from the layers called one after another (each its own
+        attribute `layer_<i>`); the per-layer values are stacked as the scan stacks them."""
+        per_layer, new_arrays, moe_stats = [], [], []
+        for i in range(self.n_layers):
+            graphdef, layer_state = nnx.split(getattr(self, f"layer_{i}"))
+            key = None if keys is None else keys[i]
+            mask = layer_masks[i % len(layer_masks)]
+            kv = jax.tree.map(lambda a, i=i: a[i], cache_arrays)
+            y, kv, probs_BHLL, stats = run(graphdef, layer_state, x_BLD, key, mask, kv)
+            if stats is not None:
+                moe_stats.append(stats)
+            per_layer.append((probs_BHLL, x_BLD))
+            new_arrays.append(kv)
+            x_BLD = y
+        if cache_arrays is not None:
+            cache_arrays = jax.tree.map(lambda *xs: jnp.stack(xs), *new_arrays)
+        if record:
+            per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+        moe_stats = jax.tree.map(lambda *xs: jnp.stack(xs), *moe_stats) if moe_stats else None
+        return x_BLD, cache_arrays, per_layer, moe_stats
 
     def cross_kv(self, encoded_BSD: jax.Array) -> KV:
         """Every layer's cross-attention keys and values of an encoder output, stacked [N, ...]
@@ -302,6 +313,28 @@ class Stack(nnx.Module):
             for i in range(self.n_layers)
         ]
         return jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+
+
+def _layer_runner(ctx: Context, start, deterministic: bool, record: bool, remat: str):
+    """`run(graphdef, layer_state, x, key, mask, kv) -> (y, kv, probs_BHLS, stats)`: one
+    layer on `x` (its cache arrays `kv`, its attention probabilities with `record`, else None),
+    under the stack's remat policy."""
+
+    def run(graphdef: nnx.GraphDef, layer_state: nnx.State, x: jax.Array, key, mask, kv):
+        layer = nnx.merge(graphdef, layer_state)
+        layer_cache = None if kv is None else _block_cache(kv, start)
+        args = (x, ctx._replace(mask=mask), key, deterministic, record, layer_cache)
+        if not record:
+            y, layer_cache, stats = layer(*args)
+            return y, _arrays(layer_cache), None, stats
+        (y, layer_cache, stats), sown = nnx.capture(layer, nnx.Intermediate)(*args)
+        if stats is not None:  # an MoE layer: its routing choices beside its measurements
+            stats = {**stats, "expert_BLK": sown["mlp"]["expert_BLK"][0]}
+        return y, _arrays(layer_cache), sown["self_attn"]["probs_BHLS"][0], stats
+
+    if remat != "none":
+        run = jax.checkpoint(run, static_argnums=(0,), policy=REMAT_POLICIES[remat])
+    return run
 
 
 def _arrays(cache: BlockCache | None) -> tuple | None:

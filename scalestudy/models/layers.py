@@ -292,9 +292,17 @@ class Attention(nnx.Module):
             k_BSHK, v_BSHK = cache.k_BSHK, cache.v_BSHK
         if record or (self.dropout > 0 and not deterministic):
             out_BLHK = attention.reference(
-                q_BLHK, k_BSHK, v_BSHK, mask, bias_HLS, dropout_rate=self.dropout, rng=rng,
-                deterministic=deterministic, return_probs=record, logits=self.logits,
-            )  # fmt: skip
+                q_BLHK,
+                k_BSHK,
+                v_BSHK,
+                mask,
+                bias_HLS,
+                dropout_rate=self.dropout,
+                rng=rng,
+                deterministic=deterministic,
+                return_probs=record,
+                logits=self.logits,
+            )
             if record:
                 out_BLHK, probs_BHLS = out_BLHK
                 self.sow(nnx.Intermediate, "probs_BHLS", probs_BHLS)

@@ -154,9 +154,13 @@ def decoder_self_spec(
         return MaskSpec(segment_BL, segment_BL, causal=True)
     heads = n_heads if mixed and layer_direction is None else 0
     return MaskSpec(
-        segment_BL, segment_BL, causal_attention_BL, causal=True, mixed_heads=heads,
+        segment_BL,
+        segment_BL,
+        causal_attention_BL,
+        causal=True,
+        mixed_heads=heads,
         direction=layer_direction,
-    )  # fmt: skip
+    )
 
 
 def encoder_self_spec(

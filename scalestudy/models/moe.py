@@ -236,8 +236,9 @@ class MoE(nnx.Module):
         the assignments past an expert's slots)."""
         slots = Slots(routing.expert_TK, self.cfg.routed_experts, c)
         y_ECD = self._ffn(slots.gather(x_TD), _einsum_experts, *weights)
-        return jnp.take(y_ECD.reshape(-1, y_ECD.shape[-1]), slots.row_A, axis=0, mode="fill",
-                        fill_value=0)  # fmt: skip
+        return jnp.take(
+            y_ECD.reshape(-1, y_ECD.shape[-1]), slots.row_A, axis=0, mode="fill", fill_value=0
+        )
 
     def _dropless(self, x_TD, routing: Routing, count_E, weights) -> jax.Array:
         """[T, D] outputs of dropless dispatch: every assignment computed.
