@@ -36,8 +36,13 @@ def _heat(ax: Any, fig: Any, rows: list[str], share: np.ndarray, title: str) -> 
 def _domains(ax: Any, fig: Any, layer: dict) -> None:
     names = [n for n, d in layer["domains"].items() if d["share"] is not None]
     share = np.array([layer["domains"][n]["share"] for n in names])
-    _heat(ax, fig, [f"{n} ({layer['domains'][n]['positions']})" for n in names], share,
-          "token distribution over experts, per domain (positions)")  # fmt: skip
+    _heat(
+        ax,
+        fig,
+        [f"{n} ({layer['domains'][n]['positions']})" for n in names],
+        share,
+        "token distribution over experts, per domain (positions)",
+    )
 
 
 def _top_tokens(ax: Any, fig: Any, layer: dict) -> None:
@@ -50,11 +55,19 @@ def _top_tokens(ax: Any, fig: Any, layer: dict) -> None:
     im = ax.imshow(share, aspect="auto", cmap="magma", vmin=0.0)
     for e in experts:
         for r, t in enumerate(e["top_tokens"]):
-            ax.text(e["expert"], r, shown(t["text"]), ha="center", va="center", fontsize=7,
-                    color="w" if t["share"] < 0.6 * np.nanmax(share) else "k")  # fmt: skip
+            ax.text(
+                e["expert"],
+                r,
+                shown(t["text"]),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="w" if t["share"] < 0.6 * np.nanmax(share) else "k",
+            )
     ax.set_yticks(range(top), [f"#{r + 1}" for r in range(top)], fontsize=8)
-    ax.set_xticks(range(len(experts)), [f"{e['expert']}\n{e['share']:.0%}" for e in experts],
-                  fontsize=7)  # fmt: skip
+    ax.set_xticks(
+        range(len(experts)), [f"{e['expert']}\n{e['share']:.0%}" for e in experts], fontsize=7
+    )
     ax.set_xlabel("expert (its share of all assignments)")
     ax.set_title("tokens each expert prefers (colour: share of its assignments)", fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
@@ -67,15 +80,25 @@ def _given(ax: Any, fig: Any, layer: dict) -> None:
         ax.set_axis_off()
         return
     share = np.array([g["share"] for _, g in rows])
-    _heat(ax, fig, [f"{shown(s)} ({g['positions']})" for s, g in rows], share,
-          "experts chosen for given strings (positions)")  # fmt: skip
+    _heat(
+        ax,
+        fig,
+        [f"{shown(s)} ({g['positions']})" for s, g in rows],
+        share,
+        "experts chosen for given strings (positions)",
+    )
 
 
 def _training(ax: Any, layer: dict) -> None:
     curves = layer["training"]
     if "load_max" not in curves:
-        ax.text(0.5, 0.5, "load balance not logged in metrics.jsonl", ha="center",
-                transform=ax.transAxes)  # fmt: skip
+        ax.text(
+            0.5,
+            0.5,
+            "load balance not logged in metrics.jsonl",
+            ha="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
         return
     c = curves["load_max"]
@@ -91,8 +114,14 @@ def _training(ax: Any, layer: dict) -> None:
     if "bias_min" in curves and "bias_max" in curves:
         twin = ax.twinx()
         lo, hi = curves["bias_min"], curves["bias_max"]
-        twin.fill_between(lo["steps"], lo["values"], hi["values"], color="C2", alpha=0.25,
-                          label="balancing bias range (right)")  # fmt: skip
+        twin.fill_between(
+            lo["steps"],
+            lo["values"],
+            hi["values"],
+            color="C2",
+            alpha=0.25,
+            label="balancing bias range (right)",
+        )
         twin.set_ylabel("bias")
         more = twin.get_legend_handles_labels()
         lines, labels = lines + more[0], labels + more[1]

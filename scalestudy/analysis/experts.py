@@ -79,6 +79,56 @@ def string_ends(tokens_RL: np.ndarray, read_RL: np.ndarray, ids: Sequence[int]) 
     return hit
 
 
+def _top_tokens(
+    by_token: np.ndarray, load: np.ndarray, token_share: np.ndarray, decode: Any, top: int
+) -> list[dict[str, Any]]:
+    """Per expert: its assignments and the `top` tokens it is chosen for most, each with its
+    lift (the token's share of the expert over its share of all reads)."""
+    experts = []
+    for e in range(len(by_token)):
+        n = int(load[e])
+        order = sorted(np.flatnonzero(by_token[e]), key=lambda t: (-by_token[e, t], t))[:top]
+        experts.append(
+            {
+                "expert": e,
+                "assignments": n,
+                "share": float(n / max(load.sum(), 1)),
+                "top_tokens": [
+                    {
+                        "id": int(t),
+                        "text": decode([int(t)]),
+                        "count": int(by_token[e, t]),
+                        "share": float(by_token[e, t] / n),
+                        "lift": float(by_token[e, t] / n / token_share[t]),
+                    }
+                    for t in order
+                ],
+            }
+        )
+    return experts
+
+
+def _string_counts(
+    tokens_RL: np.ndarray,
+    read_RL: np.ndarray,
+    experts_RLK: np.ndarray,
+    n_experts: int,
+    strings: dict[str, list[int]],
+) -> dict[str, Any]:
+    """Per given string: the experts chosen where it ends (at its last token's position)."""
+    given = {}
+    for text, ids in strings.items():
+        at_RL = string_ends(tokens_RL, read_RL, ids)
+        counts = np.bincount(experts_RLK[at_RL].ravel(), minlength=n_experts)
+        given[text] = {
+            "ids": list(ids),
+            "positions": int(at_RL.sum()),
+            "counts": counts.tolist(),
+            "share": _share(counts),
+        }
+    return given
+
+
 def count_layer(
     tokens_RL: np.ndarray,
     labels_RL: np.ndarray,
@@ -104,37 +154,8 @@ def count_layer(
     np.add.at(by_token, (chosen_PK.ravel(), np.repeat(token_P, k)), 1)
     load = by_domain.sum(axis=0)
     token_share = by_token.sum(axis=0) / max(load.sum(), 1)
-    experts = []
-    for e in range(n_experts):
-        n = int(load[e])
-        order = sorted(np.flatnonzero(by_token[e]), key=lambda t: (-by_token[e, t], t))[:top]
-        experts.append(
-            {
-                "expert": e,
-                "assignments": n,
-                "share": float(n / max(load.sum(), 1)),
-                "top_tokens": [
-                    {
-                        "id": int(t),
-                        "text": decode([int(t)]),
-                        "count": int(by_token[e, t]),
-                        "share": float(by_token[e, t] / n),
-                        "lift": float(by_token[e, t] / n / token_share[t]),
-                    }
-                    for t in order
-                ],
-            }
-        )
-    given = {}
-    for text, ids in strings.items():
-        at_RL = string_ends(tokens_RL, read_RL, ids)
-        counts = np.bincount(experts_RLK[at_RL].ravel(), minlength=n_experts)
-        given[text] = {
-            "ids": list(ids),
-            "positions": int(at_RL.sum()),
-            "counts": counts.tolist(),
-            "share": _share(counts),
-        }
+    experts = _top_tokens(by_token, load, token_share, decode, top)
+    given = _string_counts(tokens_RL, read_RL, experts_RLK, n_experts, strings)
     mean = load.mean() if load.size else 0.0
     return {
         "positions": int(read_RL.sum()),
@@ -256,20 +277,7 @@ def measure_run(
     from scalestudy.train import rundir, saved
 
     workdir = Path(workdir)
-    if step is None:
-        step = saved.latest_step(workdir)
-        if step is None:
-            raise ExpertsError(
-                f"no checkpoint in {saved.checkpoint_dir(workdir)}; train first "
-                "(`scalestudy train --workdir ...`)"
-            )
-    cfg = saved.load_config(workdir, step)
-    if not cfg.model.moe.enabled:
-        raise ExpertsError(
-            f"the run in {workdir} has no MoE layers (model.moe.enabled is false): `experts` "
-            "draws the routing of mixture-of-experts layers; give a run trained with "
-            "model.moe.enabled=true"
-        )
+    step, cfg = _moe_run(workdir, step)
     vocab = get_vocabulary(cfg.data)
     ids = {s: vocab.encode(s) for s in strings}
     if empty := [s for s, i in ids.items() if not i]:
@@ -280,18 +288,7 @@ def measure_run(
         raise ExpertsError(f"the validation split of data.source={cfg.data.source!r} is empty")
     routed = route_rows(cfg, params, tokens, labels)
     metrics = rundir.read_metrics(workdir)
-    from scalestudy.models.api import build_model
-
-    layers = {}
-    for stack, index in build_model(cfg.model).moe_layers().items():
-        got = routed[stack]
-        for j, i in enumerate(index):
-            name = f"{stack}_{i}"
-            layers[name] = count_layer(
-                got["tokens"], got["labels"], got["experts"][j], cfg.model.moe.routed_experts,
-                domains, ids, vocab.decode, top,
-            )  # fmt: skip
-            layers[name]["training"] = training_curves(metrics, name)
+    layers = _count_layers(cfg, routed, metrics, domains, ids, vocab.decode, top)
     m = cfg.model.moe
     results = {
         "run": str(workdir),
@@ -316,6 +313,59 @@ def measure_run(
         headline[f"{name}/mi_domain_bits"] = round(layer["mi_domain_bits"], 3)
         headline[f"{name}/mi_token_bits"] = round(layer["mi_token_bits"], 3)
     return headline
+
+
+def _moe_run(workdir: Path, step: int | None) -> tuple[int, Any]:
+    """The checkpoint step measured (default: the latest) and the run's config, refused
+    when there is no checkpoint or the model has no MoE layers."""
+    from scalestudy.train import saved
+
+    if step is None:
+        step = saved.latest_step(workdir)
+        if step is None:
+            raise ExpertsError(
+                f"no checkpoint in {saved.checkpoint_dir(workdir)}; train first "
+                "(`scalestudy train --workdir ...`)"
+            )
+    cfg = saved.load_config(workdir, step)
+    if not cfg.model.moe.enabled:
+        raise ExpertsError(
+            f"the run in {workdir} has no MoE layers (model.moe.enabled is false): `experts` "
+            "draws the routing of mixture-of-experts layers; give a run trained with "
+            "model.moe.enabled=true"
+        )
+    return step, cfg
+
+
+def _count_layers(
+    cfg: Any,
+    routed: dict[str, dict[str, np.ndarray]],
+    metrics: list[dict[str, Any]],
+    domains: Sequence[str],
+    ids: dict[str, list[int]],
+    decode: Any,
+    top: int,
+) -> dict[str, dict[str, Any]]:
+    """`count_layer` and `training_curves` of each MoE layer, named `<stack>_<index>`."""
+    from scalestudy.models.api import build_model
+
+    layers = {}
+    for stack, index in build_model(cfg.model).moe_layers().items():
+        got = routed[stack]
+        for j, i in enumerate(index):
+            name = f"{stack}_{i}"
+            layers[name] = count_layer(
+                got["tokens"],
+                got["labels"],
+                got["experts"][j],
+                cfg.model.moe.routed_experts,
+                domains,
+                ids,
+                decode,
+                top,
+            )
+            layers[name]["training"] = training_curves(metrics, name)
+    return layers
 
 
 EXPERTS_JSON = "experts.json"

@@ -114,7 +114,7 @@ def bench_resume(cfg: ExperimentConfig, steps: int) -> dict:
         def make() -> SeqioBatchIterator:
             fresh = SeqioBatchIterator(cfg)
             if skip:
-                fresh._skip_to(steps)
+                fresh.skip_to(steps)
             else:
                 fresh.restore(state)
             return fresh

@@ -183,9 +183,15 @@ def _nanodo(cfg: ExperimentConfig, key: jax.Array, length: int) -> tuple[Any, An
         ) from None
     m = cfg.model
     docfg = nanodo_model.DoConfig(
-        D=m.d_model, H=m.n_heads, L=length, N=m.n_layers, V=m.vocab_size, F=m.d_ff,
-        fsdp_enabled=False, dtype=jnp.dtype(m.dtype),
-    )  # fmt: skip
+        D=m.d_model,
+        H=m.n_heads,
+        L=length,
+        N=m.n_layers,
+        V=m.vocab_size,
+        F=m.d_ff,
+        fsdp_enabled=False,
+        dtype=jnp.dtype(m.dtype),
+    )
     net = nanodo_model.TransformerDo(docfg)
     params = net.init(key, jnp.zeros((1, length), jnp.int32))
     return net.apply, params
@@ -215,53 +221,77 @@ def bench_peer(
     peer_step, peer_state, peer_fpe = make_peer(cfg, which)  # a missing peer fails first
     batch = next(pipeline.make_iterator(cfg, "train"))
     program = step.build_program(cfg, batch)
-    ours_state, ours_batch = program.init(cfg.train.seed), program.shard_batch(batch)
-    peer_batch = {k: jnp.asarray(batch[k]) for k in PEER_FEATURES}
+    ours = (program.train_step, program.init(cfg.train.seed), program.shard_batch(batch))
+    peer = (peer_step, peer_state, {k: jnp.asarray(batch[k]) for k in PEER_FEATURES})
     ours_fpe = counting.flops(cfg)["flops_per_example"]
     tokens = float(np.sum(batch["decoder_loss_weights"]))
-
-    def timed(step_fn: Any, state: Any, batch_: Any) -> tuple[Any, tuple[float, float]]:
-        """`steps` steps; (wall, CPU) seconds per step. CPU time counts every thread of this
-        process, and only one side runs at a time, so it is that side's work, which other
-        jobs on a shared machine slow far less than its wall time."""
-        t, c = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            state, out = step_fn(state, batch_)
-        jax.block_until_ready(out)
-        return state, ((time.perf_counter() - t) / steps, (time.process_time() - c) / steps)
-
-    def run_ours(state: Any) -> tuple[Any, tuple[float, float]]:
-        return timed(program.train_step, state, ours_batch)
-
-    def run_peer(state: Any) -> tuple[Any, tuple[float, float]]:
-        return timed(peer_step, state, peer_batch)
-
-    t = time.perf_counter()
-    peer_state, first_loss = peer_step(peer_state, peer_batch)  # compile + warm-up
-    jax.block_until_ready(first_loss)
-    peer_compile_s = time.perf_counter() - t
-    ours_state, _ = run_ours(ours_state)  # warm-up
-    ours_s, peer_s = [], []
-    for _ in range(rounds):
-        ours_state, s = run_ours(ours_state)
-        ours_s.append(s)
-        peer_state, s = run_peer(peer_state)
-        peer_s.append(s)
-    peer_state, last_loss = peer_step(peer_state, peer_batch)
+    ours_s, peer_s, peer_compile_s, losses, ours, peer = _alternate(ours, peer, steps, rounds)
     profile = None
     if profile_dir is not None:
         shape = {"vocab": cfg.model.vocab_size, "d_ff": cfg.model.d_ff}
-        _, ours_prof = profile_step(
-            program.train_step, ours_state, ours_batch, steps, Path(profile_dir) / "ours", **shape
-        )
-        _, peer_prof = profile_step(
-            peer_step, peer_state, peer_batch, steps, Path(profile_dir) / which, **shape
-        )
+        _, ours_prof = profile_step(*ours, steps, Path(profile_dir) / "ours", **shape)
+        _, peer_prof = profile_step(*peer, steps, Path(profile_dir) / which, **shape)
         profile = {k: {"ours": ours_prof[k], which: peer_prof[k]} for k in ours_prof}
     # The ratios are computed from the reported (rounded) times, so a reader recomputing one
     # from the table gets the same number up to its own rounding.
     ours_ms, ours_cpu_ms = (round(1e3 * statistics.median(t), 3) for t in zip(*ours_s))
     peer_ms, peer_cpu_ms = (round(1e3 * statistics.median(t), 3) for t in zip(*peer_s))
+    return {
+        **_setup(cfg, which, ours_fpe, peer_fpe),
+        "ours_step_ms": ours_ms,
+        "peer_step_ms": peer_ms,
+        "ours_tokens_per_s": round(tokens / ours_ms * 1e3),
+        "peer_tokens_per_s": round(tokens / peer_ms * 1e3),
+        "ratio_peer_over_ours_step_time": round(peer_ms / ours_ms, 3),
+        "ours_step_cpu_ms": ours_cpu_ms,
+        "peer_step_cpu_ms": peer_cpu_ms,
+        "ratio_peer_over_ours_cpu_time": round(peer_cpu_ms / ours_cpu_ms, 3),
+        "ours_compile_s": round(program.compile_s, 2),
+        "peer_compile_s": round(peer_compile_s, 2),
+        "peer_loss_first_last": [round(float(losses[0]), 4), round(float(losses[1]), 4)],
+        "rounds": rounds,
+        "steps_per_round": steps,
+        **({"profile_ms_per_step": profile} if profile else {}),
+    }
+
+
+def _timed(step_fn: Any, state: Any, batch: Any, steps: int) -> tuple[Any, tuple[float, float]]:
+    """`steps` steps; (wall, CPU) seconds per step. CPU time counts every thread of this
+    process, and only one side runs at a time, so it is that side's work, which other jobs on
+    a shared machine slow far less than its wall time."""
+    t, c = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        state, out = step_fn(state, batch)
+    jax.block_until_ready(out)
+    return state, ((time.perf_counter() - t) / steps, (time.process_time() - c) / steps)
+
+
+def _alternate(ours: tuple, peer: tuple, steps: int, rounds: int) -> tuple:
+    """Warm both sides up (timing the peer's compile), then `rounds` blocks of `steps` steps
+    each, ours then the peer's. `ours` and `peer`: (step_fn, state, batch). Returns each
+    side's (wall, CPU) per block, the peer's compile seconds, the peer's first and last loss,
+    and both sides with their states advanced."""
+    peer_step, peer_state, peer_batch = peer
+    t = time.perf_counter()
+    peer_state, first_loss = peer_step(peer_state, peer_batch)  # compile + warm-up
+    jax.block_until_ready(first_loss)
+    peer_compile_s = time.perf_counter() - t
+    ours_step, ours_state, ours_batch = ours
+    ours_state, _ = _timed(ours_step, ours_state, ours_batch, steps)  # warm-up
+    ours_s, peer_s = [], []
+    for _ in range(rounds):
+        ours_state, s = _timed(ours_step, ours_state, ours_batch, steps)
+        ours_s.append(s)
+        peer_state, s = _timed(peer_step, peer_state, peer_batch, steps)
+        peer_s.append(s)
+    peer_state, last_loss = peer_step(peer_state, peer_batch)
+    ours = (ours_step, ours_state, ours_batch)
+    peer = (peer_step, peer_state, peer_batch)
+    return ours_s, peer_s, peer_compile_s, (first_loss, last_loss), ours, peer
+
+
+def _setup(cfg: ExperimentConfig, which: str, ours_fpe: float, peer_fpe: float) -> dict:
+    """The first columns of a peer row: what was compared, on which devices."""
     return {
         "peer": which,
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
@@ -274,18 +304,4 @@ def bench_peer(
         "flops_per_example_ours": ours_fpe,
         "flops_per_example_peer": peer_fpe,
         "scan_layers": f"{cfg.model.scan_layers} ({'on' if scanned(cfg.model) else 'off'})",
-        "ours_step_ms": ours_ms,
-        "peer_step_ms": peer_ms,
-        "ours_tokens_per_s": round(tokens / ours_ms * 1e3),
-        "peer_tokens_per_s": round(tokens / peer_ms * 1e3),
-        "ratio_peer_over_ours_step_time": round(peer_ms / ours_ms, 3),
-        "ours_step_cpu_ms": ours_cpu_ms,
-        "peer_step_cpu_ms": peer_cpu_ms,
-        "ratio_peer_over_ours_cpu_time": round(peer_cpu_ms / ours_cpu_ms, 3),
-        "ours_compile_s": round(program.compile_s, 2),
-        "peer_compile_s": round(peer_compile_s, 2),
-        "peer_loss_first_last": [round(float(first_loss), 4), round(float(last_loss), 4)],
-        "rounds": rounds,
-        "steps_per_round": steps,
-        **({"profile_ms_per_step": profile} if profile else {}),
     }

@@ -250,7 +250,7 @@ class SeqioBatchIterator:
         self._it._restore(tf.constant(base64.b64decode(state["tf_data"])))
         self._step = int(state["step"])
 
-    def _skip_to(self, step: int) -> None:
+    def skip_to(self, step: int) -> None:
         """Position at `step` by producing and dropping the batches before it: how resuming
         worked before iterator checkpoints (kept to measure against, in
         `bench.data.bench_resume`)."""
