@@ -101,6 +101,39 @@ def measure(model_cfg: ModelConfig, cfg: InferenceCostConfig, seed: int = 0) -> 
     return [next(turns) for _ in range(cfg.turns) for turns in series]
 
 
+def _turn_row(
+    mcfg: ModelConfig,
+    reuse: bool,
+    turn: int,
+    history_tokens: int,
+    ttft: tuple,
+    steps: tuple,
+    flops: tuple[float, float, float, float],
+) -> dict:
+    """One turn's row: `ttft` and `steps` are (fastest, median, slowest) seconds of the first
+    token and of the rest of the reply; `flops`: (needed to the first token, needed after it,
+    run to the first token, run after it)."""
+    flops_first, flops_rest, run_first, run_steps = flops
+    return {
+        "series": series_name(mcfg.arch, reuse),
+        "arch": mcfg.arch,
+        "reuse": reuse,
+        "turn": turn,
+        "history_tokens": history_tokens,
+        "ttft_s": ttft[0],
+        "total_s": ttft[0] + steps[0],
+        "ttft_median_s": ttft[1],
+        "ttft_max_s": ttft[2],
+        "total_max_s": ttft[2] + steps[2],
+        "flops_first": flops_first,
+        "flops_total": flops_first + flops_rest,
+        "flops_first_run": run_first,
+        "flops_total_run": run_first + run_steps,
+        "load_average": os.getloadavg()[0],  # the host's load while this turn was timed
+        "params_total": counting.count_params(mcfg)["total"],
+    }
+
+
 def _series(
     mcfg: ModelConfig,
     reuse: bool,
@@ -143,23 +176,6 @@ def _series(
         if reuse:
             cache = cache_after
         history = np.concatenate([history, message, replies[k - 1]], axis=1)
-        yield (
-            {
-                "series": series_name(mcfg.arch, reuse),
-                "arch": mcfg.arch,
-                "reuse": reuse,
-                "turn": k,
-                "history_tokens": h,
-                "ttft_s": ttft[0],
-                "total_s": ttft[0] + steps[0],
-                "ttft_median_s": ttft[1],
-                "ttft_max_s": ttft[2],
-                "total_max_s": ttft[2] + steps[2],
-                "flops_first": flops_first,
-                "flops_total": flops_first + flops_rest,
-                "flops_first_run": run_first,
-                "flops_total_run": run_first + run_steps,
-                "load_average": os.getloadavg()[0],
-                "params_total": counting.count_params(mcfg)["total"],
-            }
+        yield _turn_row(
+            mcfg, reuse, k, h, ttft, steps, (flops_first, flops_rest, run_first, run_steps)
         )

@@ -176,6 +176,23 @@ def _t_cell(xs: list[float]) -> str:
 def rank_section(number: int, results: dict, figures: dict, verdicts: list[str]) -> list[str]:
     rank = results["rank"]
     seeds = sorted({r["seed"] for rows in rank.values() for r in rows})
+    lines = _rank_intro(number)
+    if len(seeds) < 2:
+        lines += [
+            f"**One seed ({seeds[0] if seeds else '-'}).** Intervals over heads, layers or "
+            "examples are not between-run intervals, so none is given: train at least three "
+            "seeds (`seeds=[0,1,2]`).",
+            "",
+        ]
+    lines += _final_rank_table(rank)
+    lines += _rank_over_training(rank)
+    lines += ["", *figure_lines(figures, "rank")]
+    lines += _rank_verdict(rank, verdicts)
+    return lines
+
+
+def _rank_intro(number: int) -> list[str]:
+    """The section's title and what it measures."""
     tolerances = ", ".join(f"full@{k}: rtol {k}" for k in attention_rank.TOLERANCES)
     lines = [
         f"## {number}. Attention rank over training",
@@ -196,15 +213,13 @@ def rank_section(number: int, results: dict, figures: dict, verdicts: list[str])
         "(rank collapse with depth).",
         "",
     ]
-    if len(seeds) < 2:
-        lines += [
-            f"**One seed ({seeds[0] if seeds else '-'}).** Intervals over heads, layers or "
-            "examples are not between-run intervals, so none is given: train at least three "
-            "seeds (`seeds=[0,1,2]`).",
-            "",
-        ]
+    return lines
+
+
+def _final_rank_table(rank: dict[str, list[dict]]) -> list[str]:
+    """Per group, region and layer: the rank measures at each seed's last step."""
     tol_cols = [f"full@{k}" for k in attention_rank.TOLERANCES]
-    lines += [
+    lines = [
         "| group | region | kind | d_kv / n | layer | seeds | exact | full | "
         + " | ".join(tol_cols)
         + " | eff. rank / n | stable rank / n | entropy | log10 cond | states |",
@@ -230,7 +245,12 @@ def rank_section(number: int, results: dict, figures: dict, verdicts: list[str])
                     f"| {_entropy(at)} "
                     f"| {mean('log10_cond'):.1f} | {mean('hidden_eff_rank_rel'):.3f} |"
                 )
-    lines += [
+    return lines
+
+
+def _rank_over_training(rank: dict[str, list[dict]]) -> list[str]:
+    """Per group, region and step: the rank measures' means over layers and seeds."""
+    lines = [
         "",
         "Over training (means over layers and seeds):",
         "",
@@ -247,7 +267,12 @@ def rank_section(number: int, results: dict, figures: dict, verdicts: list[str])
                 f"| {group} | {region} | {step} | {mean('exact_full'):.3f} | {mean('full'):.3f} "
                 f"| {mean('eff_rank_rel'):.3f} | {mean('stable_rank_rel'):.3f} | {_entropy(at)} |"
             )
-    lines += ["", *figure_lines(figures, "rank")]
+    return lines
+
+
+def _rank_verdict(rank: dict[str, list[dict]], verdicts: list[str]) -> list[str]:
+    """The deficits against random queries and keys, then the verdict or why there is none."""
+    lines: list[str] = []
     table = deficit_table(rank)
     if table:
         lines += [

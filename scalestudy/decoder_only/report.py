@@ -63,6 +63,12 @@ def inference_section(results: dict, figures: dict) -> list[str]:
         ]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     lines += ["", *_figures(figures, "inference")]
+    lines += _inference_verdict(by, series, turns)
+    return lines
+
+
+def _inference_verdict(by: dict, series: list[str], turns: list[int]) -> list[str]:
+    """Each series against the causal decoder reusing its cache (the first), at the last turn."""
     last, reuse = turns[-1], series[0]
     a = by[reuse, last]
     parts = []
@@ -76,13 +82,12 @@ def inference_section(results: dict, figures: dict) -> list[str]:
             f"{b['ttft_s'] / a['ttft_s']:.1f}x the time (range over repeats "
             f"[{lo:.1f}x, {hi:.1f}x]: {word})"
         )
-    lines += [
+    return [
         f"**Verdict.** At turn {last} ({a['history_tokens']} history tokens), against the causal "
         f"decoder reusing its cache: " + "; ".join(parts) + ". The time ratios are one "
         "host's, with the spread of the repeats; the FLOP ratios are exact.",
         "",
     ]
-    return lines
 
 
 def comparison_section(number: int, c: dict, figures: dict, verdicts: list[str]) -> list[str]:
@@ -126,7 +131,8 @@ def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[st
         "seeds (a run's accuracy is its mean over the examples every seed scores, so no "
         "examples term is added). Differences between groups are paired by seed (the same "
         "seed gives the same data order and initialisation stream) with a t-interval over the "
-        "common seeds (`decoder_only/stats.py`). Verdicts are tested at 5% after Holm's correction over "
+        "common seeds (`decoder_only/stats.py`). Verdicts are tested at 5% after Holm's "
+        "correction over "
         "every test in this report, and each shows its n. Each comparison names what its "
         "groups change and what they hold equal (within the study's `match_tolerance`).",
         "",

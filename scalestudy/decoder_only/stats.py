@@ -63,8 +63,14 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
         a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
         counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
         if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
-            return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": 0,
-                    "none": "no accuracy"}  # fmt: skip
+            return {
+                "d": math.nan,
+                "half": None,
+                "p": None,
+                "seeds": 0,
+                "examples": 0,
+                "none": "no accuracy",
+            }
         examples = int(min(counts))
     seeds = set(a) & set(b)
     if not seeds:

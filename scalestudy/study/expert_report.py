@@ -80,9 +80,14 @@ def section(runs: list[dict[str, Any]], out: Path) -> list[str]:
             if png.is_file():
                 figures.append(f"![{cell}: {name}]({os.path.relpath(png, out)})")
     head = [
-        "cell", "size", "layer", "busiest / mean load", "dropped", "I(expert; domain)",
+        "cell",
+        "size",
+        "layer",
+        "busiest / mean load",
+        "dropped",
+        "I(expert; domain)",
         "I(expert; token)",
-    ]  # fmt: skip
+    ]
     return [
         "## Where the experts send tokens",
         "",

@@ -63,11 +63,21 @@ class TopologyError(ScalestudyError):
 
 # Standard slice shapes by chip count (Cloud TPU documentation's slice tables).
 _SLICES = {
-    3: {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
-        256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"},
-    2: {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
-        256: "16x16"},
-}  # fmt: skip
+    3: {
+        4: "2x2x1",
+        8: "2x2x2",
+        16: "2x2x4",
+        32: "2x4x4",
+        64: "4x4x4",
+        128: "4x4x8",
+        256: "4x8x8",
+        512: "8x8x8",
+        1024: "8x8x16",
+        2048: "8x16x16",
+        4096: "16x16x16",
+    },
+    2: {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+}
 
 
 def resolve_topology(name: str) -> tuple[str, int]:

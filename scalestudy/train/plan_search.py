@@ -66,8 +66,11 @@ def factorisations(
             if per % expert or experts % expert or batch % per:
                 continue
             rest = per // expert
-            out += [(rest // fsdp, fsdp, expert, tensor) for fsdp in range(1, rest + 1)
-                    if rest % fsdp == 0]  # fmt: skip
+            out += [
+                (rest // fsdp, fsdp, expert, tensor)
+                for fsdp in range(1, rest + 1)
+                if rest % fsdp == 0
+            ]
     fixed = fixed or {}
     return [
         m for m in out if all(dict(zip(AXES, m, strict=True))[a] == n for a, n in fixed.items())
@@ -77,8 +80,9 @@ def factorisations(
 def label(mesh: tuple[int, ...], cfg: ExperimentConfig) -> str:
     """ "data x fsdp x tensor" sizes, with expert before tensor for an MoE model."""
     data, fsdp, expert, tensor = mesh
-    return "x".join(map(str, (data, fsdp, expert, tensor) if cfg.model.moe.enabled else
-                              (data, fsdp, tensor)))  # fmt: skip
+    return "x".join(
+        map(str, (data, fsdp, expert, tensor) if cfg.model.moe.enabled else (data, fsdp, tensor))
+    )
 
 
 def candidate(cfg: ExperimentConfig, mesh: tuple[int, ...], remat: str) -> ExperimentConfig:
@@ -113,7 +117,7 @@ def search(
     those sizes): {"ranked": plans with a roofline, fastest first; "pruned": the others, each
     with why; "winner": the config lines of the fastest; "compiles": programs compiled for it
     (their cost probes aside)}."""
-    from scalestudy.train.aot import compile_plan, resolve_topology, state_plan
+    from scalestudy.train.aot import resolve_topology, state_plan
 
     chips = resolve_topology(topology)[1]
     meshes = factorisations(chips, cfg, fixed)
@@ -133,44 +137,75 @@ def search(
             why = f"state alone {state / 2**30:.3g} GiB per chip > {hbm / 2**30:.3g} GiB HBM"
             pruned += [{**row, "why": why} for row in rows]
             continue
-        too_big = None
-        for row in rows:
-            if too_big is not None:
-                pruned.append(
-                    {**row, "why": f"keeps more than remat {too_big}, which does not fit"}
-                )
-                continue
-            plan = compile_plan(candidate(cfg, mesh, row["remat"]), topology, costs="fits")
-            compiles += 1
-            row["total_gib_per_chip"] = plan.get("total_gib_per_chip")
-            _progress(compiles, row, plan)
-            if not plan.get("fits", False):
-                too_big = row["remat"]
-                why = plan.get("compiler") or (
-                    f"{plan.get('total_gib_per_chip')} GiB per chip > "
-                    f"{plan.get('hbm_gib_per_chip')} GiB HBM"
-                )
-                pruned.append({**row, "why": why})
-                continue
-            roof = plan.get("roofline") or {}
-            if "est_step_s" not in roof:
-                pruned.append({**row, "why": "no roofline for this chip"})
-                continue
-            ranked.append(
-                {**row, "est_step_s": roof["est_step_s"], "est_mfu": roof["est_mfu"],
-                 "bound": roof.get("bound"), "sizes": dict(zip(AXES, mesh, strict=True)),
-                 **{k: roof.get(k) for k in ("compute_s", "memory_s", "communication_s")}}
-            )  # fmt: skip
+        compiles = _compile_mesh(cfg, topology, mesh, rows, ranked, pruned, compiles)
     ranked.sort(key=lambda r: r["est_step_s"])
-    winner = None
-    if ranked:
-        sizes = {a: n for a, n in ranked[0]["sizes"].items() if a != "expert" or n > 1}
-        winner = [
-            "mesh: {" + ", ".join(f"{a}: {n}" for a, n in sizes.items()) + "}",
-            f"model: {{remat: {ranked[0]['remat']}}}",
-        ]
-    return {"topology": topology, "chips": chips, "ranked": ranked, "pruned": pruned,
-            "winner": winner, "compiles": compiles}  # fmt: skip
+    return {
+        "topology": topology,
+        "chips": chips,
+        "ranked": ranked,
+        "pruned": pruned,
+        "winner": _winner(ranked),
+        "compiles": compiles,
+    }
+
+
+def _compile_mesh(
+    cfg: ExperimentConfig,
+    topology: str,
+    mesh: tuple[int, ...],
+    rows: list[dict[str, Any]],
+    ranked: list[dict[str, Any]],
+    pruned: list[dict[str, Any]],
+    compiles: int,
+) -> int:
+    """Compile `mesh`'s candidates, leanest remat first, adding each to `ranked` or `pruned`
+    (in place); returns the count of programs compiled so far."""
+    from scalestudy.train.aot import compile_plan
+
+    too_big = None
+    for row in rows:
+        # Remats in leanest-first order: past one that does not fit, none fits.
+        if too_big is not None:
+            pruned.append({**row, "why": f"keeps more than remat {too_big}, which does not fit"})
+            continue
+        plan = compile_plan(candidate(cfg, mesh, row["remat"]), topology, costs="fits")
+        compiles += 1
+        row["total_gib_per_chip"] = plan.get("total_gib_per_chip")
+        _progress(compiles, row, plan)
+        if not plan.get("fits", False):
+            too_big = row["remat"]
+            why = plan.get("compiler") or (
+                f"{plan.get('total_gib_per_chip')} GiB per chip > "
+                f"{plan.get('hbm_gib_per_chip')} GiB HBM"
+            )
+            pruned.append({**row, "why": why})
+            continue
+        roof = plan.get("roofline") or {}
+        if "est_step_s" not in roof:
+            pruned.append({**row, "why": "no roofline for this chip"})
+            continue
+        ranked.append(
+            {
+                **row,
+                "est_step_s": roof["est_step_s"],
+                "est_mfu": roof["est_mfu"],
+                "bound": roof.get("bound"),
+                "sizes": dict(zip(AXES, mesh, strict=True)),
+                **{k: roof.get(k) for k in ("compute_s", "memory_s", "communication_s")},
+            }
+        )
+    return compiles
+
+
+def _winner(ranked: list[dict[str, Any]]) -> list[str] | None:
+    """The config lines of the fastest plan (`ranked` sorted), or None without one."""
+    if not ranked:
+        return None
+    sizes = {a: n for a, n in ranked[0]["sizes"].items() if a != "expert" or n > 1}
+    return [
+        "mesh: {" + ", ".join(f"{a}: {n}" for a, n in sizes.items()) + "}",
+        f"model: {{remat: {ranked[0]['remat']}}}",
+    ]
 
 
 def main(

@@ -249,9 +249,12 @@ def device_grid(devices: list, shape: tuple[int, ...], topology: bool | None = N
     try:
         if n > 1 and shape[0] % n == 0:
             return mesh_utils.create_hybrid_device_mesh(
-                (shape[0] // n, *shape[1:]), (n,) + (1,) * (len(shape) - 1), devices,
-                process_is_granule=devices[0].platform != "tpu", allow_split_physical_axes=True,
-            )  # fmt: skip
+                (shape[0] // n, *shape[1:]),
+                (n,) + (1,) * (len(shape) - 1),
+                devices,
+                process_is_granule=devices[0].platform != "tpu",
+                allow_split_physical_axes=True,
+            )
         return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
     except (AssertionError, ValueError, NotImplementedError) as err:
         # e.g. TPU v4 devices listed per core rather than per chip: no physical placement.
