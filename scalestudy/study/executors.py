@@ -28,7 +28,7 @@ class StudyRunError(ScalestudyError):
     """Some runs of a study failed (the others are kept)."""
 
 
-def _finished_summary(workdir: Path, steps: int) -> dict | None:
+def finished_summary(workdir: Path, steps: int) -> dict | None:
     """The run's summary.json if it exists and covers all `steps` (a finished run)."""
     summary = rundir.read_summary(workdir)
     if summary is None:
@@ -98,6 +98,16 @@ class LocalExecutor:
     def run(self, runs: list) -> list[str]:
         """Train every run not yet done; returns the names of runs that failed. A signal
         stops the study (StudyInterrupted) once the running runs have checkpointed."""
+        todo = self._todo(runs)
+        if not todo:
+            return []
+        jobs, weights = self._jobs(todo)
+        if self.workers > 1 and len(jobs) > 1:
+            return self._run_parallel(jobs, weights)
+        return self._run_here(jobs, weights)
+
+    def _todo(self, runs: list) -> list:
+        """The runs not yet done, once runs a gone study left running are reclaimed."""
         reclaimed = self.reg.reclaim_running(
             "left running by a study process that is gone; resumed from its checkpoint"
         )
@@ -108,16 +118,21 @@ class LocalExecutor:
         skipped = len(runs) - len(todo)
         if skipped:
             print(f"{skipped} of {len(runs)} runs already done; {len(todo)} to go")
-        if not todo:
-            return []
+        return todo
+
+    def _jobs(self, todo: list) -> tuple[list[list], list[float]]:
+        """(the jobs that train `todo`, each job's share of the progress bar)."""
         total = sum(r.planned_flops for r in todo) or 1.0
+        # Half the bar by run count, half by FLOPs: cheap runs still move it.
         weight = {r.run_id: 0.5 / len(todo) + 0.5 * r.planned_flops / total for r in todo}
         jobs = groups.plan(todo, self.members)
         if self.members > 1:
             print(groups.describe(jobs))
         weights = [sum(weight[r.run_id] for r in job) for job in jobs]
-        if self.workers > 1 and len(jobs) > 1:
-            return self._run_parallel(jobs, weights)
+        return jobs, weights
+
+    def _run_here(self, jobs: list[list], weights: list[float]) -> list[str]:
+        """Train `jobs` one after another in this process; returns the failed runs' names."""
         progress = StudyProgress(1.0, len(jobs))
         failed: list[str] = []
         stopped: list[str] = []
@@ -134,29 +149,10 @@ class LocalExecutor:
                         (run, w) for run, w in zip(job, workdirs) if self._prepare(run, w) is None
                     ]
                     try:
-                        if live:
-                            stop.running = True
-                            results = self._train(live)
-                            stop.running = False
-                            failed += self._record_all(live, results, progress.bar.write)
-                    except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint was awaited
-                        for run, _ in live:
-                            self._interrupt(run, "stopped at once by a second Ctrl-C")
-                        raise
-                    except Exception as e:  # one bad run must not lose the rest of the study
-                        if signal_of(e) is not None or stop.poll() is not None:
-                            # Stopped by the signal, or failed on its way out (it resumes
-                            # from its last checkpoint all the same).
-                            for run, _ in live:
-                                self._interrupt(run, _describe(e))
-                                stopped.append(run.cfg.name)
-                            stop.note(signal_of(e) or stop.signum)
-                        else:
-                            for run, _ in live:
-                                self._fail(run, e, progress.bar.write)
-                                failed.append(run.cfg.name)
+                        job_failed, job_stopped = self._train_job(live, stop, progress.bar.write)
+                        failed += job_failed
+                        stopped += job_stopped
                     finally:
-                        stop.running = False
                         progress.end(weights[i - 1])
                 signum = stop.poll()
         finally:
@@ -164,6 +160,39 @@ class LocalExecutor:
         if signum is not None:
             raise _interrupted(signum, stopped, self.reg.path)
         return failed
+
+    def _train_job(
+        self, live: list[tuple[Any, Path]], stop: StopRequests, write: Any
+    ) -> tuple[list[str], list[str]]:
+        """Train one job's runs still to train here, recording each; returns the names of
+        (failed, stopped) runs."""
+        failed: list[str] = []
+        stopped: list[str] = []
+        try:
+            if live:
+                stop.running = True
+                results = self._train(live)
+                stop.running = False
+                failed += self._record_all(live, results, write)
+        except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint was awaited
+            for run, _ in live:
+                self._interrupt(run, "stopped at once by a second Ctrl-C")
+            raise
+        except Exception as e:  # one bad run must not lose the rest of the study
+            if signal_of(e) is not None or stop.poll() is not None:
+                # Stopped by the signal, or failed on its way out (it resumes
+                # from its last checkpoint all the same).
+                for run, _ in live:
+                    self._interrupt(run, _describe(e))
+                    stopped.append(run.cfg.name)
+                stop.note(signal_of(e) or stop.signum)
+            else:
+                for run, _ in live:
+                    self._fail(run, e, write)
+                    failed.append(run.cfg.name)
+        finally:
+            stop.running = False
+        return failed, stopped
 
     def _train(self, live: list[tuple[Any, Path]]) -> list:
         """Train one job here: a run alone, or a group's members together."""
@@ -189,14 +218,53 @@ class LocalExecutor:
     def _run_parallel(self, jobs: list[list], weights: list[float]) -> list[str]:
         """Train `jobs` (a run, or a group's members) in worker processes, at most
         self.workers at a time."""
-        import multiprocessing
-        import os
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        from concurrent.futures import FIRST_COMPLETED, wait
 
         progress = StudyProgress(1.0, len(jobs))
         failed: list[str] = []
         stopped: list[str] = []
         finished = 0
+        halt, pool = self._start_pool()
+        # Filled as jobs are submitted, so that a stop during submission reaches those sent.
+        pending: dict = {}
+        try:
+            with StopRequests(lambda signum: halt.set(), progress.bar.write) as stop:
+                self._submit_all(pool, jobs, weights, progress, pending)
+                marked: set = set()
+                while pending:
+                    done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                    self._mark_started(pending, marked)
+                    if stop.poll() is not None:
+                        halt.set()
+                    for future in done:
+                        live, weight = pending.pop(future)
+                        finished += 1
+                        job_failed, job_stopped = self._finish_job(
+                            future, live, stop, progress.bar.write
+                        )
+                        failed += job_failed
+                        stopped += job_stopped
+                        progress.bar.set_description(
+                            f"[{finished}/{len(jobs)}] {_job_name([r for r, _ in live])}"
+                        )
+                        progress.end(weight)
+                signum = stop.poll()
+        except BaseException:  # a second Ctrl-C, or the study itself failed: no waiting
+            self._abandon(pool, pending)
+            raise
+        finally:
+            progress.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+        if signum is not None:
+            raise _interrupted(signum, stopped, self.reg.path)
+        return failed
+
+    def _start_pool(self) -> tuple[Any, Any]:
+        """(the event that halts every worker, a pool of self.workers fresh processes)."""
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
         context = multiprocessing.get_context("spawn")  # no forked JAX runtime
         stopping.start_resource_tracker(self.out / stopping.TRACKER_LOG)
         halt = context.Event()  # set: every worker checkpoints its run and starts no other
@@ -206,88 +274,92 @@ class LocalExecutor:
             initializer=stopping.worker_init,
             initargs=(os.getpid(), halt),
         )
-        pending: dict = {}
-        try:
-            with StopRequests(lambda signum: halt.set(), progress.bar.write) as stop:
-                # Costliest first (longest-processing-time order): the last jobs to start are
-                # the cheap ones, so the workers finish close together.
-                queue = sorted(
-                    zip(jobs, weights, strict=True),
-                    key=lambda jw: -sum(r.planned_flops for r in jw[0]),
+        return halt, pool
+
+    def _submit_all(
+        self,
+        pool: Any,
+        jobs: list[list],
+        weights: list[float],
+        progress: StudyProgress,
+        pending: dict,
+    ) -> None:
+        """Submit every job with runs to train to `pool`, adding `{future: (live, weight)}`
+        to `pending`; a job with none left only moves the progress bar."""
+        # Costliest first (longest-processing-time order): the last jobs to start are
+        # the cheap ones, so the workers finish close together.
+        queue = sorted(
+            zip(jobs, weights, strict=True),
+            key=lambda jw: -sum(r.planned_flops for r in jw[0]),
+        )
+        for job, weight in queue:
+            workdirs = [self.out / "runs" / run.dirname for run in job]
+            live = [
+                (run, w)
+                for run, w in zip(job, workdirs)
+                if self._prepare(run, w, mark=False) is None
+            ]
+            if not live:
+                progress.end(weight)
+                continue
+            if len(live) == 1:
+                fn, args = self.train_fn, (live[0][0].cfg, live[0][1])
+            else:
+                fn, args = (
+                    functools.partial(groups.train_group, evaluate=self.evaluate),
+                    ([r.cfg for r, _ in live], [w for _, w in live]),
                 )
-                for job, weight in queue:
-                    workdirs = [self.out / "runs" / run.dirname for run in job]
-                    live = [
-                        (run, w)
-                        for run, w in zip(job, workdirs)
-                        if self._prepare(run, w, mark=False) is None
-                    ]
-                    if not live:
-                        progress.end(weight)
-                        continue
-                    if len(live) == 1:
-                        fn, args = self.train_fn, (live[0][0].cfg, live[0][1])
-                    else:
-                        fn, args = (
-                            functools.partial(groups.train_group, evaluate=self.evaluate),
-                            ([r.cfg for r, _ in live], [w for _, w in live]),
-                        )
-                    future = pool.submit(stopping.train_in_worker, fn, *args)
-                    pending[future] = (live, weight)
-                marked: set = set()
-                while pending:
-                    done, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                    for future, (live, _) in pending.items():  # handed to a worker
-                        if future not in marked and (future.running() or future.done()):
-                            for run, _ in live:
-                                self.reg.mark_running(run.run_id)
-                            marked.add(future)
-                    if stop.poll() is not None:
-                        halt.set()
-                    for future in done:
-                        live, weight = pending.pop(future)
-                        finished += 1
-                        try:
-                            result = future.result()
-                            if result == stopping.NOT_STARTED:
-                                for run, _ in live:
-                                    self.reg.update(run.run_id, status="pending", started_at=None)
-                            else:
-                                results = result if len(live) > 1 else [result]
-                                failed += self._record_all(live, results, progress.bar.write)
-                        except Exception as e:  # one bad job must not lose the others
-                            for run, _ in live:
-                                if signal_of(e) is not None or stop.signum is not None:
-                                    self._interrupt(run, _describe(e))
-                                    stopped.append(run.cfg.name)
-                                else:
-                                    self._fail(run, e, progress.bar.write)
-                                    failed.append(run.cfg.name)
-                        progress.bar.set_description(
-                            f"[{finished}/{len(jobs)}] {_job_name([r for r, _ in live])}"
-                        )
-                        progress.end(weight)
-                signum = stop.poll()
-        except BaseException:  # a second Ctrl-C, or the study itself failed: no waiting
-            for process in multiprocessing.active_children():
-                process.kill()
-            for live, _ in pending.values():
+            future = pool.submit(stopping.train_in_worker, fn, *args)
+            pending[future] = (live, weight)
+
+    def _mark_started(self, pending: dict, marked: set) -> None:
+        """Mark running the runs of each job a worker has taken since the last look."""
+        for future, (live, _) in pending.items():  # handed to a worker
+            if future not in marked and (future.running() or future.done()):
                 for run, _ in live:
-                    self._interrupt(run, "stopped at once; resumes from its last checkpoint")
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        finally:
-            progress.close()
-        pool.shutdown(wait=True, cancel_futures=True)
-        if signum is not None:
-            raise _interrupted(signum, stopped, self.reg.path)
-        return failed
+                    self.reg.mark_running(run.run_id)
+                marked.add(future)
+
+    def _finish_job(
+        self, future: Any, live: list[tuple[Any, Path]], stop: StopRequests, write: Any
+    ) -> tuple[list[str], list[str]]:
+        """Record a worker's finished job; returns the names of (failed, stopped) runs."""
+        failed: list[str] = []
+        stopped: list[str] = []
+        try:
+            result = future.result()
+            if result == stopping.NOT_STARTED:
+                for run, _ in live:
+                    self.reg.update(run.run_id, status="pending", started_at=None)
+            else:
+                results = result if len(live) > 1 else [result]
+                failed += self._record_all(live, results, write)
+        except Exception as e:  # one bad job must not lose the others
+            for run, _ in live:
+                if signal_of(e) is not None or stop.signum is not None:
+                    self._interrupt(run, _describe(e))
+                    stopped.append(run.cfg.name)
+                else:
+                    self._fail(run, e, write)
+                    failed.append(run.cfg.name)
+        return failed, stopped
+
+    def _abandon(self, pool: Any, pending: dict) -> None:
+        """Kill every worker at once and mark the runs they held interrupted."""
+        import multiprocessing
+
+        for process in multiprocessing.active_children():
+            process.kill()
+        for live, _ in pending.values():
+            for run, _ in live:
+                self._interrupt(run, "stopped at once; resumes from its last checkpoint")
+        pool.shutdown(wait=False, cancel_futures=True)
 
     def _prepare(self, run: Any, workdir: Path, mark: bool = True) -> dict | None:
         """The summary of a run already trained (e.g. by a cluster job), recorded now; or
         None once the run has its directory (and with `mark`, is marked running): a run to
         train."""
-        summary = _finished_summary(workdir, run.cfg.train.steps)
+        summary = finished_summary(workdir, run.cfg.train.steps)
         needs_eval = summary is not None and self.evaluate and _needs_eval(run.cfg, summary)
         if summary is not None:
             if needs_eval:
@@ -337,7 +409,7 @@ def _interrupted(signum: int, stopped: list[str], registry: Path) -> StudyInterr
     )
 
 
-def _unfinished(workdir: Path, steps: int) -> tuple[bool, str]:
+def unfinished(workdir: Path, steps: int) -> tuple[bool, str]:
     """(whether the run ever started, what is missing) for a run with no final summary."""
     logged = [int(r["step"]) for r in rundir.read_metrics(workdir)]
     ckpts = rundir.checkpoints_dir(workdir)
@@ -371,9 +443,9 @@ def collect(reg: Registry, out: Path, runs: list) -> list[str]:
     for run in runs:
         workdir = Path(out) / "runs" / run.dirname
         name = run.cfg.name.split(".", 1)[-1]
-        summary = _finished_summary(workdir, run.cfg.train.steps)
+        summary = finished_summary(workdir, run.cfg.train.steps)
         if summary is None:
-            started, why = _unfinished(workdir, run.cfg.train.steps)
+            started, why = unfinished(workdir, run.cfg.train.steps)
             if started:
                 reg.mark_failed(run.run_id, why)
             else:  # still pending: nothing ran

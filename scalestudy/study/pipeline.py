@@ -92,59 +92,83 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
     planned: list[StageRun] = []
     for run in runs if runs is not None else sweep.expand(study, spec_dir):
         parent = out / "runs" / run.dirname
-        steps = run.cfg.train.steps
         # (directory, config, role, via, run id) of every run to finetune
         parents = [(parent, run.cfg, "pretrained", "", run.run_id)]
         for ad in study.stages.adapt:
             if tuple(ad.from_cell) != (run.arch, run.objective):
                 continue
-            cfg = stages.adapt_config(run.cfg, parent, steps, ad)
-            via = f"{cfg.model.arch}/{cfg.objective.name}"
-            name = f"{run.dirname}-adapt-{cfg.model.arch}-{cfg.objective.name}"
-            extra = cfg.train.steps - steps
-            adapted = StageRun(
-                "adapt", name, parent, cfg, extra, ad, run, "adapted", via, run.run_id, steps
+            adapted, scratch = _adapted_and_scratch(run, parent, ad)
+            planned += [adapted, scratch]
+            via = adapted.via
+            parents.append(
+                (out / "stages" / adapted.name, adapted.cfg, "adapted", via, adapted.run_id)
             )
-            total = run.planned_flops + adapted.planned_flops
-            scratch_name = f"{run.dirname}-scratch-{cfg.model.arch}-{cfg.objective.name}"
-            s_name = f"{run.cfg.name}-scratch-{cfg.model.arch}-{cfg.objective.name}"
-            s_cfg = scratch_config(cfg, total, s_name)
-            scratch = StageRun(
-                "scratch", scratch_name, None, s_cfg, s_cfg.train.steps, None, run, "scratch", via
+            parents.append(
+                (out / "stages" / scratch.name, scratch.cfg, "scratch", via, scratch.run_id)
             )
-            planned += [adapted, dataclasses.replace(scratch, matches=name)]
-            parents.append((out / "stages" / name, cfg, "adapted", via, adapted.run_id))
-            parents.append((out / "stages" / scratch_name, s_cfg, "scratch", via, s_cfg.hash()))
         if ft is None or mixture is None:
             continue
-        eval_tasks = prompted.zero_shot_tasks(mixture, ft.eval_tasks, "stages.finetune.eval_tasks")
-        for pdir, pcfg, role, via, pid in parents:
-            cfg = stages.finetune_config(
-                pcfg,
-                pdir,
-                pcfg.train.steps,
-                ft,
-                prompted.mixture_name(mixture),
-                None,
-                eval_tasks,
-            )
-            extra = cfg.train.steps - pcfg.train.steps
-            planned.append(
-                StageRun(
-                    "finetune",
-                    f"{pdir.name}-ft",
-                    pdir,
-                    cfg,
-                    extra,
-                    ft,
-                    run,
-                    role,
-                    via,
-                    pid,
-                    pcfg.train.steps,
-                )
-            )
+        planned += _finetunes(run, parents, ft, mixture)
     return planned
+
+
+def _adapted_and_scratch(
+    run: sweep.PlannedRun, parent: Path, ad: stages.AdaptConfig
+) -> tuple[StageRun, StageRun]:
+    """(the adaptation `ad` of the pretrained `run`, the run from scratch matching its FLOPs)."""
+    steps = run.cfg.train.steps
+    cfg = stages.adapt_config(run.cfg, parent, steps, ad)
+    via = f"{cfg.model.arch}/{cfg.objective.name}"
+    name = f"{run.dirname}-adapt-{cfg.model.arch}-{cfg.objective.name}"
+    extra = cfg.train.steps - steps
+    adapted = StageRun(
+        "adapt", name, parent, cfg, extra, ad, run, "adapted", via, run.run_id, steps
+    )
+    total = run.planned_flops + adapted.planned_flops
+    scratch_name = f"{run.dirname}-scratch-{cfg.model.arch}-{cfg.objective.name}"
+    s_name = f"{run.cfg.name}-scratch-{cfg.model.arch}-{cfg.objective.name}"
+    s_cfg = scratch_config(cfg, total, s_name)
+    scratch = StageRun(
+        "scratch", scratch_name, None, s_cfg, s_cfg.train.steps, None, run, "scratch", via
+    )
+    return adapted, dataclasses.replace(scratch, matches=name)
+
+
+def _finetunes(
+    run: sweep.PlannedRun, parents: list[tuple], ft: stages.FinetuneConfig, mixture: Any
+) -> list[StageRun]:
+    """The finetuning of each of `parents` (the pretrained `run` and what descends from it)."""
+    from scalestudy.data import prompted
+
+    eval_tasks = prompted.zero_shot_tasks(mixture, ft.eval_tasks, "stages.finetune.eval_tasks")
+    runs = []
+    for pdir, pcfg, role, via, pid in parents:
+        cfg = stages.finetune_config(
+            pcfg,
+            pdir,
+            pcfg.train.steps,
+            ft,
+            prompted.mixture_name(mixture),
+            None,
+            eval_tasks,
+        )
+        extra = cfg.train.steps - pcfg.train.steps
+        runs.append(
+            StageRun(
+                "finetune",
+                f"{pdir.name}-ft",
+                pdir,
+                cfg,
+                extra,
+                ft,
+                run,
+                role,
+                via,
+                pid,
+                pcfg.train.steps,
+            )
+        )
+    return runs
 
 
 def plan_table(runs: list[StageRun]) -> str:
@@ -304,9 +328,9 @@ def collect(study: StudySpec, spec_dir: Path, out: Path, runs: list) -> list[str
         done = {row["run_id"] for row in reg.runs("done", stages=True)}
         for r in planned:
             where = out / "stages" / r.name
-            summary = executors._finished_summary(where, r.cfg.train.steps)
+            summary = executors.finished_summary(where, r.cfg.train.steps)
             if summary is None:
-                started, why = executors._unfinished(where, r.cfg.train.steps)
+                started, why = executors.unfinished(where, r.cfg.train.steps)
                 if started:
                     reg.mark_failed(r.run_id, why)
                 else:

@@ -164,10 +164,7 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
     names = [r.name for r in rungs]
     sizes_of, seeds_of = _cell_sizes(study, grid, names), _size_seeds(study, names)
     _size_names("budget.steps_per_size", tuple(study.budget.steps_per_size), names)
-    for key in study.cell_base:
-        if tuple(key.split("/")) not in grid:
-            accepted = ", ".join(f"{a}/{o}" for a, o in grid)
-            raise ConfigError(f"cell_base: {key!r} is not a cell of the study ({accepted})")
+    _check_cell_base(study, grid)
     context = matched.context_for(study, base)
     runs: list[PlannedRun] = []
     points = [
@@ -177,15 +174,9 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
         )
         for seed in seeds_of[rung.name]
     ]
-    for i, rung, tag, compute, seed in points:
-        # A rung is a decoder-stack shape; the cell's architecture is applied by matching.
-        keys = {k: v for k, v in rung.model.items() if k not in ("arch", "n_encoder_layers")}
-        shape = validate(
-            ModelConfig,
-            {**base_model.model_dump(), **keys, "arch": "causal_decoder", "n_encoder_layers": None},
-            f"ladder rung {rung.name}",
-        )
-        reference_params = counting.count_params(shape)
+    for point in points:
+        rung = point[1]
+        shape = _rung_shape(base_model, rung)
         for (arch, objective), variant in _cell_variants(study, grid):
             if rung.name not in sizes_of.get((arch, objective), (rung.name,)):
                 continue
@@ -196,52 +187,109 @@ def expand(study: StudySpec, spec_dir: Path | None = None, rates: Any = None) ->
                 model = validate(
                     ModelConfig, {**model.model_dump(), **variant.model}, f"variant {vname}"
                 )
-            name = ".".join(p for p in (arch, objective, vname, rung.name, tag, f"s{seed}") if p)
-            cell = f"{arch}/{objective}"
-            cell_base = deep_merge(base, dict(study.cell_base.get(cell, {})))
-            if rates and (rate := rates((arch, objective, vname, rung.name, tag))) is not None:
-                cell_base = deep_merge(cell_base, {"optim": {"learning_rate": rate}})
-            data = deep_merge(
-                cell_base,
-                {
-                    "name": f"{study.name}.{name}",
-                    "model": model.model_dump(),
-                    "objective": {"name": objective},
-                    "train": {"seed": seed},
-                    # A seed replicates the whole run: data order too (seed 0: the base's).
-                    "data": {"seed": cell_base.get("data", {}).get("seed", 0) + seed},
-                    "optim": {"learning_rate": _learning_rate(study, cell_base, shape, cell)},
-                },
-            )
-            cfg = validate(ExperimentConfig, data, f"run {name}")
-            budget = study.budget.for_size(rung.name)
-            steps, rows = matched.match_training(
-                cfg, shape, budget, compute, reference_params, matching, study.match_by
-            )
-            cfg = cfg.replace(train=cfg.train.replace(batch_size=rows))
-            if steps == 0:
-                continue  # an IsoFLOP point too short for this size
-            cfg = matched.with_steps(cfg, steps, name)
-            runs.append(
-                PlannedRun(
-                    run_id=cfg.hash(),
-                    cfg=cfg,
-                    size=rung.name,
-                    size_index=i,
-                    budget=tag,
-                    seed=seed,
-                    matching=matching,
-                    params=counting.count_params(cfg.model),
-                    flops=counting.flops(cfg),
-                    variant=vname,
-                    context=context,
-                )
-            )
+            cell = (arch, objective, vname)
+            cfg = _run_config(study, base, model, cell, point, shape, rates)
+            run = _matched_run(study, cfg, shape, point, matching, cell, context)
+            if run is not None:
+                runs.append(run)
     if not runs:
         raise ConfigError("the study expands to no runs; check ladder sizes and budget.compute")
     if study.stages is not None:  # the adaptations' parameter trees, before anything trains
         spec_checks.check_adaptations(study.stages.adapt, [r.cfg for r in runs])
     return runs
+
+
+def _check_cell_base(study: StudySpec, grid: list[tuple[str, str]]) -> None:
+    for key in study.cell_base:
+        if tuple(key.split("/")) not in grid:
+            accepted = ", ".join(f"{a}/{o}" for a, o in grid)
+            raise ConfigError(f"cell_base: {key!r} is not a cell of the study ({accepted})")
+
+
+def _rung_shape(base_model: ModelConfig, rung: Any) -> ModelConfig:
+    """The rung's decoder-stack shape over the base model."""
+    # A rung is a decoder-stack shape; the cell's architecture is applied by matching.
+    keys = {k: v for k, v in rung.model.items() if k not in ("arch", "n_encoder_layers")}
+    return validate(
+        ModelConfig,
+        {**base_model.model_dump(), **keys, "arch": "causal_decoder", "n_encoder_layers": None},
+        f"ladder rung {rung.name}",
+    )
+
+
+def _run_name(cell: tuple[str, str, str], point: tuple) -> str:
+    """The run's name, "arch.objective[.variant].size.budget.sSEED", at an (index, rung,
+    budget tag, compute, seed) point."""
+    _, rung, tag, _, seed = point
+    return ".".join(p for p in (*cell, rung.name, tag, f"s{seed}") if p)
+
+
+def _run_config(
+    study: StudySpec,
+    base: dict,
+    model: ModelConfig,
+    cell: tuple[str, str, str],
+    point: tuple,
+    shape: ModelConfig,
+    rates: Any,
+) -> ExperimentConfig:
+    """The run's config before its training is matched: the base, the cell's base, the
+    matched `model` of `cell` (arch, objective, variant name) and the point's seed."""
+    arch, objective, vname = cell
+    _, rung, tag, _, seed = point
+    name = _run_name(cell, point)
+    cell_key = f"{arch}/{objective}"
+    cell_base = deep_merge(base, dict(study.cell_base.get(cell_key, {})))
+    if rates and (rate := rates((arch, objective, vname, rung.name, tag))) is not None:
+        cell_base = deep_merge(cell_base, {"optim": {"learning_rate": rate}})
+    data = deep_merge(
+        cell_base,
+        {
+            "name": f"{study.name}.{name}",
+            "model": model.model_dump(),
+            "objective": {"name": objective},
+            "train": {"seed": seed},
+            # A seed replicates the whole run: data order too (seed 0: the base's).
+            "data": {"seed": cell_base.get("data", {}).get("seed", 0) + seed},
+            "optim": {"learning_rate": _learning_rate(study, cell_base, shape, cell_key)},
+        },
+    )
+    return validate(ExperimentConfig, data, f"run {name}")
+
+
+def _matched_run(
+    study: StudySpec,
+    cfg: ExperimentConfig,
+    shape: ModelConfig,
+    point: tuple,
+    matching: Any,
+    cell: tuple[str, str, str],
+    context: Any,
+) -> PlannedRun | None:
+    """The run of `cfg` (of `cell`: arch, objective, variant name) with the steps and rows
+    its budget point matches; None where the point is too short for this size."""
+    i, rung, tag, compute, seed = point
+    budget = study.budget.for_size(rung.name)
+    steps, rows = matched.match_training(
+        cfg, shape, budget, compute, counting.count_params(shape), matching, study.match_by
+    )
+    cfg = cfg.replace(train=cfg.train.replace(batch_size=rows))
+    if steps == 0:
+        return None  # an IsoFLOP point too short for this size
+    cfg = matched.with_steps(cfg, steps, _run_name(cell, point))
+    return PlannedRun(
+        run_id=cfg.hash(),
+        cfg=cfg,
+        size=rung.name,
+        size_index=i,
+        budget=tag,
+        seed=seed,
+        matching=matching,
+        params=counting.count_params(cfg.model),
+        flops=counting.flops(cfg),
+        variant=cell[2],
+        context=context,
+    )
 
 
 def _cell_sizes(
@@ -376,27 +424,40 @@ def run_study(
                 workers=workers,
                 members=cap,
             )
-        with (
-            Registry(out / REGISTRY_NAME) as reg,
-            phase("collecting runs" if collect else "pretraining"),
-        ):
-            reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
-            reg.set_plan(r.run_id for r in runs)
-            if collect:
-                missing = executors.collect(reg, out, runs)
-            else:
-                executor = executors.LocalExecutor(
-                    reg,
-                    out,
-                    train_fn=train_fn,
-                    workers=workers,
-                    members=cap,
-                )
-                failed = executor.run(runs)
+        missing, failed = _pretrain(study, out, runs, collect, train_fn, workers, cap)
         with phase("report"):
-            report.finalize(study, out)  # the runs `set_plan` marked above
-    _refuse_unfinished(out, len(runs), missing if collect else [], [] if collect else failed)
+            report.finalize(study, out)  # the runs `_pretrain` planned in the registry
+    _refuse_unfinished(out, len(runs), missing, failed)
     return study, runs
+
+
+def _pretrain(
+    study: StudySpec,
+    out: Path,
+    runs: list[PlannedRun],
+    collect: bool,
+    train_fn: Any,
+    workers: int,
+    cap: int,
+) -> tuple[list[str], list[str]]:
+    """Register the runs as the study's plan, then train what is missing (or with `collect`,
+    record what cluster jobs finished); returns (the runs not collected, the runs failed)."""
+    with (
+        Registry(out / REGISTRY_NAME) as reg,
+        phase("collecting runs" if collect else "pretraining"),
+    ):
+        reg.add_runs(r.row(study.name, out / "runs" / r.dirname) for r in runs)
+        reg.set_plan(r.run_id for r in runs)
+        if collect:
+            return executors.collect(reg, out, runs), []
+        executor = executors.LocalExecutor(
+            reg,
+            out,
+            train_fn=train_fn,
+            workers=workers,
+            members=cap,
+        )
+        return [], executor.run(runs)
 
 
 def _print_plan(study: StudySpec, spec_dir: Path, runs: list, cap: int) -> None:
