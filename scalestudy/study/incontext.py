@@ -62,16 +62,30 @@ def compare(
     runs: list[dict[str, Any]], n_key: str, tolerance: float
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """task -> {"equal_params" | "equal_compute": leader on the in-context gain} (before
-    Holm's adjustment, which the report makes over the answer's primary family)."""
+    Holm's adjustment, which the report makes over the answer's primary family), and again
+    as "<question>_ladder" over the cells that span the ladder where some cells have runs at
+    one rung only (as the answer's other metrics: the bottom rung is not the only reading)."""
     done, largest = with_gains([r for r in runs if r.get("status") == "done"])
+    rungs: dict[str, set] = defaultdict(set)
+    for r in done:
+        rungs[comparisons.label(r)].add(r.get("size_index") or 0)
+    one_rung = {c for c, sizes in rungs.items() if len(sizes) == 1}
+    ladder = [r for r in done if comparisons.label(r) not in one_rung]
+    readings = [("", done)]
+    if one_rung and len(rungs) - len(one_rung) >= 2:
+        readings.append(("_ladder", ladder))
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for task, k in sorted(largest.items()):
-        for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
-            got = comparisons.leader(done, x_key, gain_key(task), tolerance, higher=True)
-            if got:
-                got["more"] = f"larger {k}-shot gain"
-                got["k"] = k
-                out.setdefault(task, {})[name] = got
+        for suffix, rows in readings:
+            for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
+                got = comparisons.leader(rows, x_key, gain_key(task), tolerance, higher=True)
+                if got:
+                    got["more"] = f"larger {k}-shot gain"
+                    got["k"] = k
+                    if suffix:
+                        got["left_out"] = sorted({*got.get("left_out", ()), *one_rung})
+                        got["why_left_out"] = "their runs are at one rung only"
+                    out.setdefault(task, {})[name + suffix] = got
     return out
 
 
@@ -150,6 +164,8 @@ def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]
         for name, title in (
             ("equal_params", "Equal parameters"),
             ("equal_compute", "Equal compute"),
+            ("equal_params_ladder", "Equal parameters, the cells spanning the ladder"),
+            ("equal_compute_ladder", "Equal compute, the cells spanning the ladder"),
         ):
             if got := by_question.get(name):
                 verdict = got.get("verdict") or comparisons.leader_lines(got)

@@ -186,10 +186,11 @@ def answer_rows(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[
                 )
                 q = f"equal {held} ({got['at']:.3g} {x_what}{mine})"
                 rows.append(_row(q, f"val loss, {obj}", got, level))
-        for task, by_question in cmp.get("incontext", {}).items():
-            if got := by_question.get(key):
-                metric = f"{got['k']}-shot gain, {task}"
-                rows.append(_row(f"equal {held} ({got['at']:.3g} {x_what})", metric, got, level))
+            for task, by_question in cmp.get("incontext", {}).items():
+                if got := by_question.get(name):
+                    metric = f"{got['k']}-shot gain, {task}"
+                    q = f"equal {held} ({got['at']:.3g} {x_what}{where})"
+                    rows.append(_row(q, metric, got, level))
     return rows
 
 

@@ -141,3 +141,36 @@ def test_the_section_says_how_many_demonstrations_prompts_really_held():
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     section = report.render_markdown(study, runs, {}, [])
     assert "Demonstrations really shown" in section[section.index("## In-context learning") :]
+
+
+def test_the_gain_is_read_along_the_ladder_where_a_cell_has_one_rung():
+    """With a one-rung cell, every cell meets only at the bottom rung; the gain is read again
+    over the cells that span the ladder, at their largest common size, where the gain that
+    only grows with scale shows (the bottom reading alone would hide it)."""
+    runs = _runs(
+        {"causal_decoder/flm": 0.1, "noncausal_decoder/plm": 0.1, "encoder_decoder/mlm": 0.1}
+    )
+    runs = [r for r in runs if not (r["objective"] == "mlm" and r["size_index"] == 1)]
+    for r in runs:  # the causal decoder learns the rule at the top rung only
+        if r["arch"] == "causal_decoder" and r["size_index"] == 1:
+            for k in SHOTS[1:]:
+                r[f"eval/incontext_probe.{k}shot/acc"] += 0.3
+    found = answer.compare(runs)["incontext"]["incontext_probe"]
+    bottom, ladder = found["equal_params"], found["equal_params_ladder"]
+    assert bottom["at"] == pytest.approx(1e5) and not bottom["verdict"][0].startswith("**")
+    assert ladder["at"] == pytest.approx(1e6) and ladder["leader"] == "causal_decoder/flm"
+    assert ladder["left_out"] == ["encoder_decoder/mlm"]
+    assert all("p_holm" in t for t in ladder["tests"])  # in the primary family
+    assert ladder["verdict"][0].startswith("**causal_decoder/flm** is ahead of every other")
+    study = StudySpec(name="t", ladder={"preset": "smoke"})
+    md = report.render_markdown(study, runs, {}, [])
+    head = md[: md.index("## How to read")]
+    rows = [line for line in head.splitlines() if "8-shot gain, incontext_probe" in line]
+    spanning = [r for r in rows if "cells spanning the ladder" in r]
+    assert len(rows) == 4 and len(spanning) == 2
+    verdict = "| causal_decoder/flm | **ahead of all 1** (left out: encoder_decoder/mlm) |"
+    assert all(verdict in r for r in spanning)
+    assert all(
+        "at the rung of the one-rung encoder_decoder/mlm" in r for r in rows if r not in spanning
+    )
+    assert "Equal parameters, the cells spanning the ladder" in md
