@@ -155,6 +155,76 @@ def member_map(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, axis: str | None)
     return loop
 
 
+def _optimizer_masks(model: Model) -> dict[str, Any]:
+    """optim.make_optimizer's parameter masks and axes for `model`."""
+    axes = model.param_axes()
+    return {
+        "decay_mask": step.decay_mask(axes),
+        "stacked": step.stacked_mask(axes),
+        "axes": axes,
+    }
+
+
+def _group_abstract_state(
+    model: Model, tx: Any, mesh: jax.sharding.Mesh, axis: str | None, k_members: int
+) -> tuple[step.State, step.State, step.State]:
+    """(one member's abstract state, the group's shardings, the group's abstract state): the
+    group's is the member's with a leading member axis of `k_members`."""
+    param_sh = sharding.param_shardings(mesh, model.param_axes())
+    seed = jax.ShapeDtypeStruct((), jnp.int32)
+    abstract = jax.eval_shape(lambda s: step.init_state(model, tx, s), seed)
+    member_sh = step.state_shardings(mesh, abstract, model, param_sh)
+    member_abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, member_sh
+    )
+    group_sh = jax.tree.map(lambda s: _with_member_axis(s, axis), member_sh)
+    group_abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct((k_members, *a.shape), a.dtype, sharding=s),
+        abstract,
+        group_sh,
+    )
+    return member_abstract, group_sh, group_abstract
+
+
+def _replicated_hyper(cfgs: Sequence[ExperimentConfig], mesh: jax.sharding.Mesh) -> tuple:
+    """(the members' hyperparameters on every device, their abstract values)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    hyper = {k: jax.device_put(v, replicated) for k, v in hyperparameters(cfgs).items()}
+    abstract_hyper = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in hyper.items()
+    }
+    return hyper, abstract_hyper
+
+
+def _abstract_batches(
+    example_batch: Mapping[str, Any],
+    k_members: int,
+    n_steps: int,
+    mesh: jax.sharding.Mesh,
+    axis: str | None,
+) -> tuple[dict, dict | None]:
+    """(the group's abstract batch [K, B, ...], its stacked batches [K, n, B, ...] or None
+    when `n_steps` is 1), B being the global rows of every process."""
+    shapes = {
+        k: (np.shape(v)[0] * jax.process_count(), *np.shape(v)[1:])
+        for k, v in example_batch.items()
+    }
+    dtypes = {k: np.asarray(v).dtype for k, v in example_batch.items()}
+    batch_sh = _batch_sharding(mesh, axis, steps=False)
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct((k_members, *shape), dtypes[k], sharding=batch_sh)
+        for k, shape in shapes.items()
+    }
+    if n_steps == 1:
+        return abstract_batch, None
+    steps_sh = _batch_sharding(mesh, axis, steps=True)
+    abstract_steps = {
+        k: jax.ShapeDtypeStruct((k_members, n_steps, *shape), dtypes[k], sharding=steps_sh)
+        for k, shape in shapes.items()
+    }
+    return abstract_batch, abstract_steps
+
+
 def _jit_group(
     cfgs: Sequence[ExperimentConfig],
     model: Model,
@@ -163,12 +233,7 @@ def _jit_group(
     axis: str | None,
 ) -> _Jitted:
     cfg = cfgs[0]
-    axes = model.param_axes()
-    masks = {
-        "decay_mask": step.decay_mask(axes),
-        "stacked": step.stacked_mask(axes),
-        "axes": axes,
-    }
+    masks = _optimizer_masks(model)
     total = optim.schedule_steps(cfg.optim, cfg.train.steps)
     tx, _ = optim.make_optimizer(cfg.optim, total, **masks)
 
@@ -180,47 +245,20 @@ def _jit_group(
     def member_steps(state: step.State, batches: step.Batch, hyper: dict) -> tuple:
         return jax.lax.scan(lambda s, b: member_step(s, b, hyper), state, batches)
 
-    param_sh = sharding.param_shardings(mesh, axes)
-    seed = jax.ShapeDtypeStruct((), jnp.int32)
-    abstract = jax.eval_shape(lambda s: step.init_state(model, tx, s), seed)
-    member_sh = step.state_shardings(mesh, abstract, model, param_sh)
-    member_abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, member_sh
+    k_members, n = len(cfgs), cfg.train.steps_per_call
+    member_abstract, group_sh, group_abstract = _group_abstract_state(
+        model, tx, mesh, axis, k_members
     )
-    k_members = len(cfgs)
-    group_sh = jax.tree.map(lambda s: _with_member_axis(s, axis), member_sh)
-    group_abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct((k_members, *a.shape), a.dtype, sharding=s),
-        abstract,
-        group_sh,
-    )
+    hyper, abstract_hyper = _replicated_hyper(cfgs, mesh)
+    abstract_batch, abstract_steps = _abstract_batches(example_batch, k_members, n, mesh, axis)
     replicated = NamedSharding(mesh, PartitionSpec())
-    hyper = {k: jax.device_put(v, replicated) for k, v in hyperparameters(cfgs).items()}
-    abstract_hyper = {
-        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in hyper.items()
-    }
     batch_sh = _batch_sharding(mesh, axis, steps=False)
-    shapes = {
-        k: (np.shape(v)[0] * jax.process_count(), *np.shape(v)[1:])
-        for k, v in example_batch.items()
-    }
-    dtypes = {k: np.asarray(v).dtype for k, v in example_batch.items()}
-    abstract_batch = {
-        k: jax.ShapeDtypeStruct((k_members, *shape), dtypes[k], sharding=batch_sh)
-        for k, shape in shapes.items()
-    }
     over_members = member_map(cfg, mesh, axis)
-    n = cfg.train.steps_per_call
-    multi_step = abstract_steps = None
+    multi_step = None
     if n > 1:
-        steps_sh = _batch_sharding(mesh, axis, steps=True)
-        abstract_steps = {
-            k: jax.ShapeDtypeStruct((k_members, n, *shape), dtypes[k], sharding=steps_sh)
-            for k, shape in shapes.items()
-        }
         multi_step = jax.jit(
             over_members(member_steps),
-            in_shardings=(group_sh, steps_sh, replicated),
+            in_shardings=(group_sh, _batch_sharding(mesh, axis, steps=True), replicated),
             out_shardings=(group_sh, replicated),
             donate_argnums=0,
         )

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,27 @@ def _split_microbatches(batch: Batch, k: int, rows: NamedSharding) -> Batch:
     return {name: split(x) for name, x in batch.items()}
 
 
+def _microbatch_sums(
+    grad_fn: Callable, params: Any, batch: Batch, rng: jax.Array, k: int, rows: NamedSharding
+) -> tuple[Any, dict]:
+    """(gradients, sums) of `grad_fn` added over `k` microbatches of `batch`, in one scan;
+    microbatch i draws its dropout from `fold_in(rng, i)`."""
+
+    def body(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+        micro, i = xs
+        g, s = grad_fn(params, micro, jax.random.fold_in(rng, i))
+        return jax.tree.map(jnp.add, carry, (g, s)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    micro = _split_microbatches(batch, k, rows)
+    first = jax.tree.map(lambda x: x[0], micro)
+    # The scan's carry needs the sums' shapes before any microbatch has run.
+    shapes = jax.eval_shape(grad_fn, params, first, rng)[1]
+    sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+    (grads, sums), _ = jax.lax.scan(body, (zeros, sums0), (micro, jnp.arange(k)))
+    return grads, sums
+
+
 def make_train_step(
     cfg: ExperimentConfig,
     model: Model,
@@ -115,18 +136,8 @@ def make_train_step(
         if k == 1:
             grads, sums = grad_fn(params, batch, jax.random.fold_in(rng, 0))
         else:
-
-            def body(carry: tuple, xs: tuple) -> tuple[tuple, None]:
-                micro, i = xs
-                g, s = grad_fn(params, micro, jax.random.fold_in(rng, i))
-                return jax.tree.map(jnp.add, carry, (g, s)), None
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            micro = _split_microbatches(batch, k, sharding.batch_sharding(mesh, members))
-            first = jax.tree.map(lambda x: x[0], micro)
-            shapes = jax.eval_shape(grad_fn, params, first, rng)[1]
-            sums0 = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
-            (grads, sums), _ = jax.lax.scan(body, (zeros, sums0), (micro, jnp.arange(k)))
+            rows = sharding.batch_sharding(mesh, members)
+            grads, sums = _microbatch_sums(grad_fn, params, batch, rng, k, rows)
         denom = jnp.maximum(sums["tokens"], 1.0)
         if k > 1:
             grads = jax.tree.map(lambda g: g / denom, grads)
@@ -309,6 +320,126 @@ def init_state(model: Model, tx: optax.GradientTransformation, seed: jax.Array) 
     }
 
 
+class _Steps(NamedTuple):
+    """A program's jitted functions (compiled, or not yet)."""
+
+    init: Any
+    train_step: Any
+    eval_step: Any
+    multi_step: Any  # None when steps_per_call is 1
+
+
+def _global_shapes(example_batch: Mapping[str, Any]) -> dict[str, tuple[tuple, str]]:
+    """{feature: (global shape, dtype name)}: this process's rows, times the process count."""
+    processes = jax.process_count()
+    return {
+        k: ((np.shape(v)[0] * processes, *np.shape(v)[1:]), str(np.asarray(v).dtype))
+        for k, v in example_batch.items()
+    }
+
+
+def _optimizer(cfg: ExperimentConfig, model: Model) -> tuple[Any, optim.Schedule]:
+    return optim.make_optimizer(
+        cfg.optim,
+        optim.schedule_steps(cfg.optim, cfg.train.steps),
+        decay_mask=decay_mask(model.param_axes()),
+        stacked=stacked_mask(model.param_axes()),
+        axes=model.param_axes(),
+    )
+
+
+def _sharded_abstract_state(
+    mesh: jax.sharding.Mesh, model: Model, tx: optax.GradientTransformation
+) -> tuple[State, State, Any]:
+    """(the abstract state carrying its shardings, the state's shardings, the parameters')."""
+    param_sh = sharding.param_shardings(mesh, model.param_axes())
+    seed = jax.ShapeDtypeStruct((), jnp.int32)
+    abstract = jax.eval_shape(lambda s: init_state(model, tx, s), seed)
+    state_sh = state_shardings(mesh, abstract, model, param_sh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
+    )
+    return abstract, state_sh, param_sh
+
+
+def _jit_steps(
+    cfg: ExperimentConfig,
+    model: Model,
+    tx: optax.GradientTransformation,
+    schedule: optim.Schedule,
+    mesh: jax.sharding.Mesh,
+    shardings: tuple[State, Any, NamedSharding],
+) -> _Steps:
+    """The program's functions jitted with their shardings (`shardings`: the state's, the
+    parameters' and the batch's); the train steps donate the state."""
+    state_sh, param_sh, batch_sh = shardings
+    replicated = NamedSharding(mesh, PartitionSpec())
+    # The seed is an argument, so runs that differ only in seed share one program.
+    init = jax.jit(lambda s: init_state(model, tx, s), out_shardings=state_sh)
+    one_step = make_train_step(cfg, model, tx, schedule, mesh)
+    train_step = jax.jit(
+        one_step,
+        in_shardings=(state_sh, batch_sh),
+        out_shardings=(state_sh, replicated),
+        donate_argnums=0,
+    )
+    multi_step = None
+    if cfg.train.steps_per_call > 1:
+        multi_step = jax.jit(
+            make_multi_step(one_step),
+            in_shardings=(state_sh, _stacked_sharding(mesh)),
+            out_shardings=(state_sh, replicated),
+            donate_argnums=0,
+        )
+    eval_step = jax.jit(
+        make_eval_step(cfg, model),
+        in_shardings=(param_sh, batch_sh),
+        out_shardings=replicated,
+    )
+    return _Steps(init, train_step, eval_step, multi_step)
+
+
+def _compile_steps(
+    cfg: ExperimentConfig,
+    mesh: jax.sharding.Mesh,
+    jitted: _Steps,
+    abstract: State,
+    shapes: dict[str, tuple[tuple, str]],
+    batch_sh: NamedSharding,
+) -> _Steps:
+    """`jitted` compiled for the global batch `shapes`, in the order init, train step, eval
+    step, multi-step; the program is then checked against the chips' memory."""
+    abstract_batch = {
+        k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
+        for k, (shape, dtype) in shapes.items()
+    }
+    init, train_step, eval_step, multi_step = jitted
+    with sharding.axis_rules(mesh):
+        init = init.lower(jax.ShapeDtypeStruct((), jnp.int32)).compile()
+        if multi_step is None:
+            train_step = train_step.lower(abstract, abstract_batch).compile()
+        else:
+            train_step = CompiledOnFirstCall(train_step, mesh, abstract, abstract_batch)
+        eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
+        if multi_step is not None:
+            stacked_sh = _stacked_sharding(mesh)
+            k = cfg.train.steps_per_call
+            abstract_stacked = {
+                name: jax.ShapeDtypeStruct((k, *shape), dtype, sharding=stacked_sh)
+                for name, (shape, dtype) in shapes.items()
+            }
+            multi_step = multi_step.lower(abstract, abstract_stacked).compile()
+    chips.check_fits(cfg, multi_step or train_step, mesh)
+    return _Steps(init, train_step, eval_step, multi_step)
+
+
+def _remember(key: str, program: Program) -> None:
+    """Keep `program` for reuse, dropping the least recently used past `_MAX_PROGRAMS`."""
+    _PROGRAMS[key] = program
+    while len(_PROGRAMS) > _MAX_PROGRAMS:
+        _PROGRAMS.popitem(last=False)
+
+
 def build_program(
     cfg: ExperimentConfig,
     example_batch: Mapping[str, Any],
@@ -327,78 +458,20 @@ def build_program(
     mesh = (
         mesh if mesh is not None else sharding.make_mesh(cfg.mesh, model=cfg.model, batch=cfg.train)
     )
-    processes = jax.process_count()
-    shapes = {
-        k: ((np.shape(v)[0] * processes, *np.shape(v)[1:]), str(np.asarray(v).dtype))
-        for k, v in example_batch.items()
-    }
+    shapes = _global_shapes(example_batch)
     key = _program_key(cfg, shapes, mesh)
     if compile and key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return dataclasses.replace(_PROGRAMS[key], compile_s=0.0)
 
     model = build_model(cfg.model)
-    tx, schedule = optim.make_optimizer(
-        cfg.optim,
-        optim.schedule_steps(cfg.optim, cfg.train.steps),
-        decay_mask=decay_mask(model.param_axes()),
-        stacked=stacked_mask(model.param_axes()),
-        axes=model.param_axes(),
-    )
-    param_sh = sharding.param_shardings(mesh, model.param_axes())
-    seed = jax.ShapeDtypeStruct((), jnp.int32)
-    abstract = jax.eval_shape(lambda s: init_state(model, tx, s), seed)
-    state_sh = state_shardings(mesh, abstract, model, param_sh)
-    abstract = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sh
-    )
+    tx, schedule = _optimizer(cfg, model)
+    abstract, state_sh, param_sh = _sharded_abstract_state(mesh, model, tx)
     batch_sh = sharding.batch_sharding(mesh)
-    abstract_batch = {
-        k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
-        for k, (shape, dtype) in shapes.items()
-    }
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    # The seed is an argument, so runs that differ only in seed share one program.
-    init = jax.jit(lambda s: init_state(model, tx, s), out_shardings=state_sh)
-    one_step = make_train_step(cfg, model, tx, schedule, mesh)
-    train_step = jax.jit(
-        one_step,
-        in_shardings=(state_sh, batch_sh),
-        out_shardings=(state_sh, replicated),
-        donate_argnums=0,
-    )
-    k = cfg.train.steps_per_call
-    multi_step = None
-    if k > 1:
-        stacked_sh = _stacked_sharding(mesh)
-        multi_step = jax.jit(
-            make_multi_step(one_step),
-            in_shardings=(state_sh, stacked_sh),
-            out_shardings=(state_sh, replicated),
-            donate_argnums=0,
-        )
-        abstract_stacked = {
-            name: jax.ShapeDtypeStruct((k, *shape), dtype, sharding=stacked_sh)
-            for name, (shape, dtype) in shapes.items()
-        }
-    eval_step = jax.jit(
-        make_eval_step(cfg, model),
-        in_shardings=(param_sh, batch_sh),
-        out_shardings=replicated,
-    )
+    steps = _jit_steps(cfg, model, tx, schedule, mesh, (state_sh, param_sh, batch_sh))
     t0 = time.perf_counter()
     if compile:
-        with sharding.axis_rules(mesh):
-            init = init.lower(seed).compile()
-            if multi_step is None:
-                train_step = train_step.lower(abstract, abstract_batch).compile()
-            else:
-                train_step = CompiledOnFirstCall(train_step, mesh, abstract, abstract_batch)
-            eval_step = eval_step.lower(abstract["params"], abstract_batch).compile()
-            if multi_step is not None:
-                multi_step = multi_step.lower(abstract, abstract_stacked).compile()
-        chips.check_fits(cfg, multi_step or train_step, mesh)
+        steps = _compile_steps(cfg, mesh, steps, abstract, shapes, batch_sh)
     program = Program(
         model=model,
         mesh=mesh,
@@ -406,15 +479,13 @@ def build_program(
         abstract_state=abstract,
         state_sharding=state_sh,
         batch_sharding=batch_sh,
-        init_fn=init,
-        train_step=train_step,
-        eval_step=eval_step,
+        init_fn=steps.init,
+        train_step=steps.train_step,
+        eval_step=steps.eval_step,
         compile_s=time.perf_counter() - t0,
-        multi_step=multi_step,
-        steps_per_call=k,
+        multi_step=steps.multi_step,
+        steps_per_call=cfg.train.steps_per_call,
     )
     if compile:
-        _PROGRAMS[key] = program
-        while len(_PROGRAMS) > _MAX_PROGRAMS:
-            _PROGRAMS.popitem(last=False)
+        _remember(key, program)
     return program
