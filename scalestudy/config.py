@@ -119,9 +119,14 @@ class ModelConfig(Frozen):
     # (and attention outputs), save_attention_mlp (and MLP outputs), save_dots,
     # save_dots_no_batch (matmul outputs, all or only those without a batch dimension).
     remat: Literal[
-        "none", "full", "minimal", "save_attention", "save_attention_mlp", "save_dots",
+        "none",
+        "full",
+        "minimal",
+        "save_attention",
+        "save_attention_mlp",
+        "save_dots",
         "save_dots_no_batch",
-    ] = "none"  # fmt: skip
+    ] = "none"
     # Attention backend (models/attention.py): auto (per platform), xla (reference einsums),
     # cudnn (GPU flash attention), splash (TPU Pallas kernel). Left out of dumps (and so of
     # run ids) while "auto", so existing studies keep their ids.

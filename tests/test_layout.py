@@ -1,7 +1,8 @@
 """The package's import graph: no circles, and no room imports a room to its right in the flow
 config <- data <- models <- train <- evaluate <- bench <- scaling <- analysis <- study <-
 decoder_only <- cli;
-and no module much over 400 lines unless its docstring says why it is kept whole.
+and what makes code hard to read: no function over 60 lines, no formatter escape packing lines,
+no private name used from another module.
 
 Every import counts, including those inside functions (a deferred import is still a
 dependency, and deferring one is how a circle hides), `if TYPE_CHECKING:` ones too.
@@ -45,8 +46,6 @@ ROOM_OF = {
 }
 # Rooms placed in the flow by what they serve.
 EXTRA_RANK: dict[str, int] = {}
-# "About 400 lines": a module longer than this says why in its docstring ("Kept whole: ...").
-MAX_LINES = 420
 # Circles known and still to be opened: allowed until they are gone; then delete the entry.
 KNOWN_CIRCLES: list[set[str]] = []
 
@@ -166,14 +165,84 @@ def test_no_room_imports_a_room_to_its_right():
     assert not upward, "imports against the flow " + " <- ".join(ROOMS) + ":\n" + "\n".join(upward)
 
 
-def test_no_module_much_over_400_lines_without_a_stated_reason():
-    long = []
+# What makes code hard to read, checked instead of a module line cap: a module is as long as its
+# one concern needs (docs/layout.md says what each room owns).
+MAX_FUNCTION_LINES = 60
+
+
+def _functions():
     for path in sorted(PACKAGE.rglob("*.py")):
-        text = path.read_text()
-        n = len(text.splitlines())
-        if n > MAX_LINES and "Kept whole:" not in (ast.get_docstring(ast.parse(text)) or ""):
-            long.append(f"{path.relative_to(PACKAGE.parent)} ({n} lines)")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield path, node
+
+
+def test_no_function_over_60_lines():
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.name} ({node.end_lineno - node.lineno + 1})"
+        for path, node in _functions()
+        if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, (
-        f"modules over {MAX_LINES} lines: {', '.join(long)}; split them by concern, or say in "
-        "the module docstring why one is kept whole ('Kept whole: ...')"
+        f"functions over {MAX_FUNCTION_LINES} lines (docstring included): {', '.join(long)}; "
+        "split each into helpers that do one thing"
+    )
+
+
+def test_no_formatter_escape_packs_lines():
+    packed = [
+        f"{path.relative_to(PACKAGE.parent)}:{i}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if "fmt: skip" in line or "fmt: off" in line
+    ]
+    assert not packed, "formatter escapes (let the formatter lay the code out): " + ", ".join(
+        packed
+    )
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """`from scalestudy.x import _name` and `module._name` on an imported scalestudy module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scalestudy"):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"from {node.module} import {a.name}")
+                modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):  # `import scalestudy.x.y as y`
+            modules |= {
+                a.asname for a in node.names if a.name.startswith("scalestudy.") and a.asname
+            }
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_private_reaches_are_found_when_present(tmp_path):
+    sample = tmp_path / "m.py"
+    sample.write_text(
+        "import os\nfrom scalestudy.study import executors\nfrom scalestudy.x import _y, z\n"
+        "executors._unfinished()\nz.public()\nos._exit(0)\n"
+    )
+    assert _private_reaches(sample) == ["from scalestudy.x import _y", "executors._unfinished"]
+
+
+def test_no_private_name_is_used_from_another_module():
+    reaches = [
+        f"{path.relative_to(PACKAGE.parent)}: {r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for r in _private_reaches(path)
+    ]
+    assert not reaches, (
+        "private names used from another module (make the name public where it is defined, "
+        "or move the code that needs it): " + "; ".join(reaches)
     )

@@ -164,10 +164,10 @@ def _source_key(mixture: PromptedMixture, task: PromptedTask) -> str:
         return f"tfds:{task.tfds_name}"
     if task.synthetic is not None:
         return f"synthetic:{task.synthetic}:{task.synthetic_seed}"
-    return f"file:{_resolve(task.path, mixture.data_dir, mixture.base_dir)}"
+    return f"file:{resolve_path(task.path, mixture.data_dir, mixture.base_dir)}"
 
 
-def _resolve(path: str | None, root: str | None, base: str | None) -> Path:
+def resolve_path(path: str | None, root: str | None, base: str | None) -> Path:
     """`path` if absolute, else under `root` (itself relative to `base`, the mixture file's
     folder), else under `base`."""
     p = Path(str(path)).expanduser()
@@ -190,7 +190,7 @@ def _resolve(path: str | None, root: str | None, base: str | None) -> Path:
 
 def _templates(mixture: PromptedMixture, task: PromptedTask) -> list[dict]:
     """The task's templates, from its `templates` file (resolved as the mixture says)."""
-    path = _resolve(task.templates, mixture.templates_dir, mixture.base_dir)
+    path = resolve_path(task.templates, mixture.templates_dir, mixture.base_dir)
     return read_templates(path, task.name, task.original_task_only, tuple(task.template_names))
 
 
@@ -256,7 +256,7 @@ def _read_rows(mixture: PromptedMixture, task: PromptedTask) -> list[tuple[dict,
         for i, ex in enumerate(tfds.as_numpy(ds)):
             rows.append((_decode(ex), f"{task.tfds_name}[{i}]"))
         return rows
-    path = _resolve(task.path, mixture.data_dir, mixture.base_dir)
+    path = resolve_path(task.path, mixture.data_dir, mixture.base_dir)
     if not path.is_file():
         raise DataError(not_found(path, f"prompted task {task.name!r}: data file"))
     rows = []

@@ -101,8 +101,10 @@ def plan_calls(
         calls, start = [], 0
         for p in parts:
             end = start + len(p.inputs)
-            calls += [Call(np.arange(s, min(s + rows, end)), p.lengths, rows)
-                      for s in range(start, end, rows)]  # fmt: skip
+            calls += [
+                Call(np.arange(s, min(s + rows, end)), p.lengths, rows)
+                for s in range(start, end, rows)
+            ]
             start = end
         return calls
     shapes = [shape for p in parts for shape in _shapes(p, encdec)]

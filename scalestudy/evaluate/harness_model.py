@@ -371,8 +371,11 @@ class ScalestudyLM(LM):
                 for row, i in enumerate(idx):
                     prompt_BP[row, : lengths_B[row]] = jobs[i][0]
                 with sharding.axis_rules(self.mesh):
-                    tokens_BT = np.asarray(jax.device_get(self._generate(
-                        self.scorer.params, prompt_BP, steps, lengths_B)))  # fmt: skip
+                    tokens_BT = np.asarray(
+                        jax.device_get(
+                            self._generate(self.scorer.params, prompt_BP, steps, lengths_B)
+                        )
+                    )
                 for row, i in enumerate(part):
                     out[i] = _cut_at_stop(self.vocab.decode(tokens_BT[row].tolist()), jobs[i][2])
         for req, text in zip(requests, out, strict=True):

@@ -258,10 +258,15 @@ def _incontext(synthetic: SyntheticConfig | None) -> Task:
         ex = Example((item["context"],), tuple(item["choices"]), item["gold"], source=where)
         examples.append(dataclasses.replace(ex, pool=item["episode"]))
     demos = tuple(
-        Example((d["context"],), (d["answer"],), 0, source=f"incontext_demonstrations[{i}] "
-                f"(episode {d['episode']})", pool=d["episode"])
+        Example(
+            (d["context"],),
+            (d["answer"],),
+            0,
+            source=f"incontext_demonstrations[{i}] (episode {d['episode']})",
+            pool=d["episode"],
+        )
         for i, d in enumerate(incontext_demonstrations(cfg))
-    )  # fmt: skip
+    )
     return Task(
         "incontext_probe",
         "choice",

@@ -242,7 +242,7 @@ def prepare_finetune(
     eval_tasks = prompted.zero_shot_tasks(mixture, ft.eval_tasks)
     data_dir = None
     if mixture.data_dir is not None:
-        data_dir = str(prompted._resolve(".", mixture.data_dir, mixture.base_dir))
+        data_dir = str(prompted.resolve_path(".", mixture.data_dir, mixture.base_dir))
     cfg = finetune_config(
         parent_cfg, parent, step, ft, prompted.mixture_name(mixture), data_dir, eval_tasks
     )
