@@ -3,7 +3,7 @@
     python analysis/runs_table.py runs/smoke --out runs/smoke/runs.csv
     python analysis/runs_table.py runs/smoke --curves --out runs/smoke/curves.csv
 
-Columns are those of `scalestudy.study.registry.load_runs` / `load_curves`; every run carries
+Columns are those of `scalestudy.study.run.registry.load_runs` / `load_curves`; every run carries
 total and non-embedding parameters, its stack shape and its training FLOPs, so a comparison in
 another matching mode can be redone from the CSV alone.
 """
@@ -15,7 +15,7 @@ import csv
 import sys
 from pathlib import Path
 
-from scalestudy.study.registry import load_curves, load_runs
+from scalestudy.study.run.registry import load_curves, load_runs
 
 
 def _write(handle, columns: list[str], rows: list[dict]) -> None:

@@ -40,8 +40,8 @@ if not tpu_chip_present():
 
 # name -> module that defines it (docs/python.md shows each in use).
 _EXPORTS = {
-    "ExperimentConfig": "scalestudy.config",
-    "load_config": "scalestudy.config",
+    "ExperimentConfig": "scalestudy.config.experiment",
+    "load_config": "scalestudy.config.experiment",
     "build_model": "scalestudy.models.api",
     "get_vocabulary": "scalestudy.data.vocab",
     "train_group": "scalestudy.train.group",
@@ -50,10 +50,10 @@ _EXPORTS = {
     "evaluate_run": "scalestudy.evaluate.rank",
     "DataSettings": "scalestudy.scaling.table",
     "FitSettings": "scalestudy.scaling.laws",
-    "build_table": "scalestudy.scaling.io",
-    "load_table": "scalestudy.scaling.io",
+    "build_table": "scalestudy.scaling.table_input",
+    "load_table": "scalestudy.scaling.table_input",
     "fit_cells": "scalestudy.scaling.laws",
-    "make_all_plots": "scalestudy.scaling.plots",
+    "make_all_plots": "scalestudy.scaling.fit_plots",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,7 +1,7 @@
 """Bad input, one row each: the command stops before any work with one clear `error:` line
 that names what is wrong and what is accepted, never a traceback and never silent success.
 
-Rows run `scalestudy.cli.main` in this process on tiny inputs written once per module; the rows
+Rows run `scalestudy.cli.main.main` in this process on tiny inputs written once per module; the rows
 that need a run directory share one 2-step run.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.cli import main
-from scalestudy.study.sweep import expand, load_study
+from scalestudy.cli.main import main
+from scalestudy.study.run.main_job import expand, load_study
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs/models/tiny.yaml")
@@ -495,7 +495,7 @@ def test_a_platform_jax_does_not_know_is_one_line(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "bogus"}
     argv = ["train", "--config", TINY, "--workdir", "w", "train.steps=2"]
     done = subprocess.run(
-        [sys.executable, "-m", "scalestudy.cli", *argv],
+        [sys.executable, "-m", "scalestudy.cli.main", *argv],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -524,7 +524,7 @@ def test_spec_budget_wins_over_base_steps(inputs, tmp_path):
 
 def test_closed_output_pipe_exits_quietly(inputs):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "scalestudy.cli", "launch", "--spec", "spec.yaml"]
+    cmd = [sys.executable, "-m", "scalestudy.cli.main", "launch", "--spec", "spec.yaml"]
     cmd += ["--executor", "slurm", "--out", "piped"]
     proc = subprocess.Popen(
         cmd, cwd=inputs, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -549,7 +549,7 @@ def test_batch_that_does_not_divide_a_tpu_topology_is_one_line(capsys):
 def test_output_paths_are_checked_before_any_work(tmp_path, capsys):
     """A path that cannot take the results is one error line before anything runs: scores
     are never computed and then lost, and nothing is written."""
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -594,7 +594,7 @@ def test_output_paths_are_checked_before_any_work(tmp_path, capsys):
     "override", ["train.seed=-1", "data.seed=-1", "train.seed=99999999999999999999"]
 )
 def test_seeds_outside_what_a_prng_takes_are_refused_by_the_config(override, tmp_path, capsys):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     argv = ["train", "--config", "configs/experiments/synthetic_tiny.yaml"]
     assert main([*argv, "--workdir", str(tmp_path / "w"), override]) == 2
@@ -604,7 +604,7 @@ def test_seeds_outside_what_a_prng_takes_are_refused_by_the_config(override, tmp
 
 
 def test_a_spec_with_a_negative_seed_is_refused_before_the_dry_run(tmp_path, capsys):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     argv = ["study", "--spec", "configs/studies/smoke.yaml", "--out", str(tmp_path / "o")]
     assert main([*argv, "--dry-run", "seeds=[-1]"]) == 2
@@ -614,9 +614,9 @@ def test_a_spec_with_a_negative_seed_is_refused_before_the_dry_run(tmp_path, cap
 def test_nested_aliases_are_refused_and_no_value_is_printed_whole(tmp_path):
     """A few hundred bytes of nested aliases stand for 387 million strings: refused as it is
     read, not expanded; and an error never prints a long value whole."""
-    from scalestudy.config import ExperimentConfig
-    from scalestudy.errors import ConfigError
-    from scalestudy.yamlio import read_yaml, validate
+    from scalestudy.config.errors import ConfigError
+    from scalestudy.config.experiment import ExperimentConfig
+    from scalestudy.config.yamlio import read_yaml, validate
 
     lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
@@ -633,7 +633,7 @@ def test_nested_aliases_are_refused_and_no_value_is_printed_whole(tmp_path):
 def test_a_batch_that_cannot_fit_host_memory_is_refused_before_anything_is_written(
     tmp_path, capsys
 ):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     argv = ["train", "--config", "configs/experiments/synthetic_tiny.yaml"]
     assert main([*argv, "--workdir", str(tmp_path / "w"), "train.batch_size=100000000"]) == 2
@@ -643,9 +643,9 @@ def test_a_batch_that_cannot_fit_host_memory_is_refused_before_anything_is_writt
 
 
 def test_archs_beside_cells_are_refused_not_ignored(tmp_path):
-    from scalestudy.errors import ConfigError
-    from scalestudy.study.spec import StudySpec
-    from scalestudy.yamlio import validate
+    from scalestudy.config.errors import ConfigError
+    from scalestudy.config.yamlio import validate
+    from scalestudy.study.plan.spec import StudySpec
 
     spec = {**SPEC, "archs": ["causal_decoder"]}
     with pytest.raises(ConfigError, match="archs is given beside cells"):
@@ -657,9 +657,9 @@ def test_archs_beside_cells_are_refused_not_ignored(tmp_path):
 def test_an_unknown_key_inside_an_optional_section_lists_that_sections_keys():
     """`experiments: {bogus: 1}` (a section that may be absent) names the keys accepted
     there, not an empty list."""
-    from scalestudy.errors import ConfigError
-    from scalestudy.study.spec import StudySpec
-    from scalestudy.yamlio import validate
+    from scalestudy.config.errors import ConfigError
+    from scalestudy.config.yamlio import validate
+    from scalestudy.study.plan.spec import StudySpec
 
     with pytest.raises(ConfigError) as err:
         validate(StudySpec, {**SPEC, "experiments": {"bogus": 1}}, "spec")
@@ -694,9 +694,9 @@ def test_an_unknown_key_inside_an_optional_section_lists_that_sections_keys():
     ],
 )
 def test_spec_keys_that_would_be_ignored_or_escape_are_refused(changes, message):
-    from scalestudy.errors import ConfigError
-    from scalestudy.study.spec import StudySpec
-    from scalestudy.yamlio import validate
+    from scalestudy.config.errors import ConfigError
+    from scalestudy.config.yamlio import validate
+    from scalestudy.study.plan.spec import StudySpec
 
     with pytest.raises(ConfigError, match=message):
         validate(StudySpec, {**SPEC, **changes}, "spec")
@@ -706,7 +706,7 @@ def test_a_dry_run_refuses_what_every_run_would_refuse_at_its_first_step(tmp_pat
     """warmup >= steps: every run would fail once started; the plan says so, nothing written."""
     import yaml
 
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     spec = {**SPEC, "base": {**BASE, "optim": {"warmup_steps": 4}}}
     path = tmp_path / "s.yaml"
@@ -725,7 +725,7 @@ def test_refused_commands_leave_the_disk_as_they_found_it(tmp_path, capsys):
 
     import yaml
 
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     out = tmp_path / "figs"
     assert main(["plot", str(tmp_path / "none.sqlite"), "--out", str(out)]) == 2
@@ -748,11 +748,11 @@ def test_refused_commands_leave_the_disk_as_they_found_it(tmp_path, capsys):
 
 
 def test_a_failed_vocabulary_leaves_no_folders_and_a_cells_own_rate_is_blamed(tmp_path, capsys):
-    from scalestudy.cli import main
-    from scalestudy.errors import ConfigError
-    from scalestudy.study import sweep
-    from scalestudy.study.spec import StudySpec
-    from scalestudy.yamlio import validate
+    from scalestudy.cli.main import main
+    from scalestudy.config.errors import ConfigError
+    from scalestudy.config.yamlio import validate
+    from scalestudy.study.plan.spec import StudySpec
+    from scalestudy.study.run import main_job
 
     text = tmp_path / "t.txt"
     text.write_text("a few words of text\n")
@@ -762,7 +762,7 @@ def test_a_failed_vocabulary_leaves_no_folders_and_a_cells_own_rate_is_blamed(tm
     assert not (tmp_path / "no").exists()
     spec = {**SPEC, "cell_base": {"causal_decoder/flm": {"optim": {"learning_rate": -1}}}}
     with pytest.raises(ConfigError, match=r"cell_base\[causal_decoder/flm\]\.optim"):
-        sweep.expand(validate(StudySpec, spec, "spec"), REPO)
+        main_job.expand(validate(StudySpec, spec, "spec"), REPO)
 
 
 def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_runs(
@@ -775,13 +775,13 @@ def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_ru
 
     import jax
 
-    from scalestudy.train import chips, step
+    from scalestudy.train import datasheets, step
 
     # compiled here: a program cached by an earlier run of this module is not checked again
     monkeypatch.setattr(step, "_PROGRAMS", OrderedDict())
     # more than the parameters alone (refused before compiling, as in the test below), less
     # than the step
-    monkeypatch.setattr(chips, "device_memory", lambda device: 2**17)
+    monkeypatch.setattr(datasheets, "device_memory", lambda device: 2**17)
     argv = ["train", "--config", TINY, "--workdir", str(tmp_path / "w"), "train.steps=2"]
     assert main([*argv, "train.batch_size=8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -790,7 +790,7 @@ def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_ru
     assert f"train.batch_size=8 over {jax.device_count()} devices" in err[0]
     assert "train.microbatches" in err[0]
     assert not (tmp_path / "w").exists()
-    monkeypatch.setattr(chips, "device_memory", lambda device: 2**40)
+    monkeypatch.setattr(datasheets, "device_memory", lambda device: 2**40)
     assert main([*argv, "train.batch_size=8", "train.progress=false"]) == 0
 
 
@@ -822,9 +822,9 @@ def test_a_model_whose_parameters_alone_exceed_the_devices_is_refused_before_com
 ):
     """Parameters that all of the job's devices together cannot hold: one line naming the
     sizes, before anything is compiled or written."""
-    from scalestudy.train import chips, step
+    from scalestudy.train import datasheets, step
 
-    monkeypatch.setattr(chips, "device_memory", lambda device: 2**20)
+    monkeypatch.setattr(datasheets, "device_memory", lambda device: 2**20)
     monkeypatch.setattr(step, "build_program", lambda *a, **k: pytest.fail("compiled"))
     argv = ["train", "--config", TINY, "--workdir", str(tmp_path / "w"), "train.steps=2"]
     assert main([*argv, "model.d_model=256", "model.d_ff=8192"]) == 2

@@ -2,7 +2,7 @@
 every member of the class, with one `error:` line (exit status 2), no traceback, nothing
 written. Each table holds the cases the sweep named and members it did not.
 
-Rows run `scalestudy.cli.main` (or the check's owner) in this process; only what JAX's
+Rows run `scalestudy.cli.main.main` (or the check's owner) in this process; only what JAX's
 process state needs (XLA_FLAGS read at start-up, a signal before `main`) runs a subprocess.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.cli import main
-from scalestudy.errors import ConfigError, ScalestudyError
+from scalestudy.cli.main import main
+from scalestudy.config.errors import ConfigError, ScalestudyError
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs/models/tiny.yaml")
@@ -135,14 +135,14 @@ def test_a_folder_that_cannot_be_written_is_refused(place, capsys):
     ["data.delimiter", "data.text_key", "data.train_split", "name", "data.validation_split"],
 )
 def test_an_empty_text_value_is_refused_by_the_config(key):
-    from scalestudy.config import load_config
+    from scalestudy.config.experiment import load_config
 
     with pytest.raises(ConfigError, match=rf"{key}: is empty; give a non-empty value"):
         load_config(TINY, [f"{key}="])
 
 
 def test_empty_text_stays_accepted_where_it_means_something():
-    from scalestudy.config import load_config
+    from scalestudy.config.experiment import load_config
 
     cfg = load_config(TINY, ["eval.fewshot_delimiter="])
     assert cfg.eval.fewshot_delimiter == ""
@@ -250,7 +250,7 @@ def test_an_empty_or_broken_config_file_is_one_line_naming_where(name, place, ca
 
 @pytest.mark.parametrize("command", ["describe", "study"])
 def test_a_file_past_the_size_limit_is_refused_before_it_is_parsed(command, place, capsys):
-    from scalestudy.yamlio import MAX_FILE_BYTES
+    from scalestudy.config.yamlio import MAX_FILE_BYTES
 
     big = place / "big.yaml"
     big.write_text("seeds: [" + "1, " * (MAX_FILE_BYTES // 3 + 10) + "1]\n")
@@ -367,14 +367,14 @@ ENVIRONMENT = [
 
 @pytest.mark.parametrize(("env", "words"), ENVIRONMENT)
 def test_the_environment_is_refused_by_name_before_jax_starts(env, words, place):
-    from scalestudy import cli_args
+    from scalestudy.cli import args
 
     if "cuda" in env.get("JAX_PLATFORMS", "") and list(Path("/dev").glob("nvidia[0-9]*")):
         pytest.skip("this host has a GPU")
     if "rocm" in env.get("JAX_PLATFORMS", "") and Path("/dev/kfd").exists():
         pytest.skip("this host has a ROCm GPU")
     with pytest.raises(ScalestudyError, match=words.replace("(", r"\(")):
-        cli_args.check_environment(env)
+        args.check_environment(env)
 
 
 def test_a_distributed_job_without_a_cluster_is_one_config_error(tmp_path):
@@ -382,7 +382,7 @@ def test_a_distributed_job_without_a_cluster_is_one_config_error(tmp_path):
     own, as a user's command is."""
     env = {**os.environ, "SCALESTUDY_DISTRIBUTED": "auto"}
     done = subprocess.run(
-        [sys.executable, "-m", "scalestudy.cli", "train", "--config", TINY, "--workdir", "w"],
+        [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", TINY, "--workdir", "w"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -400,7 +400,7 @@ def test_garbage_xla_flags_are_one_line_from_the_command(tmp_path):
     parse: the command refuses first (a process of its own, as XLA's state is per process)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2 not-a-flag"}
     done = subprocess.run(
-        [sys.executable, "-m", "scalestudy.cli", "train", "--config", TINY, "--workdir", "w"],
+        [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", TINY, "--workdir", "w"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -413,7 +413,7 @@ def test_garbage_xla_flags_are_one_line_from_the_command(tmp_path):
 
 def test_a_stop_during_start_up_is_a_stopped_line(tmp_path):
     code = (
-        "import os, signal, sys; sys.argv = ['scalestudy']; import scalestudy.cli; "
+        "import os, signal, sys; sys.argv = ['scalestudy']; import scalestudy.cli.main; "
         "os.kill(os.getpid(), signal.SIGTERM); import time; time.sleep(30)"
     )
     done = subprocess.run(
@@ -468,7 +468,7 @@ def test_a_garbage_config_in_a_run_directory_is_not_overwritten(garbage, members
 
 # Wrong words: a path's kind said as such, the missing file named.
 def test_a_sentencepiece_path_that_is_a_directory_says_so(tmp_path):
-    from scalestudy.config import DataConfig
+    from scalestudy.config.experiment import DataConfig
     from scalestudy.data import DataError
     from scalestudy.data.vocab import get_vocabulary
 
@@ -494,7 +494,7 @@ def test_a_missing_demonstrations_file_is_named(override, words, place, capsys):
 @pytest.mark.parametrize("key", ["bogus", "synthetic_probe", "copa_x"])
 @pytest.mark.parametrize("setting", ["num_fewshot_per_task", "fewshot_files"])
 def test_per_task_keys_naming_no_task_are_refused_by_eval_as_by_train(key, setting, place, capsys):
-    from scalestudy.eval_config import EvalConfig
+    from scalestudy.config.eval_config import EvalConfig
     from scalestudy.evaluate.tasks import load_tasks
 
     value = "[1]" if setting == "num_fewshot_per_task" else "a_file"

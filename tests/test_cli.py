@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from scalestudy.cli import build_parser, main
+from scalestudy.cli.main import build_parser, main
 
 SUBCOMMANDS = {"describe", "train", "eval", "study", "fit", "plot", "bench", "compile", "launch"}
 
@@ -32,7 +32,7 @@ def test_bad_override_and_missing_file(capsys, tmp_path):
 
 def test_unknown_subcommand_is_an_argparse_error():
     proc = subprocess.run(
-        [sys.executable, "-m", "scalestudy.cli", "frobnicate"], capture_output=True, text=True
+        [sys.executable, "-m", "scalestudy.cli.main", "frobnicate"], capture_output=True, text=True
     )
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalestudy import cli
+from scalestudy.cli import main as cli
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import VALID_CELLS, ExperimentConfig, load_config, to_yaml
-from scalestudy.errors import ConfigError
-from scalestudy.yamlio import apply_overrides, read_yaml
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import VALID_CELLS, ExperimentConfig, load_config, to_yaml
+from scalestudy.config.yamlio import apply_overrides, read_yaml
 
 # (overrides, words the error message must contain): each a distinct way to get a config wrong.
 BAD_INPUTS = [
@@ -147,13 +147,13 @@ def test_scientific_notation_without_a_dot_is_a_float(tmp_path: Path):
 
 def _validate_any(path: Path) -> object:
     """Validate one file under configs/ as what its folder holds."""
-    from scalestudy.eval_config import TaskConfig
-    from scalestudy.study.sweep import load_study
-    from scalestudy.yamlio import read_yaml, validate
+    from scalestudy.config.eval_config import TaskConfig
+    from scalestudy.config.yamlio import read_yaml, validate
+    from scalestudy.study.run.main_job import load_study
 
     kind = path.relative_to(CONFIGS).parts[0]
     if kind == "studies" and "published" in path.parts:  # published numbers, not specs
-        from scalestudy.study.wang_report import read_published
+        from scalestudy.study.report.wang_report import read_published
 
         return read_published(path)
     if kind == "studies":

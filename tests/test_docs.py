@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import cli
+from scalestudy.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

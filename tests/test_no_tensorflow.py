@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     for name in {blocked!r}:
         sys.modules[name] = None
     from pathlib import Path
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
     from scalestudy.data import synthetic
     from scalestudy.data.vocab import train_sentencepiece
 

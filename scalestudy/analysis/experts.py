@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from scalestudy.errors import ScalestudyError
+from scalestudy.config.errors import ScalestudyError
 
 DEFAULT_TOKENS = (".", ",", " the", " and")
 DEFAULT_ROWS = 64
@@ -274,7 +274,8 @@ def measure_run(
     with `experts.json` to `out` (default `<workdir>/experts/`); returns the headline numbers."""
     from scalestudy.analysis import expert_plots
     from scalestudy.data.vocab import get_vocabulary
-    from scalestudy.train import rundir, saved
+    from scalestudy.train.rundir import layout as rundir
+    from scalestudy.train.rundir import saved_run as saved
 
     workdir = Path(workdir)
     step, cfg = _moe_run(workdir, step)
@@ -318,7 +319,7 @@ def measure_run(
 def _moe_run(workdir: Path, step: int | None) -> tuple[int, Any]:
     """The checkpoint step measured (default: the latest) and the run's config, refused
     when there is no checkpoint or the model has no MoE layers."""
-    from scalestudy.train import saved
+    from scalestudy.train.rundir import saved_run as saved
 
     if step is None:
         step = saved.latest_step(workdir)

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from scalestudy.config import EXTRA_CELLS, VALID_CELLS, ExperimentConfig
-from scalestudy.errors import ConfigError
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import EXTRA_CELLS, VALID_CELLS, ExperimentConfig
 
 
 def cells(

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from scalestudy.bench.cells import cells
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import require_seqio, sources, vocab
 from scalestudy.data.pipeline import make_iterator
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from scalestudy.bench.cells import best_time, cells
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.pipeline import scoring_batch
 from scalestudy.data.synthetic import probe_tasks
 from scalestudy.data.vocab import get_vocabulary

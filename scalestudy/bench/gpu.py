@@ -19,7 +19,7 @@ starts after `budget_s`):
 
 Step time: 2 warm-up steps, then the median of 3 rounds of 10 steps by wall clock (the
 accelerator is not shared). MFU: counted FLOPs per second over the datasheet bfloat16 peak
-of the device kind (`train/chips.py`). Compile time is the first call's.
+of the device kind (`train/datasheets.py`). Compile time is the first call's.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, load_config
+from scalestudy.config.experiment import ExperimentConfig, load_config
 from scalestudy.data import pipeline
 from scalestudy.models import attention, counting
-from scalestudy.train import chips, step
+from scalestudy.train import datasheets, step
 
 SIZE_350M = ("model.d_model=1024", "model.n_heads=16", "model.n_layers=24", "model.d_ff=4096")
 SIZE_125M = ("model.d_model=768", "model.n_heads=12", "model.n_layers=12", "model.d_ff=3072")
@@ -109,11 +109,11 @@ def ours(cfg: ExperimentConfig, *, blocks: int | None = None) -> dict[str, Any]:
 
 
 def _row(cfg: ExperimentConfig, ms: float, flops: float, first_s: float) -> dict[str, Any]:
-    peak = chips.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
+    peak = datasheets.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
     return {
         "params": counting.count_params(cfg.model)["total"],
         "step_ms": round(ms, 2),
-        "mfu": round(chips.mfu(flops, ms / 1e3, peak), 4),
+        "mfu": round(datasheets.mfu(flops, ms / 1e3, peak), 4),
         "compile_s": round(first_s, 1),  # compile and first call
     }
 
@@ -171,7 +171,8 @@ def agreement(arch: str, objective: str, position: str) -> dict[str, Any]:
 
 def member_steps(k: int) -> dict[str, Any]:
     """Wall time per step of K members of a 10M-parameter causal decoder in one program."""
-    from scalestudy.train import group_program, members
+    from scalestudy.train import members
+    from scalestudy.train import program as group_program
 
     cfg = _config(
         "model.d_model=384",
@@ -282,7 +283,7 @@ def bench(out: Path | None, budget_s: float = 420.0, only: str | None = None) ->
         "row": "device",
         "device": f"{jax.device_count()} x {device.device_kind}",
         "jax": jax.__version__,
-        "peak_tflops": round(chips.peak_flops(dtype="bfloat16")["per_device"] / 1e12, 1),
+        "peak_tflops": round(datasheets.peak_flops(dtype="bfloat16")["per_device"] / 1e12, 1),
     }
     rows = {"device": head}
     _emit(head, out)
@@ -304,7 +305,7 @@ def bench(out: Path | None, budget_s: float = 420.0, only: str | None = None) ->
 
 def main(out: str | None, budget_s: float, only: str | None) -> int:
     """`scalestudy bench gpu`: refuse a host without a GPU in one line, else run `bench`."""
-    from scalestudy.errors import ScalestudyError
+    from scalestudy.config.errors import ScalestudyError
 
     if jax.default_backend() != "gpu":
         raise ScalestudyError(

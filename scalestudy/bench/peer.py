@@ -29,9 +29,9 @@ import numpy as np
 import optax
 
 from scalestudy.bench.profile import profile_step
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import pipeline
-from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 from scalestudy.models.decoder import scanned
 from scalestudy.train import step
@@ -199,7 +199,7 @@ def _nanodo(cfg: ExperimentConfig, key: jax.Array, length: int) -> tuple[Any, An
 
 def peer_config(cfg: ExperimentConfig) -> ExperimentConfig:
     """`cfg` at the peer's shape (see PEER_SHAPE)."""
-    from scalestudy.yamlio import apply_overrides
+    from scalestudy.config.yamlio import apply_overrides
 
     return type(cfg).model_validate(apply_overrides(cfg.model_dump(), PEER_SHAPE))
 

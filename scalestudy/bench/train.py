@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalestudy.bench.cells import cells
-from scalestudy.config import ExperimentConfig, load_config
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig, load_config
 from scalestudy.data import pipeline
-from scalestudy.errors import ConfigError
 from scalestudy.models import counting
-from scalestudy.train import chips, step
+from scalestudy.train import datasheets, step
 
 # Named sizes (config overrides). "small" is quick; "25m" is the ~25M-parameter decoder at
 # 512 positions (384 inputs + 128 targets; the encoder-decoder encodes 384, decodes 128).
@@ -140,12 +140,12 @@ def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
         float(np.mean(m[name])) for name in ("step_tokens", "step_positions")
     )
     flops = steps * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
-    peak = chips.peak_flops(dtype=cfg.model.dtype)
+    peak = datasheets.peak_flops(dtype=cfg.model.dtype)
     out: dict[str, Any] = {}
     if "measured" in peak["source"]:
         # A shared CPU's speed drifts with its load: measure the peak again right after the
         # steps, and divide by the higher of the two (the lower, more honest MFU).
-        again = chips.measured_peak_flops.__wrapped__()["flops_per_s"] * peak["devices"]
+        again = datasheets.measured_peak_flops.__wrapped__()["flops_per_s"] * peak["devices"]
         peak["flops_per_s"] = max(peak["flops_per_s"], again)
         # Also per CPU second, which other jobs on the cores change far less than wall time.
         out["mfu_cpu"] = round(flops / cpu_s / cpu_peak_flops(), 4)
@@ -158,7 +158,7 @@ def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
         "cpu_ms": round(1e3 * cpu_s / steps, 2),
         "tokens_per_s": round(steps * step_tokens / seconds),
         "positions_per_s": round(steps * step_positions / seconds),
-        "mfu": round(chips.mfu(flops, seconds, peak["flops_per_s"]), 4),
+        "mfu": round(datasheets.mfu(flops, seconds, peak["flops_per_s"]), 4),
         **out,
         "peak_gflops": round(peak["flops_per_s"] / 1e9, 1),
     }
@@ -171,7 +171,7 @@ def bench(
     "small" preset): one row per architecture, and the peak MFU is measured against."""
     base = cfg if cfg is not None else preset_config("small")
     rows = cells(base, archs=archs, one_per_arch=True)
-    peak = chips.peak_flops(dtype=base.model.dtype)
+    peak = datasheets.peak_flops(dtype=base.model.dtype)
     out: dict[str, Any] = {
         "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
         "dtype": base.model.dtype,

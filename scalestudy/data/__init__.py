@@ -2,7 +2,7 @@
 
 import importlib.util
 
-from scalestudy.errors import ScalestudyError
+from scalestudy.config.errors import ScalestudyError
 
 # seqio, TensorFlow and TFDS are an extra: the byte and SentencePiece vocabularies and the
 # built-in and text-file corpora need none of them (a CUDA host can train without them).

@@ -8,7 +8,7 @@ speaks this contract:
 - `next(it)`: this process's rows of the next global batch, a dict of int32 NumPy arrays with
   the feature names below ([rows, L] decoder features, [rows, S] encoder features);
 - `it.state()`: a JSON-able dict, this process's position in the stream; every process saves
-  its own (`train/checkpoint.py` writes one file per process);
+  its own (`train/rundir/checkpoint.py` writes one file per process);
 - `it.restore(state)`: continue exactly where `state` was taken, without replaying the
   consumed stream; a state that does not fit (other config, other process layout where that
   matters) is a `DataError` naming why;
@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, check_cell
+from scalestudy.config.experiment import ExperimentConfig, check_cell
 from scalestudy.data import DataError
 from scalestudy.data.sources import SPLITS
 

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import DataConfig
+from scalestudy.config.experiment import DataConfig
 from scalestudy.data import DataError, require_grain
 
 FORMATS = ("parquet", "huggingface", "array_record")

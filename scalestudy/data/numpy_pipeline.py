@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import DataError, sources, vocab
 from scalestudy.data.batches import (
     Batch,
@@ -55,14 +55,14 @@ class _Pieces:
 
 @functools.lru_cache(maxsize=8)
 def _vocabulary(data_json: str):
-    from scalestudy.config import DataConfig
+    from scalestudy.config.experiment import DataConfig
 
     return vocab.get_vocabulary(DataConfig.model_validate_json(data_json))
 
 
 @functools.lru_cache(maxsize=16)
 def _encoded(data_json: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    from scalestudy.config import DataConfig
+    from scalestudy.config.experiment import DataConfig
 
     data_cfg = DataConfig.model_validate_json(data_json)
     docs = sources.documents(data_cfg, split)

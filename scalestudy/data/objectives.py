@@ -42,7 +42,7 @@ import functools
 
 import numpy as np
 
-from scalestudy.config import ObjectiveConfig
+from scalestudy.config.experiment import ObjectiveConfig
 from scalestudy.data import DataError
 from scalestudy.data.bert_masking import FIRST_ORDINARY_ID, bert_mask
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import zlib
 
-from scalestudy.config import SyntheticConfig
+from scalestudy.config.experiment import SyntheticConfig
 
 LETTERS = "abcdefgh"
 LENGTHS = (4, 8)  # letters in the first half, uniform in [4, 8]

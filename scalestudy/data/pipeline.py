@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import DataError
 from scalestudy.data.batches import (
     DECODER_FEATURES,

@@ -15,8 +15,8 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from scalestudy.config.errors import not_found
 from scalestudy.data import DataError
-from scalestudy.errors import not_found
 
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined)
 _JINJA.globals["zip"] = zip  # promptsource templates use it

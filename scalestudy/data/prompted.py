@@ -30,13 +30,13 @@ from typing import Annotated
 import jinja2
 from pydantic import Field, model_validator
 
-from scalestudy.config import SyntheticConfig
+from scalestudy.config.base import Frozen, Tuple
+from scalestudy.config.errors import ConfigError, not_found
+from scalestudy.config.experiment import SyntheticConfig
+from scalestudy.config.yamlio import apply_overrides, read_yaml, validate
 from scalestudy.data import DataError, require_seqio
 from scalestudy.data.prompt_templates import compile_expression, read_templates, render
 from scalestudy.data.synthetic import probe_tasks
-from scalestudy.errors import ConfigError, not_found
-from scalestudy.schema import Frozen, Tuple
-from scalestudy.yamlio import apply_overrides, read_yaml, validate
 
 PREFIX = "prompted"
 SPLITS = ("train", "validation")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import pipeline, prompted
 from scalestudy.data.prompted import PromptedMixture, mixture_name, task_name
 

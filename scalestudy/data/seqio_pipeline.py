@@ -42,7 +42,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import DataError, sources
 from scalestudy.data.batches import Batch, check_iterator_args, stream_fingerprint
 from scalestudy.data.objectives import feature_lengths

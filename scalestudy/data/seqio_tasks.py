@@ -30,7 +30,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from scalestudy.config import OBJECTIVES, DataConfig, ExperimentConfig
+from scalestudy.config.experiment import OBJECTIVES, DataConfig, ExperimentConfig
 from scalestudy.data import DataError, sources, vocab
 from scalestudy.data.objectives import EOS_ID, Objective
 

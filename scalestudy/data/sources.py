@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from scalestudy.config import DataConfig
+from scalestudy.config.errors import path_kind
+from scalestudy.config.experiment import DataConfig
 from scalestudy.data import DataError, order_task, require_seqio, synthetic
 from scalestudy.data.objectives import uniforms
-from scalestudy.errors import path_kind
 
 SPLITS = ("train", "validation")
 _TEXT_SUFFIXES = (".txt", ".text")  # directories: plain text only; give .jsonl files by path

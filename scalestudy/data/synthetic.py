@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import random
 
-from scalestudy.config import SyntheticConfig
+from scalestudy.config.experiment import SyntheticConfig
 
 _GIRLS = ["Lily", "Mia", "Sara", "Anna", "Emma", "Lucy", "Zoe", "Ella", "Rosa", "Nina", "Amy"]
 _GIRLS += ["Kate", "Jane", "Ruby", "Ivy"]

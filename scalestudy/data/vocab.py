@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scalestudy.config import DataConfig
+from scalestudy.config.errors import not_found, path_kind
+from scalestudy.config.experiment import DataConfig
 from scalestudy.data import DataError
-from scalestudy.errors import not_found, path_kind
 
 if TYPE_CHECKING:
     import seqio

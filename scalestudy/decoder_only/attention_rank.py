@@ -51,8 +51,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig, ModelConfig
-from scalestudy.errors import ScalestudyError
+from scalestudy.config.errors import ScalestudyError
+from scalestudy.config.experiment import ExperimentConfig, ModelConfig
 
 DEFAULT_EXAMPLES = 16
 # Relative tolerances at which numerical rank is also counted (stated in the report): the
@@ -306,8 +306,8 @@ def measure_run(
     also written to `<workdir>/attention_rank.json` (or to the JSON file `out`)."""
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
-    from scalestudy.train import rundir
-    from scalestudy.train.saved import restore_params
+    from scalestudy.train.rundir import layout as rundir
+    from scalestudy.train.rundir.saved_run import restore_params
 
     if n_examples < 1:
         raise AttentionRankError(f"n_examples must be >= 1, got {n_examples}")

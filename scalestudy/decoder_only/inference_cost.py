@@ -36,10 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models import counting
 from scalestudy.models.api import build_model, prompt_layout
-from scalestudy.study.spec import InferenceCostConfig
+from scalestudy.study.plan.spec import InferenceCostConfig
 
 SERIES = (
     ("causal_decoder", True),

@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ConfigError, ScalestudyError
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.decoder_only import budget_gap, order_floor
-from scalestudy.errors import ConfigError, ScalestudyError
-from scalestudy.study.spec import BudgetSweepConfig, StudySpec
-from scalestudy.study.sweep import PlannedRun, expand, load_study
-from scalestudy.train import rundir
+from scalestudy.study.plan.spec import BudgetSweepConfig, StudySpec
+from scalestudy.study.run.main_job import PlannedRun, expand, load_study
+from scalestudy.train.rundir import layout as rundir
 
 RESULTS_NAME = "nope_budgets.json"
 REPORT_NAME = "nope_budgets.md"

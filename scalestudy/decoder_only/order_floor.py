@@ -26,7 +26,7 @@ from functools import cache
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import order_task
 from scalestudy.data.pipeline import make_iterator
 from scalestudy.data.vocab import encode_documents, get_vocabulary

@@ -16,7 +16,8 @@ from typing import Any
 from scipy import stats
 
 from scalestudy.scaling import intervals
-from scalestudy.study import report, verdicts
+from scalestudy.study.report import page as report
+from scalestudy.study.report import verdicts
 
 
 def t95(df: int) -> float:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.objectives import scoring_inputs_suffix, scoring_targets_prefix
 from scalestudy.data.pipeline import size_scoring_rows
 from scalestudy.data.vocab import get_vocabulary, sentinel_id

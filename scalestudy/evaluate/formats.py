@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalestudy.errors import ScalestudyError, not_found
+from scalestudy.config.errors import ScalestudyError, not_found
 
 
 class TaskDataError(ScalestudyError):

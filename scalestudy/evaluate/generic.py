@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jinja2
 
-from scalestudy.eval_config import TaskConfig
+from scalestudy.config.eval_config import TaskConfig
 from scalestudy.evaluate import prompts
 from scalestudy.evaluate.blimp import pair_example
 from scalestudy.evaluate.examples import Example, Task

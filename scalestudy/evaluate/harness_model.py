@@ -45,11 +45,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ScalestudyError, checked_path
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.objectives import feature_lengths, scoring_inputs_suffix
 from scalestudy.data.pipeline import encode_scoring_pair
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ScalestudyError, checked_path
 from scalestudy.evaluate import rank
 from scalestudy.evaluate.batching import bucket_length
 from scalestudy.evaluate.budget import fit_pairs

@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from scalestudy.errors import not_found
+from scalestudy.config.errors import not_found
 from scalestudy.evaluate import prompts
 from scalestudy.evaluate.examples import Example, Task
 from scalestudy.evaluate.formats import Row, TaskDataError, resolve_data_dir, source_id

@@ -18,7 +18,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ConfigError, ScalestudyError, not_found
+from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.config.yamlio import apply_overrides, validate
 from scalestudy.data.objectives import (
     feature_lengths,
     scores_zero_shot,
@@ -27,7 +29,6 @@ from scalestudy.data.objectives import (
 )
 from scalestudy.data.pipeline import encode_scoring_pair
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ConfigError, ScalestudyError, not_found
 from scalestudy.evaluate import fewshot
 from scalestudy.evaluate.budget import Fitted, context_budget, fit_pairs, text_lengths
 from scalestudy.evaluate.examples import Task
@@ -44,8 +45,8 @@ from scalestudy.evaluate.results import print_task_lines, write_examples, write_
 from scalestudy.evaluate.scorer import ScoreFn, Scorer, scoring_config
 from scalestudy.evaluate.tasks import load_tasks
 from scalestudy.models.api import build_model
-from scalestudy.train import rundir, saved
-from scalestudy.yamlio import apply_overrides, validate
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import saved_run
 
 __all__ = [
     "Scorer",
@@ -312,12 +313,12 @@ def load_run(
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise ScalestudyError(not_found(workdir, "run directory", "a run directory"))
-    if saved.latest_step(workdir) is None:
+    if saved_run.latest_step(workdir) is None:
         raise ScalestudyError(
             f"no checkpoint in {workdir}: nothing to evaluate; train first "
             f"(`scalestudy train --workdir {workdir}`) or give the directory of a trained run"
         )
-    cfg, params, step = saved.restore_params(workdir, step, on_run_mesh=True)
+    cfg, params, step = saved_run.restore_params(workdir, step, on_run_mesh=True)
     return eval_overrides(cfg, overrides), params, step
 
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalestudy.train import rundir
-from scalestudy.train.tensorboard import EventWriter
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir.tensorboard import EventWriter
 
 EXAMPLES_DIR = "eval_examples"
 SETTINGS_FILE = "settings.json"
@@ -40,7 +40,7 @@ def write_results(
     workdir: Path, step: int, results: dict[str, float], settings: dict | None = None
 ) -> None:
     """Merge into summary.json["eval"] (and the settings into ["eval_config"]) and append one
-    line to metrics.jsonl (through train/rundir.py, which owns those files)."""
+    line to metrics.jsonl (through train/rundir/layout.py, which owns those files)."""
     summary = rundir.read_summary(workdir) or {}
     summary["eval"] = {**summary.get("eval", {}), **results, "step": step}
     row: dict[str, Any] = {"step": step, **{f"eval/{k}": v for k, v in results.items()}}

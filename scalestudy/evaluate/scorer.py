@@ -20,9 +20,9 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ScalestudyError
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.pipeline import scoring_batch
-from scalestudy.errors import ScalestudyError
 from scalestudy.evaluate.batching import MIN_CALLS, plan_calls
 from scalestudy.evaluate.budget import Fitted, fit_pairs, scoring_lengths
 from scalestudy.train import sharding

@@ -24,7 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalestudy.config import SyntheticConfig
+from scalestudy.config.errors import ConfigError, not_found, path_kind
+from scalestudy.config.eval_config import EvalConfig, TaskConfig
+from scalestudy.config.experiment import SyntheticConfig
+from scalestudy.config.yamlio import read_yaml, validate
 from scalestudy.data import require_seqio, sources
 from scalestudy.data.synthetic import (
     INCONTEXT_DELIMITER,
@@ -32,8 +35,6 @@ from scalestudy.data.synthetic import (
     incontext_probe,
     probe_tasks,
 )
-from scalestudy.errors import ConfigError, not_found, path_kind
-from scalestudy.eval_config import EvalConfig, TaskConfig
 from scalestudy.evaluate import generic, prompts
 from scalestudy.evaluate.blimp import load_blimp
 from scalestudy.evaluate.examples import Example, Kind, Task
@@ -46,7 +47,6 @@ from scalestudy.evaluate.formats import (
     source_id,
 )
 from scalestudy.evaluate.promptsource import promptsource_task
-from scalestudy.yamlio import read_yaml, validate
 
 __all__ = ["REGISTRY", "Spec", "Task", "check_names", "load_task", "load_tasks"]
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models import decode, masks
 from scalestudy.models.decoder import Decoder
 from scalestudy.models.encdec import EncoderDecoder

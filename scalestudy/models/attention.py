@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from flax.core import spmd as flax_spmd
 from flax.linen import spmd as linen_spmd
 
-from scalestudy.errors import ConfigError
+from scalestudy.config.errors import ConfigError
 from scalestudy.models.masks import MaskSpec, segments
 
 NEG_INF = -1e10  # finite, so a fully masked (padding) row gives a uniform softmax, not NaN

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.config.experiment import ExperimentConfig, ModelConfig
 from scalestudy.data.objectives import feature_lengths
 from scalestudy.models.masks import decoder_mode
 

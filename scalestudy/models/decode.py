@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models import masks
 from scalestudy.models.decoder import Context, Stack, output_logits
 from scalestudy.models.layers import KV

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from scalestudy.config import ModelConfig
-from scalestudy.errors import ConfigError
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models.attention import platform
 from scalestudy.models.layers import (
     ATTENTION_OUT,

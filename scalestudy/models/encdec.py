@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models.decoder import (
     ACT_BLD,
     Context,

@@ -23,7 +23,7 @@ from flax.core import spmd as flax_spmd
 from flax.linen import spmd as linen_spmd
 from jax.ad_checkpoint import checkpoint_name
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models import attention
 from scalestudy.models.attention import NEG_INF, dropout
 from scalestudy.models.masks import MaskSpec

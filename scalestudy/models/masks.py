@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 if TYPE_CHECKING:
-    from scalestudy.config import ModelConfig
+    from scalestudy.config.experiment import ModelConfig
 
 LAYER_DIRECTIONS = ("forward", "backward")  # "mixed_layers": layer i goes LAYER_DIRECTIONS[i % 2]
 

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 from scalestudy.models.attention import platform
 from scalestudy.models.layers import MLP, ParamInit, activation, constrain, param
 from scalestudy.models.moe_dispatch import Slots, capacity, exchange_axes, expert_parallel, ranks

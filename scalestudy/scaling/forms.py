@@ -15,7 +15,7 @@ Forms:
 - `KrajewskiMoE()`: L = c + (g/G^gamma + a)/N^alpha + b/D^beta, for mixtures of experts of
   granularity G (Krajewski et al. 2024).
 
-The inputs E (experts) and G (granularity) are table columns (`scaling/io.py`); a dense
+The inputs E (experts) and G (granularity) are table columns (`scaling/table_input.py`); a dense
 model is E = 1, G = 1.
 """
 

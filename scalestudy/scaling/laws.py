@@ -31,6 +31,7 @@ import numpy as np
 
 from scalestudy.scaling import allocation, frontier, resample
 from scalestudy.scaling.allocation import ALLOCATION_LAWS, at_compute
+from scalestudy.scaling.fit_text import compare_cells, strip_private
 from scalestudy.scaling.flags import (
     SAME_POINT_REL,
     fit_flags,
@@ -43,7 +44,6 @@ from scalestudy.scaling.flags import (
 )
 from scalestudy.scaling.forms import FORM_LAWS, Chinchilla, Form, get_form
 from scalestudy.scaling.optimize import fit_delta, fit_weighted, point_fit
-from scalestudy.scaling.report import compare_cells, strip_private
 from scalestudy.scaling.resample import strata, stratified_counts, summarise, widen
 from scalestudy.scaling.table import (
     DataSettings,

@@ -4,7 +4,7 @@
 loss, the cell (architecture/objective, or any user columns) each run belongs to, extra
 numeric columns (zero-shot accuracies), and optional training curves. Which N, D and C are
 used is an explicit choice (`DataSettings`) recorded in `RunTable.choices`, so that every fit
-states what it fitted. Building tables from rows and files is `scaling/io.py`.
+states what it fitted. Building tables from rows and files is `scaling/table_input.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scalestudy.errors import ScalestudyError
+from scalestudy.config.errors import ScalestudyError
 
 
 class ScalingDataError(ScalestudyError, ValueError):

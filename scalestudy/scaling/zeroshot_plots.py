@@ -32,7 +32,7 @@ import numpy as np
 from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling.intervals import span
-from scalestudy.scaling.io import cell_label
+from scalestudy.scaling.table_input import cell_label
 
 Z95 = 1.959964
 MAX_PARTS = 12  # parts of one task drawn as panels of their own

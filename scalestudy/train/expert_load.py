@@ -16,7 +16,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from scalestudy.moe_config import MoEConfig
+from scalestudy.config.moe_config import MoEConfig
 
 # A layer has collapsed when its busiest expert is chosen by more than this share of tokens.
 COLLAPSE_SHARE = 0.9

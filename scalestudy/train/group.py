@@ -35,21 +35,13 @@ from typing import Any
 
 import jax
 
-from scalestudy.config import ExperimentConfig
-from scalestudy.errors import ConfigError, path_kind
-from scalestudy.train import (
-    distributed,
-    group_program,
-    hooks,
-    logfile,
-    loop,
-    members,
-    metrics,
-    recovery,
-    resume,
-    rundir,
-    sharding,
-)
+from scalestudy.config.errors import ConfigError, path_kind
+from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.train import hooks, loop, members, sharding
+from scalestudy.train import program as group_program
+from scalestudy.train.rundir import checkpoint_recovery, logfile, metrics_writer, resume_check
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.runtime import distributed
 
 Result = dict[str, Any] | Exception  # a member's summary, or why it stopped
 
@@ -118,7 +110,7 @@ def train_group(
                 raise loop.RunDirError(
                     f"member {cfg.name}: {workdir} is {path_kind(workdir)}, not a directory"
                 )
-            resume.check_resume(cfg, workdir)  # a directory holding another run: refused
+            resume_check.check_resume(cfg, workdir)  # a directory holding another run: refused
     if len(cfgs) == 1:
         return [loop.train(cfgs[0], workdirs[0], eval_fn=eval_fns[0])]
     mesh_cfg = cfgs[0].mesh  # checked before anything is written
@@ -174,7 +166,9 @@ class Group:
         starts from: the earliest member's (the others wait for it, `join`)."""
         for m in self.members:
             m.timing["compile_s"] = self.program.compile_s
-            restored = recovery.restore_run(m.cfg, m.ckpt, self.program.member_abstract_state)
+            restored = checkpoint_recovery.restore_run(
+                m.cfg, m.ckpt, self.program.member_abstract_state
+            )
             m.start_from(*restored)
             if m.start >= self.stop:
                 m.summary = rundir.read_summary(m.workdir)
@@ -353,7 +347,7 @@ class Group:
         """A non-finite loss reaching the host stops member `m` alone."""
         try:
             yield
-        except metrics.NonFiniteMetric as e:
+        except metrics_writer.NonFiniteMetric as e:
             try:
                 loop.raise_nonfinite(m, e)
             except loop.NonFiniteLoss as stopped:

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from scalestudy.train import checkpoint
+from scalestudy.train.rundir import checkpoint
 
 # A hook's `run` is the loop's `Run` (train/loop.py); loop.py imports this module, so hooks
 # name it `Run` here without importing it back.

@@ -5,10 +5,11 @@ step t+1 is dispatched), evaluation and checkpoints. Running totals (tokens, pos
 time, best validation loss) are host-side numbers saved with the data iterator state in every
 checkpoint, so a resumed run continues them exactly.
 
-Faults: a config that changes the run is refused before anything is written (resume.py); a
-failed write (disk full, unwritable directory) stops the run with one error naming it, at that
-save or the next step boundary; SIGTERM/SIGINT save and stop at a step boundary, on several
-processes at the same step (JAX's preemption sync point: the step after the furthest).
+Faults: a config that changes the run is refused before anything is written
+(train/rundir/resume_check.py); a failed write (disk full, unwritable directory) stops the run with
+one error naming it, at that save or the next step boundary; SIGTERM/SIGINT save and stop at a step
+boundary, on several processes at the same step (JAX's preemption sync point: the step after the
+furthest).
 """
 
 from __future__ import annotations
@@ -21,27 +22,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config import ExperimentConfig, to_yaml
+from scalestudy.config.errors import ScalestudyError, path_kind
+from scalestudy.config.experiment import ExperimentConfig, to_yaml
 from scalestudy.data import pipeline
-from scalestudy.errors import ScalestudyError, path_kind
 from scalestudy.models import counting
-from scalestudy.train import (
+from scalestudy.train import datasheets, expert_load, hooks, progress_bar, sharding, step
+from scalestudy.train.rundir import (
     checkpoint,
-    chips,
-    distributed,
-    expert_load,
-    hooks,
+    checkpoint_recovery,
     logfile,
-    metrics,
-    progress,
-    recovery,
-    resume,
-    rundir,
-    saved,
-    sharding,
-    step,
+    metrics_writer,
+    resume_check,
+    saved_run,
 )
-from scalestudy.train.summary import run_summary
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir.summary import run_summary
+from scalestudy.train.runtime import distributed
 
 EvalFn = hooks.EvalFn
 
@@ -64,7 +60,7 @@ class Preempted(ScalestudyError):
 
 def _prepare_workdir(cfg: ExperimentConfig, workdir: Path, primary: bool) -> None:
     """Refuse a workdir that holds a different run; record the config."""
-    resume.check_resume(cfg, workdir)  # before anything is written
+    resume_check.check_resume(cfg, workdir)  # before anything is written
     logfile.run_accepted()  # the run's log, held until here, is written from now on
     # No process creates the checkpoint directory or config.yaml before every process has
     # looked for them: one that looked later would take another branch and another barrier.
@@ -79,7 +75,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
     if workdir.exists() and not workdir.is_dir():
         raise RunDirError(f"--workdir {workdir} is {path_kind(workdir)}; give a directory")
     sharding.check_host_batch(cfg, distributed.process_layout()[1])
-    chips.check_params_fit(cfg)
+    datasheets.check_params_fit(cfg)
     before = rundir.entries(workdir)
     try:
         with claim(workdir):
@@ -92,7 +88,7 @@ def train(cfg: ExperimentConfig, workdir: Path, *, eval_fn: EvalFn | None = None
         latest = None
         # orbax's notes on opening them read-only go nowhere: the log may be what failed
         with contextlib.suppress(Exception), logfile.library_logs_dropped():
-            latest = saved.latest_step(workdir)
+            latest = saved_run.latest_step(workdir)
         kept = f"checkpoints up to step {latest} are intact" if latest else "no checkpoint yet"
         raise RunDirError(
             f"the run in {workdir} stopped on a file error: {e}; {kept}. Free space or fix "
@@ -191,23 +187,25 @@ class Run:
         if self.primary:
             rundir.truncate_metrics_after(self.workdir, self.start)
             if self.resumed:
-                recovery.warn_missing_rows(self.workdir, self.start, self.totals.get("train_rows"))
-        self.writer = metrics.MetricsWriter(self.workdir, active=self.primary)
+                checkpoint_recovery.warn_missing_rows(
+                    self.workdir, self.start, self.totals.get("train_rows")
+                )
+        self.writer = metrics_writer.MetricsWriter(self.workdir, active=self.primary)
         per_step = self.cfg.train.batch_size * counting.flops(self.cfg)["flops_per_example"]
         moe = self.cfg.model.moe
-        self.bar = progress.progress_bar(self.cfg, self.start, self.stop)
+        self.bar = progress_bar.progress_bar(self.cfg, self.start, self.stop)
         watchers = []
         if expert_load.watched(moe) and self.primary:
             watchers.append(expert_load.LoadWatch(moe, self.totals))
-        if isinstance(self.bar, progress.PlainProgress):
+        if isinstance(self.bar, progress_bar.PlainProgress):
             watchers.append(self.bar.on_row)
-        self.metrics = metrics.DeferredMetrics(
+        self.metrics = metrics_writer.DeferredMetrics(
             self.writer,
             self.totals,
             per_step,
             self.wall_time,
             self.member_index,
-            watch=metrics.each(watchers),
+            watch=metrics_writer.each(watchers),
         )
         self.checkpointer = hooks.CheckpointHook(self.ckpt)
         self.checkpointer.last_saved = self.start
@@ -300,7 +298,7 @@ class Run:
 
 def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict[str, Any]:
     run = Run(cfg, workdir, eval_fn)
-    run.start_from(*recovery.restore_run(cfg, run.ckpt, run.program.abstract_state))
+    run.start_from(*checkpoint_recovery.restore_run(cfg, run.ckpt, run.program.abstract_state))
     finished = rundir.read_summary(workdir)
     if run.start >= run.stop and finished is not None:  # already done: at most the eval to add
         run.ckpt.close()
@@ -315,7 +313,7 @@ def _train(cfg: ExperimentConfig, workdir: Path, eval_fn: EvalFn | None) -> dict
             t = time.perf_counter()
             run.ckpt.wait()
             run.timing["checkpoint_s"] += time.perf_counter() - t
-    except metrics.NonFiniteMetric as e:
+    except metrics_writer.NonFiniteMetric as e:
         raise_nonfinite(run, e)
     except OSError:  # a run file could not be written; a save that failed first is older news
         run.ckpt.wait()
@@ -366,7 +364,7 @@ def raise_preempted(run: Run, done: int, signum: int) -> None:
     )
 
 
-def raise_nonfinite(run: Run, e: metrics.NonFiniteMetric) -> None:
+def raise_nonfinite(run: Run, e: metrics_writer.NonFiniteMetric) -> None:
     run.ckpt.wait()
     if run.resumed and run.checkpointer.last_saved == run.start:
         # No checkpoint since the restore: the restored state is the likelier culprit.

@@ -10,7 +10,7 @@ has the structure of a run's state, so its checkpoints are those of a run traine
 either can resume the other; the numbers are the same bit for bit only in the same program
 (a member resumes exactly inside its own group: train/group.py).
 
-The compiled program is train/group_program.py; the loop that trains a group, with one run
+The compiled program is train/program.py; the loop that trains a group, with one run
 directory per member, is train/group.py.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
-from scalestudy.errors import ConfigError
-from scalestudy.yamlio import flatten
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.config.yamlio import flatten
 
 # Keys that members may differ in. `name` is the run's own; the seeds change the numbers of
 # the initial state and the data order, not the program; the optimizer's numbers enter the

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from scalestudy.config import OptimConfig
-from scalestudy.errors import ConfigError
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import OptimConfig
 
 Schedule = Callable[[jax.Array | int], jax.Array]
 

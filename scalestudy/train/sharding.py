@@ -5,7 +5,7 @@ with parameters and optimizer state sharded over their "embed" dimension, gather
 by XLA), "expert" (expert parallelism: the routed experts of mixture-of-experts layers split
 over it, tokens exchanged between its devices by the dispatch), "tensor" (Megatron-style model
 parallelism over heads, feed-forward and vocabulary). The batch dimension is split over data,
-fsdp and expert together. A group of members (train/group_program.py) may split its member
+fsdp and expert together. A group of members (train/program.py) may split its member
 axis over "data" (`mesh.members: data`); inside a member's step the rules then leave that
 axis to the members.
 
@@ -29,9 +29,9 @@ from flax.linen import spmd as linen_spmd
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scalestudy.config import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig, MeshConfig, ModelConfig, TrainConfig
 from scalestudy.data.objectives import feature_lengths
-from scalestudy.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

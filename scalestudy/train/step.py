@@ -33,10 +33,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.models import attention, moe
 from scalestudy.models.api import Model, build_model
-from scalestudy.train import chips, optim, sharding
+from scalestudy.train import datasheets, optim, sharding
 
 State = dict[str, Any]
 Batch = Mapping[str, jax.Array]
@@ -429,7 +429,7 @@ def _compile_steps(
                 for name, (shape, dtype) in shapes.items()
             }
             multi_step = multi_step.lower(abstract, abstract_stacked).compile()
-    chips.check_fits(cfg, multi_step or train_step, mesh)
+    datasheets.check_fits(cfg, multi_step or train_step, mesh)
     return _Steps(init, train_step, eval_step, multi_step)
 
 

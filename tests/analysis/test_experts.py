@@ -10,14 +10,15 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy import cli
 from scalestudy.analysis import experts
-from scalestudy.config import load_config
+from scalestudy.cli import main as cli
+from scalestudy.config.experiment import load_config
 from scalestudy.data import pipeline
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.models import moe
 from scalestudy.models.api import build_model
-from scalestudy.train import loop, saved
+from scalestudy.train import loop
+from scalestudy.train.rundir import saved_run
 
 E, K = 4, 2
 TINY = [
@@ -86,7 +87,7 @@ def _direct_choices(cfg, params, batch, monkeypatch):
 @pytest.mark.slow  # trains a tiny run (about a minute on 2 cores)
 def test_the_numbers_equal_a_direct_count_of_router_choices(moe_run, pictures, monkeypatch):
     results, out = pictures
-    cfg, params, step = saved.restore_params(moe_run)
+    cfg, params, step = saved_run.restore_params(moe_run)
     assert results["step"] == step == 4
     vocab = get_vocabulary(cfg.data)
     tokens, labels, domains = experts.text_rows(cfg, vocab, ROWS)
@@ -200,7 +201,7 @@ def test_a_study_report_shows_each_moe_cells_routing(moe_run, tmp_path):
     """The report's experts section measures each MoE cell's largest rung (first seed) as
     `scalestudy experts` does, shows the numbers of its experts.json, links its pictures
     relative to the report, and leaves dense runs out."""
-    from scalestudy.study import expert_report
+    from scalestudy.study.report import expert_report
 
     def row(name, experts, active, seed, workdir):
         return {

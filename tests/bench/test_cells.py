@@ -4,8 +4,8 @@ import pytest
 
 from scalestudy.bench import data, train
 from scalestudy.bench.cells import cells
-from scalestudy.config import VALID_CELLS, load_config
-from scalestudy.errors import ConfigError
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import VALID_CELLS, load_config
 
 TINY = [
     "model.d_model=32",

@@ -4,7 +4,7 @@ row that fails records its error while the rest go on."""
 import json
 
 from scalestudy.bench import gpu
-from scalestudy.cli import main
+from scalestudy.cli.main import main
 
 
 def test_bench_gpu_refuses_a_host_without_a_gpu(capsys):

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from scalestudy.bench import peer
-from scalestudy.config import load_config
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import load_config
 from scalestudy.data import pipeline
-from scalestudy.errors import ConfigError
 from scalestudy.models import counting
 
 SMALL = [
@@ -70,7 +70,7 @@ def test_nanodo_peer_missing_is_one_clear_error(monkeypatch):
         peer.bench_peer(cfg, steps=1, which="nanodo")
     with pytest.raises(ConfigError, match=r"--peer 'other'.*minimal, nanodo"):
         peer.bench_peer(cfg, steps=1, which="other")
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     assert main(["bench", "peer", "--peer", "nanodo", *SMALL]) == 2
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import load_config
+from scalestudy.config.experiment import load_config
 from scalestudy.data.objectives import Objective
 
 FILES = sorted((Path(__file__).resolve().parents[2] / "configs" / "experiments").glob("*.yaml"))

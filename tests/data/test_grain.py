@@ -14,12 +14,13 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 datasets = pytest.importorskip("datasets")
 
-from scalestudy.config import ExperimentConfig, load_config  # noqa: E402
+from scalestudy.config.errors import ConfigError  # noqa: E402
+from scalestudy.config.experiment import ExperimentConfig, load_config  # noqa: E402
+from scalestudy.config.yamlio import validate  # noqa: E402
 from scalestudy.data import DataError, grain_source, numpy_pipeline, sources, synthetic  # noqa: E402
 from scalestudy.data.pipeline import make_iterator  # noqa: E402
-from scalestudy.errors import ConfigError  # noqa: E402
-from scalestudy.train import loop, rundir  # noqa: E402
-from scalestudy.yamlio import validate  # noqa: E402
+from scalestudy.train import loop  # noqa: E402
+from scalestudy.train.rundir import layout as rundir  # noqa: E402
 
 # Stories of varied lengths, an empty and a blank row (dropped by every source alike).
 DOCS = [synthetic.story(0, "train", i) for i in range(120)] + ["", "   "]
@@ -235,7 +236,7 @@ CHILD = textwrap.dedent(
     import json, sys
     for name in {blocked!r}:
         sys.modules[name] = None
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     small = {small!r}
     codes = {{}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import DataError
 from scalestudy.data.batches import BatchIterator
 from scalestudy.data.pipeline import make_iterator

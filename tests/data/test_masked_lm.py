@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig, check_cell
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig, check_cell
 from scalestudy.data import DataError
 from scalestudy.data.batches import empty_features, write_in_place
 from scalestudy.data.bert_masking import FIRST_ORDINARY_ID, bert_mask
 from scalestudy.data.objectives import Objective, uniforms
 from scalestudy.data.pipeline import make_iterator, scoring_batch
-from scalestudy.errors import ConfigError
 from scalestudy.models import masks
 
 SMALL_DATA = {"synthetic": {"n_train_documents": 300, "n_validation_documents": 30}}
@@ -253,7 +253,7 @@ def test_only_the_noncausal_decoder_trains_it(arch):
 def test_rank_classification_refuses_it_and_studies_skip_it(capsys):
     from scalestudy.decoder_only import stats
     from scalestudy.evaluate import rank
-    from scalestudy.study.executors import _needs_eval
+    from scalestudy.study.run.executors import _needs_eval
 
     cfg = bmlm_cfg()
     with pytest.raises(DataError, match="validation loss only"):
@@ -287,8 +287,8 @@ def test_the_seqio_path_refuses_it():
 def test_a_decoder_only_study_compares_bmlm_on_validation_loss(tmp_path):
     import yaml
 
-    from scalestudy import cli
-    from scalestudy.study.registry import load_runs
+    from scalestudy.cli import main as cli
+    from scalestudy.study.run.registry import load_runs
 
     cell = ["noncausal_decoder", "bmlm"]
     spec = {

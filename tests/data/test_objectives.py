@@ -5,7 +5,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from scalestudy.config import ObjectiveConfig
+from scalestudy.config.experiment import ObjectiveConfig
 from scalestudy.data import DataError
 from scalestudy.data.objectives import (
     EOS_ID,
@@ -274,7 +274,7 @@ def test_per_document_pieces_stay_an_option():
 
 
 def test_the_pipeline_cuts_concatenated_pieces_by_default():
-    from scalestudy.config import ExperimentConfig
+    from scalestudy.config.experiment import ExperimentConfig
     from scalestudy.data.pipeline import make_iterator
 
     def pieces(**obj):
@@ -325,7 +325,7 @@ def test_plm_uniform_split_is_t5s_mirrored_pairs():
 def test_plm_loss_tokens_per_example_equal_across_architectures(pieces):
     """Every PLM cell trains on the same examples and the same loss-bearing tokens; the
     encoder-decoder no longer cuts targets at targets_length."""
-    from scalestudy.config import ExperimentConfig
+    from scalestudy.config.experiment import ExperimentConfig
     from scalestudy.data.pipeline import make_iterator
 
     per_cell = {}

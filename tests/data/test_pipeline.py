@@ -5,7 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from scalestudy.config import VALID_CELLS, ExperimentConfig
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import VALID_CELLS, ExperimentConfig
+from scalestudy.config.yamlio import validate
 from scalestudy.data import DataError
 from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.pipeline import (
@@ -15,8 +17,6 @@ from scalestudy.data.pipeline import (
     scoring_batch,
     write_decoder,
 )
-from scalestudy.errors import ConfigError
-from scalestudy.yamlio import validate
 
 CELLS = [(a, o) for a, objs in VALID_CELLS.items() for o in objs]
 SMALL_DATA = {"synthetic": {"n_train_documents": 300, "n_validation_documents": 30}}

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import DataError
 from scalestudy.data import prompted as P
 from scalestudy.data.prompted_seqio import register_mixture
-from scalestudy.errors import ConfigError
 
 NLI_TEMPLATES = """\
 dataset: toy

@@ -8,7 +8,9 @@ import pytest
 seqio = pytest.importorskip("seqio")
 tf = pytest.importorskip("tensorflow")
 
-from scalestudy.config import VALID_CELLS, ExperimentConfig  # noqa: E402
+from scalestudy.config.errors import ConfigError  # noqa: E402
+from scalestudy.config.experiment import VALID_CELLS, ExperimentConfig  # noqa: E402
+from scalestudy.config.yamlio import validate  # noqa: E402
 from scalestudy.data import DataError, numpy_pipeline  # noqa: E402
 from scalestudy.data.batches import DECODER_FEATURES  # noqa: E402
 from scalestudy.data.objectives import EOS_ID, Objective, feature_lengths  # noqa: E402
@@ -22,8 +24,6 @@ from scalestudy.data.seqio_tasks import (  # noqa: E402
     register_text_task,
     task_name,
 )
-from scalestudy.errors import ConfigError  # noqa: E402
-from scalestudy.yamlio import validate  # noqa: E402
 
 CELLS = [(a, o) for a, objs in VALID_CELLS.items() for o in objs]
 SMALL = {"synthetic": {"n_train_documents": 200, "n_validation_documents": 20}}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from scalestudy.config import DataConfig, ExperimentConfig
+from scalestudy.config.experiment import DataConfig, ExperimentConfig
 from scalestudy.data import DataError, sources, synthetic
 from scalestudy.data.pipeline import make_iterator
 from scalestudy.data.vocab import encode_documents, get_vocabulary, sentinel_id, train_sentencepiece

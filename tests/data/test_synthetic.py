@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import SyntheticConfig
+from scalestudy.config.experiment import SyntheticConfig
 from scalestudy.data import synthetic
 from scalestudy.data.objectives import Objective
 from scalestudy.data.pipeline import scoring_batch
 from scalestudy.data.vocab import get_vocabulary
 from scalestudy.evaluate.rank import scoring_config
 from scalestudy.evaluate.tasks import load_task
-from scalestudy.study.sweep import expand, load_study
+from scalestudy.study.run.main_job import expand, load_study
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "studies" / "smoke.yaml"
 

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.cli import main
-from scalestudy.config import ExperimentConfig, ModelConfig
+from scalestudy.cli.main import main
+from scalestudy.config.experiment import ExperimentConfig, ModelConfig
 from scalestudy.decoder_only.attention_rank import (
     effective_rank,
     jit_intermediates,
@@ -216,7 +216,7 @@ def test_attention_rank_without_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 def test_measure_run_reads_the_checkpoint_and_writes_attention_rank_json(tmp_path):
     from scalestudy.data.pipeline import make_iterator
-    from scalestudy.train.checkpoint import Checkpointer
+    from scalestudy.train.rundir.checkpoint import Checkpointer
 
     cfg = ExperimentConfig(
         model=_model_cfg("causal_decoder", vocab_size=384),

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scalestudy.config.errors import ConfigError
 from scalestudy.decoder_only import nope_budgets, order_floor
-from scalestudy.errors import ConfigError
 from scalestudy.train.optim import make_schedule
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "studies" / "nope_order_budgets.yaml"
@@ -93,7 +93,8 @@ def test_the_command_trains_each_budget_once_and_reports_the_calls(tmp_path, mon
     """The command end to end with the trainer replaced by a stand-in whose losses have a
     known gap: NoPE costs the non-causal decoder 0.5 at every budget and the causal one 0.2 at
     125 steps, halving per doubling. A second invocation trains nothing."""
-    from scalestudy.train import loop, rundir
+    from scalestudy.train import loop
+    from scalestudy.train.rundir import layout as rundir
 
     trained = []
 
@@ -126,7 +127,7 @@ def test_the_command_trains_each_budget_once_and_reports_the_calls(tmp_path, mon
 
 
 def test_the_proved_floor_is_the_bag_floor_above_the_references_last_loss():
-    from scalestudy.study.spec import BudgetSweepConfig
+    from scalestudy.study.plan.spec import BudgetSweepConfig
 
     sweep = BudgetSweepConfig(steps=[10, 20], reference="rope", treatment="nope")
 

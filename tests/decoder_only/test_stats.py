@@ -181,7 +181,7 @@ def test_rank_measures_separate_conditioning_from_rank():
 
 
 def test_the_order_corpus_second_half_is_the_first_reversed():
-    from scalestudy.config import SyntheticConfig
+    from scalestudy.config.experiment import SyntheticConfig
     from scalestudy.data import order_task
 
     cfg = SyntheticConfig(n_train_documents=50, n_validation_documents=5)
@@ -215,8 +215,8 @@ def _group(losses: dict[int, float], name: str = "g", steps: int = 100) -> list[
 
 
 def test_interaction_is_the_paired_difference_of_differences():
-    from scalestudy.decoder_only.run import compare_groups
-    from scalestudy.study.spec import ComparisonConfig
+    from scalestudy.decoder_only.experiments import compare_groups
+    from scalestudy.study.plan.spec import ComparisonConfig
 
     spec = ComparisonConfig(
         title="nope", kind="interaction", groups=["c/rope", "c/nope", "n/rope", "n/nope"]
@@ -237,8 +237,8 @@ def test_interaction_is_the_paired_difference_of_differences():
 
 
 def test_also_at_separates_optimisation_speed_from_final_loss():
-    from scalestudy.decoder_only.run import compare_groups
-    from scalestudy.study.spec import ComparisonConfig
+    from scalestudy.decoder_only.experiments import compare_groups
+    from scalestudy.study.plan.spec import ComparisonConfig
 
     spec = ComparisonConfig(title="t", groups=["fast", "slow"], also_at=0.5)
     losses = {0: 1.0, 1: 1.1, 2: 0.9}
@@ -258,9 +258,9 @@ def test_also_at_separates_optimisation_speed_from_final_loss():
 
 
 def test_comparisons_name_what_they_change_and_what_they_hold_equal():
-    from scalestudy.decoder_only.report import comparison_section
-    from scalestudy.decoder_only.run import compare_groups
-    from scalestudy.study.spec import ComparisonConfig
+    from scalestudy.decoder_only.claims_report import comparison_section
+    from scalestudy.decoder_only.experiments import compare_groups
+    from scalestudy.study.plan.spec import ComparisonConfig
 
     rope, nope = "causal_decoder/plm/rope", "causal_decoder/plm/nope"
     spec = ComparisonConfig(title="t", groups=[rope, nope], metrics=["loss"])
@@ -286,7 +286,7 @@ def test_comparisons_name_what_they_change_and_what_they_hold_equal():
 
 
 def test_order_floor_is_a_distribution_and_matches_its_expectation():
-    from scalestudy.config import ExperimentConfig
+    from scalestudy.config.experiment import ExperimentConfig
     from scalestudy.data import order_task
     from scalestudy.decoder_only import order_floor
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.evaluate.batching import bucket_length, plan_calls
 from scalestudy.evaluate.budget import fit_pairs
 from scalestudy.evaluate.scorer import Scorer

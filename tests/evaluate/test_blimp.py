@@ -10,10 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.eval_config import TaskConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.objectives import EOS_ID
 from scalestudy.data.vocab import get_vocabulary, sentinel_id
-from scalestudy.eval_config import TaskConfig
 from scalestudy.evaluate import blimp, rank
 from scalestudy.evaluate.generic import generic_task
 from scalestudy.evaluate.tasks import load_task

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.objectives import EOS_ID
 from scalestudy.data.pipeline import scoring_batch, size_scoring_rows
 from scalestudy.evaluate.budget import fit_pairs, scoring_lengths

@@ -17,7 +17,7 @@ import numpy as np
 from scalestudy.data.pipeline import make_iterator, scoring_batch
 from scalestudy.evaluate.budget import fit_pairs, scoring_lengths
 from scalestudy.evaluate.scorer import scoring_config
-from scalestudy.study.sweep import expand, load_study
+from scalestudy.study.run.main_job import expand, load_study
 
 SMOKE = Path(__file__).resolve().parents[2] / "configs" / "studies" / "smoke.yaml"
 

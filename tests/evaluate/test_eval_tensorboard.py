@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from scalestudy.models.api import build_model
-from scalestudy.train import rundir
-from scalestudy.train.checkpoint import Checkpointer
-from scalestudy.train.tensorboard import EventWriter
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir.checkpoint import Checkpointer
+from scalestudy.train.rundir.tensorboard import EventWriter
 
 from .tiny_models import tiny
 
@@ -65,7 +65,7 @@ def read_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_eval_results_reach_tensorboard_at_the_runs_step(tmp_path: Path, capsys) -> None:
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     run = saved_run(tmp_path, 5)
     assert main(["eval", "--workdir", str(run)]) == 0

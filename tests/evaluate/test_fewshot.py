@@ -11,14 +11,14 @@ import jax
 import numpy as np
 import pytest
 
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.eval_config import EvalConfig
+from scalestudy.config.yamlio import validate
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ConfigError
-from scalestudy.eval_config import EvalConfig
 from scalestudy.evaluate import fewshot, rank
 from scalestudy.evaluate.formats import TaskDataError
 from scalestudy.evaluate.tasks import load_task, load_tasks
 from scalestudy.models.api import build_model
-from scalestudy.yamlio import validate
 
 from .tiny_models import reference_logprob, tiny
 
@@ -238,9 +238,9 @@ def test_per_task_shot_counts_replace_num_fewshot_for_the_tasks_they_name(tmp_pa
 
 
 def test_eval_cli_scores_each_k_under_its_own_name(tmp_path: Path, capsys) -> None:
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
     from scalestudy.evaluate.results import examples_path, write_examples
-    from scalestudy.train.checkpoint import Checkpointer
+    from scalestudy.train.rundir.checkpoint import Checkpointer
 
     cfg = tiny("causal_decoder", "flm", tasks=[str(_write_task(tmp_path))], max_examples=3)
     cfg = cfg.replace(eval=cfg.eval.replace(num_fewshot_per_task={"sums": [4]}))
@@ -417,7 +417,7 @@ def test_incontext_prompts_keep_within_training_rows(arch: str, objective: str) 
 
 
 def test_incontext_documents_join_the_corpus_only_when_asked() -> None:
-    from scalestudy.config import SyntheticConfig
+    from scalestudy.config.experiment import SyntheticConfig
     from scalestudy.data import synthetic
 
     plain = synthetic.documents(SyntheticConfig(n_train_documents=200), "train")

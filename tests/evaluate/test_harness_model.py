@@ -40,8 +40,8 @@ from scalestudy.evaluate.harness_model import (  # noqa: E402
 )
 from scalestudy.evaluate.results import examples_path  # noqa: E402
 from scalestudy.models.api import build_model  # noqa: E402
-from scalestudy.train import saved  # noqa: E402
-from scalestudy.train.checkpoint import Checkpointer  # noqa: E402
+from scalestudy.train.rundir import saved_run  # noqa: E402
+from scalestudy.train.rundir.checkpoint import Checkpointer  # noqa: E402
 from scalestudy.train.step import make_eval_step  # noqa: E402
 
 from .tiny_models import tiny  # noqa: E402
@@ -274,7 +274,7 @@ def _reference_lm_eval_rolling(arch: str, model, params, tokens: list[int], row:
 @pytest.mark.parametrize("arch", ["causal_decoder", "noncausal_decoder"])
 def test_rolling_lm_eval_equals_direct_rows(arch, runs, models) -> None:
     lm = models[arch]
-    _, params, _ = saved.restore_params(runs[arch])
+    _, params, _ = saved_run.restore_params(runs[arch])
     text = "The quick brown fox jumps over the lazy dog; " * 3
     tokens = lm.vocab.encode(text)
     row = lm.max_length
@@ -296,7 +296,7 @@ def test_rolling_lm_eval_equals_direct_rows(arch, runs, models) -> None:
 
 
 def test_scorer_rows_without_start_token_need_a_context(models) -> None:
-    from scalestudy.errors import ScalestudyError
+    from scalestudy.config.errors import ScalestudyError
     from scalestudy.evaluate.budget import fit_pairs
 
     for arch in ("causal_decoder", "encoder_decoder"):
@@ -329,7 +329,7 @@ def test_rolling_equals_validation_loss_and_windows(arch, runs, models, tmp_path
     cfg["data"]["validation_paths"] = [str(tmp_path / "val.txt")]
     cfg["objective"] |= {"pieces": "per_document", "pack": False}
     cfg["train"] = {**cfg.get("train", {}), "batch_size": 1}
-    from scalestudy.config import ExperimentConfig
+    from scalestudy.config.experiment import ExperimentConfig
 
     batch = next(make_iterator(ExperimentConfig.model_validate(cfg), "validation"))
     batch = {k: np.asarray(v) for k, v in batch.items()}
@@ -341,7 +341,7 @@ def test_rolling_equals_validation_loss_and_windows(arch, runs, models, tmp_path
         batch["encoder_input_tokens"] = np.asarray([[EOS_ID]], np.int32)
         batch["encoder_segment_ids"] = np.ones((1, 1), np.int32)
         batch["encoder_positions"] = np.zeros((1, 1), np.int32)
-    run_cfg, params, _ = saved.restore_params(runs[arch])
+    run_cfg, params, _ = saved_run.restore_params(runs[arch])
     sums = jax.jit(make_eval_step(run_cfg, lm.model))(params, batch)
     n_tokens = len(get_vocabulary(run_cfg.data).encode(short))
     assert int(sums["tokens"]) == n_tokens
@@ -394,7 +394,7 @@ class LocalTasks(TaskManager):
 
 
 def test_cli_runs_a_local_task_offline(runs, models, tasks, tmp_path, monkeypatch, capsys):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalTasks)
     run, out = runs["causal_decoder"], tmp_path / "out"
@@ -441,7 +441,7 @@ def test_cli_runs_a_local_task_offline(runs, models, tasks, tmp_path, monkeypatc
 
 
 def test_bad_model_args(runs, tmp_path) -> None:
-    from scalestudy.errors import ScalestudyError
+    from scalestudy.config.errors import ScalestudyError
 
     with pytest.raises(ScalestudyError, match="workdir is required"):
         ScalestudyLM()
@@ -468,7 +468,7 @@ CHILD = textwrap.dedent(
     """
     import sys
     sys.modules["lm_eval"] = None
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
     sys.exit(main(["harness", "--model", "scalestudy", "--model_args", "workdir=x",
                    "--tasks", "tiny_mc"]))
     """

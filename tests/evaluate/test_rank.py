@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.errors import ConfigError, ScalestudyError
+from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data.objectives import feature_lengths
 from scalestudy.data.vocab import get_vocabulary
-from scalestudy.errors import ConfigError, ScalestudyError
 from scalestudy.evaluate import rank
 from scalestudy.evaluate.prompts import Example
 from scalestudy.evaluate.results import examples_path
@@ -270,8 +270,8 @@ def test_eval_fn_scores_the_params_it_is_given() -> None:
 
 
 def test_run_directory(tmp_path: Path) -> None:
-    from scalestudy.cli import main
-    from scalestudy.train.checkpoint import Checkpointer
+    from scalestudy.cli.main import main
+    from scalestudy.train.rundir.checkpoint import Checkpointer
 
     with pytest.raises(ScalestudyError, match=r"no checkpoint in .*train first"):
         rank.evaluate_run(tmp_path)
@@ -336,8 +336,9 @@ def test_run_directory(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # trains a tiny run on a (2,2,2) mesh: about 19 s at load 7.6
 def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch) -> None:
-    from scalestudy.config import load_config
-    from scalestudy.train import loop, saved, sharding
+    from scalestudy.config.experiment import load_config
+    from scalestudy.train import loop, sharding
+    from scalestudy.train.rundir import saved_run
 
     cfg = load_config(
         None,
@@ -369,7 +370,7 @@ def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch
     trained_shardings = sharding.param_shardings(mesh, model.param_axes())  # as the train step
 
     # The path before: parameters on one device, then scored.
-    _, one_device, _ = saved.restore_params(tmp_path)
+    _, one_device, _ = saved_run.restore_params(tmp_path)
     assert all(len(a.sharding.device_set) == 1 for a in jax.tree.leaves(one_device))
     reference = rank.evaluate_params(cfg, model, one_device)
 
@@ -397,8 +398,8 @@ def test_run_directory_is_evaluated_on_the_runs_mesh(tmp_path: Path, monkeypatch
 
 
 def test_eval_keeps_the_libraries_notes_in_the_runs_log(tmp_path: Path, capfd) -> None:
-    from scalestudy.cli import main
-    from scalestudy.train.checkpoint import Checkpointer
+    from scalestudy.cli.main import main
+    from scalestudy.train.rundir.checkpoint import Checkpointer
 
     cfg = tiny("causal_decoder", tasks=["synthetic_probes"], max_examples=2)
     model = build_model(cfg.model)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.errors import ConfigError
-from scalestudy.eval_config import TaskConfig
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.eval_config import TaskConfig
+from scalestudy.config.yamlio import read_yaml, validate
 from scalestudy.evaluate.formats import TaskDataError
 from scalestudy.evaluate.tasks import load_task
-from scalestudy.yamlio import read_yaml, validate
 
 # Rows of each task's standard split, as the release READMEs state them (COPA: SuperGLUE
 # validation = dev ids 401-500).
@@ -236,7 +236,7 @@ def test_task_file_edges_are_one_clear_error(tmp_path):
     that label_offset applies to, as it does to numbers."""
     import json as _json
 
-    from scalestudy.eval_config import TaskConfig
+    from scalestudy.config.eval_config import TaskConfig
     from scalestudy.evaluate.formats import TaskDataError
     from scalestudy.evaluate.generic import generic_task
 
@@ -266,8 +266,8 @@ def test_identical_choices_are_counted_and_said(tmp_path):
 
     import numpy as np
 
+    from scalestudy.config.eval_config import TaskConfig
     from scalestudy.data.vocab import get_vocabulary
-    from scalestudy.eval_config import TaskConfig
     from scalestudy.evaluate import rank
     from scalestudy.evaluate.generic import generic_task
 

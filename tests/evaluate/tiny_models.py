@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from scalestudy.config import ExperimentConfig
+from scalestudy.config.experiment import ExperimentConfig
 
 
 def tiny(arch: str, objective: str, batch_size: int = 8, **eval_cfg) -> ExperimentConfig:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import ModelConfig
+from scalestudy.config.experiment import ModelConfig
 
 VOCAB = 64
 

@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalestudy.config import MeshConfig, ModelConfig
+from scalestudy.config.experiment import MeshConfig, ModelConfig
 from scalestudy.models import attention, masks
 from scalestudy.models.api import build_model
 from scalestudy.models.layers import relative_bucket
-from scalestudy.train import aot, sharding
+from scalestudy.train import sharding
+from scalestudy.train.plan import aot
 
 ATOL = 2e-5
 VOCAB = 64

@@ -9,8 +9,8 @@ import time
 import jax
 import pytest
 
-from scalestudy import cli
-from scalestudy.config import ExperimentConfig, ModelConfig, load_config
+from scalestudy.cli import main as cli
+from scalestudy.config.experiment import ExperimentConfig, ModelConfig, load_config
 from scalestudy.models import counting
 from scalestudy.models.api import build_model
 

@@ -384,7 +384,7 @@ def test_granularity_makes_experts_d_ff_over_g_wide_at_every_width():
         assert shapes[0] == shapes[1] and by_g.moe.width(d_ff) == d_ff // 4
         assert counting_.count_params(by_g) == counting_.count_params(by_width)
     # Unset, it is not in a config's dump: the run ids of earlier MoE runs stay as they were.
-    from scalestudy.config import to_yaml
+    from scalestudy.config.experiment import to_yaml
 
     assert "granularity" not in to_yaml(moe_cfg()) and "granularity: 4" in to_yaml(by_g)
 
@@ -416,7 +416,7 @@ def test_moe_forward_flops_match_xla_cost_analysis(arch):
 
 
 def _mesh(**shape):
-    from scalestudy.config import MeshConfig
+    from scalestudy.config.experiment import MeshConfig
     from scalestudy.train import sharding
 
     return sharding.make_mesh(MeshConfig(**shape), model=moe_cfg())
@@ -491,7 +491,7 @@ def test_expert_parallel_capacity_counts_slots_per_device(shape):
 def test_describe_shows_total_and_active_parameters(repo, capsys):
     import json
 
-    from scalestudy import cli
+    from scalestudy.cli import main as cli
 
     tiny_yaml = str(repo / "configs/models/tiny.yaml")
     moe_args = ["model.moe.enabled=true", "model.moe.routed_experts=4", "model.moe.top_k=1"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.cli import main
+from scalestudy.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ def test_plot_refuses_fits_made_from_other_data(tmp_path, runs_csv, capsys):
 def test_broken_pipe_ends_quietly(runs_csv):
     # `true` exits at once, so the fit's output meets a closed pipe (`| head -1` on output
     # longer than the pipe's buffer does the same).
-    fit = f"{sys.executable} -m scalestudy.cli fit {runs_csv} --law chinchilla2 --bootstrap 0"
+    fit = f"{sys.executable} -m scalestudy.cli.main fit {runs_csv} --law chinchilla2 --bootstrap 0"
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     for reader in ("true", "head -1"):
         proc = subprocess.run(

@@ -402,7 +402,7 @@ def test_moe_forms_jacobians_equal_central_differences(law):
 def _moe_table(path, rows):
     import csv
 
-    from scalestudy.scaling.io import load_table
+    from scalestudy.scaling.table_input import load_table
 
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -438,7 +438,7 @@ def test_clark_law_in_parameters_and_experts_is_least_squares_in_log10(tmp_path)
 def test_krajewski_law_recovers_its_constants_and_shows_the_published_ones(tmp_path):
     """Data made by the law of Krajewski et al. (2024) with their constants, over N, D and
     granularity G: the fit gives them back, and the result carries the published values."""
-    from scalestudy.scaling.report import _fit_lines
+    from scalestudy.scaling.fit_text import _fit_lines
 
     form = get_form("krajewski_ndg")
     p = form.published

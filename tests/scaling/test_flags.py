@@ -3,9 +3,9 @@
 import numpy as np
 
 from scalestudy.scaling import flags
+from scalestudy.scaling.fit_text import format_table
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.laws import FitSettings, fit_cells, fit_form
-from scalestudy.scaling.report import format_table
 from scalestudy.scaling.resample import run_counts
 from scalestudy.scaling.table import RunTable
 
@@ -140,7 +140,7 @@ def test_flags_reach_the_text_output(iso_table):
 
 
 def test_flags_reach_the_study_report(iso_table):
-    from scalestudy.study.fits import fits_lines
+    from scalestudy.study.report.fits import fits_lines
 
     keep = [0, 3, 6, 14, 17, 20]
     t = _table(iso_table.N[keep], iso_table.D[keep], iso_table.loss[keep])

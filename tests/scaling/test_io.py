@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from scalestudy.cli import main
-from scalestudy.scaling.io import load_table
+from scalestudy.cli.main import main
 from scalestudy.scaling.table import DataSettings, ScalingDataError, to_float
+from scalestudy.scaling.table_input import load_table
 
 
 def test_numbers_with_suffixes_and_separators():

@@ -5,9 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from scalestudy.cli import main
-from scalestudy.config import VALID_CELLS
-from scalestudy.scaling.plots import cell_style
+from scalestudy.cli.main import main
+from scalestudy.config.experiment import VALID_CELLS
+from scalestudy.scaling.fit_plots import cell_style
 
 
 def _write_runs(path, make_isoflop):
@@ -54,10 +54,10 @@ def test_every_cell_has_its_own_colour_and_marker_pair():
 
 
 def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
-    from scalestudy.scaling.io import build_table
+    from scalestudy.scaling.fit_plots import make_all_plots
     from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import make_all_plots
     from scalestudy.scaling.table import DataSettings
+    from scalestudy.scaling.table_input import build_table
 
     # Registry rows of a smoke study: three sizes per cell, one budget, nothing to fit L(N, D).
     rows = []
@@ -111,7 +111,7 @@ def test_tiny_study_fits_what_it_can_and_still_plots(tmp_path):
 
 
 def test_zero_shot_accuracy_averages_tasks_not_their_breakdowns():
-    from scalestudy.scaling.plots import task_accuracy
+    from scalestudy.scaling.fit_plots import task_accuracy
 
     extra = {
         "eval/probes/acc": np.array([0.4, 0.6]),
@@ -127,7 +127,7 @@ def test_zero_shot_accuracy_averages_tasks_not_their_breakdowns():
 def test_zero_shot_figure_has_binomial_intervals_and_chance():
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.plots import fig_zero_shot, task_chance, task_interval
+    from scalestudy.scaling.fit_plots import fig_zero_shot, task_chance, task_interval
     from scalestudy.scaling.table import RunTable
 
     extra = {
@@ -157,9 +157,9 @@ def test_zero_shot_figure_has_binomial_intervals_and_chance():
 
 
 def _fits_and_table(tmp_path, make_isoflop, laws, bootstrap=30):
-    from scalestudy.scaling.io import load_table
     from scalestudy.scaling.laws import FitSettings, fit_cells
     from scalestudy.scaling.table import DataSettings
+    from scalestudy.scaling.table_input import load_table
 
     runs = tmp_path / "runs.csv"
     _write_runs(runs, make_isoflop)
@@ -185,8 +185,8 @@ def test_isoflop_colours_follow_compute_and_points_sit_under_their_own_parabola(
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm, to_rgba
 
+    from scalestudy.scaling.fit_plots import fig_isoflops
     from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import fig_isoflops
 
     # Labels sorted as text put 1e+19 before 3e+18; budgets 0.12 dex apart are closer than
     # the old 0.15 dex drawing window.
@@ -222,8 +222,8 @@ def test_isoflop_colours_follow_compute_and_points_sit_under_their_own_parabola(
 def test_many_cells_never_share_a_style_and_panels_wrap_into_a_grid(make_isoflop):
     import matplotlib.pyplot as plt
 
+    from scalestudy.scaling.fit_plots import cell_styles, fig_isoflops
     from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import cell_styles, fig_isoflops
 
     names = [f"group{i}" for i in range(50)]  # more cells than 7 colours x 7 markers
     styles = cell_styles(names)
@@ -247,7 +247,7 @@ def test_many_cells_never_share_a_style_and_panels_wrap_into_a_grid(make_isoflop
 def test_fitted_curves_have_bands_and_the_extrapolated_region_is_marked(tmp_path, make_isoflop):
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.plots import fig_allocation, fig_isoflops, fig_loss_vs_compute
+    from scalestudy.scaling.fit_plots import fig_allocation, fig_isoflops, fig_loss_vs_compute
 
     laws = ("chinchilla1", "chinchilla2", "chinchilla3", "kaplan_c")
     t, fits = _fits_and_table(tmp_path, make_isoflop, laws)
@@ -281,7 +281,7 @@ def test_laws_without_E_are_drawn_with_their_bands(tmp_path, make_isoflop):
     # The main study fits kaplan_n_noE and kaplan_c_noE: its figures must show those fits.
     import matplotlib.pyplot as plt
 
-    from scalestudy.scaling.plots import fig_loss_vs_compute, fig_loss_vs_size, fig_residuals
+    from scalestudy.scaling.fit_plots import fig_loss_vs_compute, fig_loss_vs_size, fig_residuals
 
     t, fits = _fits_and_table(tmp_path, make_isoflop, ("kaplan_n_noE", "kaplan_c_noE"))
     fig = fig_loss_vs_compute(t, fits)
@@ -309,8 +309,8 @@ def test_laws_without_E_are_drawn_with_their_bands(tmp_path, make_isoflop):
 def test_flagged_fits_say_so_in_the_legend(make_isoflop):
     import matplotlib.pyplot as plt
 
+    from scalestudy.scaling.fit_plots import fig_loss_vs_size
     from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import fig_loss_vs_size
     from scalestudy.scaling.table import RunTable
 
     N = np.array([2.5e4, 5.5e4, 1.1e5, 1.9e5])  # four sizes, as in the smoke study
@@ -328,8 +328,8 @@ def test_flagged_fits_say_so_in_the_legend(make_isoflop):
 def test_residuals_ring_only_the_outlying_points_not_their_whole_run():
     import matplotlib.pyplot as plt
 
+    from scalestudy.scaling.fit_plots import fig_residuals
     from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import fig_residuals
     from scalestudy.scaling.table import RunTable
 
     # Four runs' training curves on one power law in C; one point of the largest run, where
@@ -364,8 +364,8 @@ def test_size_panels_name_only_laws_that_were_fitted():
     were not fitted (and draw no curve), instead of a title naming them as fitted."""
     import matplotlib.pyplot as plt
 
+    from scalestudy.scaling.fit_plots import fig_loss_vs_size
     from scalestudy.scaling.laws import FitSettings, fit_cells
-    from scalestudy.scaling.plots import fig_loss_vs_size
     from scalestudy.scaling.table import RunTable
 
     N = np.repeat(np.geomspace(1e7, 1e9, 5), 4)

@@ -132,8 +132,8 @@ def test_task_loss_from_examples_is_the_mean_normalised_nll():
 def test_cli_task_law_backtest_table_json_and_figure(tmp_path, capsys):
     import json
 
-    from scalestudy.cli import main
-    from scalestudy.scaling.io import load_table
+    from scalestudy.cli.main import main
+    from scalestudy.scaling.table_input import load_table
     from scalestudy.scaling.task_law_plots import fig_task_law
 
     t = _task_table(noise=0.003)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from scalestudy.scaling.zeroshot_plots import task_scores, wilson
-from scalestudy.study import blimp_report
+from scalestudy.study.report import blimp_report
 
 PARADIGMS = {"agree_a": "agreement", "agree_b": "agreement", "island_a": "island"}
 REF = {"agree_a": 0.6, "agree_b": 0.8, "island_a": 0.5}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from scalestudy.study import comparisons
+from scalestudy.study.report import comparisons
 
 
 def _run(arch, objective, seed, acc, loss=2.0, examples=200, **counts):
@@ -94,7 +94,7 @@ def test_losses_of_different_objectives_are_not_compared():
 def test_a_groups_accuracy_interval_is_over_its_runs_not_its_examples():
     from scipy.stats import t as student_t
 
-    from scalestudy.study import report
+    from scalestudy.study.report import page as report
 
     # Three seeds scoring the same 100 examples: the run is the unit, n - 1 = 2 degrees of
     # freedom, and no examples term (equal runs give a zero-width interval; one run, none).
@@ -108,8 +108,8 @@ def test_a_groups_accuracy_interval_is_over_its_runs_not_its_examples():
 
 
 def test_a_cells_own_recipe_is_named_among_what_is_not_equal():
-    from scalestudy.study.comparisons import held_equal
-    from scalestudy.study.recipe import recipe
+    from scalestudy.study.plan.recipe import recipe
+    from scalestudy.study.report.comparisons import held_equal
 
     base = (
         "optim:\n  learning_rate: 0.005\ntrain:\n  batch_size: 16\n  seed: 0\n"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.study.compile_plan import study_shapes
+from scalestudy.study.plan.compile_plan import study_shapes
 
 pytestmark = pytest.mark.optimized  # the compiler's memory analysis
 
@@ -46,7 +46,7 @@ def test_the_wang_plan_lists_the_finetuning_shapes_beside_pretraining():
 
 @pytest.mark.slow
 def test_compile_spec_compiles_every_shape_on_cpu(capsys):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     assert main(["compile", "--spec", str(STUDIES / "wang2022_smoke.yaml"), *TINY]) == 0
     out = capsys.readouterr().out
@@ -63,14 +63,14 @@ def test_compile_spec_compiles_every_shape_on_cpu(capsys):
 
 
 def test_compile_wants_one_of_config_and_spec(capsys):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     assert main(["compile"]) == 2
     assert "give --config FILE (one run) or --spec STUDY" in capsys.readouterr().err
 
 
 def test_the_tpu_compiler_gets_a_larger_fiber_stack_unless_one_is_given():
-    from scalestudy.train.aot import COMPILER_FLAGS, libtpu_init_args
+    from scalestudy.train.plan.aot import COMPILER_FLAGS, libtpu_init_args
 
     (flag,) = COMPILER_FLAGS
     assert libtpu_init_args("") == flag
@@ -85,7 +85,7 @@ def test_the_finetuning_step_with_dropout_compiles_on_cpu():
     hidden units and attention probabilities) in the planned finetuning step, scanned."""
     import jax
 
-    from scalestudy.train import aot
+    from scalestudy.train.plan import aot
 
     overrides = [*TINY, "base.model.scan_layers=true", "stages.finetune.dropout=0.1"]
     shapes = study_shapes(STUDIES / "wang2022_smoke.yaml", overrides)
@@ -104,8 +104,8 @@ def test_the_finetuning_step_with_dropout_compiles_on_cpu():
 WANG_FINETUNE_STEP = """
 import os, sys
 os.environ["JAX_PLATFORMS"] = "cpu"
-from scalestudy.config import load_config
-from scalestudy.train import aot
+from scalestudy.config.experiment import load_config
+from scalestudy.train.plan import aot
 cfg = load_config(sys.argv[1], sys.argv[2:])
 compiled, mesh, _ = aot._compile(cfg, aot.tpu_devices("v4-256"))
 assert not isinstance(compiled, str), compiled[:300]

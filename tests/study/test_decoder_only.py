@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy import cli
-from scalestudy.decoder_only import run as decoder_only_run
-from scalestudy.errors import ConfigError
-from scalestudy.study.registry import load_runs
-from scalestudy.study.spec import ComparisonConfig
-from scalestudy.study.sweep import expand, load_study
+from scalestudy.cli import main as cli
+from scalestudy.config.errors import ConfigError
+from scalestudy.decoder_only import experiments as decoder_only_run
+from scalestudy.study.plan.spec import ComparisonConfig
+from scalestudy.study.run.main_job import expand, load_study
+from scalestudy.study.run.registry import load_runs
 
 from .conftest import write_spec
 

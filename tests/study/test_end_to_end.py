@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import yaml
 
-from scalestudy import cli
-from scalestudy.study.fits import load_table
-from scalestudy.study.registry import load_curves, load_runs
+from scalestudy.cli import main as cli
+from scalestudy.study.report.fits import load_table
+from scalestudy.study.run.registry import load_curves, load_runs
 from tests.study.conftest import write_spec
 
 pytest.importorskip("scalestudy.train.loop")
-pytest.importorskip("scalestudy.scaling.plots")
+pytest.importorskip("scalestudy.scaling.fit_plots")
 
 
 @pytest.fixture(scope="module")

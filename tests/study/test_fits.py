@@ -7,12 +7,12 @@ import pytest
 
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, ScalingDataError
-from scalestudy.study.fits import load_table, registry_table
-from scalestudy.study.spec import FitConfig
+from scalestudy.study.plan.spec import FitConfig
+from scalestudy.study.report.fits import load_table, registry_table
 
 
 def _registry(path, runs):
-    from scalestudy.study.registry import Registry
+    from scalestudy.study.run.registry import Registry
 
     with Registry(path) as reg:
         reg.add_runs([{k: v for k, v in r.items() if k != "summary"} for r in runs])
@@ -83,8 +83,8 @@ def test_study_registry_runs_and_curves(tmp_path):
 def test_runs_the_studys_spec_no_longer_plans_are_left_out_and_named(tmp_path, capsys):
     """`scalestudy fit` of a study directory fits what the study's report fits: the runs its
     spec planned when it last ran; the registry keeps the others, named in the output."""
-    from scalestudy import cli
-    from scalestudy.study.registry import Registry
+    from scalestudy.cli import main as cli
+    from scalestudy.study.run.registry import Registry
 
     iso = _isoflop(budgets=(1e18, 1e19), sizes=4)
     runs = [
@@ -185,7 +185,7 @@ def _settings(bootstrap: int = 4):
 
 def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_report(tmp_path):
     from scalestudy.scaling.task_law_plots import task_law_figures
-    from scalestudy.study.task_laws import (
+    from scalestudy.study.report.task_law_report import (
         MIN_SIZES_BACKTEST,
         MIN_SIZES_FIT,
         section,
@@ -227,8 +227,8 @@ def test_a_study_with_task_losses_gets_task_laws_and_their_backtest_in_the_repor
 def test_task_laws_take_their_own_number_of_resamples(tmp_path):
     """`fit.task_bootstrap` sets the task laws' resamples (each refits both steps) apart from
     the loss laws' `bootstrap`; unset, both take `bootstrap`."""
-    from scalestudy.study import fits
-    from scalestudy.study.task_laws import section
+    from scalestudy.study.report import fits
+    from scalestudy.study.report.task_law_report import section
 
     rows = _task_rows("causal_decoder/flm", 6)
     for task_bootstrap, want in ((None, 7), (3, 3)):
@@ -240,7 +240,7 @@ def test_task_laws_take_their_own_number_of_resamples(tmp_path):
 
 
 def test_a_study_without_task_losses_says_why_it_has_no_task_laws():
-    from scalestudy.study.task_laws import section, study_task_laws
+    from scalestudy.study.report.task_law_report import section, study_task_laws
 
     rows = _task_rows("causal_decoder/flm", 5)
     for r in rows:
@@ -254,7 +254,7 @@ def test_a_study_without_task_losses_says_why_it_has_no_task_laws():
 def test_a_registry_of_moe_runs_fits_the_moe_laws_on_active_parameters(tmp_path):
     """A study plans each run's MoE shape into the registry (active parameters, experts,
     granularity); `n_kind: active` and the `experts` column give Clark et al.'s law."""
-    from scalestudy.study.sweep import expand, load_study
+    from scalestudy.study.run.main_job import expand, load_study
     from tests.study.conftest import write_spec
 
     moe = {"enabled": True, "routed_experts": 8, "top_k": 2, "d_expert": 16}
@@ -295,7 +295,7 @@ def test_a_studys_variants_are_fitted_alone_unless_the_law_takes_their_experts(t
     """Two variants of one cell on different power laws: a dense law fits each alone (one
     fit over both would blend their exponents); an MoE law, whose inputs hold what the
     variants differ in, fits them together."""
-    from scalestudy.study import fits
+    from scalestudy.study.report import fits
 
     assert fits.pools_variants(["clark_ne"]) and fits.pools_variants(["kaplan_n", "krajewski_ndg"])
     assert not fits.pools_variants(["kaplan_n", "chinchilla3", "auto"])
@@ -318,7 +318,7 @@ def test_a_studys_variants_are_fitted_alone_unless_the_law_takes_their_experts(t
 
 def test_the_reports_fits_label_a_law_over_rungs_of_their_own_steps_l_of_n_and_d_of_n():
     from scalestudy.scaling.table import RunTable
-    from scalestudy.study.fits import fits_lines
+    from scalestudy.study.report.fits import fits_lines
 
     N = np.repeat([14e3, 25e3, 38e3, 84e3], 3)
     D = N * 10 * (1 + 1e-3 * np.arange(N.size))  # each rung its own steps; seeds' jitter

@@ -3,7 +3,7 @@
 import jax
 import jaxlib
 
-from scalestudy.study.host import cpu_model, host_line
+from scalestudy.study.report.host import cpu_model, host_line
 
 
 def test_cpu_model_is_read_from_cpuinfo(tmp_path):
@@ -19,8 +19,8 @@ def test_host_line_names_the_builds_and_devices_and_reaches_the_report_header():
     n = len(jax.devices())
     assert f"{n} {jax.devices()[0].platform} device(s)" in line and cpu_model() in line
 
-    from scalestudy.study import report
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
+    from scalestudy.study.report import page as report
 
     run = {
         "run_id": "r", "name": "r", "arch": "causal_decoder", "objective": "flm", "size": "s0",

@@ -4,8 +4,9 @@ in the report's Holm family; few-shot rows stay out of the zero-shot probe accur
 import numpy as np
 import pytest
 
-from scalestudy.study import answer, incontext, report, task_laws
-from scalestudy.study.spec import StudySpec
+from scalestudy.study.plan.spec import StudySpec
+from scalestudy.study.report import answer, incontext, task_law_report
+from scalestudy.study.report import page as report
 
 SHOTS = (0, 1, 2, 4, 8)
 
@@ -52,15 +53,15 @@ def test_a_task_scored_with_demonstrations_stays_out_of_zero_shot_probe_accuracy
     run["eval/probes/task_loss"] = 1.2
     acc, n = report.probe_accuracy(run)
     assert (acc, n) == (0.4, 400)
-    from scalestudy.study.comparisons import _accuracy
+    from scalestudy.study.report.comparisons import _accuracy
 
     assert _accuracy(run) == (acc, n)
     # Without its few-shot rows the same task is an ordinary zero-shot task again.
     zero_only = {k: v for k, v in run.items() if "shot" not in k}
     assert report.probe_accuracy(zero_only) == (pytest.approx((0.4 * 400 + 0.5 * 640) / 1040), 1040)
     names = ["probes", "probes/g1", "incontext_probe", "incontext_probe.8shot"]
-    assert task_laws.zero_shot_tasks(names) == ["probes", "probes/g1"]
-    assert task_laws.zero_shot_tasks(names[:3]) == names[:3]
+    assert task_law_report.zero_shot_tasks(names) == ["probes", "probes/g1"]
+    assert task_law_report.zero_shot_tasks(names[:3]) == names[:3]
 
 
 def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():

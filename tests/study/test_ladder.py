@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from scalestudy.config import ExperimentConfig
-from scalestudy.errors import ConfigError
-from scalestudy.study import ladder
-from scalestudy.study.spec import BudgetConfig, LadderConfig
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.study.plan import ladder
+from scalestudy.study.plan.spec import BudgetConfig, LadderConfig
 
 counting = pytest.importorskip("scalestudy.models.counting")
 

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import load_config
-from scalestudy.study import cluster, sweep
-from scalestudy.study.executors import StudyRunError
-from scalestudy.study.registry import load_runs
+from scalestudy.config.experiment import load_config
+from scalestudy.study.run import cluster, main_job
+from scalestudy.study.run.executors import StudyRunError
+from scalestudy.study.run.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _render(spec: Path, out: Path, executor: str, overrides=()) -> str:
-    study = sweep.load_study(spec, overrides)
-    runs = sweep.expand(study, spec.parent)
+    study = main_job.load_study(spec, overrides)
+    runs = main_job.expand(study, spec.parent)
     return cluster.launch(study, spec, runs, executor, out, submit=False)
 
 
@@ -170,7 +170,7 @@ def _tpu(tmp_path, tiny_spec, overrides=(), **env) -> subprocess.CompletedProces
 
 
 def test_tpu_failed_run_does_not_stop_the_others_or_collect(tiny_spec, tmp_path):
-    runs = sweep.expand(sweep.load_study(tiny_spec), tiny_spec.parent)
+    runs = main_job.expand(main_job.load_study(tiny_spec), tiny_spec.parent)
     bad = runs[1]
     done = _tpu(tmp_path, tiny_spec, FAIL=bad.dirname + "/config.yaml")
     ssh = [line for line in _log(tmp_path) if "tpu-vm ssh" in line]
@@ -212,7 +212,7 @@ def test_tpu_queued_resource_wait_times_out(tiny_spec, tmp_path):
 def _no_training_or_restoring(monkeypatch) -> list[str]:
     """Make any training or single-device restore at collection fail the test."""
     from scalestudy.evaluate import rank
-    from scalestudy.train import saved
+    from scalestudy.train.rundir import saved_run
 
     calls: list[str] = []
 
@@ -223,7 +223,7 @@ def _no_training_or_restoring(monkeypatch) -> list[str]:
 
         return f
 
-    monkeypatch.setattr(saved, "restore_params", forbidden("restore_params"))
+    monkeypatch.setattr(saved_run, "restore_params", forbidden("restore_params"))
     monkeypatch.setattr(rank, "evaluate_run", forbidden("evaluate_run"))
     return calls
 
@@ -245,7 +245,7 @@ def _fake_run(workdir: Path, steps: int, logged: int, *, summary: bool, evaluate
 def test_collect_never_trains_and_reports_what_is_missing(tiny_spec, tmp_path, monkeypatch):
     calls = _no_training_or_restoring(monkeypatch)
     out = tmp_path / "study"
-    runs = sweep.expand(sweep.load_study(tiny_spec), tiny_spec.parent)
+    runs = main_job.expand(main_job.load_study(tiny_spec), tiny_spec.parent)
     dirs = [out / "runs" / r.dirname for r in runs]
     _fake_run(dirs[0], 4, 4, summary=True, evaluated=True)
     _fake_run(dirs[1], 4, 4, summary=True, evaluated=False)
@@ -256,7 +256,7 @@ def test_collect_never_trains_and_reports_what_is_missing(tiny_spec, tmp_path, m
         raise AssertionError("collect trained a run")
 
     with pytest.raises(StudyRunError, match="3 of 4 run"):
-        sweep.run_study(tiny_spec, out, train_fn=train, collect=True)
+        main_job.run_study(tiny_spec, out, train_fn=train, collect=True)
     assert calls == []
     rows = {r["run_id"]: r for r in load_runs(out)}
     first, second, third, fourth = (rows[r.run_id] for r in runs)
@@ -273,7 +273,7 @@ def test_collect_never_trains_and_reports_what_is_missing(tiny_spec, tmp_path, m
     _fake_run(dirs[2], 4, 4, summary=True, evaluated=True)
     _fake_run(dirs[3], 4, 4, summary=True, evaluated=True)
     with pytest.raises(StudyRunError, match="1 of 4 run"):
-        sweep.run_study(tiny_spec, out, train_fn=train, collect=True)
+        main_job.run_study(tiny_spec, out, train_fn=train, collect=True)
     assert calls == []
     assert all(r["status"] == "done" for r in load_runs(out))
 
@@ -282,16 +282,16 @@ def test_local_study_does_not_evaluate_runs_trained_elsewhere(tiny_spec, tmp_pat
     """A finished run without zero-shot results is reported, never restored here to evaluate."""
     calls = _no_training_or_restoring(monkeypatch)
     out = tmp_path / "study"
-    runs = sweep.expand(sweep.load_study(tiny_spec), tiny_spec.parent)
+    runs = main_job.expand(main_job.load_study(tiny_spec), tiny_spec.parent)
     for run in runs:
         _fake_run(out / "runs" / run.dirname, 4, 4, summary=True, evaluated=run is not runs[0])
-    sweep.run_study(tiny_spec, out, train_fn=lambda cfg, workdir: calls.append("train"))
+    main_job.run_study(tiny_spec, out, train_fn=lambda cfg, workdir: calls.append("train"))
     assert calls == []
     assert all(r["status"] == "done" for r in load_runs(out))
 
 
 def test_cli_collect_exits_nonzero_with_a_message(tiny_spec, tmp_path, capsys):
-    from scalestudy import cli
+    from scalestudy.cli import main as cli
 
     out = tmp_path / "study"
     assert cli.main(["study", "--collect", "--spec", str(tiny_spec), "--out", str(out)]) == 2
@@ -310,7 +310,7 @@ def test_train_eval_evaluates_on_the_runs_mesh(tiny_spec, tmp_path, monkeypatch)
     already trained without evaluation gets its results without training further."""
     import jax
 
-    from scalestudy import cli
+    from scalestudy.cli import main as cli
     from scalestudy.evaluate import rank
 
     _no_training_or_restoring(monkeypatch)
@@ -322,7 +322,7 @@ def test_train_eval_evaluates_on_the_runs_mesh(tiny_spec, tmp_path, monkeypatch)
         return original(cfg, model, params, **kw)
 
     monkeypatch.setattr(rank, "evaluate_params", spy)
-    run = sweep.expand(sweep.load_study(tiny_spec), tiny_spec.parent)[0]
+    run = main_job.expand(main_job.load_study(tiny_spec), tiny_spec.parent)[0]
     workdir = tmp_path / "run"
     cluster.write_run_configs([run], tmp_path)
     config = tmp_path / "runs" / run.dirname / "config.yaml"

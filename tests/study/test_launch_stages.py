@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy.cli import main
-from scalestudy.study import pipeline, sweep
-from scalestudy.study.registry import load_runs
+from scalestudy.cli.main import main
+from scalestudy.study.run import after_pretraining, main_job
+from scalestudy.study.run.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "studies" / "wang2022_smoke.yaml"
@@ -49,15 +49,15 @@ def _log(tmp_path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _planned(spec: Path, out: Path) -> list[pipeline.StageRun]:
-    study = sweep.load_study(spec)
-    return pipeline.plan(study, spec.parent, out)
+def _planned(spec: Path, out: Path) -> list[after_pretraining.StageRun]:
+    study = main_job.load_study(spec)
+    return after_pretraining.plan(study, spec.parent, out)
 
 
 def test_stage_tiers_put_every_run_after_its_parent(tmp_path):
     spec = staged_spec(tmp_path)
     planned = _planned(spec, tmp_path / "o")
-    tiers = pipeline.tiers(planned)
+    tiers = after_pretraining.tiers(planned)
     assert sorted(r.name for t in tiers for r in t) == sorted(r.name for r in planned)
     first = {r.name for r in tiers[0]}
     for r in tiers[0]:  # needs the pretrained runs only
@@ -93,7 +93,7 @@ def test_slurm_launch_submits_each_stage_after_its_parents(tmp_path, monkeypatch
         f"{out / 'stages2.sbatch'}",
         f"sbatch --parsable --dependency=afterany:101:102:103 {out / 'collect.sbatch'}",
     ]
-    tiers = pipeline.tiers(_planned(spec, out))
+    tiers = after_pretraining.tiers(_planned(spec, out))
     for k, tier in enumerate(tiers, start=1):  # one array task per stage run, in plan order
         listed = (out / f"stages{k}.txt").read_text().split()
         assert listed == [str((out / "stages" / r.name).resolve()) for r in tier]
@@ -135,7 +135,7 @@ def test_slurm_stage_task_runs_its_stage_run_and_requeues_on_sigterm(tmp_path, c
         timeout=30,
     )
     assert done.returncode == int(code), done.stderr
-    third = pipeline.tiers(_planned(spec, out))[1][2]
+    third = after_pretraining.tiers(_planned(spec, out))[1][2]
     log = _log(tmp_path)
     assert log[0] == (
         f"scalestudy study --spec {spec.resolve()} --out {out.resolve()} --stage-run {third.name}"
@@ -157,14 +157,14 @@ def test_tpu_script_runs_the_stages_after_pretraining_in_order(tmp_path):
     spec = staged_spec(tmp_path)
     out = tmp_path / "study"
     assert main(["launch", "--spec", str(spec), "--executor", "tpu", "--out", str(out)]) == 0
-    planned = [r for t in pipeline.tiers(_planned(spec, out)) for r in t]
+    planned = [r for t in after_pretraining.tiers(_planned(spec, out)) for r in t]
     bad = planned[-4]  # the finetuning of an adapted run (no stage run's name extends it)
     env = _bin(tmp_path, {"gcloud": FAKE_GCLOUD}) | {"FAIL": f"--stage-run {bad.name}"}
     done = subprocess.run(
         ["bash", str(out / "study_tpu.sh")], env=env, capture_output=True, text=True, timeout=30
     )
     ssh = [line for line in _log(tmp_path) if "tpu-vm ssh" in line]
-    runs = sweep.expand(sweep.load_study(spec), spec.parent)
+    runs = main_job.expand(main_job.load_study(spec), spec.parent)
     assert len(ssh) == 1 + len(runs) + len(planned) + 1  # prepare, runs, stage runs, collect
     stage_lines = ssh[1 + len(runs) : -1]
     for r, line in zip(planned, stage_lines, strict=True):  # every stage, parents first
@@ -206,7 +206,7 @@ def test_collect_records_finished_stage_runs_and_lists_the_rest(tmp_path, capsys
     nothing: a missing stage run is listed and the command fails."""
     spec = staged_spec(tmp_path)
     out = tmp_path / "study"
-    runs = sweep.expand(sweep.load_study(spec), spec.parent)
+    runs = main_job.expand(main_job.load_study(spec), spec.parent)
     for r in runs:
         summary = {"steps": 4, "complete": True, "tokens": 40.0, "flops": 4e6}
         summary |= {"final_val_loss": 2.0, "final_train_loss": 2.0}
@@ -227,4 +227,4 @@ def test_collect_records_finished_stage_runs_and_lists_the_rest(tmp_path, capsys
     assert done["parent_step"] == 4 and done["steps"] == 1
     assert done["tokens"] == 10.0  # its own share: 50 in all, 40 of them the parent's
     assert all(rows[r.name]["status"] == "pending" for r in planned if r is not adapt)
-    assert (out / pipeline.TABLE).is_file()
+    assert (out / after_pretraining.TABLE).is_file()

@@ -1,7 +1,7 @@
 """The report's loss-bearing tokens per cell: measured from the data, imbalance stated."""
 
-from scalestudy.config import ExperimentConfig
-from scalestudy.study import loss_tokens
+from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.study.report import loss_tokens
 
 
 def _cfg(arch, name, **obj):

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import cli
-from scalestudy.errors import ConfigError
-from scalestudy.study import lr_report, lr_search, pipeline, sweep
-from scalestudy.study.lr_report import CHOICE
-from scalestudy.study.registry import Registry, load_runs
-from scalestudy.train import rundir
+from scalestudy.cli import main as cli
+from scalestudy.config.errors import ConfigError
+from scalestudy.study.report import lr_report
+from scalestudy.study.report.lr_report import CHOICE
+from scalestudy.study.run import after_pretraining, lr_search, main_job
+from scalestudy.study.run.registry import Registry, load_runs
+from scalestudy.train.rundir import layout as rundir
 from tests.study.conftest import write_spec
 
 RATES = [1e-3, 3e-2]
@@ -41,14 +42,14 @@ def test_the_search_reads_no_scored_example_and_the_study_trains_at_its_choice(
     from scalestudy.evaluate import rank
 
     spec, out = _spec(tmp_path), tmp_path / "out"
-    study = sweep.load_study(spec)
+    study = main_job.load_study(spec)
     make_eval_fn = rank.make_eval_fn
 
     def refuse(*args, **kwargs):
         raise AssertionError("the learning-rate search scored a task")
 
     monkeypatch.setattr(rank, "make_eval_fn", refuse)
-    rate, search_runs = lr_search.run(study, spec.parent, out, sweep.expand, members=2)
+    rate, search_runs = lr_search.run(study, spec.parent, out, main_job.expand, members=2)
     assert not (out / "runs").exists()  # the search writes only under OUT/lr_search
     assert len(search_runs) == len(RATES) and {r.size for r in search_runs} == {"xs"}
     # The choice is the lowest final validation loss, read from each run's own metrics.
@@ -121,7 +122,7 @@ def test_the_choice_is_the_lowest_loss_and_a_diverged_rate_counts_as_the_start()
 def test_the_report_says_which_cells_swap_at_their_runner_up_rates():
     """Cells of one objective and size ordered by held-out loss at their chosen and at their
     runner-up rates; a cell alone, or with one finite loss, says nothing."""
-    from scalestudy.study import lr_report
+    from scalestudy.study.report import lr_report
 
     def rec(arch, objective, losses):
         finite = [v for v in losses if v is not None]
@@ -157,15 +158,15 @@ def test_bad_searches_are_one_error_each(tmp_path):
         ({"rates": [1e-3, -1.0]}, "positive"),
     ):
         with pytest.raises(ConfigError, match=match):
-            sweep.load_study(_spec(tmp_path, lr_search=bad))
-    study = sweep.load_study(_spec(tmp_path, lr_search={"rates": RATES, "sizes": ["xl"]}))
+            main_job.load_study(_spec(tmp_path, lr_search=bad))
+    study = main_job.load_study(_spec(tmp_path, lr_search={"rates": RATES, "sizes": ["xl"]}))
     with pytest.raises(ConfigError, match=r"lr_search.sizes: \['xl'\] are not sizes"):
-        lr_search.plan(study, tmp_path, sweep.expand)
+        lr_search.plan(study, tmp_path, main_job.expand)
     spec = _spec(tmp_path)
     with pytest.raises(ConfigError, match="chooses its learning rates first"):
-        pipeline.launch(spec, "slurm", tmp_path / "out", submit=False)
+        after_pretraining.launch(spec, "slurm", tmp_path / "out", submit=False)
     with pytest.raises(ConfigError, match="--collect: this study chooses"):
-        sweep.run_study(spec, tmp_path / "out", collect=True)
+        main_job.run_study(spec, tmp_path / "out", collect=True)
     assert not (tmp_path / "out" / "runs").exists()
 
 
@@ -208,7 +209,7 @@ def _fake_study(tmp_path: Path, **search) -> tuple[Path, Path]:
 
 def test_a_choice_at_an_end_of_the_grid_is_extended_at_most_twice_and_named(tmp_path):
     spec, out = _fake_study(tmp_path)
-    sweep.run_study(spec, out, train_fn=_fake_train)
+    main_job.run_study(spec, out, train_fn=_fake_train)
     got = {rec["point"][0]: rec for rec in json.loads((out / "lr_search" / CHOICE).read_text())}
     inside, past, far = (got[a] for a in ("causal_decoder", "noncausal_decoder", "encoder_decoder"))
     assert inside["rates"] == GRID and inside["extended"] == 0 and not inside["edge"]
@@ -231,13 +232,13 @@ def test_a_choice_at_an_end_of_the_grid_is_extended_at_most_twice_and_named(tmp_
     assert lr_search.beyond({"rates": [4e-2, 8e-2, 1.6e-1], "chosen_index": 0}) == 2e-2
     (tmp_path / "none").mkdir()
     spec, out = _fake_study(tmp_path / "none", extensions=0)
-    sweep.run_study(spec, out, train_fn=_fake_train)
+    main_job.run_study(spec, out, train_fn=_fake_train)
     assert all(rec["rates"] == GRID for rec in json.loads((out / "lr_search" / CHOICE).read_text()))
 
 
 def test_no_search_run_enters_the_study_registry_its_verdicts_fits_or_tables(tmp_path):
     spec, out = _fake_study(tmp_path, extensions=0)
-    _, runs = sweep.run_study(spec, out, train_fn=_fake_train)
+    _, runs = main_job.run_study(spec, out, train_fn=_fake_train)
     with Registry(out / "lr_search" / "registry.sqlite") as reg:
         searched = {r["run_id"]: r for r in reg.runs()}
     scored = load_runs(out)
@@ -261,8 +262,8 @@ def test_the_search_seed_may_not_be_a_scored_seed(tmp_path):
         search = {"rates": RATES, "sizes": ["xs"], "seed": seed}
         spec = _spec(tmp_path, lr_search=search, repeat_seeds={"seeds": [3], "sizes": ["xs"]})
         with pytest.raises(ConfigError, match=rf"lr_search.seed: {seed} is one of .*{match}"):
-            sweep.load_study(spec)
-    study = sweep.load_study(_spec(tmp_path))
+            main_job.load_study(spec)
+    study = main_job.load_study(_spec(tmp_path))
     assert study.lr_search.seed not in study.seeds
 
 
@@ -331,7 +332,7 @@ def test_the_main_jobs_deeper_rungs_and_rates_past_the_search_are_named():
     same width; the width rule cannot see that, so the report names those rungs, per stack
     shape, and a 14K rung the rule carries above every searched rate."""
     spec = Path(__file__).parents[2] / "configs" / "studies" / "smoke.yaml"
-    study = sweep.load_study(spec)
+    study = main_job.load_study(spec)
     grid = list(study.lr_search.rates)
     top = ("noncausal_decoder", "plm")  # chose the grid's top rate: 14K trains above it
 
@@ -353,7 +354,7 @@ def test_the_main_jobs_deeper_rungs_and_rates_past_the_search_are_named():
             else None,
             "recipe": {"optim.learning_rate": r.cfg.optim.learning_rate},
         }
-        for r in sweep.expand(study, spec.parent, rates=chosen)
+        for r in main_job.expand(study, spec.parent, rates=chosen)
     ]
     cells = sorted({(r["arch"], r["objective"]) for r in runs})
     records = [

@@ -5,10 +5,11 @@ import sqlite3
 
 import pytest
 
+from scalestudy.config.errors import ConfigError
 from scalestudy.data.objectives import feature_lengths
-from scalestudy.errors import ConfigError
-from scalestudy.study import matching, sweep
-from scalestudy.study.registry import Registry, load_runs
+from scalestudy.study.plan import matching
+from scalestudy.study.run import main_job
+from scalestudy.study.run.registry import Registry, load_runs
 
 from .conftest import write_spec
 
@@ -19,7 +20,7 @@ PLM_CELLS = [["causal_decoder", "plm"], ["noncausal_decoder", "plm"], ["encoder_
 
 def _expand(tmp_path, *overrides, **spec):
     path = write_spec(tmp_path / "s.yaml", **{"cells": PLM_CELLS, **spec})
-    return sweep.expand(sweep.load_study(path, list(overrides)), path.parent)
+    return main_job.expand(main_job.load_study(path, list(overrides)), path.parent)
 
 
 def _rows(runs, tmp_path):

@@ -5,16 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.errors import ConfigError
-from scalestudy.study import sweep
+from scalestudy.config.errors import ConfigError
+from scalestudy.study.run import main_job
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "studies" / "realtext_scaling.yaml"
 
 
 @pytest.fixture(scope="module")
 def planned():
-    study = sweep.load_study(SPEC)
-    return study, sweep.expand(study, SPEC.parent)
+    study = main_job.load_study(SPEC)
+    return study, main_job.expand(study, SPEC.parent)
 
 
 def test_study_tasks_accept_blimp():

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from scalestudy.study import sweep
-from scalestudy.study.lock import LOCK_NAME, StudyLockError
-from scalestudy.study.registry import Registry, load_curves, load_runs
-from scalestudy.train import rundir
+from scalestudy.study.run import main_job
+from scalestudy.study.run.lock import LOCK_NAME, StudyLockError
+from scalestudy.study.run.registry import Registry, load_curves, load_runs
+from scalestudy.train.rundir import layout as rundir
 
 ROW = {
     "run_id": "abc",
@@ -64,7 +64,7 @@ def test_torn_metrics_line_is_ignored(tmp_path):
 FAKE_STUDY = """
 import json, sys, time
 from pathlib import Path
-from scalestudy.study import sweep
+from scalestudy.study.run import main_job as sweep
 
 spec, out, delay, log = sys.argv[1:5]
 
@@ -154,7 +154,7 @@ def test_a_second_process_on_the_same_study_directory_refuses(tmp_path, tiny_spe
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(StudyLockError) as error:
-            sweep.run_study(tiny_spec, out, train_fn=_fake_train)
+            main_job.run_study(tiny_spec, out, train_fn=_fake_train)
         message = str(error.value)
         assert f"pid {holder.pid} on {socket.gethostname()}, started " in message
         assert not (out / "runs").exists() and not (out / "registry.sqlite").exists()
@@ -162,13 +162,13 @@ def test_a_second_process_on_the_same_study_directory_refuses(tmp_path, tiny_spe
         holder.kill()
         holder.wait()
     # The holder died without releasing: its lock is stale and is taken over.
-    sweep.run_study(tiny_spec, out, train_fn=_fake_train)
+    main_job.run_study(tiny_spec, out, train_fn=_fake_train)
     assert load_runs(out) and all(r["status"] == "done" for r in load_runs(out))
     assert (out / LOCK_NAME).read_text() == ""  # released
 
 
 def test_a_lock_from_another_host_is_refused_and_the_cli_says_so(tmp_path, tiny_spec, capsys):
-    from scalestudy import cli
+    from scalestudy.cli import main as cli
 
     out = tmp_path / "study"
     out.mkdir()
@@ -185,7 +185,7 @@ def test_a_lock_from_another_host_is_refused_and_the_cli_says_so(tmp_path, tiny_
 
 LOCK_HOLDER = """
 import sys, time
-from scalestudy.study.lock import study_lock
+from scalestudy.study.run.lock import study_lock
 with study_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)
@@ -218,7 +218,7 @@ def _old_registry(path):
 
 
 def test_an_old_schema_registry_stays_readable_and_gains_lineage_columns(tmp_path):
-    from scalestudy.study.registry_schema import SCHEMA_VERSION
+    from scalestudy.study.run.registry_schema import SCHEMA_VERSION
 
     path = tmp_path / "registry.sqlite"
     _old_registry(path)
@@ -248,7 +248,7 @@ def test_an_old_schema_registry_stays_readable_and_gains_lineage_columns(tmp_pat
 
 
 def test_a_registry_from_a_newer_version_is_refused_in_one_line(tmp_path):
-    from scalestudy.study.registry_schema import SCHEMA_VERSION, RegistryError
+    from scalestudy.study.run.registry_schema import SCHEMA_VERSION, RegistryError
 
     path = tmp_path / "registry.sqlite"
     _old_registry(path)
@@ -260,7 +260,7 @@ def test_a_registry_from_a_newer_version_is_refused_in_one_line(tmp_path):
 
 
 def test_study_status_lists_stage_runs_with_their_lineage(tmp_path, capsys):
-    from scalestudy import cli
+    from scalestudy.cli import main as cli
 
     _old_registry(tmp_path / "registry.sqlite")
     with Registry(tmp_path / "registry.sqlite") as reg:

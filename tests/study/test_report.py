@@ -9,7 +9,8 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from scalestudy.study import answer, report
+from scalestudy.study.report import answer
+from scalestudy.study.report import page as report
 
 Z = 1.959964  # the normal 95% quantile the old unpaired sentences used
 
@@ -162,7 +163,7 @@ def test_variants_are_ladders_of_their_own_and_isoflop_budgets_are_not_ladders()
     """A sparse variant's runs (more total parameters, higher loss) are not rungs of the
     dense cell's ladder, and each point counts its own runs; along an IsoFLOP budget loss
     against size is a valley, never called a ladder that does not scale."""
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     runs = []
     for variant, total, offset in (("dense", 1.0, 0.0), ("e16", 8.0, 0.5)):
@@ -207,7 +208,7 @@ class _Page(HTMLParser):
 
 
 def test_markdown_and_html_render(tmp_path):
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     runs = [_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]
     for r in runs:
@@ -259,7 +260,7 @@ def _ladder(cells: dict[str, float], seeds=3, sizes=(1e5, 1e6), own=(0.0, 0.0, 0
 
 
 def test_the_report_opens_with_the_answer_and_it_follows_the_paired_tests():
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     clear = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2, "encoder_decoder/plm": 0.3}
@@ -289,7 +290,7 @@ def test_the_report_opens_with_the_answer_and_it_follows_the_paired_tests():
 
 
 def test_a_cell_whose_runs_end_below_the_others_is_left_out_and_named():
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     runs = _ladder({"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2})
     runs += _ladder({"causal_decoder/mlm": 0.1}, sizes=(1e3, 1e4))  # ends below 1e5
@@ -303,7 +304,7 @@ def test_moe_runs_add_a_verdict_at_equal_active_parameters():
     """MoE against dense: at equal total parameters the MoE cell uses fewer parameters per
     token, at equal active parameters more in all; the report asks both, and says which
     count each verdict holds equal. A dense-only study never mentions active parameters."""
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     runs = []
     for variant, experts, total, gain in (("dense", 1, 1.0, 0.0), ("e8", 8, 4.0, 0.05)):
@@ -387,7 +388,7 @@ def test_the_answer_rows_cover_at_this_studys_design(seeds):
     interval beside the answer covers the true margin 92-98% of the time at seed sd 0.005,
     0.02 and 0.05, two-sided: neither too narrow (examples counted as replicates) nor too
     wide (an examples term on top of runs that already hold it)."""
-    from scalestudy.study import verdicts
+    from scalestudy.study.report import verdicts
 
     rng = np.random.default_rng(seeds)
     sims = 300  # binomial sd 1.3% at 95%: the 92-98% band is ~2.4 sd either side
@@ -408,7 +409,7 @@ def test_the_primary_family_holds_the_answers_tests_only():
     """Holm's adjustment of the answer counts only its own rows' tests (primary); the
     per-rung matched comparisons are a secondary family, adjusted among themselves."""
     from scalestudy.scaling.intervals import holm
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.01, "encoder_decoder/plm": 0.3}
     runs = _ladder(cells, own=(0.02, -0.01, 0.015))
@@ -433,7 +434,7 @@ def test_the_primary_family_holds_the_answers_tests_only():
 
 
 def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
-    from scalestudy.study.spec import StudySpec
+    from scalestudy.study.plan.spec import StudySpec
 
     runs = _ladder({"causal_decoder/flm": 0.0, "noncausal_decoder/plm": 0.1})
     runs += _ladder({"encoder_decoder/mlm": 0.2}, sizes=(1e5,))  # the bottom rung only
@@ -452,7 +453,7 @@ def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
 def test_a_loss_row_names_the_one_rung_cells_only_where_its_objective_has_one():
     """The bottom-rung label ("every cell, at the rung of the one-rung ...") belongs to rows
     the one-rung cells are in: a PLM loss row read at the top of the ladder does not carry it."""
-    from scalestudy.study import verdicts
+    from scalestudy.study.report import verdicts
 
     runs = _ladder({"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.1})
     runs += _ladder({"encoder_decoder/mlm": 0.2}, sizes=(1e5,))
@@ -470,7 +471,7 @@ def test_each_answer_row_gives_the_designs_power():
     Bonferroni level from the measured spread of the per-seed differences; seeds to resolve:
     the runs a side at which the observed margin would be found so."""
     from scalestudy.scaling import intervals
-    from scalestudy.study import verdicts
+    from scalestudy.study.report import verdicts
 
     cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.004}
     cmp = answer.compare(_ladder(cells, own=(0.02, -0.01, 0.015)))

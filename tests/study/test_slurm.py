@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalestudy import cli
-from scalestudy.study import sweep
-from scalestudy.study.registry import load_runs
+from scalestudy.cli import main as cli
+from scalestudy.study.run import main_job
+from scalestudy.study.run.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 # One cluster at a time: under `pytest -n 2` these tests run one after another on one worker.
@@ -234,7 +234,7 @@ def _trainer_pid(workdir: Path) -> int:
             args = (proc / "cmdline").read_bytes().decode().split("\0")
         except (OSError, UnicodeDecodeError):
             continue
-        if "scalestudy.cli" in args and str(workdir) in args and "srun" not in args[0]:
+        if "scalestudy.cli.main" in args and str(workdir) in args and "srun" not in args[0]:
             return int(proc.name)
     raise AssertionError(f"no training process for {workdir}")
 
@@ -282,7 +282,7 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
         "tasks": ["synthetic_probes"],
         "fit": {"laws": ["kaplan_n"], "bootstrap": 10},
         "slurm": {
-            "scalestudy": f"{sys.executable} -m scalestudy.cli",
+            "scalestudy": f"{sys.executable} -m scalestudy.cli.main",
             "gpus_per_node": 0,
             "cpus_per_task": 1,
             "time": "00:20:00",
@@ -291,7 +291,7 @@ def test_study_on_slurm_survives_a_sigterm_and_requeue(slurm, tmp_path, capsys, 
     }
     spec.write_text(yaml.safe_dump(study))
     out = tmp_path / "study"
-    runs = sweep.expand(sweep.load_study(spec), spec.parent)
+    runs = main_job.expand(main_job.load_study(spec), spec.parent)
     assert len(runs) == 2
     t0 = time.time()
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])  # for `launch --submit`'s sbatch
@@ -407,7 +407,7 @@ def test_stage_jobs_start_after_their_parents_jobs_succeeded(
     spec = staged_spec(tmp_path, scalestudy=str(fake), cpus_per_task=1, time="00:10:00")
     out = tmp_path / "study"
     log = tmp_path / "fake.log"
-    runs = sweep.expand(sweep.load_study(spec), spec.parent)
+    runs = main_job.expand(main_job.load_study(spec), spec.parent)
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
     monkeypatch.setenv("FAKE_LOG", str(log))
     monkeypatch.setenv("FAKE_FAIL", f"{runs[0].dirname}/config.yaml" if fail else "")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.cli import main
-from scalestudy.errors import ConfigError
-from scalestudy.study import sweep
+from scalestudy.cli.main import main
+from scalestudy.config.errors import ConfigError
+from scalestudy.study.run import main_job
 
 from .conftest import TINY_BASE, write_spec
 
@@ -141,7 +141,7 @@ def test_the_mistake_is_refused_when_the_spec_is_expanded(tmp_path, case):
     changes, pattern = CASES[case]
     spec = write_spec(tmp_path / "spec.yaml", **changes)
     with pytest.raises(ConfigError, match=pattern) as e:
-        sweep.expand(sweep.load_study(spec), spec.parent)
+        main_job.expand(main_job.load_study(spec), spec.parent)
     assert "\n" not in str(e.value)
 
 
@@ -165,7 +165,9 @@ def test_the_real_study_trains_nothing_first(tmp_path, case):
     spec = write_spec(tmp_path / "spec.yaml", **changes)
     trained = []
     with pytest.raises(ConfigError, match=pattern):
-        sweep.run_study(spec, tmp_path / "out", train_fn=lambda cfg, workdir: trained.append(cfg))
+        main_job.run_study(
+            spec, tmp_path / "out", train_fn=lambda cfg, workdir: trained.append(cfg)
+        )
     assert trained == [] and not (tmp_path / "out").exists()
 
 
@@ -173,9 +175,9 @@ def test_only_the_mirrored_bias_layout_is_refused(tmp_path):
     """Wang et al.'s single table (rel_prefix_buckets=causal) keeps every parameter."""
     for buckets in ("causal", "mirrored"):
         spec = write_spec(tmp_path / f"{buckets}.yaml", **_adapt(buckets))
-        study = sweep.load_study(spec)
+        study = main_job.load_study(spec)
         if buckets == "causal":
-            assert sweep.expand(study, spec.parent)
+            assert main_job.expand(study, spec.parent)
         else:
             with pytest.raises(ConfigError, match="rel_prefix_buckets=causal"):
-                sweep.expand(study, spec.parent)
+                main_job.expand(study, spec.parent)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.study import sweep
+from scalestudy.study.run import main_job
 
 counting = pytest.importorskip("scalestudy.models.counting")
 
@@ -23,8 +23,8 @@ FLM_PLM = {
 
 def _expand(name, overrides=()):
     path = STUDIES / name
-    study = sweep.load_study(path, overrides)
-    return study, sweep.expand(study, path.parent)
+    study = main_job.load_study(path, overrides)
+    return study, main_job.expand(study, path.parent)
 
 
 def test_smoke_fit_laws_have_the_runs_their_flags_ask_for():
@@ -114,9 +114,9 @@ def test_realtext_spec_has_every_cell_at_six_sizes_and_relative_paths():
 @pytest.mark.slow
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"real data not found at {DATA}")
 def test_realtext_spec_runs_at_tiny_scale(tmp_path):
-    from scalestudy import cli
+    from scalestudy.cli import main as cli
     from scalestudy.data.vocab import train_sentencepiece
-    from scalestudy.study.registry import load_runs
+    from scalestudy.study.run.registry import load_runs
 
     pytest.importorskip("scalestudy.train.loop")
     corpora, evals = DATA / "corpora", DATA / "eval"

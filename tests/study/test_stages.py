@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalestudy.config import load_config
-from scalestudy.errors import ConfigError
-from scalestudy.study import stages
-from scalestudy.train import rundir
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import load_config
+from scalestudy.study.run import stages
 from scalestudy.train.loop import Preempted
+from scalestudy.train.rundir import layout as rundir
 
 TINY = [
     "model.d_model=32",
@@ -179,7 +179,7 @@ def test_adaptation_first_loss_is_the_old_weights_under_the_new_objective(
 
     from scalestudy.data.pipeline import make_iterator
     from scalestudy.models.api import build_model
-    from scalestudy.train.saved import restore_params
+    from scalestudy.train.rundir.saved_run import restore_params
 
     out = tmp_path / "adapted"
     cfg, record = stages.prepare_adapt(
@@ -210,7 +210,7 @@ def test_adapting_between_models_of_other_parameters_is_refused(parent: Path, tm
 
 
 def test_the_cli_prints_a_bad_stage_as_one_line(parent: Path, tmp_path: Path, capsys):
-    from scalestudy.cli import main
+    from scalestudy.cli.main import main
 
     assert main(["finetune", "--from", str(parent), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -228,12 +228,12 @@ SMOKE_TINY = [
 
 
 def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: Path, capsys):
-    from scalestudy.cli import main
-    from scalestudy.study import pipeline
-    from scalestudy.study.sweep import load_study
+    from scalestudy.cli.main import main
+    from scalestudy.study.run import after_pretraining
+    from scalestudy.study.run.main_job import load_study
 
     study = load_study(SMOKE, SMOKE_TINY)
-    planned = pipeline.plan(study, SMOKE.parent, tmp_path / "out")
+    planned = after_pretraining.plan(study, SMOKE.parent, tmp_path / "out")
     assert [r.stage for r in planned] == ["adapt", "scratch", *["finetune"] * 3] * 2
     adapt = [r for r in planned if r.stage == "adapt"]
     assert {(r.cfg.model.arch, r.cfg.objective.name) for r in adapt} == {
@@ -277,13 +277,13 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
 
 @pytest.mark.slow
 def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: Path):
-    from scalestudy.cli import main
-    from scalestudy.study import pipeline
-    from scalestudy.study.registry import load_runs
+    from scalestudy.cli.main import main
+    from scalestudy.study.run import after_pretraining
+    from scalestudy.study.run.registry import load_runs
 
     out = tmp_path / "out"
     assert main(["study", "--spec", str(SMOKE), "--out", str(out), *SMOKE_TINY]) == 0
-    text = (out / pipeline.TABLE).read_text()
+    text = (out / after_pretraining.TABLE).read_text()
     table = text.split("## ")[0].splitlines()
     rows = [line.split(" | ") for line in table if line.startswith("| wang2022_smoke")]
     assert len(rows) == 2
@@ -326,7 +326,7 @@ def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: P
 
 
 def test_the_table_average_and_its_interval():
-    from scalestudy.study.wang_report import average
+    from scalestudy.study.report.wang_report import average
 
     evals = {"a/acc": 0.5, "a/n": 100, "b/acc": 0.8, "b/n": 25}
     mean, half = average(evals, ("a", "b"))
@@ -336,10 +336,11 @@ def test_the_table_average_and_its_interval():
 
 
 def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path):
-    from scalestudy.study import pipeline, wang_report
-    from scalestudy.study.sweep import load_study
+    from scalestudy.study.report import wang_report
+    from scalestudy.study.run import after_pretraining
+    from scalestudy.study.run.main_job import load_study
 
-    planned = pipeline.plan(load_study(SMOKE, SMOKE_TINY), SMOKE.parent, tmp_path)
+    planned = after_pretraining.plan(load_study(SMOKE, SMOKE_TINY), SMOKE.parent, tmp_path)
     scores = iter([0.30, 0.40, 0.50, 0.60, 0.11, 0.12, 0.70, 0.80, 0.90, 0.20, 0.13, 0.14])
     for r in planned:
         if r.stage != "finetune":
@@ -380,8 +381,9 @@ def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path
 def test_adapted_vs_scratch_is_paired_by_seed_with_an_interval(tmp_path: Path):
     """Two seeds: the comparison's Δ is the mean of the per-seed differences, with a t
     interval over the two seeds; the FLOPs ratio is the registry's."""
-    from scalestudy.study import pipeline, wang_report
-    from scalestudy.study.sweep import load_study
+    from scalestudy.study.report import wang_report
+    from scalestudy.study.run import after_pretraining
+    from scalestudy.study.run.main_job import load_study
 
     only = (
         "[{from_cell: [causal_decoder, flm], arch: noncausal_decoder, objective: mlm, "
@@ -389,7 +391,9 @@ def test_adapted_vs_scratch_is_paired_by_seed_with_an_interval(tmp_path: Path):
     )
     cells = ["cells=[[causal_decoder,flm]]", f"stages.adapt={only}"]  # one cell, its adaptation
     study = load_study(SMOKE, [*SMOKE_TINY, "seeds=[0,1]", *cells])
-    planned = [r for r in pipeline.plan(study, SMOKE.parent, tmp_path) if r.stage != "finetune"]
+    planned = [
+        r for r in after_pretraining.plan(study, SMOKE.parent, tmp_path) if r.stage != "finetune"
+    ]
     losses = {("adapt", 0): 2.0, ("adapt", 1): 2.2, ("scratch", 0): 2.5, ("scratch", 1): 2.9}
     runs = {}
     for r in planned:
@@ -440,18 +444,18 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
 ):
     """The registry row of a stage run says what happened to it; the runs after it stay
     pending, and the plan's rows are all there before any trains."""
-    from scalestudy.study import pipeline, sweep
-    from scalestudy.study.registry import load_runs
+    from scalestudy.study.run import after_pretraining, main_job
+    from scalestudy.study.run.registry import load_runs
 
-    study = sweep.load_study(SMOKE, SMOKE_TINY)
-    runs = sweep.expand(study, SMOKE.parent)
+    study = main_job.load_study(SMOKE, SMOKE_TINY)
+    runs = main_job.expand(study, SMOKE.parent)
 
     def stop(r, where):
         raise error
 
-    monkeypatch.setattr(pipeline, "_run_one", stop)
+    monkeypatch.setattr(after_pretraining, "_run_one", stop)
     with pytest.raises(type(error)):
-        pipeline.run(study, SMOKE.parent, tmp_path, runs)
+        after_pretraining.run(study, SMOKE.parent, tmp_path, runs)
     rows = load_runs(tmp_path, stages=True)
     assert [r["status"] for r in rows] == [status] + ["pending"] * 9
     assert rows[0]["stage"] == "adapt" and rows[0]["error"]
@@ -461,14 +465,16 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
 def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypatch, capsys):
     """`--collect` records cluster-trained runs and never trains: not the stages either (the
     stage runs missing here are listed, and the command fails)."""
-    from scalestudy.cli import main
-    from scalestudy.study import pipeline, sweep
+    from scalestudy.cli.main import main
+    from scalestudy.study.run import after_pretraining, main_job
 
-    study = sweep.load_study(SMOKE, SMOKE_TINY)
-    runs = sweep.expand(study, SMOKE.parent)
-    monkeypatch.setattr(sweep, "run_study", lambda *a, **k: (study, runs))
-    monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("stages trained"))
-    monkeypatch.setattr(pipeline, "_run_one", lambda *a, **k: pytest.fail("a stage trained"))
+    study = main_job.load_study(SMOKE, SMOKE_TINY)
+    runs = main_job.expand(study, SMOKE.parent)
+    monkeypatch.setattr(main_job, "run_study", lambda *a, **k: (study, runs))
+    monkeypatch.setattr(after_pretraining, "run", lambda *a, **k: pytest.fail("stages trained"))
+    monkeypatch.setattr(
+        after_pretraining, "_run_one", lambda *a, **k: pytest.fail("a stage trained")
+    )
     out = str(tmp_path / "out")
     assert main(["study", "--spec", str(SMOKE), "--out", out, "--collect", *SMOKE_TINY]) == 2
     assert "0 of 10 stage runs complete" in capsys.readouterr().out
@@ -481,7 +487,7 @@ def test_the_score_before_a_stage_is_the_parents_own_evaluation(tmp_path: Path, 
     adapted objective's form."""
     from scalestudy.evaluate.rank import evaluate_run, make_eval_fn
     from scalestudy.models.api import build_model
-    from scalestudy.train.saved import restore_params
+    from scalestudy.train.rundir.saved_run import restore_params
 
     evaluation = ["eval.tasks=[synthetic_probes]", "eval.max_examples=16"]
     parent = _train(

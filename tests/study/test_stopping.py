@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy import cli
-from scalestudy.study import sweep
-from scalestudy.study.registry import load_runs
-from scalestudy.study.stopping import StudyInterrupted
+from scalestudy.cli import main as cli
+from scalestudy.study.run import main_job
+from scalestudy.study.run.interrupts import StudyInterrupted
+from scalestudy.study.run.registry import load_runs
 
 pytest.importorskip("scalestudy.train.loop")
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 
 def fake_train(cfg, workdir):
-    from scalestudy.train import distributed, loop
+    from scalestudy.train.runtime import distributed
+    from scalestudy.train import loop
 
     log = Path(os.environ["FAKE_LOG"])
     note = lambda text: log.open("a").write(f"{text} {cfg.name} {os.getpid()}\\n")
@@ -54,8 +55,8 @@ def fake_train(cfg, workdir):
 
 
 if __name__ == "__main__":
-    from scalestudy.study import sweep
-    from scalestudy.study.stopping import StudyInterrupted
+    from scalestudy.study.run import main_job as sweep
+    from scalestudy.study.run.interrupts import StudyInterrupted
 
     spec, out, workers = sys.argv[1:4]
     try:
@@ -231,7 +232,7 @@ def test_the_cli_exits_128_plus_the_signal_with_one_line(tmp_path, tiny_spec, ca
     def stopped(*args, **kwargs):
         raise StudyInterrupted("SIGTERM received: 1 run(s) saved a checkpoint", signal.SIGTERM)
 
-    monkeypatch.setattr(sweep, "run_study", stopped)
+    monkeypatch.setattr(main_job, "run_study", stopped)
     assert cli.main(["study", "--spec", str(tiny_spec), "--out", str(tmp_path / "o")]) == 143
     assert capsys.readouterr().err == "stopped: SIGTERM received: 1 run(s) saved a checkpoint\n"
 
@@ -239,7 +240,7 @@ def test_the_cli_exits_128_plus_the_signal_with_one_line(tmp_path, tiny_spec, ca
 @pytest.mark.slow
 def test_sigterm_stops_a_real_study_with_its_run_checkpointed(tmp_path, tiny_spec):
     out = tmp_path / "study"
-    cmd = [sys.executable, "-m", "scalestudy.cli", "study", "--spec", str(tiny_spec)]
+    cmd = [sys.executable, "-m", "scalestudy.cli.main", "study", "--spec", str(tiny_spec)]
     cmd += ["--out", str(out), "budget.steps=5000", "base.train.checkpoint_every=1000"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

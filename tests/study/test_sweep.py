@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import load_config
-from scalestudy.errors import ConfigError
-from scalestudy.study import pipeline, sweep
-from scalestudy.study.progress import phase
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import load_config
+from scalestudy.study.run import after_pretraining, main_job
+from scalestudy.study.run.study_progress import phase
 
 counting = pytest.importorskip("scalestudy.models.counting")
 
@@ -18,13 +18,13 @@ SPECS = sorted((REPO / "configs" / "studies").glob("*.yaml"))
 
 
 def _expand(path, overrides=()):
-    return sweep.expand(sweep.load_study(path, overrides), Path(path).parent)
+    return main_job.expand(main_job.load_study(path, overrides), Path(path).parent)
 
 
 def test_a_spec_override_writes_seeds_with_commas_as_members_do():
     spec = REPO / "configs" / "studies" / "smoke.yaml"
-    commas = sweep.load_study(spec, ["seeds=0,1", "lr_search.rates=1e-3,3e-3"])
-    flow = sweep.load_study(spec, ["seeds=[0, 1]", "lr_search.rates=[1e-3, 3e-3]"])
+    commas = main_job.load_study(spec, ["seeds=0,1", "lr_search.rates=1e-3,3e-3"])
+    flow = main_job.load_study(spec, ["seeds=[0, 1]", "lr_search.rates=[1e-3, 3e-3]"])
     assert commas.seeds == flow.seeds == (0, 1)
     assert commas.lr_search.rates == flow.lr_search.rates == (1e-3, 3e-3)
 
@@ -184,7 +184,7 @@ def test_cell_base_changes_only_the_cell_it_names(tiny_spec):
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_every_study_spec_validates(path, capsys):
-    sweep.run_study(path, Path("unused"), dry_run=True)
+    main_job.run_study(path, Path("unused"), dry_run=True)
     assert "runs" in capsys.readouterr().out
 
 
@@ -199,7 +199,7 @@ def test_bad_specs_name_the_problem(tiny_spec):
 
 def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     out = tmp_path / "study"
-    text = pipeline.launch(tiny_spec, "slurm", out, submit=False)
+    text = after_pretraining.launch(tiny_spec, "slurm", out, submit=False)
     assert "#SBATCH --array=0-3" in text
     assert "scalestudy train --eval --config" in text and "study --collect --spec" in text
     listed = (out / "runs.txt").read_text().split()
@@ -207,7 +207,7 @@ def test_launch_renders_slurm_and_tpu(tiny_spec, tmp_path):
     runs = _expand(tiny_spec)
     for run, workdir in zip(runs, listed):
         assert load_config(Path(workdir) / "config.yaml").hash() == run.run_id
-    tpu = pipeline.launch(tiny_spec, "tpu", out, submit=False)
+    tpu = after_pretraining.launch(tiny_spec, "tpu", out, submit=False)
     assert "gcloud compute tpus queued-resources create" in tpu
     assert tpu.count("train --eval --config") == 4 and tpu.count(" all 'cd ") == 5
     assert "launch --spec" in tpu  # workers write the run configs themselves
@@ -222,7 +222,7 @@ def _fake_train(cfg, workdir):
 def test_a_study_off_a_terminal_prints_a_line_as_each_phase_starts_and_ends(
     tmp_path, tiny_spec, capsys
 ):
-    sweep.run_study(tiny_spec, tmp_path / "out", train_fn=_fake_train)
+    main_job.run_study(tiny_spec, tmp_path / "out", train_fn=_fake_train)
     out = capsys.readouterr()  # pytest's captured stderr is not a terminal
     assert "\r" not in out.out + out.err
     phases = [ln for ln in out.out.splitlines() if ln.startswith("study: ")]

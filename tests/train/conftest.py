@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from scalestudy.config import ExperimentConfig, load_config
+from scalestudy.config.experiment import ExperimentConfig, load_config
 
 ARCH_CELL = {"causal_decoder": "flm", "noncausal_decoder": "plm", "encoder_decoder": "mlm"}
 

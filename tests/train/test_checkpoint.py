@@ -9,9 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from scalestudy.config import ExperimentConfig
-from scalestudy.train.checkpoint import Checkpointer, CheckpointError
-from scalestudy.train.recovery import restore, verify
+from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.train.rundir.checkpoint import Checkpointer, CheckpointError
+from scalestudy.train.rundir.checkpoint_recovery import restore, verify
 
 
 def make_state(seed: int) -> dict:
@@ -190,7 +190,7 @@ def test_small_replicated_arrays_are_written_whole_large_ones_by_every_replica(
     be under REPLICA_PARALLEL_MIN_BYTES (no device slicing), by all 8 above it; both restore."""
     from orbax.checkpoint._src.serialization import replica_slices
 
-    from scalestudy.train import checkpoint
+    from scalestudy.train.rundir import checkpoint
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -5,7 +5,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from scalestudy.train import aot, chips, roofline
+from scalestudy.train import datasheets as chips
+from scalestudy.train.plan import aot, roofline
 
 pytestmark = pytest.mark.optimized  # the compiler's memory and cost analysis
 
@@ -97,7 +98,8 @@ import jax
 
 sys.path.insert(0, sys.argv[2])
 from conftest import tiny
-from scalestudy.train import aot, step
+from scalestudy.train.plan import aot
+from scalestudy.train import step
 
 step.enable_compilation_cache()
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -135,7 +137,7 @@ def test_a_slices_step_and_cost_probes_stay_out_of_the_persistent_cache(tmp_path
 
 
 def test_planned_batch_has_the_shapes_training_feeds_for_every_cell(tiny_cfg):
-    from scalestudy.config import VALID_CELLS
+    from scalestudy.config.experiment import VALID_CELLS
     from scalestudy.data import pipeline
 
     splits = [(a, o, "") for a, objs in VALID_CELLS.items() for o in objs]
@@ -149,7 +151,7 @@ def test_planned_batch_has_the_shapes_training_feeds_for_every_cell(tiny_cfg):
 
 
 def test_a_batch_the_mesh_cannot_split_is_one_clear_error(tiny_cfg):
-    from scalestudy.errors import ConfigError
+    from scalestudy.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"batch_size=12 rows cannot be split.* 8 shards"):
         aot.compile_plan(tiny_cfg("causal_decoder", None, "train.batch_size=12"), None)
@@ -328,7 +330,7 @@ PUBLISHED = {
 def test_roofline_sits_above_a_published_measured_mfu(name):
     import os
 
-    from scalestudy.config import load_config
+    from scalestudy.config.experiment import load_config
     from scalestudy.models import counting
 
     if os.environ.get("SCALESTUDY_HEAVY_TESTS") != "1":
@@ -349,8 +351,8 @@ def test_memory_only_plan_reports_the_same_memory_without_the_cost_probes(monkey
     import json
     from pathlib import Path
 
-    from scalestudy.cli import main
-    from scalestudy.config import load_config
+    from scalestudy.cli.main import main
+    from scalestudy.config.experiment import load_config
 
     path = str(Path(__file__).parents[2] / "configs" / "models" / "tiny.yaml")
     overrides = ["model.scan_layers=true", "model.n_layers=3", "mesh.fsdp=2"]
@@ -434,7 +436,7 @@ def test_an_expert_parallel_moe_plans_for_a_tpu_slice_quietly(tmp_path):
 
     def plan(*mesh: str) -> dict:
         done = subprocess.run(
-            [sys.executable, "-m", "scalestudy.cli", *base, *mesh],
+            [sys.executable, "-m", "scalestudy.cli.main", *base, *mesh],
             env=env,
             capture_output=True,
             text=True,

@@ -14,9 +14,9 @@ import numpy as np
 import optax
 import pytest
 
-from scalestudy.config import ModelConfig, OptimConfig
-from scalestudy.study import sweep
-from scalestudy.study.spec import StudySpec
+from scalestudy.config.experiment import ModelConfig, OptimConfig
+from scalestudy.study.plan.spec import StudySpec
+from scalestudy.study.run import main_job
 
 api = pytest.importorskip("scalestudy.models.api")
 
@@ -79,7 +79,7 @@ def _ladder_rate(width: int, base_lr: float) -> float:
         }
     )
     base = {"optim": OptimConfig(learning_rate=base_lr).model_dump()}
-    return sweep._learning_rate(study, base, ModelConfig(d_model=width))
+    return main_job._learning_rate(study, base, ModelConfig(d_model=width))
 
 
 def test_inverse_width_rates_move_activations_alike_at_every_width():

@@ -13,18 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.config import load_config, to_yaml
-from scalestudy.train import logfile, rundir, saved
+from scalestudy.config.experiment import load_config, to_yaml
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import logfile, saved_run
 
 from .two_process import OVERRIDES, free_port, process_env
 
-# Run by each process in place of `python -m scalestudy.cli`, after an optional prelude.
+# Run by each process in place of `python -m scalestudy.cli.main`, after an optional prelude.
 MAIN = "import sys\nfrom scalestudy import cli\nsys.exit(cli.main())\n"
 
 # A train step whose loss is NaN, whatever the state (the terminal set up for the command
 # line first, as `main` does before anything imports TensorFlow).
 POISON = """
-from scalestudy.train import logfile
+from scalestudy.train.rundir import logfile
 logfile.quiet_terminal()
 
 import numpy as np
@@ -86,7 +87,7 @@ def straight(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("two") / "straight"
     outcome = _two_processes(workdir)
     assert [code for code, _ in outcome] == [0, 0], outcome
-    assert saved.latest_step(workdir) == 6 and sorted(_losses(workdir)) == [1, 2, 3, 4, 5, 6]
+    assert saved_run.latest_step(workdir) == 6 and sorted(_losses(workdir)) == [1, 2, 3, 4, 5, 6]
     return workdir
 
 
@@ -128,7 +129,7 @@ def test_a_damaged_checkpoint_is_set_aside_by_both_and_the_run_resumes_exactly(s
     for _, lines in outcome:  # both processes say it, in one line each
         assert len(lines) == 1 and "step 6 cannot be restored" in lines[0], lines
     assert "checksums" in outcome[0][1][0] and "process 0 found it damaged" in outcome[1][1][0]
-    assert (run / rundir.CORRUPT / "6").is_dir() and saved.latest_step(run) == 6
+    assert (run / rundir.CORRUPT / "6").is_dir() and saved_run.latest_step(run) == 6
     assert _losses(run) == _losses(straight)  # resumed from step 3: Δloss 0
 
 
@@ -142,7 +143,7 @@ def test_a_nan_right_after_a_restore_names_the_checkpoint_on_both(straight, tmp_
     for _, lines in outcome:
         assert len(lines) == 1 and lines[0].startswith("error: training loss is nan"), lines
         assert "resuming from the one of step 3" in lines[0] and "suspect" in lines[0]
-    assert saved.latest_step(run) == 3  # nothing saved from the NaN state
+    assert saved_run.latest_step(run) == 3  # nothing saved from the NaN state
     kept = _losses(run)
     assert kept == {s: v for s, v in _losses(straight).items() if s <= 3}
 

@@ -7,9 +7,10 @@ import warnings
 import jax.numpy as jnp
 import pytest
 
+from scalestudy.config.moe_config import MoEConfig
 from scalestudy.models import moe
-from scalestudy.moe_config import MoEConfig
-from scalestudy.train import expert_load, loop, rundir
+from scalestudy.train import expert_load, loop
+from scalestudy.train.rundir import layout as rundir
 
 MOE = (
     "model.dtype=float32",

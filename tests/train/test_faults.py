@@ -16,19 +16,18 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy import cli
-from scalestudy.config import to_yaml
+from scalestudy.cli import main as cli
+from scalestudy.config.experiment import to_yaml
 from scalestudy.models.api import build_model
-from scalestudy.train import (
+from scalestudy.train import loop, step
+from scalestudy.train.rundir import (
     checkpoint,
     checkpoint_writers,
-    loop,
-    metrics,
-    resume,
-    rundir,
-    saved,
-    step,
+    metrics_writer,
+    resume_check,
+    saved_run,
 )
+from scalestudy.train.rundir import layout as rundir
 
 
 def losses(workdir):
@@ -78,7 +77,7 @@ def test_a_changed_config_is_refused_and_nothing_is_touched(tiny_cfg, straight, 
         "model.d_model=48",
         "optim.name=adafactor",
     )
-    with pytest.raises(resume.ResumeConfigError) as error:
+    with pytest.raises(resume_check.ResumeConfigError) as error:
         loop.train(changed, tmp_path)
     message = str(error.value)
     assert "model.d_model: 32 in the run, 48 given" in message
@@ -102,7 +101,7 @@ def test_a_changed_config_is_refused_and_nothing_is_touched(tiny_cfg, straight, 
     assert got[:4] == straight[:4]
     # Another mesh sums in another order (bfloat16 compute): close, not bitwise.
     assert got[4:] == pytest.approx(straight[4:], rel=1e-3)
-    assert saved.latest_step(tmp_path) == 8
+    assert saved_run.latest_step(tmp_path) == 8
 
 
 def test_the_cli_reports_a_refused_resume_in_one_error(tiny_cfg, tmp_path, capsys):
@@ -129,7 +128,7 @@ def test_a_config_yaml_edited_since_the_checkpoint_is_refused(tiny_cfg, tmp_path
     assert code == 2 and err.startswith("error: ") and "Traceback" not in err
     assert "optim.learning_rate: 0.01 in the checkpoint, 0.5 in config.yaml" in err
     assert "train.init_from=" in err
-    assert snapshot(run) == before and saved.latest_step(run) == 2
+    assert snapshot(run) == before and saved_run.latest_step(run) == 2
 
 
 def test_a_workdir_that_is_a_file(tiny_cfg, tmp_path, capsys):
@@ -161,7 +160,7 @@ def test_disk_full_then_torn_metrics_then_read_only(tiny_cfg, straight, small_di
     assert "checkpoint of step 8" in message and "No space left on device" in message
     assert "intact (steps [4])" in message
     assert max(r["step"] for r in rundir.read_metrics(run)) <= 12  # the next boundary at most
-    assert saved.latest_step(run) == 4
+    assert saved_run.latest_step(run) == 4
     # The failed save is over: nothing of it is left running, open or unfinished on the disk.
     assert not list((run / "checkpoints").glob(f"*{checkpoint_writers.TMP_SUFFIX}*"))
     assert checkpoint_writers.unfinished_saves(run / "checkpoints") == []
@@ -232,7 +231,7 @@ def test_a_failed_save_names_its_step_without_root(tiny_cfg, tmp_path, monkeypat
     ) and "[Errno 28] No space left on device. Earlier checkpoints are intact (steps [4])" in str(
         error.value
     )
-    assert saved.latest_step(tmp_path) == 4
+    assert saved_run.latest_step(tmp_path) == 4
     assert max(r["step"] for r in rundir.read_metrics(tmp_path)) <= 8
 
 
@@ -301,7 +300,7 @@ def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=10"), tmp_path)
     assert checkpoint_writers.unfinished_saves(tmp_path / "checkpoints") == []
     loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
-    assert saved.latest_step(tmp_path) == 8
+    assert saved_run.latest_step(tmp_path) == 8
     assert landed == [] and not list((tmp_path / "checkpoints").rglob("late"))
     assert checkpoint_writers.unfinished_saves(tmp_path / "checkpoints") == []
     assert checkpoint.checksum_problem(tmp_path / "checkpoints" / "8") is None
@@ -312,7 +311,7 @@ def test_a_late_write_of_a_failed_save_never_reaches_the_resumed_save(
 
 def _cli_train(tmp_path, cfg, workdir="run", **popen):
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
-    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    command = [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", "cfg.yaml"]
     return subprocess.Popen(
         [*command, "--workdir", workdir], cwd=tmp_path, stderr=subprocess.PIPE, text=True, **popen
     )
@@ -333,7 +332,7 @@ def test_sigterm_on_a_checkpoint_step_saves_once_and_exits_143(tiny_cfg, tmp_pat
     assert "Traceback" not in err and "StepAlreadyExists" not in err
     assert "WARNING:absl" not in err and "INFO:absl" not in err
     assert (tmp_path / "run" / rundir.LOG).is_file()
-    stopped_at = saved.latest_step(tmp_path / "run")
+    stopped_at = saved_run.latest_step(tmp_path / "run")
     assert len(losses(tmp_path / "run")) == stopped_at
 
 
@@ -408,7 +407,7 @@ def test_a_file_in_place_of_a_checkpoint_is_set_aside_not_skipped(tiny_cfg, tmp_
     else:
         with pytest.warns(UserWarning, match="checkpoints/8 is not a checkpoint directory"):
             loop.train(cfg, tmp_path)
-        assert saved.latest_step(tmp_path) == 8
+        assert saved_run.latest_step(tmp_path) == 8
     assert (tmp_path / rundir.CORRUPT / "8").read_text() == "not a checkpoint"
 
 
@@ -435,7 +434,7 @@ def test_metric_rows_are_durable_at_checkpoints_and_lost_rows_are_named(
     tiny_cfg, tmp_path, monkeypatch
 ):
     events = []
-    real_sync, real_save = metrics.MetricsWriter.sync, checkpoint.Checkpointer.save
+    real_sync, real_save = metrics_writer.MetricsWriter.sync, checkpoint.Checkpointer.save
 
     def sync(self):
         events.append(("sync", [r["step"] for r in losses_rows(tmp_path)]))
@@ -445,7 +444,7 @@ def test_metric_rows_are_durable_at_checkpoints_and_lost_rows_are_named(
         events.append(("save", at))
         real_save(self, at, *args)
 
-    monkeypatch.setattr(metrics.MetricsWriter, "sync", sync)
+    monkeypatch.setattr(metrics_writer.MetricsWriter, "sync", sync)
     monkeypatch.setattr(checkpoint.Checkpointer, "save", save)
     loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
     # Before each save, every row up to that step is on disk (log_every=1: one per step).

@@ -15,10 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from scalestudy import cli
-from scalestudy.config import to_yaml
-from scalestudy.errors import ScalestudyError
-from scalestudy.train import logfile, loop, rundir, saved, stops
+from scalestudy.cli import main as cli
+from scalestudy.config.errors import ScalestudyError
+from scalestudy.config.experiment import to_yaml
+from scalestudy.train import loop
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import logfile, saved_run
+from scalestudy.train.runtime import stop_signals
 
 
 def _user_env() -> dict[str, str]:
@@ -31,7 +34,7 @@ def _user_env() -> dict[str, str]:
 def _cli_train(tmp_path, cfg, *more) -> tuple[int, list[str]]:
     """`scalestudy train` as a user runs it; (exit status, stderr lines)."""
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
-    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    command = [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", "cfg.yaml"]
     done = subprocess.run(
         [*command, "--workdir", "run", *more],
         cwd=tmp_path,
@@ -130,7 +133,7 @@ def test_a_corrupt_checkpoint_is_one_warning_line(tiny_cfg, tmp_path):
     code, lines = _cli_train(tmp_path, cfg)
     assert code == 0 and len(lines) == 1, lines
     assert lines[0].startswith("warning: checkpoint at step 8 cannot be restored")
-    assert "checksums" in lines[0] and saved.latest_step(tmp_path / "run") == 8
+    assert "checksums" in lines[0] and saved_run.latest_step(tmp_path / "run") == 8
 
 
 @pytest.mark.slow
@@ -144,7 +147,7 @@ def test_a_full_disk_is_the_only_line(tiny_cfg, small_disk, fill):
     code, lines = _cli_train(small_disk, cfg)
     assert code == 2 and len(lines) == 1, lines[:40]
     assert lines[0].startswith("error: cannot write the checkpoint of step 8")
-    assert "No space left on device" in lines[0] and saved.latest_step(small_disk / "run") == 4
+    assert "No space left on device" in lines[0] and saved_run.latest_step(small_disk / "run") == 4
 
 
 # ----------------------------------------------------------------------------- the mechanisms
@@ -193,17 +196,17 @@ def test_a_signal_during_a_held_import_stops_once_the_import_is_over(tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     hook = logfile._HeldImport("slow_native", output=False)
     monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
-    previous = {s: signal.getsignal(s) for s in stops.SIGNALS}
+    previous = {s: signal.getsignal(s) for s in stop_signals.SIGNALS}
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see below)
-    stops.catch()
+    stop_signals.catch()
     try:
-        with pytest.raises(stops.Stopped, match="SIGINT"):
+        with pytest.raises(stop_signals.Stopped, match="SIGINT"):
             import slow_native  # noqa: F401
         assert (tmp_path / "finished").exists()  # the whole module ran first
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        stops._caught.clear()
+        stop_signals._caught.clear()
         sys.modules.pop("slow_native", None)
 
 
@@ -212,7 +215,7 @@ def test_tensorflow_feeds_data_on_the_host_and_says_nothing_on_the_terminal():
     search for one (CUDA's failure on a host without a GPU) is held with its start-up output."""
     pytest.importorskip("tensorflow")
     code = (
-        "from scalestudy.train import logfile\n"
+        "from scalestudy.train.rundir import logfile\n"
         "logfile.quiet_terminal()\n"
         "import tensorflow as tf\n"
         "ds = tf.data.Dataset.range(3).map(lambda x: x + 1)\n"
@@ -326,7 +329,7 @@ def _as_from_a_terminal() -> None:
 def _signalled_train(tmp_path, cfg, signum, when) -> tuple[int, str]:
     """`scalestudy train` sent `signum` once `when(run directory, pid)` holds; (status, stderr)."""
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
-    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    command = [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", "cfg.yaml"]
     proc = subprocess.Popen(
         [*command, "--workdir", "run"],
         cwd=tmp_path,
@@ -378,7 +381,7 @@ def test_a_signal_a_library_wrapped_in_its_own_error_still_stops(monkeypatch, ca
     from pydantic_core import PydanticSerializationError
 
     def raise_stop(value):
-        raise stops.Stopped(signal.SIGINT)
+        raise stop_signals.Stopped(signal.SIGINT)
 
     class Section(BaseModel):
         x: int = Field(1, exclude_if=raise_stop)
@@ -390,7 +393,7 @@ def test_a_signal_a_library_wrapped_in_its_own_error_still_stops(monkeypatch, ca
     monkeypatch.setattr(cli.cli_args, "check_environment", lambda: None)
     with pytest.raises(PydanticSerializationError, match=r"SIGINT received"):
         cli.main(["train"])  # no signal came: the library's error, as it was
-    monkeypatch.setattr(stops, "_caught", [signal.SIGINT])
+    monkeypatch.setattr(stop_signals, "_caught", [signal.SIGINT])
     assert cli.main(["train"]) == 128 + signal.SIGINT
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT received")
@@ -399,13 +402,13 @@ def test_a_signal_a_library_wrapped_in_its_own_error_still_stops(monkeypatch, ca
 def test_a_swallowed_signal_still_stops_the_run_at_its_first_step(tiny_cfg, tmp_path):
     """A start-up signal whose exception a library dropped (raised inside a garbage-collection
     callback) is recorded; the loop stops at its first step boundary instead of training."""
-    stops._caught[:] = [signal.SIGINT]
+    stop_signals._caught[:] = [signal.SIGINT]
     try:
         with pytest.raises(loop.Preempted, match="SIGINT received: no step had completed"):
             loop.train(tiny_cfg("causal_decoder"), tmp_path)
     finally:
-        stops._caught.clear()
-    assert saved.latest_step(tmp_path) is None and not rundir.read_metrics(tmp_path)
+        stop_signals._caught.clear()
+    assert saved_run.latest_step(tmp_path) is None and not rundir.read_metrics(tmp_path)
 
 
 class _LogsWhenCollected:

@@ -6,9 +6,11 @@ import jax
 import numpy as np
 import pytest
 
+from scalestudy.config.errors import ConfigError
 from scalestudy.data import pipeline
-from scalestudy.errors import ConfigError
-from scalestudy.train import group, group_program, rundir
+from scalestudy.train import group
+from scalestudy.train import program as group_program
+from scalestudy.train.rundir import layout as rundir
 
 # 8 CPU devices as 4 data slices x 2 fsdp: split, each slice holds one whole member, its
 # parameters split over fsdp as a run's are.

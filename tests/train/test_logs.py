@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 from scalestudy.evaluate.results import task_lines
-from scalestudy.study.progress import StudyProgress
-from scalestudy.train import loop, progress
+from scalestudy.study.run.study_progress import StudyProgress
+from scalestudy.train import loop, progress_bar
 
 from .conftest import tiny
 
@@ -16,7 +16,7 @@ LINE = re.compile(r"^(\S+) step (\d+)/(\d+) loss (\d+\.\d+) tokens/s (\d+) eta \
 
 
 def test_train_off_a_terminal_prints_plain_lines(tmp_path: Path, capsys, monkeypatch):
-    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)  # a line at every log step
+    monkeypatch.setattr(progress_bar, "PLAIN_EVERY_S", 0.0)  # a line at every log step
     cfg = tiny("causal_decoder", None, "train.progress=true", "train.stop_after_steps=6")
     loop.train(cfg, tmp_path)
     out = capsys.readouterr()
@@ -30,7 +30,7 @@ def test_train_off_a_terminal_prints_plain_lines(tmp_path: Path, capsys, monkeyp
 
 
 def test_train_lines_come_at_most_once_an_interval(tmp_path: Path, capsys, monkeypatch):
-    monkeypatch.setattr(progress, "PLAIN_EVERY_S", 3600.0)
+    monkeypatch.setattr(progress_bar, "PLAIN_EVERY_S", 3600.0)
     cfg = tiny("causal_decoder", None, "train.progress=true", "train.steps=8")
     loop.train(cfg, tmp_path)
     lines = [line for line in capsys.readouterr().err.splitlines() if LINE.match(line)]
@@ -38,14 +38,14 @@ def test_train_lines_come_at_most_once_an_interval(tmp_path: Path, capsys, monke
 
 
 def test_study_off_a_terminal_prints_a_line_per_finished_run(tmp_path: Path, capsys):
-    progress = StudyProgress(1.0, 2)  # pytest's captured stderr is not a terminal
-    assert progress.plain
+    progress_bar = StudyProgress(1.0, 2)  # pytest's captured stderr is not a terminal
+    assert progress_bar.plain
     for i, (name, weight) in enumerate((("small", 0.25), ("large", 0.75)), 1):
-        progress.start(i, name, tmp_path / name, weight, steps=10)
-        progress.bar.write(f"warning: {name} says something")
-        progress.end(weight)
-    progress.end(0.0)  # a job that had nothing left to train: no line
-    progress.close()
+        progress_bar.start(i, name, tmp_path / name, weight, steps=10)
+        progress_bar.bar.write(f"warning: {name} says something")
+        progress_bar.end(weight)
+    progress_bar.end(0.0)  # a job that had nothing left to train: no line
+    progress_bar.close()
     out = capsys.readouterr()
     assert "\r" not in out.out + out.err
     assert out.out.splitlines() == [

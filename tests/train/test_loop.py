@@ -10,10 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import to_yaml
+from scalestudy.config.experiment import to_yaml
 from scalestudy.data import pipeline
 from scalestudy.models import counting
-from scalestudy.train import chips, loop, rundir, saved, step
+from scalestudy.train import datasheets, loop, step
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import saved_run
 
 ARCHS = ["causal_decoder", "noncausal_decoder", "encoder_decoder"]
 
@@ -23,8 +25,8 @@ def losses(workdir):
 
 
 def params_equal(dir_a, dir_b):
-    _, a, step_a = saved.restore_params(dir_a)
-    _, b, step_b = saved.restore_params(dir_b)
+    _, a, step_a = saved_run.restore_params(dir_a)
+    _, b, step_b = saved_run.restore_params(dir_b)
     assert step_a == step_b
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -92,7 +94,7 @@ def test_summary_and_run_directory(straight):
     assert rows[-1]["val/loss"] == summary["final_val_loss"] == summary["best_val_loss"]
     assert rows[-2]["tokens"] == summary["tokens"]
     assert 0 < summary["mfu"] < 1 and summary["tokens_per_s"] > 0
-    assert saved.latest_step(workdir) == 8
+    assert saved_run.latest_step(workdir) == 8
 
 
 def test_wsd_cooldown_branch_equals_a_run_from_scratch(tiny_cfg, straight, tmp_path):
@@ -146,8 +148,8 @@ def test_nan_stops_with_message_and_keeps_last_good_checkpoint(tiny_cfg, tmp_pat
     cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
     with pytest.raises(loop.NonFiniteLoss, match=r"loss is nan at step 6.*checkpoint is step 4"):
         loop.train(cfg, tmp_path)
-    assert saved.latest_step(tmp_path) == 4
-    _, params, _ = saved.restore_params(tmp_path)
+    assert saved_run.latest_step(tmp_path) == 4
+    _, params, _ = saved_run.restore_params(tmp_path)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
     assert not (tmp_path / "summary.json").exists()
 
@@ -156,7 +158,7 @@ def test_sigterm_leaves_a_resumable_checkpoint(tiny_cfg, straight, tmp_path):
     ref_dir, _ = straight("causal_decoder")
     cfg = tiny_cfg("causal_decoder")  # 40 steps: the signal lands long before the end
     (tmp_path / "cfg.yaml").write_text(to_yaml(cfg))
-    command = [sys.executable, "-m", "scalestudy.cli", "train", "--config", "cfg.yaml"]
+    command = [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", "cfg.yaml"]
     proc = subprocess.Popen(
         [*command, "--workdir", "run"], cwd=tmp_path, stderr=subprocess.PIPE, text=True
     )
@@ -167,7 +169,7 @@ def test_sigterm_leaves_a_resumable_checkpoint(tiny_cfg, straight, tmp_path):
     _, err = proc.communicate(timeout=600)  # a safety net under load, not a measurement
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "SIGTERM received: saved a checkpoint" in err
-    stopped_at = saved.latest_step(tmp_path / "run")
+    stopped_at = saved_run.latest_step(tmp_path / "run")
     assert stopped_at is not None and 1 <= stopped_at < 40
     # Re-running the same command resumes and matches the uninterrupted run (whose first 8
     # steps the fixture holds; the signal normally lands within them).
@@ -228,6 +230,6 @@ def test_mfu_and_throughput_count_step_time_only(tiny_cfg, tmp_path):
     assert timing["step_s"] < timing["wall_s"] - slept
     step_s = timing["step_s"]
     assert summary["tokens_per_s"] == pytest.approx(summary["tokens"] / step_s, rel=1e-4)
-    peak = chips.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
+    peak = datasheets.peak_flops(dtype=cfg.model.dtype)["flops_per_s"]
     assert summary["flops"] == 6 * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
-    assert summary["mfu"] == pytest.approx(chips.mfu(summary["flops"], step_s, peak), rel=1e-4)
+    assert summary["mfu"] == pytest.approx(datasheets.mfu(summary["flops"], step_s, peak), rel=1e-4)

@@ -12,7 +12,9 @@ import signal
 
 import pytest
 
-from scalestudy.train import group, loop, rundir, saved
+from scalestudy.train import group, loop
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import saved_run
 
 # Three replicates (`--members seed=0,1,2`), float32, stopped at step 8 of the tiny schedule,
 # checkpoints every 4 steps. Dropout off: with it on (0.1), these members happen to train
@@ -69,7 +71,7 @@ def test_a_deleted_member_catches_up_inside_its_group(tiny_cfg, straight, tmp_pa
     shutil.rmtree(dirs[0])  # the others wait at step 4 while it trains steps 1-4 again
     results = group.train_group(_members(tiny_cfg), dirs)
     assert [r["steps"] for r in results] == [8] * K
-    assert [saved.latest_step(d) for d in dirs] == [8] * K
+    assert [saved_run.latest_step(d) for d in dirs] == [8] * K
     for d, (losses, val) in zip(dirs, straight):
         assert len(losses) == 8
         assert _losses(d) == losses  # bit for bit, the retrained member's steps 1-8 too
@@ -91,7 +93,7 @@ def test_a_corrupted_newest_checkpoint_resumes_inside_the_finished_group(
     with pytest.warns(UserWarning, match=r"step 8 cannot be restored.*moved it"):
         results = group.train_group(_members(tiny_cfg), dirs)  # once: no second command
     assert (dirs[0] / rundir.CORRUPT / "8").is_dir()
-    assert [saved.latest_step(d) for d in dirs] == [8] * K
+    assert [saved_run.latest_step(d) for d in dirs] == [8] * K
     for d, (losses, val) in zip(dirs, straight):
         assert _losses(d) == losses
         assert _val(d) == val
@@ -117,7 +119,7 @@ def test_a_group_stopped_while_a_member_waits_saves_only_where_each_stands(
         with pytest.raises(loop.Preempted, match="at step 2"):
             group.train_group(_members(tiny_cfg), dirs)
     # The catching-up member saved step 2; the waiting ones kept step 4 and its rows.
-    assert [saved.latest_step(d) for d in dirs] == [2, 4, 4]
+    assert [saved_run.latest_step(d) for d in dirs] == [2, 4, 4]
     assert [len(_losses(d)) for d in dirs] == [2, 4, 4]
     group.train_group(_members(tiny_cfg), dirs)
     for d, (losses, _) in zip(dirs, straight):

@@ -10,10 +10,13 @@ import time
 import numpy as np
 import pytest
 
-from scalestudy.config import VALID_CELLS, to_yaml
-from scalestudy.errors import ConfigError
-from scalestudy.train import group, group_program, loop, members, rundir, saved, sharding
-from scalestudy.train.resume import ResumeConfigError
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import VALID_CELLS, to_yaml
+from scalestudy.train import group, loop, members, sharding
+from scalestudy.train import program as group_program
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import saved_run
+from scalestudy.train.rundir.resume_check import ResumeConfigError
 
 # float32 on a CPU, 8 devices: without dropout a member's first loss equals the run's alone
 # exactly; its batched matmuls then sum in another order, and Adam's first update (about
@@ -82,7 +85,7 @@ def test_a_group_trains_each_member_as_it_trains_alone(
         assert results[i]["final_val_loss"] == pytest.approx(alone["final_val_loss"], rel=RTOL)
         # Each member's run directory is a run's: its config, summary and checkpoints.
         assert rundir.read_summary(tmp_path / f"g{i}")["tokens"] == alone["tokens"]
-        assert saved.latest_step(tmp_path / f"g{i}") == 8
+        assert saved_run.latest_step(tmp_path / f"g{i}") == 8
         recorded = (tmp_path / f"g{i}" / rundir.CONFIG).read_text()
         assert recorded == (tmp_path / f"a{i}" / rundir.CONFIG).read_text()
     # The members differ (seed and rate): the group did not train one model twice.
@@ -154,7 +157,7 @@ def test_a_stopped_group_resumes_bit_for_bit(tiny_cfg, tmp_path):
     group.train_group(cfgs, straight)
     halves = [tmp_path / "h0", tmp_path / "h1"]
     group.train_group([_with(c, "train", stop_after_steps=4) for c in cfgs], halves)
-    assert [saved.latest_step(h) for h in halves] == [4, 4]  # checkpoint_every is 4
+    assert [saved_run.latest_step(h) for h in halves] == [4, 4]  # checkpoint_every is 4
     group.train_group(cfgs, halves)
     for s, h in zip(straight, halves):
         assert losses(h).tolist() == losses(s).tolist()
@@ -247,7 +250,7 @@ def test_bad_member_grids_are_one_error(grid, needle):
 
 @pytest.mark.parametrize("count", [0, 65, True, "4", 2.0])
 def test_a_spec_and_compile_refuse_a_count_outside_a_group_by_one_rule(count):
-    from scalestudy.study import groups
+    from scalestudy.study.plan import groups
 
     with pytest.raises(ConfigError, match=rf"^members: got {count!r}; a group holds 1 to 64"):
         groups.cap(count)
@@ -273,7 +276,7 @@ def test_sigterm_saves_every_member_at_one_step_and_the_command_resumes(tiny_cfg
     command = [
         sys.executable,
         "-m",
-        "scalestudy.cli",
+        "scalestudy.cli.main",
         "train",
         "--config",
         "cfg.yaml",
@@ -294,7 +297,7 @@ def test_sigterm_saves_every_member_at_one_step_and_the_command_resumes(tiny_cfg
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "stopped: stopped a group of 2 members" in err and "Traceback" not in err, err
-    steps = {saved.latest_step(tmp_path / "grp" / m) for m in ("seed0", "seed1")}
+    steps = {saved_run.latest_step(tmp_path / "grp" / m) for m in ("seed0", "seed1")}
     assert len(steps) == 1 and steps.pop() < 16  # every member saved at one step
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -5,11 +5,13 @@ import math
 import jax
 import pytest
 
-from scalestudy.train import chips, metrics, rundir, tensorboard
+from scalestudy.train import datasheets
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import metrics_writer, tensorboard
 
 
 def test_jsonl_and_tensorboard(tmp_path):
-    writer = metrics.MetricsWriter(tmp_path)
+    writer = metrics_writer.MetricsWriter(tmp_path)
     writer.write(1, {"train/loss": 2.5, "lr": 1e-3})
     writer.write(2, {"train/loss": float("nan")})
     writer.close()
@@ -20,7 +22,7 @@ def test_jsonl_and_tensorboard(tmp_path):
 
 
 def test_truncate_after(tmp_path):
-    writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    writer = metrics_writer.MetricsWriter(tmp_path, tensorboard=False)
     for step in (10, 20, 30):
         writer.write(step, {"x": step})
     writer.close()
@@ -29,9 +31,9 @@ def test_truncate_after(tmp_path):
 
 
 def test_measured_peak_is_positive_and_mfu_is_a_fraction():
-    peak = chips.measured_peak_flops(sizes=(128,), repeats=2)
+    peak = datasheets.measured_peak_flops(sizes=(128,), repeats=2)
     assert peak["flops_per_s"] > 1e6 and peak["dtype"] in ("float32", "bfloat16")
-    assert 0 < chips.mfu(1e6, 1.0, peak["flops_per_s"]) < 1
+    assert 0 < datasheets.mfu(1e6, 1.0, peak["flops_per_s"]) < 1
 
 
 @pytest.mark.parametrize(
@@ -48,25 +50,25 @@ def test_measured_peak_is_positive_and_mfu_is_a_fraction():
 )
 def test_datasheet_peak_times_devices_gives_a_known_mfu(kind, dtype, per_chip):
     # 256 chips running at 40% of their datasheet peak for 10 s.
-    peak = chips.peak_flops(kind, dtype, n_devices=256)
+    peak = datasheets.peak_flops(kind, dtype, n_devices=256)
     assert peak["flops_per_s"] == 256 * per_chip and "datasheet" in peak["source"]
     flops = 0.4 * 256 * per_chip * 10.0
-    assert chips.mfu(flops, 10.0, peak["flops_per_s"]) == pytest.approx(0.4)
+    assert datasheets.mfu(flops, 10.0, peak["flops_per_s"]) == pytest.approx(0.4)
 
 
 def test_peak_counts_global_devices_but_one_per_cpu_host():
     # Accelerators: every global device (8 fake ones here) has its own peak.
-    assert chips.peak_flops("TPU v4")["flops_per_s"] == 8 * 275e12
+    assert datasheets.peak_flops("TPU v4")["flops_per_s"] == 8 * 275e12
     # CPU: the fake devices share one host's cores, so the measured peak counts once.
-    cpu = chips.peak_flops(jax.devices()[0].device_kind)
+    cpu = datasheets.peak_flops(jax.devices()[0].device_kind)
     assert cpu["devices"] == jax.process_count() == 1
-    assert cpu["flops_per_s"] == chips.measured_peak_flops()["flops_per_s"]
+    assert cpu["flops_per_s"] == datasheets.measured_peak_flops()["flops_per_s"]
 
 
 def test_tensorboard_events_hold_the_scalars(tmp_path):
     import tensorflow as tf
 
-    writer = metrics.MetricsWriter(tmp_path)
+    writer = metrics_writer.MetricsWriter(tmp_path)
     writer.write(3, {"train/loss": 1.25})
     writer.close()
     (events,) = (tmp_path / rundir.TENSORBOARD).glob("events.out.tfevents.*")
@@ -88,7 +90,7 @@ def test_crc32c_known_answer():
 
 def test_torn_last_line_does_not_block_resume(tmp_path):
     """A row cut short by a full disk or a power cut: dropped, later rows append cleanly."""
-    writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    writer = metrics_writer.MetricsWriter(tmp_path, tensorboard=False)
     for step in (1, 2):
         writer.write(step, {"x": step})
     writer.close()
@@ -97,7 +99,7 @@ def test_torn_last_line_does_not_block_resume(tmp_path):
         f.write('{"step": 3, "x": 3.0, "to')  # no newline: the writer died here
     assert [r["step"] for r in rundir.read_metrics(tmp_path)] == [1, 2]
     rundir.truncate_metrics_after(tmp_path, 5)
-    writer = metrics.MetricsWriter(tmp_path, tensorboard=False)
+    writer = metrics_writer.MetricsWriter(tmp_path, tensorboard=False)
     writer.write(3, {"x": 3})
     writer.close()
     assert [r["step"] for r in rundir.read_metrics(tmp_path)] == [1, 2, 3]

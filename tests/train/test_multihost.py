@@ -14,10 +14,11 @@ from pathlib import Path
 import jax
 import pytest
 
-from scalestudy.config import load_config, to_yaml
-from scalestudy.train import checkpoint, distributed, recovery
+from scalestudy.config.experiment import load_config, to_yaml
 from scalestudy.train.loop import train
-from scalestudy.train.saved import latest_step
+from scalestudy.train.rundir import checkpoint, checkpoint_recovery
+from scalestudy.train.rundir.saved_run import latest_step
+from scalestudy.train.runtime import distributed
 from scalestudy.train.sharding import MeshError, initialize_distributed
 
 from .two_process import OVERRIDES, free_port, process_env
@@ -36,7 +37,7 @@ def _launch(cfg, tmp_path: Path, workdir: Path) -> list[subprocess.Popen]:
     procs = []
     for pid in range(2):
         env = {**os.environ, **process_env(pid, port)}
-        cmd = [sys.executable, "-m", "scalestudy.cli", "train", "--config", str(config)]
+        cmd = [sys.executable, "-m", "scalestudy.cli.main", "train", "--config", str(config)]
         procs.append(
             subprocess.Popen(
                 [*cmd, "--workdir", str(workdir)],
@@ -182,7 +183,7 @@ def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
     it fits)."""
     import jax.numpy as jnp
 
-    from scalestudy.config import ExperimentConfig
+    from scalestudy.config.experiment import ExperimentConfig
 
     state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
@@ -194,7 +195,7 @@ def test_each_process_restores_its_own_data_state(tmp_path: Path, monkeypatch):
     (tmp_path / "5" / "data_process_1-of-2" / "metadata").write_text('{"iterator": {"process": 1}}')
     for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0), ((3, 4), 0)):
         monkeypatch.setattr(distributed, "process_layout", lambda layout=layout: layout)
-        _, data, step = recovery.restore(ckpt, abstract)
+        _, data, step = checkpoint_recovery.restore(ckpt, abstract)
         assert step == 5 and data == {"iterator": {"process": want}}
     ckpt.close()
 
@@ -204,7 +205,7 @@ def test_an_older_releases_data_files_still_restore(tmp_path: Path, monkeypatch)
     `data` item (`process_<i>-of-<n>.json`): each process still reads its own."""
     import jax.numpy as jnp
 
-    from scalestudy.config import ExperimentConfig
+    from scalestudy.config.experiment import ExperimentConfig
 
     state = {"params": {"w": jnp.arange(3.0)}, "step": jnp.asarray(5)}
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
@@ -218,6 +219,6 @@ def test_an_older_releases_data_files_still_restore(tmp_path: Path, monkeypatch)
     checkpoint.write_checksums(tmp_path / "5")  # as that release saved them
     for layout, want in (((1, 2), 1), ((0, 2), 0), ((0, 1), 0)):
         monkeypatch.setattr(distributed, "process_layout", lambda layout=layout: layout)
-        _, restored, step = recovery.restore(ckpt, abstract)
+        _, restored, step = checkpoint_recovery.restore(ckpt, abstract)
         assert step == 5 and restored == {"iterator": {"process": want}}
     ckpt.close()

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalestudy.config import OptimConfig
-from scalestudy.errors import ConfigError
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import OptimConfig
 from scalestudy.train.optim import make_optimizer, make_schedule
 
 
@@ -195,7 +195,7 @@ def test_adafactor_t5x_matrices_per_layer_when_stacked():
 def test_adafactor_state_of_a_model_is_t5x_sized():
     # The optimizer state of a whole model (abstractly evaluated) equals T5X's: every
     # [D, H*K] attention kernel and every >= 128 x 128 matrix factored, per layer.
-    from scalestudy.config import ModelConfig
+    from scalestudy.config.experiment import ModelConfig
     from scalestudy.models.api import build_model
     from scalestudy.train.step import decay_mask, stacked_mask
 

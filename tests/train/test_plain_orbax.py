@@ -10,8 +10,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from scalestudy.train import loop, recovery, saved
-from scalestudy.train.checkpoint import Checkpointer
+from scalestudy.train import loop
+from scalestudy.train.rundir import checkpoint_recovery, saved_run
+from scalestudy.train.rundir.checkpoint import Checkpointer
 
 from .conftest import tiny
 
@@ -41,8 +42,8 @@ json.dump(
 def test_plain_orbax_restores_every_item_without_the_package(tmp_path: Path):
     cfg = tiny("causal_decoder", None, "train.stop_after_steps=8")
     loop.train(cfg, tmp_path)
-    directory = saved.checkpoint_dir(tmp_path)
-    step = saved.latest_step(tmp_path)
+    directory = saved_run.checkpoint_dir(tmp_path)
+    step = saved_run.latest_step(tmp_path)
     assert step == 8
 
     out = tmp_path / "plain"
@@ -62,8 +63,10 @@ def test_plain_orbax_restores_every_item_without_the_package(tmp_path: Path):
 
     # What the package restores from the same step (its newest), leaf by leaf.
     ckpt = Checkpointer(directory, read_only=True)
-    assert plain["config"] == saved.load_config(tmp_path, step).model_dump(mode="json")
-    state, data, restored_step = recovery.restore(ckpt, _abstract_from_checkpoint(ckpt, step))
+    assert plain["config"] == saved_run.load_config(tmp_path, step).model_dump(mode="json")
+    state, data, restored_step = checkpoint_recovery.restore(
+        ckpt, _abstract_from_checkpoint(ckpt, step)
+    )
     ckpt.close()
     assert restored_step == step
     assert plain["data"] == data and plain["data"]["iterator"]

@@ -7,9 +7,10 @@ import importlib.util
 import pytest
 import yaml
 
-from scalestudy.config import load_config
-from scalestudy.errors import ConfigError
-from scalestudy.train import chips, plan_search
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.experiment import load_config
+from scalestudy.train import datasheets
+from scalestudy.train.plan import search
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,7 +29,7 @@ MOE = ["model.moe.enabled=true", "model.moe.routed_experts=4", "model.moe.d_expe
 
 def test_factorisations_divide_the_chips_the_heads_and_the_batch():
     cfg = load_config(None, TINY)
-    meshes = plan_search.factorisations(8, cfg)
+    meshes = search.factorisations(8, cfg)
     assert all(d * f * e * t == 8 and 4 % t == 0 and 8 % (d * f) == 0 for d, f, e, t in meshes)
     assert {e for _, _, e, _ in meshes} == {1}  # a dense model has no expert axis
     assert (1, 1, 1, 8) not in meshes  # 8-way tensor parallelism cannot split 4 heads
@@ -37,42 +38,42 @@ def test_factorisations_divide_the_chips_the_heads_and_the_batch():
 
 def test_an_moe_models_factorisations_add_an_expert_axis_dividing_its_experts():
     cfg = load_config(None, [*TINY, *MOE])
-    meshes = plan_search.factorisations(8, cfg)
+    meshes = search.factorisations(8, cfg)
     assert all(d * f * e * t == 8 and 4 % e == 0 and 16 % t == 0 for d, f, e, t in meshes)
     assert {e for _, _, e, _ in meshes} == {1, 2, 4}  # not 8: it must divide 4 experts
     assert (1, 1, 4, 2) in meshes and (2, 1, 4, 1) in meshes
-    assert plan_search.label((2, 1, 4, 1), cfg) == "2x1x4x1"
+    assert search.label((2, 1, 4, 1), cfg) == "2x1x4x1"
 
 
 def test_axes_and_remat_given_as_overrides_are_held():
     over = [*TINY, "mesh.data=1", "model.remat=save_attention"]
     cfg = load_config(None, over)
-    fixed, remats = plan_search.held(cfg, over)
+    fixed, remats = search.held(cfg, over)
     assert fixed == {"data": 1} and remats == ("save_attention",)
-    meshes = plan_search.factorisations(8, cfg, fixed)
-    assert meshes == [m for m in plan_search.factorisations(8, cfg) if m[0] == 1]
+    meshes = search.factorisations(8, cfg, fixed)
+    assert meshes == [m for m in search.factorisations(8, cfg) if m[0] == 1]
     assert {(f, t) for _, f, _, t in meshes} == {(8, 1), (4, 2), (2, 4)}
-    assert plan_search.held(load_config(None, TINY), TINY) == ({}, plan_search.REMATS)
+    assert search.held(load_config(None, TINY), TINY) == ({}, search.REMATS)
     with pytest.raises(ConfigError, match=r"mesh\.tensor=8 held"):  # 8 cannot split 4 heads
-        plan_search.search(cfg, "v5e-8", fixed={"tensor": 8})
+        search.search(cfg, "v5e-8", fixed={"tensor": 8})
 
 
 def _small_hbm(monkeypatch, gib: float) -> None:
-    real = chips.chip
+    real = datasheets.chip
 
     def small_hbm(kind):  # a chip whose HBM holds only some plans of this tiny model
         entry = real(kind)
         return dataclasses.replace(entry, hbm_gib=gib) if entry is not None else None
 
-    monkeypatch.setattr(chips, "chip", small_hbm)
+    monkeypatch.setattr(datasheets, "chip", small_hbm)
 
 
 def test_search_ranks_by_estimated_step_time_prunes_what_does_not_fit(monkeypatch):
     cfg = load_config(None, TINY)
     _small_hbm(monkeypatch, 0.0095)
-    found = plan_search.search(cfg, "v5e-4", remats=("none", "full"))
+    found = search.search(cfg, "v5e-4", remats=("none", "full"))
     ranked, pruned = found["ranked"], found["pruned"]
-    assert len(ranked) + len(pruned) == 2 * len(plan_search.factorisations(4, cfg))
+    assert len(ranked) + len(pruned) == 2 * len(search.factorisations(4, cfg))
     assert ranked and pruned
     assert all(r["total_gib_per_chip"] <= 0.0095 for r in ranked)
     steps = [r["est_step_s"] for r in ranked]
@@ -95,21 +96,21 @@ def test_search_ranks_by_estimated_step_time_prunes_what_does_not_fit(monkeypatc
     )
     assert best.mesh.data * best.mesh.fsdp * best.mesh.tensor == 4
     assert f"{best.mesh.data}x{best.mesh.fsdp}x{best.mesh.tensor}" == ranked[0]["mesh"]
-    text = plan_search.render(found, cfg)
+    text = search.render(found, cfg)
     assert text.index(ranked[0]["mesh"]) < text.index("pruned") < text.index("winner")
 
 
 def test_a_mesh_whose_state_alone_overflows_is_pruned_uncompiled(monkeypatch, capsys):
     """Replicated state (all data) overflows a chip that fsdp 4's quarter of it fits."""
-    from scalestudy.train import aot
+    from scalestudy.train.plan import aot
 
     cfg = load_config(None, TINY)
-    state = {m: aot.state_plan(plan_search.candidate(cfg, m, "full"), "v5e-4")[0]
-             for m in plan_search.factorisations(4, cfg)}  # fmt: skip
+    state = {m: aot.state_plan(search.candidate(cfg, m, "full"), "v5e-4")[0]
+             for m in search.factorisations(4, cfg)}  # fmt: skip
     assert state[(4, 1, 1, 1)] > state[(1, 4, 1, 1)]
     _small_hbm(monkeypatch, (state[(4, 1, 1, 1)] - 1) / 2**30)
-    found = plan_search.search(cfg, "v5e-4", remats=("full",))
-    overflow = {plan_search.label(m, cfg) for m, b in state.items() if b > state[(4, 1, 1, 1)] - 1}
+    found = search.search(cfg, "v5e-4", remats=("full",))
+    overflow = {search.label(m, cfg) for m, b in state.items() if b > state[(4, 1, 1, 1)] - 1}
     assert "4x1x1" in overflow
     for row in found["pruned"]:
         assert row["why"].startswith("state alone") == (row["mesh"] in overflow), row
@@ -122,13 +123,13 @@ def test_a_mesh_whose_state_alone_overflows_is_pruned_uncompiled(monkeypatch, ca
 
 def test_an_moe_search_plans_the_expert_axis_and_its_winner_loads(monkeypatch):
     cfg = load_config(None, [*TINY, *MOE])
-    found = plan_search.search(cfg, "v5e-4", remats=("full",))
-    assert len(found["ranked"]) + len(found["pruned"]) == len(plan_search.factorisations(4, cfg))
+    found = search.search(cfg, "v5e-4", remats=("full",))
+    assert len(found["ranked"]) + len(found["pruned"]) == len(search.factorisations(4, cfg))
     assert any(r["sizes"]["expert"] > 1 for r in found["ranked"])
     lines = yaml.safe_load("\n".join(found["winner"]))
     best = load_config(
         None, [*TINY, *MOE, *(f"{k}.{kk}={v}" for k, d in lines.items() for kk, v in d.items())]
     )
     sizes = (best.mesh.data, best.mesh.fsdp, best.mesh.expert, best.mesh.tensor)
-    assert plan_search.label(sizes, cfg) == found["ranked"][0]["mesh"]
-    assert "data x fsdp x expert x tensor" in plan_search.render(found, cfg)
+    assert search.label(sizes, cfg) == found["ranked"][0]["mesh"]
+    assert "data x fsdp x expert x tensor" in search.render(found, cfg)

@@ -2,7 +2,7 @@
 
 import json
 
-from scalestudy.train import rundir
+from scalestudy.train.rundir import layout as rundir
 
 
 def test_summary_round_trip_and_atomic(tmp_path):

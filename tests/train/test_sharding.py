@@ -9,7 +9,7 @@ import pytest
 from jax.experimental import mesh_utils
 from jax.sharding import PartitionSpec as P
 
-from scalestudy.config import MeshConfig, ModelConfig, TrainConfig
+from scalestudy.config.experiment import MeshConfig, ModelConfig, TrainConfig
 from scalestudy.models.api import build_model
 from scalestudy.train import sharding
 

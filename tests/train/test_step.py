@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.config import VALID_CELLS, MeshConfig
+from scalestudy.config.experiment import VALID_CELLS, MeshConfig
 from scalestudy.data import pipeline
 from scalestudy.train import sharding, step
 

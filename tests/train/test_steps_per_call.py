@@ -6,7 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.train import loop, rundir, saved, step
+from scalestudy.train import loop, step
+from scalestudy.train.rundir import layout as rundir
+from scalestudy.train.rundir import saved_run
 
 pytestmark = pytest.mark.optimized  # a call of k steps against k calls, bit for bit
 
@@ -35,8 +37,8 @@ def assert_same_run(dir_a, dir_b):
 
 
 def assert_same_params(dir_a, dir_b):
-    _, a, step_a = saved.restore_params(dir_a)
-    _, b, step_b = saved.restore_params(dir_b)
+    _, a, step_a = saved_run.restore_params(dir_a)
+    _, b, step_b = saved_run.restore_params(dir_b)
     assert step_a == step_b
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -69,7 +71,7 @@ def test_resume_across_calls_is_exact(tiny_cfg, one_per_call, tmp_path):
         "causal_decoder", None, *CADENCE, "train.stop_after_steps=8", "train.steps_per_call=4"
     )
     loop.train(first, tmp_path)
-    assert saved.latest_step(tmp_path) == 8
+    assert saved_run.latest_step(tmp_path) == 8
     rest = first.replace(train=first.train.replace(stop_after_steps=12, steps_per_call=2))
     summary = loop.train(rest, tmp_path)
     assert_same_run(tmp_path, ref_dir)

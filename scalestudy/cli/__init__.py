@@ -1,0 +1,1 @@
+"""The command line: the parser and `main`, the commands' handlers, argument types."""

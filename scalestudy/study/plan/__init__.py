@@ -1,0 +1,1 @@
+"""A study before it runs: the spec and its checks, the ladder, matching, groups."""

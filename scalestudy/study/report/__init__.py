@@ -1,0 +1,1 @@
+"""A study's report: the page, its sections, fits and verdicts."""

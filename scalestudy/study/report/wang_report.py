@@ -1,0 +1,265 @@
+"""The report of a study's stages (`<out>/wang_table.md`), in Wang et al.'s layout.
+
+- The table: per pretrained run, the zero-shot average on the finetuning's held-out tasks
+  after pretraining, after finetuning, and for each adaptation after adapting and after
+  adapting + finetuning, each with a 95% interval, beside the published numbers of the same
+  cell when the spec names a file of them (`stages.published`).
+- Adapted vs from scratch at equal total compute: each adapted run (its pretraining +
+  adaptation FLOPs) against the run from scratch on the same architecture and objective that
+  `study/run/after_pretraining.py` plans at the same FLOPs: validation loss on that objective and,
+  when both are finetuned, the zero-shot average after finetuning; differences paired by seed.
+- The stage runs with their lineage, as the registry holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from scalestudy.config.errors import ConfigError
+from scalestudy.config.yamlio import read_yaml
+from scalestudy.scaling.intervals import accuracy_difference, paired_difference
+from scalestudy.study.run import stages
+
+TABLE = "wang_table.md"
+
+
+def average(evals: dict | None, tasks: tuple[str, ...]) -> tuple[float, float] | None:
+    """(mean accuracy over `tasks`, half-width of its 95% interval), from per-task acc and n
+    (binomial errors of independent tasks); None when any task is missing."""
+    if not evals or not tasks:
+        return None
+    accs, var = [], 0.0
+    for t in tasks:
+        acc, n = evals.get(f"{t}/acc"), evals.get(f"{t}/n")
+        if acc is None or not n:
+            return None
+        accs.append(acc)
+        var += acc * (1 - acc) / n
+    return sum(accs) / len(accs), 1.96 * math.sqrt(var) / len(accs)
+
+
+def _examples(evals: dict | None, tasks: tuple[str, ...]) -> int:
+    return int(sum((evals or {}).get(f"{t}/n") or 0 for t in tasks))
+
+
+def _fmt(value: tuple[float, float] | None) -> str:
+    return "-" if value is None else f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
+
+
+_PUBLISHED_KEYS = {"source", "benchmarks", "cells", "adapted", "equal_tokens"}
+
+
+def read_published(path: str | Path) -> dict[str, Any]:
+    """A file of published numbers (`configs/studies/published/wang2022.yaml`): every score a
+    mapping of benchmark -> number plus `from` (the table it was typed from); ConfigError
+    naming the first entry that is not."""
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not set(data) <= _PUBLISHED_KEYS:
+        extra = sorted(set(data) - _PUBLISHED_KEYS) if isinstance(data, dict) else data
+        raise ConfigError(f"{path}: unknown keys {extra}; accepted: {sorted(_PUBLISHED_KEYS)}")
+    for section in ("cells", "adapted", "equal_tokens"):
+        for row, stages_ in (data.get(section) or {}).items():
+            for stage, score in (stages_ or {}).items():
+                where = f"{path}: {section}.{row}.{stage}"
+                if not isinstance(score, dict) or not isinstance(score.get("from"), str):
+                    raise ConfigError(f"{where} needs `from`: the table it was typed from")
+                bad = [k for k, v in score.items() if k != "from" and not _is_number(v)]
+                if bad or len(score) < 2:
+                    raise ConfigError(f"{where}: give benchmark: number pairs (e.g. eai: 44.2)")
+    return data
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _paper(entry: Any) -> str:
+    """A published number: a scalar, or {eai, t0} shown as `EAI / T0`."""
+    if isinstance(entry, dict):
+        return f"{entry.get('eai', '-')} / {entry.get('t0', '-')}"
+    return "-" if entry is None else str(entry)
+
+
+def _evals(out: Path, name: str) -> tuple[dict | None, dict | None]:
+    """(zero-shot scores of a finetuning's parent, of the finetuned run) from its directory."""
+    record = stages.read_lineage(out / "stages" / name) or {}
+    path = out / "stages" / name / "summary.json"
+    after = json.loads(path.read_text()).get("eval") if path.exists() else None
+    return record.get("eval_before"), after
+
+
+def table(planned: list, out: Path, published: dict | None = None) -> str:
+    """The Wang-layout table of a finished pipeline (markdown)."""
+    rows: dict[str, dict] = {}
+    for r in planned:
+        if r.stage != "finetune" or r.role == "scratch":
+            continue
+        before_evals, after_evals = _evals(out, r.name)
+        tasks = tuple(r.cfg.eval.tasks)
+        row = rows.setdefault(r.pretrained.dirname, {"cell": r.cell, "adapted": []})
+        before, ft = average(before_evals, tasks), average(after_evals, tasks)
+        if r.role == "adapted":
+            row["adapted"].append((r.via, before, ft))
+        else:
+            row |= {"pretrain": before, "finetune": ft, "tasks": tasks}
+    published = published or {}
+    cells, adapted_paper = published.get("cells", {}), published.get("adapted", {})
+    source = published.get("source", "")
+    lines = [
+        "| pretrained run | cell | pretrain | + finetune | adapted to | adapted | adapted + "
+        "finetune | paper pretrain | paper + finetune | paper adapted + finetune |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        paper = cells.get(row["cell"], {})
+        for via, before, ft in row["adapted"] or [("", None, None)]:
+            theirs = adapted_paper.get(f"{row['cell']} -> {via}", {}) if via else {}
+            lines.append(
+                f"| {name} | {row['cell']} | {_fmt(row.get('pretrain'))} | "
+                f"{_fmt(row.get('finetune'))} | {via or '-'} | {_fmt(before) if via else '-'} | "
+                f"{_fmt(ft) if via else '-'} | {_paper(paper.get('pretrain'))} | "
+                f"{_paper(paper.get('finetune'))} | {_paper(theirs.get('finetune'))} |"
+            )
+    tasks = next((r.get("tasks") for r in rows.values() if r.get("tasks")), ())
+    lines += [
+        "",
+        f"Zero-shot accuracy (%) averaged over {', '.join(tasks) or 'the held-out tasks'}; "
+        "± the half-width of a 95% binomial interval.",
+    ]
+    if source:
+        lines.append(
+            f"Paper columns: {source}, {published.get('benchmarks', 'EAI-Eval / T0-Eval')}; "
+            "their tasks and scale differ from these runs, so they are context, not a target."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def equal_compute(planned: list, out: Path, runs: dict[str, dict]) -> list[dict[str, Any]]:
+    """One record per (adaptation, seed): the adapted run's total FLOPs (its parent's and its
+    own, as measured; planned where not yet measured), the run from scratch's, their ratio,
+    both validation losses and both zero-shot averages after finetuning."""
+    by_name = {r.name: r for r in planned}
+    finetuned = {r.parent.name: r for r in planned if r.stage == "finetune"}
+    records = []
+    for s in planned:
+        if s.stage != "scratch" or s.matches not in by_name:
+            continue
+        a = by_name[s.matches]
+        row_a, row_s = runs.get(a.run_id, {}), runs.get(s.run_id, {})
+        row_p = runs.get(a.parent_run_id, {})
+        parent_flops = row_p.get("flops") or a.pretrained.planned_flops
+        adapted = parent_flops + (row_a.get("flops") or a.planned_flops)
+        scratch = row_s.get("flops") or s.planned_flops
+        rec = {
+            "key": (a.cell, a.via, a.pretrained.size),
+            "seed": a.pretrained.seed,
+            "adapted": a.name,
+            "scratch": s.name,
+            "adapted_flops": adapted,
+            "scratch_flops": scratch,
+            "ratio": scratch / adapted,
+            "loss_adapted": row_a.get("loss"),
+            "loss_scratch": row_s.get("loss"),
+        }
+        if a.name in finetuned and s.name in finetuned:
+            tasks = tuple(finetuned[a.name].cfg.eval.tasks)
+            _, ev_a = _evals(out, finetuned[a.name].name)
+            _, ev_s = _evals(out, finetuned[s.name].name)
+            acc_a, acc_s = average(ev_a, tasks), average(ev_s, tasks)
+            if acc_a and acc_s:
+                rec |= {"acc_adapted": acc_a[0], "acc_scratch": acc_s[0]}
+                rec["examples"] = min(_examples(ev_a, tasks), _examples(ev_s, tasks))
+        records.append(rec)
+    return records
+
+
+def equal_compute_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The comparison's markdown: one row per adaptation and size, paired over seeds."""
+    if not records:
+        return []
+    lines = [
+        "## Adapted vs from scratch at equal total compute",
+        "",
+        "Each adapted run (pretraining + adaptation FLOPs) against a run trained from scratch "
+        "on the adapted architecture and objective for the whole number of steps nearest the "
+        "same FLOPs. Δ = adapted − scratch, paired by seed (t interval over seeds; with one "
+        "seed the loss has no interval and the accuracy's is over examples only).",
+        "",
+        "| pretrained cell | adapted to | size | seeds | FLOPs scratch / adapted | val loss "
+        "adapted | val loss scratch | Δ loss | zero-shot + ft adapted | scratch | Δ acc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for rec in records:
+        groups.setdefault(rec["key"], []).append(rec)
+    for (cell, via, size), recs in groups.items():
+        ratios = ", ".join(f"{r['ratio']:.4f}" for r in recs)
+        loss = _paired(recs, "loss_adapted", "loss_scratch")
+        acc = "-"
+        with_acc = [r for r in recs if "acc_adapted" in r]
+        if with_acc:
+            a = {r["seed"]: r["acc_adapted"] for r in with_acc}
+            b = {r["seed"]: r["acc_scratch"] for r in with_acc}
+            got, _ = accuracy_difference(a, b, min(r["examples"] for r in with_acc))
+            acc = _interval(got, 100)
+        lines.append(
+            f"| {cell} | {via} | {size} | {len(recs)} | {ratios} | "
+            f"{_mean(recs, 'loss_adapted', '.3f')} | {_mean(recs, 'loss_scratch', '.3f')} | "
+            f"{loss} | {_mean(with_acc, 'acc_adapted', '.1%')} | "
+            f"{_mean(with_acc, 'acc_scratch', '.1%')} | {acc} |"
+        )
+    return [*lines, ""]
+
+
+def _mean(recs: list[dict], key: str, spec: str) -> str:
+    values = [r[key] for r in recs if r.get(key) is not None]
+    return format(sum(values) / len(values), spec) if values else "-"
+
+
+def _paired(recs: list[dict], a_key: str, b_key: str) -> str:
+    a = {r["seed"]: r[a_key] for r in recs if r.get(a_key) is not None}
+    b = {r["seed"]: r[b_key] for r in recs if r.get(b_key) is not None}
+    if not set(a) & set(b):
+        return "-"
+    got, _ = paired_difference(a, b)
+    if got.seeds == 1:
+        return f"{got.mean:+.3f} (one seed)"
+    return _interval(got, 1)
+
+
+def _interval(got: Any, scale: float) -> str:
+    return got.text(1 if scale == 100 else 3, scale)
+
+
+def lineage_lines(runs: dict[str, dict]) -> list[str]:
+    """The stage runs as the registry lists them, with their lineage."""
+    rows = [r for r in runs.values() if r.get("stage")]
+    if not rows:
+        return []
+    names = {r["run_id"]: r["name"] for r in runs.values()}
+    lines = [
+        "## Stage runs",
+        "",
+        "| run | id | stage | status | parent run | parent step | matches |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        parent = r.get("parent_run_id")
+        lines.append(
+            f"| {r['name']} | {r['run_id']} | {r['stage']} | {r['status']} | "
+            f"{names.get(parent, parent) or '-'} | {r.get('parent_step') or '-'} | "
+            f"{r.get('matches_run_id') or '-'} |"
+        )
+    return [*lines, ""]
+
+
+def render(planned: list, out: Path, runs: dict[str, dict], published: dict | None) -> str:
+    """The whole `wang_table.md`: the table, the equal-compute comparison, the stage runs."""
+    parts = [
+        table(planned, out, published),
+        *equal_compute_lines(equal_compute(planned, out, runs)),
+    ]
+    return "\n".join([parts[0], *parts[1:], *lineage_lines(runs)]).rstrip() + "\n"

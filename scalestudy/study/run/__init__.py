@@ -1,0 +1,1 @@
+"""A study running: the main job, executors, cluster, registry, lock, stages."""

@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation for a target topology, plan search, the roofline."""

@@ -1,0 +1,1 @@
+"""The run directory: layout, checkpoints, resume checks, summary, metrics, log."""

@@ -1,0 +1,1 @@
+"""A run's processes: distributed start-up and stop signals."""
