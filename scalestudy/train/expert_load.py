@@ -7,8 +7,7 @@ and K chosen per token, the busiest expert was chosen by `load_max * K / E` of t
 every token). A layer whose busiest expert is chosen by more than `COLLAPSE_SHARE` of the tokens
 in a logged row has collapsed: one `warning:` line names the layer, the step and the share, and
 the run's summary keeps it under "moe_load_warnings" (in the run's totals, so a resumed run
-neither repeats nor forgets it). Layers with K > E / 2 are not watched: there every expert
-already sees more than half the tokens when the load is balanced.
+neither repeats nor forgets it). Layers with K > E / 2 are not watched (`watched`).
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ def busiest_share(load_max: float, moe: MoEConfig) -> float:
 
 def watched(moe: MoEConfig) -> bool:
     """Whether the layers of `moe` can collapse visibly (K <= E / 2)."""
+    # Not with K > E / 2: there every expert already sees more than half the tokens when the
+    # load is balanced.
     return moe.enabled and 2 * moe.top_k <= moe.routed_experts
 
 

@@ -16,12 +16,8 @@ can resume in a group.
 
 Members whose checkpoints stand at different steps (a member's directory deleted, its newest
 checkpoint set aside as damaged) resume in their one group: the group starts from the
-earliest member's step, and a member ahead of it waits (its slot of the program is fed its
-own state and a validation batch, and what the step makes of them is discarded) until the
-group reaches its step, then joins. A member's step in the program depends on its own slot
-only, so a member that caught up computed exactly what it computed in the uninterrupted group
-(the same compiled program, the same slot): its losses equal that group's bit for bit, where
-training it alone would run another program (docs/faults.md).
+earliest member's step, and a member ahead of it waits until the group reaches its step, then
+joins; its losses then equal the uninterrupted group's bit for bit (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -172,6 +168,9 @@ class Group:
             m.start_from(*restored)
             if m.start >= self.stop:
                 m.summary = rundir.read_summary(m.workdir)
+        # The earliest member's step: a member ahead waits for it rather than training alone
+        # (another program). A member's step depends on its own slot only, so one that joins
+        # computes what it computed in the uninterrupted group (same program, same slot).
         start = min(m.start for m in self.members)
         seeds = [m.cfg.train.seed for m in self.members]
         if all(m.restored is None for m in self.members):
@@ -287,6 +286,7 @@ class Group:
         batches = []
         for m in self.members:
             if m.restored is not None or m.summary is not None:
+                # Any batch of the right shape: what the step makes of this slot is discarded.
                 batches.append([m.val_host[0]] * n)
                 continue
             own = []

@@ -142,7 +142,7 @@ def seeded(cfg: ExperimentConfig, k: int) -> list[ExperimentConfig]:
 
 # The most members one group may hold (`train --members`, a study's `members`): a group's
 # state and batches are K times a run's, and past a few members on a CPU the step costs
-# K times one run's anyway (README, Performance).
+# K times one run's anyway (docs/performance.md#members).
 MAX_MEMBERS = 64
 
 

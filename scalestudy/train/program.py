@@ -5,10 +5,7 @@ members' run directories is train/group.py.
 
 The step goes over the member axis in one of two ways (`mesh.member_program`, `program_kind`):
 under `jax.vmap`, every operation K members wide, or as a loop (`jax.lax.map`) running the
-members' steps one after another inside the one program. The loop is the default on CPU: there
-these small steps are memory-bound, and the vmapped step's K-wide arrays outgrow the cache
-(4 members of the main job's 63K-parameter decoder cost 4.6 runs' steps vmapped, 3.75 looped;
-one vmapped member 1.3, looped 1.0; docs/performance.md).
+members' steps one after another inside the one program.
 
 The member axis is whole on every device group by default (each member's rows split over the
 batch axes as a run's are). With `mesh.members: data` it is split over the data axis instead:
@@ -137,6 +134,10 @@ def program_kind(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, axis: str | Non
     chosen = cfg.mesh.member_program
     if chosen == "auto":
         on_cpu = mesh.devices.flat[0].platform == "cpu"
+        # Loop on CPU: small steps are memory-bound there and the vmapped step's K-wide arrays
+        # outgrow the cache, so a vmapped member costs more than a run's step, a looped one
+        # the same (docs/performance.md#members). Members split over a mesh axis need vmap
+        # (`member_map`: its spmd_axis_name).
         chosen = "loop" if on_cpu and axis is None else "vmap"
     return chosen
 

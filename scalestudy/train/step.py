@@ -7,10 +7,9 @@ microbatch)`. Gradients over `k` microbatches are accumulated inside the compile
 the mean over all loss-bearing tokens of the global batch, as with one big batch.
 
 With `train.steps_per_call: k > 1` the program also holds `multi_step`, which runs k train
-steps in one call (`lax.scan` of the same step over k stacked batches): a small model's step
-is short enough that the per-call costs (dispatch, argument handling, waking the thread pool)
-are a visible share of it. The scan body is the step itself, so losses and parameters equal
-those of k single calls (tests/train/test_steps_per_call.py).
+steps in one call (`lax.scan` of the same step over k stacked batches). The scan body is the
+step itself, so losses and parameters equal those of k single calls
+(tests/train/test_steps_per_call.py).
 
 `build_program(cfg, example_batch)` returns a `Program` of compiled functions for one
 (config, shapes, mesh); equal inputs in the same process reuse the compiled program.
@@ -245,9 +244,8 @@ def enable_compilation_cache() -> None:
 
 
 # glibc malloc settings for a CPU host (mallopt parameter numbers): keep freed memory instead of
-# handing it back to the kernel after every step, which then faults it in again page by page.
-# A smoke-study run (70K parameters, 300 steps): 5.6M -> 1.8M minor page faults, system
-# time 11.2 -> 4.0 s, wall time 34 -> 29 s (README, Training).
+# handing it back to the kernel after every step, which then faults it in again page by page
+# (fewer page faults and less system time per run: docs/performance.md, "Allocator").
 _MALLOPT = {
     "MALLOC_TRIM_THRESHOLD_": (-1, 1 << 30),
     "MALLOC_TOP_PAD_": (-2, 1 << 28),
@@ -384,6 +382,9 @@ def _jit_steps(
         donate_argnums=0,
     )
     multi_step = None
+    # k steps to a call: a small model's step is short enough that the per-call costs
+    # (dispatch, argument handling, waking the thread pool) are a visible share of it
+    # (docs/performance.md#small-models-on-cpu).
     if cfg.train.steps_per_call > 1:
         multi_step = jax.jit(
             make_multi_step(one_step),
