@@ -122,6 +122,8 @@ def verdict(
         f"Holm-adjusted p = {p_holm:.3g}"
     )
     said = verdicts.outcome(d, p_holm, None if lower is None else not lower)
+    if said == "borderline":
+        return f"{name} vs {ref}, {what}: borderline, not called ({span}; {verdicts.why_near()})."
     if said == "not distinguishable":
         if abs(d) > half:  # the interval is not adjusted for the family the p is
             span += "; the unadjusted interval excludes 0, the Holm-adjusted p does not reject"

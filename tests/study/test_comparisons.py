@@ -126,3 +126,40 @@ def test_a_cells_own_recipe_is_named_among_what_is_not_equal():
         "recipe: train.batch_size 32 vs 16",
     ]  # the shape (d_model) and the seed are not a recipe
     assert not any("recipe" in d for d in held_equal(b, b, 0.03)[1])
+
+
+def test_a_verdict_too_near_the_level_to_hold_across_hosts_is_borderline_not_called():
+    """Two builds of the smoke study moved one Holm-adjusted p from 0.0554 to 0.0434: at a
+    plain 0.05 line that is "not distinguishable" on one host and "ahead" on the other. Within
+    a factor 2 of the level both read "borderline" (not called); outside it nothing changes."""
+    from scalestudy.scaling.intervals import Interval
+    from scalestudy.study.report import verdicts
+    from scalestudy.study.report.comparisons import leader_lines
+
+    said = {p: verdicts.outcome(0.1, p, True) for p in (0.0554, 0.0434, 0.02, 0.11, 0.025, 0.1)}
+    assert said == {
+        0.0554: "borderline",
+        0.0434: "borderline",
+        0.02: "better",
+        0.11: "not distinguishable",
+        0.025: "borderline",
+        0.1: "not distinguishable",
+    }
+
+    def test(ref: str, p: float) -> dict:
+        iv = Interval(0.1, 0.01, 0.19, p, 3)
+        keys = ("cell", "reference", "metric", "interval", "p_holm", "shown", "held_equal")
+        return dict(zip(keys, ("a", ref, "acc", iv, p, iv, []), strict=True)) | {
+            "not_equal": [],
+            "unpaired": [],
+        }
+
+    for p in (0.0554, 0.0434):  # one host's p and the other's: the same words
+        found = {"leader": "a", "higher": True, "tests": [test("b", 0.001), test("c", p)]}
+        head = leader_lines(found)[0]
+        assert head == "no winner: a has the highest mean but is borderline against c (not called)."
+        row = verdicts._row("q", "acc", found, verdicts.LEVEL)
+        assert row.verdict.startswith("ahead of b; borderline against c (the Holm-adjusted p")
+        assert "not called" in verdicts.why(test("c", p))
+    clear = {"leader": "a", "higher": True, "tests": [test("b", 0.001), test("c", 0.01)]}
+    assert leader_lines(clear)[0].startswith("**a** is ahead of every other cell")

@@ -174,6 +174,9 @@ def method_lines(cmp: dict[str, Any]) -> list[str]:
         "what is held equal and what is not. With one run per cell there is no between-run "
         'interval and no winner, only which cell did better in this run. "Not '
         'distinguishable" is not "equal": the answer\'s detectable column gives the '
-        "smallest difference these runs could find.",
+        "smallest difference these runs could find. A test whose Holm-adjusted p is within a "
+        f"factor {verdicts.BORDERLINE:g} of 0.05 (from 0.025 to 0.1) is \"borderline\" and not "
+        "called either way: the same study on another host moved such p-values by up to 1.6x, "
+        "enough to cross 0.05 (docs/results-smoke.md, \"What is reproducible\").",
         "",
     ]

@@ -403,9 +403,12 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
     if not tests:
         return [f"no cell shares a seed with {best}, so nothing is compared."]
     tested = [t for t in tests if "p_holm" in t]
-    ahead = [
-        t for t in tested if t["p_holm"] < 1 - level and (t["interval"].mean > 0) == found["higher"]
-    ]
+    said = {
+        id(t): verdicts.outcome(t["interval"].mean, t["p_holm"], found["higher"], level)
+        for t in tested
+    }
+    ahead = [t for t in tested if said[id(t)] == "better"]
+    near = [t["reference"] for t in tested if said[id(t)] == "borderline"]
     if not tested:
         head = (
             f"one seed: {best} had the {more} in this run; with no between-run interval no "
@@ -414,10 +417,13 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
     elif len(ahead) == len(tests):
         head = f"**{best}** is ahead of every other cell (Holm-adjusted p < {1 - level:.2g})."
     else:
-        behind = [t["reference"] for t in tests if t not in ahead]
+        behind = [t["reference"] for t in tests if t not in ahead and t["reference"] not in near]
+        against = [f"is not distinguishable from {', '.join(behind)}"] if behind else []
+        if near:  # verdicts.borderline: too near the level to hold across hosts
+            against.append(f"is borderline against {', '.join(near)} (not called)")
         head = (
             f"no winner: {best} has the {'highest' if found['higher'] else 'lowest'} mean but "
-            f"is not distinguishable from {', '.join(behind)}."
+            f"{' and '.join(against)}."
         )
     out = [head]
     if found.get("left_out"):
