@@ -43,6 +43,7 @@ from scipy import stats as sps
 
 from scalestudy.decoder_only import stats
 from scalestudy.scaling import intervals
+from scalestudy.scaling import render as md
 
 # exponents profiled for the asymptote; below 0.5 a fit over budgets 8x apart extrapolates a
 # noisy curve far beyond the data
@@ -213,11 +214,11 @@ def render(results: dict[str, Any]) -> str:
         lines += [
             f"## {name}",
             "",
-            "| budget (steps) | gap, 95% interval | n seeds |",
-            "|---|---|---|",
+            *md.table(
+                ["budget (steps)", "gap, 95% interval", "n seeds"],
+                [[b, _interval(s), s["n"]] for b, s in zip(r["budgets"], r["by_budget"])],
+            ),
         ]
-        for b, s in zip(r["budgets"], r["by_budget"]):
-            lines.append(f"| {b} | {_interval(s)} | {s['n']} |")
         alpha = (
             f"power law, alpha {r['alpha']:.2f}"
             if r["alpha"] is not None
@@ -253,9 +254,8 @@ def _loss_table(rows: list[dict]) -> list[str]:
     lines = [
         "## Validation loss by budget (mean over seeds ± 95%)",
         "",
-        "| group | " + " | ".join(str(b) for b in budgets) + " |",
-        "|---|" + "---|" * len(budgets),
     ]
+    body = []
     for arch, variant in groups:
         cells = []
         for b in budgets:
@@ -267,7 +267,8 @@ def _loss_table(rows: list[dict]) -> list[str]:
             s = t_summary(xs)
             half = f" ± {(s['high'] - s['mean']):.3f}" if s["low"] is not None else ""
             cells.append(f"{s['mean']:.3f}{half}")
-        lines.append(f"| {arch} / {variant} | " + " | ".join(cells) + " |")
+        body.append([f"{arch} / {variant}", *cells])
+    lines += md.table(["group", *budgets], body)
     for key, what in (
         ("floor", "Task loss floor (`order_floor.py`) on the scored batches"),
         ("bag_floor", "Bag floor (the least loss of a model reading its prefix as a multiset)"),

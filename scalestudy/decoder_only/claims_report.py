@@ -10,6 +10,7 @@ from typing import Any
 from scalestudy.decoder_only import stats
 from scalestudy.decoder_only.rank_report import figure_lines as _figures
 from scalestudy.decoder_only.rank_report import rank_section, rank_tests
+from scalestudy.scaling import render as md
 from scalestudy.study.plan.spec import StudySpec
 
 
@@ -38,31 +39,24 @@ def inference_section(results: dict, figures: dict) -> list[str]:
         "(compilation excluded). FLOPs (`models/counting.py`) twice: what the turn needs (keys "
         "written so far) and what the program runs (every slot of its cache buffer).",
         "",
-        "| turn | history tokens | "
-        + " | ".join(f"{s}: TTFT fastest / median / slowest" for s in series)
-        + " |",
-        "|---|---|" + "---|" * len(series),
     ]
+    ttft, flops = [], []
     for k in turns:
         cells = [
             f"{by[s, k]['ttft_s'] * 1e3:.1f} / {by[s, k]['ttft_median_s'] * 1e3:.1f}"
             f" / {by[s, k]['ttft_max_s'] * 1e3:.1f}"
             for s in series
         ]
-        lines.append(f"| {k} | {by[series[0], k]['history_tokens']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| turn | "
-        + " | ".join(f"{s}: GFLOPs to first token, needed / run" for s in series)
-        + " |",
-        "|---|" + "---|" * len(series),
-    ]
-    for k in turns:
+        ttft.append([k, by[series[0], k]["history_tokens"], *cells])
         cells = [
             f"{by[s, k]['flops_first'] / 1e9:.3f} / {by[s, k]['flops_first_run'] / 1e9:.3f}"
             for s in series
         ]
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+        flops.append([k, *cells])
+    head = ["turn", "history tokens", *(f"{s}: TTFT fastest / median / slowest" for s in series)]
+    lines += md.table(head, ttft)
+    head = ["turn", *(f"{s}: GFLOPs to first token, needed / run" for s in series)]
+    lines += ["", *md.table(head, flops)]
     lines += ["", *_figures(figures, "inference")]
     lines += _inference_verdict(by, series, turns)
     return lines
@@ -95,16 +89,21 @@ def comparison_section(number: int, c: dict, figures: dict, verdicts: list[str])
     lines = [f"## {number}. {c['title']}", "", c["question"].strip(), ""]
     if c["missing"]:
         lines += [f"No finished runs for {', '.join(c['missing'])}.", ""]
-    lines += [
-        "| group | seeds | N total | steps | training FLOPs | val loss ± 95% | probe acc ± 95% |",
-        "|---|---|---|---|---|---|---|",
+    head = ["group", "seeds", "N total", "steps", "training FLOPs", "val loss ± 95%"]
+    head.append("probe acc ± 95%")
+    rows = [
+        [
+            g["label"],
+            g["seeds"],
+            f"{g['params_total']:.3g}",
+            g["steps"],
+            f"{g['flops']:.3g}",
+            _pm(g["loss"]),
+            _pm(g["acc"], ".3f"),
+        ]
+        for g in c["groups"]
     ]
-    for g in c["groups"]:
-        lines.append(
-            f"| {g['label']} | {g['seeds']} | {g['params_total']:.3g} | {g['steps']} "
-            f"| {g['flops']:.3g} | {_pm(g['loss'])} | {_pm(g['acc'], '.3f')} |"
-        )
-    lines.append("")
+    lines += [*md.table(head, rows), ""]
     for h in c.get("held", []):
         line = f"- {h['group']} against {h['reference']}: changes {', '.join(h['changed'])}"
         line += f"; held equal: {', '.join(h['same']) or 'nothing counted'}"

@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 
 from scalestudy.decoder_only import attention_rank, stats
+from scalestudy.scaling import render
 
 FLOAT32_TOLERANCE = "rtol = n x float32 eps (n the block size; NumPy's matrix_rank rule)"
 
@@ -138,11 +139,9 @@ def deficit_table(rank: dict[str, list[dict]]) -> list[str]:
     by: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by[r["group"]].append(r)
-    out = [
-        "| block | vs | d_kv / n | entropy (nats) | reference entropy | deficit, measured "
-        "| random QK at these entropies | excess | seeds |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["block", "vs", "d_kv / n", "entropy (nats)", "reference entropy"]
+    head += ["deficit, measured", "random QK at these entropies", "excess", "seeds"]
+    out = []
 
     def fmt(xs: list, spec: str = "+.3f") -> str:
         xs = [x for x in xs if x is not None]
@@ -150,13 +149,19 @@ def deficit_table(rank: dict[str, list[dict]]) -> list[str]:
 
     for group, rs in by.items():
         out.append(
-            f"| {group} | {rs[0]['ref']} | {rs[0]['d_kv']} / {rs[0]['n']} "
-            f"| {fmt([r['entropy'] for r in rs], '.2f')} "
-            f"| {fmt([r['ref_entropy'] for r in rs], '.2f')} "
-            f"| {_t_cell([r['measured'] for r in rs])} | {fmt([r['baseline'] for r in rs])} "
-            f"| {_t_cell([r['excess'] for r in rs if r['excess'] is not None])} | {len(rs)} |"
+            [
+                group,
+                rs[0]["ref"],
+                f"{rs[0]['d_kv']} / {rs[0]['n']}",
+                fmt([r["entropy"] for r in rs], ".2f"),
+                fmt([r["ref_entropy"] for r in rs], ".2f"),
+                _t_cell([r["measured"] for r in rs]),
+                fmt([r["baseline"] for r in rs]),
+                _t_cell([r["excess"] for r in rs if r["excess"] is not None]),
+                len(rs),
+            ]
         )
-    return out
+    return render.table(head, out)
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -219,12 +224,9 @@ def _rank_intro(number: int) -> list[str]:
 def _final_rank_table(rank: dict[str, list[dict]]) -> list[str]:
     """Per group, region and layer: the rank measures at each seed's last step."""
     tol_cols = [f"full@{k}" for k in attention_rank.TOLERANCES]
-    lines = [
-        "| group | region | kind | d_kv / n | layer | seeds | exact | full | "
-        + " | ".join(tol_cols)
-        + " | eff. rank / n | stable rank / n | entropy | log10 cond | states |",
-        "|---|---|---|---|---|---|---|---|" + "---|" * len(tol_cols) + "---|---|---|---|---|",
-    ]
+    head = ["group", "region", "kind", "d_kv / n", "layer", "seeds", "exact", "full", *tol_cols]
+    head += ["eff. rank / n", "stable rank / n", "entropy", "log10 cond", "states"]
+    lines = []
     for group, rows in rank.items():
         for region in sorted({r["region"] for r in rows}):
             mine = [r for r in rows if r["region"] == region]
@@ -236,16 +238,24 @@ def _final_rank_table(rank: dict[str, list[dict]]) -> list[str]:
                 at = [r for r in final if r["layer"] == layer]
                 mean = functools.partial(_mean, at)
                 lines.append(
-                    f"| {group} | {region} | {_kind(group, region)} "
-                    f"| {at[0]['head_dim']} / {mean('length'):.0f} | {layer} | {len(at)} "
-                    f"| {mean('exact_full'):.3f} | {mean('full'):.3f} | "
-                    + " | ".join(f"{mean(c):.3f}" for c in tol_cols)
-                    + f" | {_t_cell([r['eff_rank_rel'] for r in at])} "
-                    f"| {_t_cell([r['stable_rank_rel'] for r in at])} "
-                    f"| {_entropy(at)} "
-                    f"| {mean('log10_cond'):.1f} | {mean('hidden_eff_rank_rel'):.3f} |"
+                    [
+                        group,
+                        region,
+                        _kind(group, region),
+                        f"{at[0]['head_dim']} / {mean('length'):.0f}",
+                        layer,
+                        len(at),
+                        f"{mean('exact_full'):.3f}",
+                        f"{mean('full'):.3f}",
+                        *(f"{mean(c):.3f}" for c in tol_cols),
+                        _t_cell([r["eff_rank_rel"] for r in at]),
+                        _t_cell([r["stable_rank_rel"] for r in at]),
+                        _entropy(at),
+                        f"{mean('log10_cond'):.1f}",
+                        f"{mean('hidden_eff_rank_rel'):.3f}",
+                    ]
                 )
-    return lines
+    return render.table(head, lines)
 
 
 def _rank_over_training(rank: dict[str, list[dict]]) -> list[str]:
@@ -254,20 +264,29 @@ def _rank_over_training(rank: dict[str, list[dict]]) -> list[str]:
         "",
         "Over training (means over layers and seeds):",
         "",
-        "| group | region | step | exact | full | eff. rank / n | stable rank / n | entropy |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    head = ["group", "region", "step", "exact", "full", "eff. rank / n", "stable rank / n"]
+    head.append("entropy")
+    body = []
     for group, rows in rank.items():
         by: dict[tuple, list[dict]] = defaultdict(list)
         for r in rows:
             by[r["region"], r["step"]].append(r)
         for (region, step), at in sorted(by.items()):
             mean = functools.partial(_mean, at)
-            lines.append(
-                f"| {group} | {region} | {step} | {mean('exact_full'):.3f} | {mean('full'):.3f} "
-                f"| {mean('eff_rank_rel'):.3f} | {mean('stable_rank_rel'):.3f} | {_entropy(at)} |"
+            body.append(
+                [
+                    group,
+                    region,
+                    step,
+                    f"{mean('exact_full'):.3f}",
+                    f"{mean('full'):.3f}",
+                    f"{mean('eff_rank_rel'):.3f}",
+                    f"{mean('stable_rank_rel'):.3f}",
+                    _entropy(at),
+                ]
             )
-    return lines
+    return lines + render.table(head, body)
 
 
 def _rank_verdict(rank: dict[str, list[dict]], verdicts: list[str]) -> list[str]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling import figstyle as fs
+from scalestudy.scaling import render
 from scalestudy.scaling.intervals import span
 from scalestudy.scaling.table_input import cell_label
 
@@ -248,16 +249,19 @@ TREND_TEXT = (
 )
 
 
-def trend_row(cell: str, t: dict[str, Any], digits: int = 2) -> str:
-    """One row of a trend table: `| cell | runs (sizes) | examples | slope [95%] | p | p |`."""
+def trend_head(what: str) -> list[str]:
+    """The head of a trend table whose third column counts `what` (examples, pairs)."""
+    return ["cell", "runs (sizes)", what, "slope per decade [95%]", "p", "per-example p"]
+
+
+def trend_cells(cell: str, t: dict[str, Any], digits: int = 2) -> list[str]:
+    """The cells of one row of a trend table: cell, runs (sizes), examples, slope [95%], p,
+    per-example p."""
     f, e = t["fit"], t["per_example"]
-    fit = (
-        f"{span(f['slope'], f['lo'], f['hi'], digits)} | {f['p']:.2g}"
-        if f
-        else "- (fewer than 3 runs) | -"
-    )
+    fit = [span(f["slope"], f["lo"], f["hi"], digits), f"{f['p']:.2g}"] if f else []
+    fit = fit or ["- (fewer than 3 runs)", "-"]
     each = f"{e['p']:.2g}" if e else "-"
-    return f"| {cell} | {t['runs']} ({t['sizes']}) | {t['examples']} | {fit} | {each} |"
+    return [cell, f"{t['runs']} ({t['sizes']})", str(t["examples"]), *fit, each]
 
 
 def fig_task_accuracy(scores: list[TaskScore], x_key: str = "flops"):
@@ -336,26 +340,26 @@ def report_section(runs: list[dict[str, Any]], out: Path) -> str:
         + ", ".join(f"{t} {c:.2f}" for t, c in chance.items() if c is not None)
         + ".",
         "",
-        "| cell | size | " + " | ".join(tasks) + " |",
-        "|---|---|" + "---|" * len(tasks),
     ]
+    rows = []
     for (cell, _, size), row in sorted(by_run.items()):
         cols = []
         for t in tasks:
             s = row.get(t)
             lo, hi = wilson(s.correct, s.n) if s else (0, 0)
             cols.append(f"{s.acc:.3f} [{lo:.2f}, {hi:.2f}]" if s else "-")
-        lines.append(f"| {cell} | {size} | " + " | ".join(cols) + " |")
+        rows.append([cell, size, *cols])
+    trend = [trend_cells(cell, t) for cell, t in accuracy_trend(scores).items()]
     lines += [
+        *render.table(["cell", "size", *tasks], rows),
         "",
         TREND_TEXT,
         "",
-        "| cell | runs (sizes) | examples | slope per decade [95%] | p | per-example p |",
-        "|---|---|---|---|---|---|",
+        *render.table(trend_head("examples"), trend),
+        "",
+        "![zero_shot_tasks](figures/zero_shot_tasks.png)",
+        "",
     ]
-    for cell, t in accuracy_trend(scores).items():
-        lines.append(trend_row(cell, t))
-    lines += ["", "![zero_shot_tasks](figures/zero_shot_tasks.png)", ""]
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
+from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label, has_experts
 from scalestudy.study.report import comparisons, incontext, verdicts
 
@@ -108,13 +109,13 @@ def _leaders(
 
 
 def score_table(found: dict[str, Any], what: str) -> list[str]:
-    lines = [f"| cell | {what} | 95% interval over runs (unadjusted) | n |", "|---|---|---|---|"]
+    rows = []
     for cell, iv in found["scores"].items():
         n = f"{iv.seeds} seed{'s' if iv.seeds != 1 else ''}"
         n += f" x {iv.examples} examples" if iv.examples else ""
         span = f"[{iv.low:.3f}, {iv.high:.3f}]" if iv.seeds > 1 else "none (one run)"
-        lines.append(f"| {cell} | {iv.mean:.3f} | {span} | {n} |")
-    return lines
+        rows.append([cell, f"{iv.mean:.3f}", span, n])
+    return render.table(["cell", what, "95% interval over runs (unadjusted)", "n"], rows)
 
 
 def verdict_section(cmp: dict[str, Any], n_what: str) -> list[str]:
@@ -175,8 +176,8 @@ def method_lines(cmp: dict[str, Any]) -> list[str]:
         'interval and no winner, only which cell did better in this run. "Not '
         'distinguishable" is not "equal": the answer\'s detectable column gives the '
         "smallest difference these runs could find. A test whose Holm-adjusted p is within a "
-        f"factor {verdicts.BORDERLINE:g} of 0.05 (from 0.025 to 0.1) is \"borderline\" and not "
+        f'factor {verdicts.BORDERLINE:g} of 0.05 (from 0.025 to 0.1) is "borderline" and not '
         "called either way: the same study on another host moved such p-values by up to 1.6x, "
-        "enough to cross 0.05 (docs/results-smoke.md, \"What is reproducible\").",
+        'enough to cross 0.05 (docs/results-smoke.md, "What is reproducible").',
         "",
     ]

@@ -16,12 +16,14 @@ from typing import Any
 
 from scalestudy.config.errors import ScalestudyError
 from scalestudy.evaluate import blimp
+from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label
 from scalestudy.scaling.zeroshot_plots import (
     TREND_TEXT,
     TaskScore,
     accuracy_trend,
-    trend_row,
+    trend_cells,
+    trend_head,
     wilson,
 )
 
@@ -69,21 +71,24 @@ def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
         "0.5. Brackets: Wilson 95% intervals over the run's scored pairs (one run: not a "
         "between-seed interval).",
         "",
-        "| cell | size | seed | N non-emb | pairs | overall [95%] | " + " | ".join(fields) + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(fields),
     ]
+    rows = []
     for r in scored:
         acc, n = float(r[f"eval/{TASK}/acc"]), int(r[f"eval/{TASK}/n"])
         lo, hi = wilson(acc * n, n)
         per_field = [r.get(f"eval/{TASK}/field/{f}/acc") for f in fields]
-        lines.append(
-            f"| {cell_label(r)} | {r.get('size', '')} | {r.get('seed', '')} | "
-            f"{_params(r):.3g} | {n} | "
-            f"{acc:.3f} [{lo:.3f}, {hi:.3f}] | "
-            + " | ".join("-" if a is None else f"{a:.3f}" for a in per_field)
-            + " |"
+        rows.append(
+            [cell_label(r), r.get("size", ""), r.get("seed", ""), f"{_params(r):.3g}", n]
+            + [f"{acc:.3f} [{lo:.3f}, {hi:.3f}]"]
+            + ["-" if a is None else f"{a:.3f}" for a in per_field]
         )
-    lines += ["", *_trend_lines(scored), *_reference_lines(scored, reference)]
+    head = ["cell", "size", "seed", "N non-emb", "pairs", "overall [95%]", *fields]
+    lines += [
+        *render.table(head, rows),
+        "",
+        *_trend_lines(scored),
+        *_reference_lines(scored, reference),
+    ]
     return lines
 
 
@@ -109,11 +114,8 @@ def _trend_lines(scored: list[dict[str, Any]]) -> list[str]:
     lines = [
         "BLiMP pairs only. " + TREND_TEXT,
         "",
-        "| cell | runs (sizes) | pairs | slope per decade [95%] | p | per-example p |",
-        "|---|---|---|---|---|---|",
+        *render.table(trend_head("pairs"), [trend_cells(c, t, digits=3) for c, t in trend.items()]),
     ]
-    for cell, t in trend.items():
-        lines.append(trend_row(cell, t, digits=3))
     return [*lines, ""]
 
 
@@ -139,18 +141,14 @@ def _reference_lines(scored: list[dict[str, Any]], reference: Path | None) -> li
         "Transformer-XL and GPT-2, trained on far more text) beside the largest run of each "
         "cell, per linguistics term and overall (each a mean over its paradigms).",
         "",
-        "| term | "
-        + " | ".join(f"{c} {r.get('size', '')}" for c, r, _ in tables)
-        + " | "
-        + " | ".join(models)
-        + " |",
-        "|---|" + "---|" * (len(tables) + len(models)),
     ]
+    head = ["term", *(f"{c} {r.get('size', '')}" for c, r, _ in tables), *models]
+    rows = []
     ours_by = [{(row["level"], row["name"]): row["ours"] for row in t[2]} for t in tables]
     for row in tables[0][2]:
         key = (row["level"], row["name"])
-        ours = " | ".join("-" if key not in o else f"{o[key]:.3f}" for o in ours_by)
-        theirs = " | ".join(f"{row[m]:.3f}" for m in models)
+        ours = ["-" if key not in o else f"{o[key]:.3f}" for o in ours_by]
+        theirs = [f"{row[m]:.3f}" for m in models]
         name = f"**{row['name']}**" if row["level"] == "overall" else row["name"]
-        lines.append(f"| {name} | {ours} | {theirs} |")
-    return [*lines, ""]
+        rows.append([name, *ours, *theirs])
+    return [*lines, *render.table(head, rows), ""]

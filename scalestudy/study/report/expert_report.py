@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.config.errors import ScalestudyError
+from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label, has_experts
-from scalestudy.study.report import verdicts
 
 
 def measured(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,7 +99,7 @@ def section(runs: list[dict[str, Any]], out: Path) -> list[str]:
         "bits). Each picture: the experts' shares per domain, the tokens each expert prefers, "
         "the experts chosen for given tokens, and the load over training.",
         "",
-        *verdicts.table(head, rows),
+        *render.table(head, rows),
         "",
         *failed,
         *([""] if failed else []),

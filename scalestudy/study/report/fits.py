@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from scalestudy.config.errors import not_found
+from scalestudy.scaling import render
 from scalestudy.scaling.fit_plots import make_all_plots
 from scalestudy.scaling.fit_text import write_json
 from scalestudy.scaling.forms import FORM_LAWS, get_form
@@ -176,11 +177,9 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
     return fits, make_all_plots(table, fits, Path(out) / "figures")
 
 
-def fmt(x: Any, spec: str = ".3g") -> str:
-    """A number for a report ('-' when missing or not finite)."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return format(x, spec)
+def fmt(x: Any) -> str:
+    """A number for a report in 3 significant digits ('-' when missing or not finite)."""
+    return render.num(x, ".3g")
 
 
 def fits_lines(fits: dict[str, Any]) -> list[str]:
@@ -195,25 +194,24 @@ def fits_lines(fits: dict[str, Any]) -> list[str]:
         f"C = {data.get('C')}); {ci:.0%} intervals from "
         f"{fits.get('settings', {}).get('bootstrap')} bootstrap resamples of runs.",
         "",
-        "| cell | law | formula | parameters |",
-        "|---|---|---|---|",
     ]
+    rows: list[list[Any]] = []
     for cell, v in fits["cells"].items():
         for law, fit in v.get("fits", {}).items():
             if "skipped" in fit:
-                lines.append(f"| {cell} | {law} | skipped: {fit['skipped']} | |")
+                rows.append([cell, law, f"skipped: {fit['skipped']}", render.BLANK])
                 continue
             params = []
             for name, p in fit.get("params", {}).items():
-                iv = p.get("ci")
-                span = f" [{fmt(iv[0])}, {fmt(iv[1])}]" if iv else ""
+                span = render.bracket(p.get("ci"), fmt)
                 params.append(f"{name} = {fmt(p.get('value'))}{span}")
             formula = str(fit.get("formula", "")).replace("|", "/")
             if fit.get("points_used"):
                 formula += f" (points: {fit['points_used']})"
             flags = [str(f).replace("|", "/") for f in fit.get("flags", [])]
             warn = f" **flagged**: {' / '.join(flags)}" if flags else ""
-            lines.append(f"| {cell} | {law} | {formula} | {'; '.join(params)}{warn} |")
+            rows.append([cell, law, formula, f"{'; '.join(params)}{warn}"])
+    lines += render.table(["cell", "law", "formula", "parameters"], rows)
     along = sorted(
         {
             fit["along"].split(":")[0]

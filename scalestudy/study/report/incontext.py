@@ -18,7 +18,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from scalestudy.study.report import comparisons, verdicts
+from scalestudy.scaling import render
+from scalestudy.study.report import comparisons
 
 _SHOTS = re.compile(r"^eval/(?P<task>.+)\.(?P<k>\d+)shot/acc$")
 
@@ -106,7 +107,7 @@ def curve_table(runs: list[dict[str, Any]], task: str) -> list[str]:
         [cell, size, *(_mean(by_k.get(k, [])) for k in shots), str(len(by_k.get(0, [])))]
         for (cell, size), by_k in sorted(rows.items())
     ]
-    return verdicts.table(["cell", "size", *(f"K={k}" for k in shots), "runs"], body)
+    return render.table(["cell", "size", *(f"K={k}" for k in shots), "runs"], body)
 
 
 def shots_lines(runs: list[dict[str, Any]], task: str) -> list[str]:
@@ -133,7 +134,7 @@ def shots_lines(runs: list[dict[str, Any]], task: str) -> list[str]:
         for (cell, size), by_k in sorted(rows.items())
     ]
     head = "Demonstrations really shown (mean per example) where some prompts held fewer than K:"
-    return [head, "", *verdicts.table(["cell", "size", *(f"K={k}" for k in short)], body), ""]
+    return [head, "", *render.table(["cell", "size", *(f"K={k}" for k in short)], body), ""]
 
 
 def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]]) -> list[str]:

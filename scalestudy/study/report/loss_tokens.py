@@ -14,6 +14,7 @@ from typing import Any
 from scalestudy.config.errors import ScalestudyError
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.config.yamlio import parse_yaml, validate
+from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label
 from scalestudy.study.run.registry import Registry
 
@@ -66,19 +67,18 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
         "batches of the cell), in total (all its runs), and as a share of the positions "
         "processed.",
         "",
-        "| cell | per example | total | share of positions |",
-        "|---|---|---|---|",
     ]
+    rows = []
     measured = {c: v for c, v in per_example.items() if not isinstance(v, str)}
     for cell in cells:
         mine = [r for r in runs if cell_label(r) == cell]
         total = sum(r.get("tokens") or 0.0 for r in mine)
         positions = sum(r.get("positions") or 0.0 for r in mine)
-        out.append(
-            f"| {cell} | {_fmt(measured.get(cell), '.1f')} | {_fmt(total or None, '.4g')} "
-            f"| {_fmt(total / positions if positions else None, '.3f')} |"
+        share = total / positions if positions else None
+        rows.append(
+            [cell, _fmt(measured.get(cell), ".1f"), _fmt(total or None, ".4g"), _fmt(share, ".3f")]
         )
-    out.append("")
+    out += [*render.table(["cell", "per example", "total", "share of positions"], rows), ""]
     notes = [
         f"{cell}: not measured ({v})." for cell, v in per_example.items() if isinstance(v, str)
     ]

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label
 
 CHOICE = "choice.json"  # in OUT/lr_search/, written by lr_search.run
@@ -148,8 +149,6 @@ def section(out: Path, runs: list[dict[str, Any]]) -> list[str]:
     rates = sorted({r for rec in records for r in rec["rates"]})
     spread = _spread(runs)
     rows = [_row(rec, rates, spread.get((_cell(rec), rec["point"][3]))) for rec in records]
-    from scalestudy.study.report.verdicts import table
-
     head = ["cell", "size", *(f"lr {r:g}" for r in rates), "chosen (peak)", "margin", "added"]
     head.append("sens.")
     lines = [
@@ -157,7 +156,7 @@ def section(out: Path, runs: list[dict[str, Any]]) -> list[str]:
         "",
         _intro(records),
         "",
-        *table(head, rows),
+        *render.table(head, rows),
         "",
     ]
     edges = [rec for rec in records if rec["edge"]]

@@ -19,6 +19,7 @@ from scipy.stats import t as student_t
 
 from scalestudy.config.errors import ScalestudyError
 from scalestudy.evaluate.fewshot import in_context_tasks
+from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label
 from scalestudy.study.plan.spec import StudySpec
 from scalestudy.study.report import (
@@ -31,7 +32,6 @@ from scalestudy.study.report import (
 )
 from scalestudy.study.report import loss_tokens as loss_token_report
 from scalestudy.study.report.fits import fit_study, fits_lines
-from scalestudy.study.report.fits import fmt as _fmt
 from scalestudy.study.report.host import host_line
 from scalestudy.study.run.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.run.study_progress import phase
@@ -175,11 +175,9 @@ def _flagged_laws_line(fits: dict[str, Any]) -> list[str]:
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
-    head = (
-        "| cell | size | d_model | layers | N total | N non-emb | steps | tokens | FLOPs "
-        "| val loss | probe acc | status |"
-    )
-    lines = [head, "|" + "---|" * 12]
+    head = ["cell", "size", "d_model", "layers", "N total", "N non-emb", "steps", "tokens"]
+    head += ["FLOPs", "val loss", "probe acc", "status"]
+    rows = []
     for r in sorted(
         runs, key=lambda r: (r["size_index"], r["arch"], r["objective"], r.get("seed") or 0)
     ):
@@ -187,14 +185,23 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
         if r.get("n_encoder_layers"):
             depth = f"{r.get('n_encoder_layers')}+{r.get('n_layers')}"
         acc = probe_accuracy(r)
-        lines.append(
-            f"| {cell_label(r)} | {r.get('size')} | {r.get('d_model')} | {depth} "
-            f"| {_fmt(r.get('params_total'))} "
-            f"| {_fmt(r.get('params_non_embedding'))} | {r.get('steps')} | {_fmt(r.get('tokens'))} "
-            f"| {_fmt(r.get('flops'), '.2e')} | {_fmt(r.get('loss'), '.4f')} "
-            f"| {_fmt(acc[0] if acc else None, '.3f')} | {r.get('status')} |"
+        rows.append(
+            [
+                cell_label(r),
+                r.get("size"),
+                r.get("d_model"),
+                depth,
+                render.num(r.get("params_total"), ".3g"),
+                render.num(r.get("params_non_embedding"), ".3g"),
+                r.get("steps"),
+                render.num(r.get("tokens"), ".3g"),
+                render.num(r.get("flops"), ".2e"),
+                render.num(r.get("loss"), ".4f"),
+                render.num(acc[0] if acc else None, ".3f"),
+                r.get("status"),
+            ]
         )
-    return lines
+    return render.table(head, rows)
 
 
 def render_markdown(

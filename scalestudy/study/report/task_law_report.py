@@ -7,11 +7,11 @@ and how its report reads.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 from scalestudy.evaluate.fewshot import in_context_results
+from scalestudy.scaling import render
 from scalestudy.scaling.table import RunTable, ScalingDataError
 from scalestudy.scaling.task_law import fit_task_laws, task_names
 
@@ -54,19 +54,17 @@ def study_task_laws(table: RunTable, settings: Any) -> dict[str, Any]:
         return {"skipped": str(e)}
 
 
-def _num(x: Any, spec: str = ".3f") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return format(x, spec)
+def _f3(x: Any) -> str:
+    return render.num(x, ".3f")
 
 
-def _iv(ci: Any, spec: str = ".3f") -> str:
-    return f" [{_num(ci[0], spec)}, {_num(ci[1], spec)}]" if ci else ""
+def _g3(x: Any) -> str:
+    return render.num(x, ".3g")
 
 
 def _step(part: dict[str, Any]) -> str:
     params = "; ".join(
-        f"{k} = {_num(p['value'], '.3g')}{_iv(p.get('ci'), '.3g')}"
+        f"{k} = {_g3(p['value'])}{render.bracket(p.get('ci'), _g3)}"
         for k, p in part["params"].items()
     )
     flags = " / ".join(part["flags"])
@@ -74,7 +72,7 @@ def _step(part: dict[str, Any]) -> str:
     return text.replace("|", "/")
 
 
-def _backtest_rows(cells: dict[str, dict]) -> tuple[list[str], list[float], int]:
+def _backtest_rows(cells: dict[str, dict]) -> tuple[list[list[str]], list[float], int]:
     """Backtest table rows, the errors, and how many observed values fell inside the
     predicted interval."""
     rows, errors, inside = [], [], 0
@@ -88,11 +86,16 @@ def _backtest_rows(cells: dict[str, dict]) -> tuple[list[str], list[float], int]
             covered = ci is not None and ci[0] <= 0.0 <= ci[1]
             inside += covered
             rows.append(
-                f"| {cell} | {task} | {bt['N']:.3g} | {_num(bt['observed'])}"
-                f"{_iv(bt.get('observed_ci'))} | {_num(bt['predicted'])}"
-                f"{_iv(bt['predicted_ci'])} | {bt['error']:+.3f}{_iv(ci)}"
-                f"{'' if bt.get('run_df') else ' (law only)'} | "
-                f"{'yes' if covered else 'no'} |"
+                [
+                    cell,
+                    task,
+                    f"{bt['N']:.3g}",
+                    _f3(bt["observed"]) + render.bracket(bt.get("observed_ci"), _f3),
+                    _f3(bt["predicted"]) + render.bracket(bt["predicted_ci"], _f3),
+                    f"{bt['error']:+.3f}{render.bracket(ci, _f3)}"
+                    + ("" if bt.get("run_df") else " (law only)"),
+                    "yes" if covered else "no",
+                ]
             )
     return rows, errors, inside
 
@@ -150,13 +153,14 @@ def section(fits: dict[str, Any]) -> list[str]:
             "run-to-run variation (pooled over the fitted sizes trained more than once); "
             "'law only' marks a ladder with no repeated size, whose interval is too narrow.",
             "",
-            "| cell | task | held-out N | observed | predicted | error | 0 in interval |",
-            "|---|---|---|---|---|---|---|",
-            *rows,
+            *render.table(
+                ["cell", "task", "held-out N", "observed", "predicted", "error", "0 in interval"],
+                rows,
+            ),
             "",
         ]
     fitted = [
-        f"| {cell} | {task} | {_step(fit['task_loss'])} | {_step(fit['accuracy'])} |"
+        [cell, task, _step(fit["task_loss"]), _step(fit["accuracy"])]
         for cell, tasks in laws["cells"].items()
         for task, fit in tasks.items()
         if "skipped" not in fit
@@ -165,9 +169,7 @@ def section(fits: dict[str, Any]) -> list[str]:
         lines += [
             "**Fits** (all sizes):",
             "",
-            "| cell | task | task-loss law | accuracy from task loss |",
-            "|---|---|---|---|",
-            *fitted,
+            *render.table(["cell", "task", "task-loss law", "accuracy from task loss"], fitted),
             "",
         ]
     missing = _not_fitted(laws["cells"])

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from scalestudy.scaling import intervals
+from scalestudy.scaling import intervals, render
 from scalestudy.scaling.intervals import Interval
 
 LEVEL = 0.95
@@ -105,15 +105,6 @@ def cells(test: dict[str, Any], digits: int = 3) -> list[str]:
     p = f"{test['p_holm']:.2g}" if "p_holm" in test else "none"
     n = str(iv.seeds) + (" a side (Welch)" if iv.method == "welch" else "")
     return [iv.text(digits), p, n]
-
-
-def table(head: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table."""
-    return [
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
 
 
 @dataclass(frozen=True)
@@ -261,6 +252,6 @@ def answer(cmp: dict[str, Any], n_what: str, level: float = LEVEL) -> list[str]:
         "rungs: what the rungs read do not hold equal is named. Losses compare only cells of "
         "one objective; probe accuracy (zero-shot) compares every cell.",
         "",
-        *table(HEAD, [r.cells() for r in rows]),
+        *render.table(HEAD, [r.cells() for r in rows]),
         "",
     ]

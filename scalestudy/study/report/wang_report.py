@@ -20,6 +20,7 @@ from typing import Any
 
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.yamlio import read_yaml
+from scalestudy.scaling import render as md
 from scalestudy.scaling.intervals import accuracy_difference, paired_difference
 from scalestudy.study.run import stages
 
@@ -108,23 +109,30 @@ def table(planned: list, out: Path, published: dict | None = None) -> str:
     published = published or {}
     cells, adapted_paper = published.get("cells", {}), published.get("adapted", {})
     source = published.get("source", "")
-    lines = [
-        "| pretrained run | cell | pretrain | + finetune | adapted to | adapted | adapted + "
-        "finetune | paper pretrain | paper + finetune | paper adapted + finetune |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["pretrained run", "cell", "pretrain", "+ finetune", "adapted to", "adapted"]
+    head += ["adapted + finetune", "paper pretrain", "paper + finetune", "paper adapted + finetune"]
+    body = []
     for name, row in rows.items():
         paper = cells.get(row["cell"], {})
         for via, before, ft in row["adapted"] or [("", None, None)]:
             theirs = adapted_paper.get(f"{row['cell']} -> {via}", {}) if via else {}
-            lines.append(
-                f"| {name} | {row['cell']} | {_fmt(row.get('pretrain'))} | "
-                f"{_fmt(row.get('finetune'))} | {via or '-'} | {_fmt(before) if via else '-'} | "
-                f"{_fmt(ft) if via else '-'} | {_paper(paper.get('pretrain'))} | "
-                f"{_paper(paper.get('finetune'))} | {_paper(theirs.get('finetune'))} |"
+            body.append(
+                [
+                    name,
+                    row["cell"],
+                    _fmt(row.get("pretrain")),
+                    _fmt(row.get("finetune")),
+                    via or "-",
+                    _fmt(before) if via else "-",
+                    _fmt(ft) if via else "-",
+                    _paper(paper.get("pretrain")),
+                    _paper(paper.get("finetune")),
+                    _paper(theirs.get("finetune")),
+                ]
             )
     tasks = next((r.get("tasks") for r in rows.values() if r.get("tasks")), ())
-    lines += [
+    lines = [
+        *md.table(head, body),
         "",
         f"Zero-shot accuracy (%) averaged over {', '.join(tasks) or 'the held-out tasks'}; "
         "± the half-width of a 95% binomial interval.",
@@ -188,10 +196,11 @@ def equal_compute_lines(records: list[dict[str, Any]]) -> list[str]:
         "same FLOPs. Δ = adapted − scratch, paired by seed (t interval over seeds; with one "
         "seed the loss has no interval and the accuracy's is over examples only).",
         "",
-        "| pretrained cell | adapted to | size | seeds | FLOPs scratch / adapted | val loss "
-        "adapted | val loss scratch | Δ loss | zero-shot + ft adapted | scratch | Δ acc |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    head = ["pretrained cell", "adapted to", "size", "seeds", "FLOPs scratch / adapted"]
+    head += ["val loss adapted", "val loss scratch", "Δ loss", "zero-shot + ft adapted"]
+    head += ["scratch", "Δ acc"]
+    body = []
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         groups.setdefault(rec["key"], []).append(rec)
@@ -205,13 +214,22 @@ def equal_compute_lines(records: list[dict[str, Any]]) -> list[str]:
             b = {r["seed"]: r["acc_scratch"] for r in with_acc}
             got, _ = accuracy_difference(a, b, min(r["examples"] for r in with_acc))
             acc = _interval(got, 100)
-        lines.append(
-            f"| {cell} | {via} | {size} | {len(recs)} | {ratios} | "
-            f"{_mean(recs, 'loss_adapted', '.3f')} | {_mean(recs, 'loss_scratch', '.3f')} | "
-            f"{loss} | {_mean(with_acc, 'acc_adapted', '.1%')} | "
-            f"{_mean(with_acc, 'acc_scratch', '.1%')} | {acc} |"
+        body.append(
+            [
+                cell,
+                via,
+                size,
+                len(recs),
+                ratios,
+                _mean(recs, "loss_adapted", ".3f"),
+                _mean(recs, "loss_scratch", ".3f"),
+                loss,
+                _mean(with_acc, "acc_adapted", ".1%"),
+                _mean(with_acc, "acc_scratch", ".1%"),
+                acc,
+            ]
         )
-    return [*lines, ""]
+    return [*lines, *md.table(head, body), ""]
 
 
 def _mean(recs: list[dict], key: str, spec: str) -> str:
@@ -243,17 +261,23 @@ def lineage_lines(runs: dict[str, dict]) -> list[str]:
     lines = [
         "## Stage runs",
         "",
-        "| run | id | stage | status | parent run | parent step | matches |",
-        "|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in rows:
         parent = r.get("parent_run_id")
-        lines.append(
-            f"| {r['name']} | {r['run_id']} | {r['stage']} | {r['status']} | "
-            f"{names.get(parent, parent) or '-'} | {r.get('parent_step') or '-'} | "
-            f"{r.get('matches_run_id') or '-'} |"
+        body.append(
+            [
+                r["name"],
+                r["run_id"],
+                r["stage"],
+                r["status"],
+                names.get(parent, parent) or "-",
+                r.get("parent_step") or "-",
+                r.get("matches_run_id") or "-",
+            ]
         )
-    return [*lines, ""]
+    head = ["run", "id", "stage", "status", "parent run", "parent step", "matches"]
+    return [*lines, *md.table(head, body), ""]
 
 
 def render(planned: list, out: Path, runs: dict[str, dict], published: dict | None) -> str:
