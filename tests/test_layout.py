@@ -234,3 +234,42 @@ def test_no_private_name_is_used_from_another_module():
         "private names used from another module (make the name public where it is defined, "
         "or move the code that needs it): " + "; ".join(reaches)
     )
+
+
+# A Markdown table's separator row (`|---|`, `---|`, `|:---:|`) at the start of a string literal.
+SEPARATOR = r"^\|?\s*:?-{3,}:?\s*\|"
+# Modules that may write one: the renderer, and a module in a room left of scaling/ that
+# cannot import it (evaluate/blimp.py's reference table).
+SEPARATOR_WRITERS = {"scaling/render.py", "evaluate/blimp.py"}
+
+
+def test_separator_literals_are_found_when_present(tmp_path):
+    (tmp_path / "m.py").write_text(
+        'A = ["| a |", "|---|---|"]\nB = "|" + "---|" * 2\nC = "--- x"\n'
+    )
+    found = _separator_literals_in(tmp_path / "m.py", tmp_path)
+    assert [f.split(": ", 1)[0] for f in found] == ["m.py:1", "m.py:2"]
+
+
+def _separator_literals_in(path: Path, root: Path) -> list[str]:
+    import re
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        f"{path.relative_to(root)}:{node.lineno}: {node.value[:40]!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and any(re.match(SEPARATOR, line.strip()) for line in node.value.splitlines())
+    ]
+
+
+def test_only_the_renderer_writes_table_separators():
+    """Report tables are written by `scaling/render.table`, not by hand."""
+    found = [
+        hit
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).as_posix() not in SEPARATOR_WRITERS
+        for hit in _separator_literals_in(path, PACKAGE)
+    ]
+    assert not found, "Markdown table separators written by hand:\n" + "\n".join(found)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scalestudy.scaling import render
 from scalestudy.scaling.flags import extrapolation
 from scalestudy.scaling.forms import get_form
 from scalestudy.scaling.intervals import span
@@ -159,7 +160,7 @@ def _g(v) -> str:
 
 
 def _ci(ci) -> str:
-    return f" [{_g(ci[0])}, {_g(ci[1])}]" if ci else ""
+    return render.bracket(ci, _g)
 
 
 def _fit_lines(law: str, fit: dict) -> list[str]:
