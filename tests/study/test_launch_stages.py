@@ -13,7 +13,7 @@ import yaml
 
 from scalestudy.cli.main import main
 from scalestudy.study.run import after_pretraining, main_job
-from scalestudy.study.run.registry import load_runs
+from scalestudy.study.record.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "studies" / "wang2022_smoke.yaml"

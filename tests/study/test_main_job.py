@@ -9,7 +9,7 @@ import pytest
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import load_config
 from scalestudy.study.run import after_pretraining, main_job
-from scalestudy.study.run.study_progress import phase
+from scalestudy.study.record.phases import phase
 
 counting = pytest.importorskip("scalestudy.models.counting")
 

@@ -15,7 +15,7 @@ from scalestudy.config.errors import ScalestudyError
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.config.yamlio import parse_yaml, validate
 from scalestudy.scaling.table_input import cell_label
-from scalestudy.study.run.registry import Registry
+from scalestudy.study.record.registry import Registry
 
 
 def _fmt(x: Any, spec: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.yamlio import read_yaml
 from scalestudy.scaling.intervals import accuracy_difference, paired_difference
-from scalestudy.study.run import stages
+from scalestudy.study.record import lineage
 
 TABLE = "wang_table.md"
 
@@ -85,7 +85,7 @@ def _paper(entry: Any) -> str:
 
 def _evals(out: Path, name: str) -> tuple[dict | None, dict | None]:
     """(zero-shot scores of a finetuning's parent, of the finetuned run) from its directory."""
-    record = stages.read_lineage(out / "stages" / name) or {}
+    record = lineage.read_lineage(out / "stages" / name) or {}
     path = out / "stages" / name / "summary.json"
     after = json.loads(path.read_text()).get("eval") if path.exists() else None
     return record.get("eval_before"), after
