@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from scalestudy.study.record.registry import Registry, load_curves, load_runs
 from scalestudy.study.run import main_job
 from scalestudy.study.run.lock import LOCK_NAME, StudyLockError
-from scalestudy.study.record.registry import Registry, load_curves, load_runs
 from scalestudy.train.rundir import layout as rundir
 
 ROW = {

@@ -280,8 +280,8 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
 @pytest.mark.slow
 def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: Path):
     from scalestudy.cli.main import main
-    from scalestudy.study.run import after_pretraining
     from scalestudy.study.record.registry import load_runs
+    from scalestudy.study.run import after_pretraining
 
     out = tmp_path / "out"
     assert main(["study", "--spec", str(SMOKE), "--out", str(out), *SMOKE_TINY]) == 0
@@ -446,8 +446,8 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
 ):
     """The registry row of a stage run says what happened to it; the runs after it stay
     pending, and the plan's rows are all there before any trains."""
-    from scalestudy.study.run import after_pretraining, main_job
     from scalestudy.study.record.registry import load_runs
+    from scalestudy.study.run import after_pretraining, main_job
 
     study = main_job.load_study(SMOKE, SMOKE_TINY)
     runs = main_job.expand(study, SMOKE.parent)

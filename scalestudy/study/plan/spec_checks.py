@@ -17,8 +17,8 @@ from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.evaluate.tasks import check_spelling
 from scalestudy.scaling.laws import LAWS
 from scalestudy.study.plan import stages_spec
+from scalestudy.study.plan.published import read_published
 from scalestudy.study.plan.spec import DecoderOnlyConfig, StudySpec
-from scalestudy.study.report import wang_report
 
 
 def check_spec(
@@ -122,7 +122,7 @@ def _check_stages(
             raise ConfigError(
                 "stages.published: " + not_found(published, "the published numbers", "a YAML file")
             )
-        wang_report.read_published(published)
+        read_published(published)
 
 
 def _check_experiments(exp: DecoderOnlyConfig, groups: list[str], variants: list[str]) -> None:

@@ -23,6 +23,7 @@ from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.models import counting
 from scalestudy.study.plan import stages_spec
+from scalestudy.study.plan.published import read_published
 from scalestudy.study.plan.spec import StudySpec
 from scalestudy.study.record.registry import Registry
 from scalestudy.study.report import wang_report
@@ -235,7 +236,7 @@ def _write_table(
 ) -> None:
     published = None
     if study.stages.published:
-        published = wang_report.read_published(Path(spec_dir) / study.stages.published)
+        published = read_published(Path(spec_dir) / study.stages.published)
     runs_by_id = {row["run_id"]: row for row in reg.runs(stages=True)}
     text = wang_report.render(planned, out, runs_by_id, published)
     (out / TABLE).write_text(text)
