@@ -153,7 +153,7 @@ def _validate_any(path: Path) -> object:
 
     kind = path.relative_to(CONFIGS).parts[0]
     if kind == "studies" and "published" in path.parts:  # published numbers, not specs
-        from scalestudy.study.report.wang_report import read_published
+        from scalestudy.study.plan.published import read_published
 
         return read_published(path)
     if kind == "studies":

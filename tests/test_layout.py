@@ -1,6 +1,7 @@
 """The package's import graph: no circles, and no room imports a room to its right in the flow
 config <- data <- models <- train <- evaluate <- bench <- scaling <- analysis <- study <-
-decoder_only <- cli;
+decoder_only <- cli, nor, inside study/, a sub-room one to its right in
+plan <- record <- report <- run;
 and what makes code hard to read: no function over 60 lines, no formatter escape packing lines,
 no private name used from another module.
 
@@ -151,6 +152,66 @@ def test_no_room_imports_a_room_to_its_right():
             if _rank(_room(dep)) > _rank(_room(module)):
                 upward.append(f"{module} imports {dep}")
     assert not upward, "imports against the flow " + " <- ".join(ROOMS) + ":\n" + "\n".join(upward)
+
+
+# Inside study/, its own rooms in a flow of their own, left to right: the spec and what follows
+# from it alone, what is recorded and read back, the report, and the main job that runs it all
+# (and so imports the report). The study package's own __init__ counts as plan.
+STUDY_ROOMS = ("plan", "record", "report", "run")
+
+
+def _study_room(module: str) -> str | None:
+    """The study room of `module`; None outside study/."""
+    parts = module.split(".")
+    if parts[:2] != ["scalestudy", "study"]:
+        return None
+    room = parts[2] if len(parts) > 2 else "plan"
+    if room not in STUDY_ROOMS:
+        pytest.fail(
+            f"{module} is in no room of study/ ({', '.join(STUDY_ROOMS)}); put it in the room "
+            "whose flow it follows, or add the room to STUDY_ROOMS in tests/test_layout.py"
+        )
+    return room
+
+
+def _against_study_flow(graph: dict[str, set[str]]) -> list[str]:
+    """ "A imports B" for each module A of study/ importing a module B of a study room to A's
+    room's right."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        room = _study_room(module)
+        if room is None:
+            continue
+        for dep in sorted(deps):
+            other = _study_room(dep)
+            if other is not None and STUDY_ROOMS.index(other) > STUDY_ROOMS.index(room):
+                found.append(f"{module} imports {dep}")
+    return found
+
+
+def test_study_rooms_against_their_flow_are_found_when_present():
+    graph = {
+        "scalestudy.study": {"scalestudy.study.record.registry"},
+        "scalestudy.study.plan.recipe": set(),
+        "scalestudy.study.plan.spec": {"scalestudy.study.run.stages"},
+        "scalestudy.study.record.registry": {"scalestudy.study.plan.recipe"},
+        "scalestudy.study.report.page": {"scalestudy.study.record.registry"},
+        "scalestudy.study.run.stages": {"scalestudy.study.plan.spec", "scalestudy.config.base"},
+        "scalestudy.cli.main": {"scalestudy.study.run.stages"},
+    }
+    assert _against_study_flow(graph) == [
+        "scalestudy.study imports scalestudy.study.record.registry",
+        "scalestudy.study.plan.spec imports scalestudy.study.run.stages",
+    ]
+
+
+def test_study_rooms_import_only_rooms_to_their_left():
+    graph = _graph()
+    assert "scalestudy.study.record.registry" in graph["scalestudy.study.report.page"]
+    upward = _against_study_flow(graph)
+    assert not upward, (
+        "imports against study/'s flow " + " <- ".join(STUDY_ROOMS) + ":\n" + "\n".join(upward)
+    )
 
 
 # What makes code hard to read, checked instead of a module line cap: a module is as long as its

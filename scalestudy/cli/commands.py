@@ -285,9 +285,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         )
     if args.stage_run:  # one stage run, as a cluster task after its parent's job
         return _study_stage_run(args)
+    from scalestudy.study.record.phases import phase
     from scalestudy.study.run.interrupts import StudyInterrupted
     from scalestudy.study.run.main_job import run_study
-    from scalestudy.study.run.study_progress import phase
 
     try:
         study, runs = run_study(
@@ -345,7 +345,7 @@ def _study_stages(args: argparse.Namespace, study, runs) -> None:
                 "never trains: re-submit their jobs, then collect again"
             )
         return
-    from scalestudy.study.run.study_progress import phase
+    from scalestudy.study.record.phases import phase
 
     with phase("stages", plain=False if args.dry_run else None):  # a plan: no phase
         after_pretraining.run(
@@ -432,12 +432,13 @@ def cmd_vocab(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
+    from scalestudy.study.plan import stages_spec
     from scalestudy.study.run import stages
     from scalestudy.train.rundir import logfile
 
     cli_args.checked_path(args.parent, "--from", "a run directory")
     cli_args.output_dir(args.out)
-    settings = stages.FinetuneConfig if args.command == "finetune" else stages.AdaptConfig
+    settings = stages_spec.FinetuneConfig if args.command == "finetune" else stages_spec.AdaptConfig
     cli_args.check_stage_keys(args.command, args.overrides, settings.model_fields)
     _join_job()
     prepare = stages.prepare_finetune if args.command == "finetune" else stages.prepare_adapt

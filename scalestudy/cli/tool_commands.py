@@ -118,7 +118,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             f"combine with {'--spec' if args.spec else '--search'}: give --config FILE alone"
         )
     if args.spec:  # every shape of the study: pretraining and the stages after it
-        from scalestudy.study.plan.compile_plan import compile_study
+        from scalestudy.study.run.compile_plan import compile_study
 
         plans = compile_study(args.spec, args.overrides, args.topology, not args.memory_only)
         if args.json:

@@ -38,10 +38,10 @@ from scalestudy.decoder_only import (
 from scalestudy.decoder_only.claims_report import render
 from scalestudy.models.api import build_model
 from scalestudy.study.plan.spec import ComparisonConfig, StudySpec
+from scalestudy.study.record.registry import load_curves, load_runs
 from scalestudy.study.report import comparisons
 from scalestudy.study.report import page as report
 from scalestudy.study.run.main_job import REGISTRY_NAME
-from scalestudy.study.run.registry import load_curves, load_runs
 from scalestudy.train.rundir.saved_run import checkpoint_dir, restore_params
 
 REPORT_NAME = "decoder_only.md"

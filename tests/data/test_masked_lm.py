@@ -288,7 +288,7 @@ def test_a_decoder_only_study_compares_bmlm_on_validation_loss(tmp_path):
     import yaml
 
     from scalestudy.cli import main as cli
-    from scalestudy.study.run.registry import load_runs
+    from scalestudy.study.record.registry import load_runs
 
     cell = ["noncausal_decoder", "bmlm"]
     spec = {

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.study.plan.compile_plan import study_shapes
+from scalestudy.study.run.compile_plan import study_shapes
 
 pytestmark = pytest.mark.optimized  # the compiler's memory analysis
 

@@ -14,8 +14,8 @@ from scalestudy.cli import main as cli
 from scalestudy.config.errors import ConfigError
 from scalestudy.decoder_only import experiments as decoder_only_run
 from scalestudy.study.plan.spec import ComparisonConfig
+from scalestudy.study.record.registry import load_runs
 from scalestudy.study.run.main_job import expand, load_study
-from scalestudy.study.run.registry import load_runs
 
 from .conftest import write_spec
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from scalestudy.cli import main as cli
+from scalestudy.study.record.registry import load_curves, load_runs
 from scalestudy.study.report.fits import load_table
-from scalestudy.study.run.registry import load_curves, load_runs
 from tests.study.conftest import write_spec
 
 pytest.importorskip("scalestudy.train.loop")

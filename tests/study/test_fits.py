@@ -12,7 +12,7 @@ from scalestudy.study.report.fits import load_table, registry_table
 
 
 def _registry(path, runs):
-    from scalestudy.study.run.registry import Registry
+    from scalestudy.study.record.registry import Registry
 
     with Registry(path) as reg:
         reg.add_runs([{k: v for k, v in r.items() if k != "summary"} for r in runs])
@@ -84,7 +84,7 @@ def test_runs_the_studys_spec_no_longer_plans_are_left_out_and_named(tmp_path, c
     """`scalestudy fit` of a study directory fits what the study's report fits: the runs its
     spec planned when it last ran; the registry keeps the others, named in the output."""
     from scalestudy.cli import main as cli
-    from scalestudy.study.run.registry import Registry
+    from scalestudy.study.record.registry import Registry
 
     iso = _isoflop(budgets=(1e18, 1e19), sizes=4)
     runs = [

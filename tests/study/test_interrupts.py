@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from scalestudy.cli import main as cli
+from scalestudy.study.record.registry import load_runs
 from scalestudy.study.run import main_job
 from scalestudy.study.run.interrupts import StudyInterrupted
-from scalestudy.study.run.registry import load_runs
 
 pytest.importorskip("scalestudy.train.loop")
 

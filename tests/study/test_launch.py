@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from scalestudy.config.experiment import load_config
+from scalestudy.study.record.registry import load_runs
 from scalestudy.study.run import cluster, main_job
 from scalestudy.study.run.executors import StudyRunError
-from scalestudy.study.run.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from scalestudy.cli.main import main
+from scalestudy.study.record.registry import load_runs
 from scalestudy.study.run import after_pretraining, main_job
-from scalestudy.study.run.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "studies" / "wang2022_smoke.yaml"

@@ -1,6 +1,7 @@
 """The report's loss-bearing tokens per cell: measured from the data, imbalance stated."""
 
 from scalestudy.config.experiment import ExperimentConfig
+from scalestudy.study.plan import loss_token_count
 from scalestudy.study.report import loss_tokens
 
 
@@ -14,14 +15,14 @@ def _cfg(arch, name, **obj):
 
 
 def test_plm_cells_train_on_the_same_loss_tokens_per_example():
-    dec = loss_tokens.measure_loss_tokens(_cfg("noncausal_decoder", "plm"))
-    encdec = loss_tokens.measure_loss_tokens(_cfg("encoder_decoder", "plm"))
+    dec = loss_token_count.measure_loss_tokens(_cfg("noncausal_decoder", "plm"))
+    encdec = loss_token_count.measure_loss_tokens(_cfg("encoder_decoder", "plm"))
     # About L / 2 = 16 each (uniform split of 32-token pieces); the encoder-decoder used to
     # cut its targets at targets_length = 8.
     assert abs(dec - 16) < 2 and abs(encdec - 16) < 2
-    fit = loss_tokens.measure_loss_tokens(_cfg("encoder_decoder", "plm", plm_split="fit"))
+    fit = loss_token_count.measure_loss_tokens(_cfg("encoder_decoder", "plm", plm_split="fit"))
     assert 7 <= fit <= 8  # targets of exactly T = 8 for full pieces
-    flm = loss_tokens.measure_loss_tokens(_cfg("causal_decoder", "flm"))
+    flm = loss_token_count.measure_loss_tokens(_cfg("causal_decoder", "flm"))
     assert 30 <= flm <= 32  # every token
 
 

@@ -11,10 +11,10 @@ import pytest
 
 from scalestudy.cli import main as cli
 from scalestudy.config.errors import ConfigError
+from scalestudy.study.record.registry import Registry, load_runs
 from scalestudy.study.report import lr_report
 from scalestudy.study.report.lr_report import CHOICE
 from scalestudy.study.run import after_pretraining, lr_search, main_job
-from scalestudy.study.run.registry import Registry, load_runs
 from scalestudy.train.rundir import layout as rundir
 from tests.study.conftest import write_spec
 

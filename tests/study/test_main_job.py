@@ -8,8 +8,8 @@ import pytest
 
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import load_config
+from scalestudy.study.record.phases import phase
 from scalestudy.study.run import after_pretraining, main_job
-from scalestudy.study.run.study_progress import phase
 
 counting = pytest.importorskip("scalestudy.models.counting")
 

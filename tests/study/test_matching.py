@@ -8,8 +8,8 @@ import pytest
 from scalestudy.config.errors import ConfigError
 from scalestudy.data.objectives import feature_lengths
 from scalestudy.study.plan import matching
+from scalestudy.study.record.registry import Registry, load_runs
 from scalestudy.study.run import main_job
-from scalestudy.study.run.registry import Registry, load_runs
 
 from .conftest import write_spec
 

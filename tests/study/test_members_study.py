@@ -9,8 +9,8 @@ import pytest
 from scalestudy.cli import main as cli
 from scalestudy.config.errors import ConfigError
 from scalestudy.study.plan import groups
+from scalestudy.study.record.registry import load_runs
 from scalestudy.study.run.main_job import expand, load_study
-from scalestudy.study.run.registry import load_runs
 from tests.study.conftest import write_spec
 
 RTOL = 1e-3  # tests/train/test_members.py states where it comes from

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from scalestudy.study.record.registry import Registry, load_curves, load_runs
 from scalestudy.study.run import main_job
 from scalestudy.study.run.lock import LOCK_NAME, StudyLockError
-from scalestudy.study.run.registry import Registry, load_curves, load_runs
 from scalestudy.train.rundir import layout as rundir
 
 ROW = {
@@ -218,7 +218,7 @@ def _old_registry(path):
 
 
 def test_an_old_schema_registry_stays_readable_and_gains_lineage_columns(tmp_path):
-    from scalestudy.study.run.registry_schema import SCHEMA_VERSION
+    from scalestudy.study.record.registry_schema import SCHEMA_VERSION
 
     path = tmp_path / "registry.sqlite"
     _old_registry(path)
@@ -248,7 +248,7 @@ def test_an_old_schema_registry_stays_readable_and_gains_lineage_columns(tmp_pat
 
 
 def test_a_registry_from_a_newer_version_is_refused_in_one_line(tmp_path):
-    from scalestudy.study.run.registry_schema import SCHEMA_VERSION, RegistryError
+    from scalestudy.study.record.registry_schema import SCHEMA_VERSION, RegistryError
 
     path = tmp_path / "registry.sqlite"
     _old_registry(path)

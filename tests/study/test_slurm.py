@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from scalestudy.cli import main as cli
+from scalestudy.study.record.registry import load_runs
 from scalestudy.study.run import main_job
-from scalestudy.study.run.registry import load_runs
 
 REPO = Path(__file__).resolve().parents[2]
 # One cluster at a time: under `pytest -n 2` these tests run one after another on one worker.

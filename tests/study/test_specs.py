@@ -116,7 +116,7 @@ def test_realtext_spec_has_every_cell_at_six_sizes_and_relative_paths():
 def test_realtext_spec_runs_at_tiny_scale(tmp_path):
     from scalestudy.cli import main as cli
     from scalestudy.data.vocab import train_sentencepiece
-    from scalestudy.study.run.registry import load_runs
+    from scalestudy.study.record.registry import load_runs
 
     pytest.importorskip("scalestudy.train.loop")
     corpora, evals = DATA / "corpora", DATA / "eval"

@@ -9,6 +9,8 @@ import pytest
 
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import load_config
+from scalestudy.study.plan import stages_spec
+from scalestudy.study.record import lineage
 from scalestudy.study.run import stages
 from scalestudy.train.loop import Preempted
 from scalestudy.train.rundir import layout as rundir
@@ -114,7 +116,7 @@ def _losses(run: Path) -> dict[int, float]:
     [
         ("no mixture", ConfigError, "no mixture given"),
         ("held out in train", ConfigError, "'nli' is in held-out cluster 'nli'"),
-        ("other arch", stages.StageError, "expects encoder_decoder"),
+        ("other arch", stages_spec.StageError, "expects encoder_decoder"),
         ("trained task evaluated", ConfigError, r"\['qa'\] are in the training mixture"),
     ],
 )
@@ -137,9 +139,9 @@ def test_bad_finetune_input_is_one_error_and_writes_nothing(
 
 def test_an_unfinished_parent_is_refused(tmp_path: Path, mixture: Path):
     run = _train(tmp_path / "half", "train.stop_after_steps=2")
-    with pytest.raises(stages.StageError, match="unfinished"):
+    with pytest.raises(stages_spec.StageError, match="unfinished"):
         stages.prepare_finetune(run, tmp_path / "out", [*FT, f"mixture={mixture}"])
-    with pytest.raises(stages.StageError, match="no such run"):
+    with pytest.raises(stages_spec.StageError, match="no such run"):
         stages.prepare_adapt(tmp_path / "nowhere", tmp_path / "out", ["objective=mlm"])
     assert not (tmp_path / "out").exists()
 
@@ -200,9 +202,9 @@ def test_adaptation_first_loss_is_the_old_weights_under_the_new_objective(
 
 
 def test_adapting_between_models_of_other_parameters_is_refused(parent: Path, tmp_path: Path):
-    with pytest.raises(stages.StageError, match="do not share parameters"):
+    with pytest.raises(stages_spec.StageError, match="do not share parameters"):
         stages.prepare_adapt(parent, tmp_path / "out", ["arch=encoder_decoder", "objective=mlm"])
-    with pytest.raises(stages.StageError, match=r"parameter .* in the parent"):
+    with pytest.raises(stages_spec.StageError, match=r"parameter .* in the parent"):
         stages.prepare_adapt(
             parent, tmp_path / "out", ["arch=noncausal_decoder", "objective=mlm", "model.d_ff=32"]
         )
@@ -246,7 +248,7 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
     assert all(r.cfg.model.position == "relative_bias" for r in planned)
     parents = {r.name: r.pretrained.cfg for r in adapt}
     for r in adapt:
-        stages.check_same_parameters(parents[r.name], r.cfg)
+        stages_spec.check_same_parameters(parents[r.name], r.cfg)
     for s in (r for r in planned if r.stage == "scratch"):  # same FLOPs as pretrain + adapt
         a = next(r for r in adapt if r.name == s.matches)
         assert s.parent is None and s.cfg.train.init_from is None
@@ -278,8 +280,8 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
 @pytest.mark.slow
 def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: Path):
     from scalestudy.cli.main import main
+    from scalestudy.study.record.registry import load_runs
     from scalestudy.study.run import after_pretraining
-    from scalestudy.study.run.registry import load_runs
 
     out = tmp_path / "out"
     assert main(["study", "--spec", str(SMOKE), "--out", str(out), *SMOKE_TINY]) == 0
@@ -308,8 +310,8 @@ def test_the_smoke_pipeline_pretrains_adapts_finetunes_and_tabulates(tmp_path: P
             p = runs[r["parent_run_id"]]
             assert r["parent_step"] == p["steps"] + (p["parent_step"] or 0)
         if r["stage"]:
-            lineage = json.loads((Path(r["workdir"]) / "summary.json").read_text())["lineage"]
-            assert lineage["parent_step"] == r["parent_step"]
+            recorded = json.loads((Path(r["workdir"]) / "summary.json").read_text())["lineage"]
+            assert recorded["parent_step"] == r["parent_step"]
 
     # Adapted vs from scratch at equal total compute: the scratch run's measured FLOPs equal
     # the adapted run's parent's + its own within half a step of the scratch run.
@@ -348,7 +350,7 @@ def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path
         where = tmp_path / "stages" / r.name
         where.mkdir(parents=True)
         before, after = next(scores), next(scores)
-        (where / stages.STAGE_FILE).write_text(
+        (where / lineage.STAGE_FILE).write_text(
             json.dumps({"eval_before": {"synthetic_probes/acc": before, "synthetic_probes/n": 100}})
         )
         (where / "summary.json").write_text(
@@ -425,13 +427,13 @@ def test_lineage_under_relative_bias_needs_wangs_single_table():
             parent = cfg.replace(
                 model=cfg.model.replace(arch=src), objective=cfg.objective.replace(name=src_obj)
             )
-            ad = stages.AdaptConfig(arch=dst, objective=obj, steps=1)
-            new = stages.adapt_config(parent, Path("parent"), 4, ad)
+            ad = stages_spec.AdaptConfig(arch=dst, objective=obj, steps=1)
+            new = stages_spec.adapt_config(parent, Path("parent"), 4, ad)
             if ok:
-                stages.check_same_parameters(parent, new)
+                stages_spec.check_same_parameters(parent, new)
             else:
-                with pytest.raises(stages.StageError, match="rel_prefix_buckets=causal"):
-                    stages.check_same_parameters(parent, new)
+                with pytest.raises(stages_spec.StageError, match="rel_prefix_buckets=causal"):
+                    stages_spec.check_same_parameters(parent, new)
 
 
 @pytest.mark.parametrize(
@@ -444,8 +446,8 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
 ):
     """The registry row of a stage run says what happened to it; the runs after it stay
     pending, and the plan's rows are all there before any trains."""
+    from scalestudy.study.record.registry import load_runs
     from scalestudy.study.run import after_pretraining, main_job
-    from scalestudy.study.run.registry import load_runs
 
     study = main_job.load_study(SMOKE, SMOKE_TINY)
     runs = main_job.expand(study, SMOKE.parent)
@@ -496,7 +498,7 @@ def test_the_score_before_a_stage_is_the_parents_own_evaluation(tmp_path: Path, 
     out = tmp_path / "adapted"
     cfg, record = stages.prepare_adapt(parent, out, ["objective=plm", "steps=1"])
     stages.run_stage(cfg, record, out, evaluate=True)
-    before = stages.read_lineage(out)["eval_before"]
+    before = lineage.read_lineage(out)["eval_before"]
     own = evaluate_run(
         parent,
         overrides=[

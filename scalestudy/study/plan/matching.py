@@ -39,9 +39,8 @@ from scalestudy.config.experiment import ExperimentConfig, ModelConfig, Objectiv
 from scalestudy.config.yamlio import parse_yaml, validate
 from scalestudy.data.pipeline import document_tokens_per_row
 from scalestudy.models import counting
-from scalestudy.study.plan import ladder
+from scalestudy.study.plan import ladder, loss_token_count
 from scalestudy.study.plan.spec import DATA_MODES
-from scalestudy.study.report import loss_tokens
 from scalestudy.train import optim
 
 MODES = (
@@ -71,7 +70,7 @@ def inference_flops_per_token(model: ModelConfig, context: int) -> float:
 
 @lru_cache(maxsize=64)
 def _measured_loss_tokens(cfg_yaml: str) -> float:
-    return loss_tokens.loss_tokens_per_row(
+    return loss_token_count.loss_tokens_per_row(
         validate(ExperimentConfig, parse_yaml(cfg_yaml), "matched run")
     )
 

@@ -25,7 +25,7 @@ from scalestudy.config.experiment import (
 )
 from scalestudy.study.plan import groups
 from scalestudy.study.plan.launch_spec import SlurmConfig, TpuConfig
-from scalestudy.study.run.stages import StagesSpec
+from scalestudy.study.plan.stages_spec import StagesSpec
 
 MatchingMode = Literal[
     "equal_total_params",

@@ -16,9 +16,9 @@ from scalestudy.config.eval_config import EvalConfig
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.evaluate.tasks import check_spelling
 from scalestudy.scaling.laws import LAWS
+from scalestudy.study.plan import stages_spec
+from scalestudy.study.plan.published import read_published
 from scalestudy.study.plan.spec import DecoderOnlyConfig, StudySpec
-from scalestudy.study.report import wang_report
-from scalestudy.study.run import stages
 
 
 def check_spec(
@@ -100,7 +100,9 @@ def _check_per_task_keys(eval_section: dict, tasks: list[str]) -> None:
             )
 
 
-def _check_stages(spec: stages.StagesSpec, spec_dir: Path, grid: list[tuple[str, str]]) -> None:
+def _check_stages(
+    spec: stages_spec.StagesSpec, spec_dir: Path, grid: list[tuple[str, str]]
+) -> None:
     for i, ad in enumerate(spec.adapt):
         if tuple(ad.from_cell) not in grid:
             accepted = ", ".join(f"[{a}, {o}]" for a, o in grid)
@@ -108,7 +110,7 @@ def _check_stages(spec: stages.StagesSpec, spec_dir: Path, grid: list[tuple[str,
                 f"stages.adapt[{i}].from_cell: {list(ad.from_cell)} is not a cell of the "
                 f"study; accepted: {accepted}"
             )
-    ft = stages.finetune_settings(spec, spec_dir)
+    ft = stages_spec.finetune_settings(spec, spec_dir)
     if ft is not None and ft.mixture is not None:
         from scalestudy.data import prompted
 
@@ -120,7 +122,7 @@ def _check_stages(spec: stages.StagesSpec, spec_dir: Path, grid: list[tuple[str,
             raise ConfigError(
                 "stages.published: " + not_found(published, "the published numbers", "a YAML file")
             )
-        wang_report.read_published(published)
+        read_published(published)
 
 
 def _check_experiments(exp: DecoderOnlyConfig, groups: list[str], variants: list[str]) -> None:
@@ -157,7 +159,7 @@ def _check_experiments(exp: DecoderOnlyConfig, groups: list[str], variants: list
 
 
 def check_adaptations(
-    adapt: tuple[stages.AdaptStage, ...], parents: list[ExperimentConfig]
+    adapt: tuple[stages_spec.AdaptStage, ...], parents: list[ExperimentConfig]
 ) -> None:
     """What `stages.prepare_adapt` would refuse once the pretrained runs had trained, checked
     on their configs before they train: ConfigError naming the adaptation (`stages.adapt[i]`)
@@ -171,9 +173,9 @@ def check_adaptations(
                 continue
             seen.add(key)
             try:
-                cfg = stages.adapt_config(parent, Path(parent.name), parent.train.steps, ad)
-                stages.check_same_parameters(parent, cfg)
-            except stages.StageError as e:
+                cfg = stages_spec.adapt_config(parent, Path(parent.name), parent.train.steps, ad)
+                stages_spec.check_same_parameters(parent, cfg)
+            except stages_spec.StageError as e:
                 raise ConfigError(f"stages.adapt[{i}] (from {'/'.join(cell)}): {e}") from None
 
 

@@ -21,8 +21,8 @@ from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
 from scalestudy.scaling.table_input import build_table, cell_label
 from scalestudy.scaling.table_input import load_table as load_table_file
+from scalestudy.study.record.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.report.task_law_report import study_task_laws
-from scalestudy.study.run.registry import load_curves, load_runs, planned_runs
 
 REGISTRY_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 

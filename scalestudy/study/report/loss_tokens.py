@@ -1,4 +1,5 @@
-"""Loss-bearing tokens per cell for the study report: per example and in total.
+"""Loss-bearing tokens per cell for the study report: per example and in total (counted on a
+config's first batches by `study/plan/loss_token_count.py`).
 
 Cells can differ a lot here (an FLM example has a loss on every token, a span-corruption
 example on ~15% plus sentinels; a prefix-LM encoder-decoder that cut its targets would see
@@ -16,41 +17,12 @@ from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.config.yamlio import parse_yaml, validate
 from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label
-from scalestudy.study.run.registry import Registry
+from scalestudy.study.plan.loss_token_count import measure_loss_tokens
+from scalestudy.study.record.registry import Registry
 
 
 def _fmt(x: Any, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
-
-
-def _count(cfg: ExperimentConfig, batches: int) -> tuple[int, int, int]:
-    """(rows, examples, loss-bearing tokens) in the first `batches` training batches."""
-    from scalestudy.data.pipeline import make_iterator
-
-    it = make_iterator(cfg, "train")
-    rows = examples = loss = 0
-    try:
-        for _ in range(batches):
-            b = next(it)
-            rows += int(b["decoder_segment_ids"].shape[0])
-            examples += int(b["decoder_segment_ids"].max(axis=1).sum())
-            loss += int(b["decoder_loss_weights"].sum())
-    finally:
-        getattr(it, "close", lambda: None)()
-    return rows, examples, loss
-
-
-def measure_loss_tokens(cfg: ExperimentConfig, batches: int = 2) -> float:
-    """Mean loss-bearing tokens per example over the first `batches` training batches of
-    `cfg` (an example is one segment of a row)."""
-    _, examples, loss = _count(cfg, batches)
-    return loss / max(examples, 1)
-
-
-def loss_tokens_per_row(cfg: ExperimentConfig, batches: int = 2) -> float:
-    """Mean loss-bearing tokens per training row over the first `batches` batches of `cfg`."""
-    rows, _, loss = _count(cfg, batches)
-    return loss / max(rows, 1)
 
 
 def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> list[str]:

@@ -22,6 +22,8 @@ from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling import render
 from scalestudy.scaling.table_input import cell_label
 from scalestudy.study.plan.spec import StudySpec
+from scalestudy.study.record.phases import phase
+from scalestudy.study.record.registry import load_curves, load_runs, planned_runs
 from scalestudy.study.report import (
     answer,
     comparisons,
@@ -33,8 +35,6 @@ from scalestudy.study.report import (
 from scalestudy.study.report import loss_tokens as loss_token_report
 from scalestudy.study.report.fits import fit_study, fits_lines
 from scalestudy.study.report.host import host_line
-from scalestudy.study.run.registry import load_curves, load_runs, planned_runs
-from scalestudy.study.run.study_progress import phase
 
 Z95 = 1.959964
 

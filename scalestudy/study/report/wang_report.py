@@ -18,11 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from scalestudy.config.errors import ConfigError
-from scalestudy.config.yamlio import read_yaml
 from scalestudy.scaling import render as md
 from scalestudy.scaling.intervals import accuracy_difference, paired_difference
-from scalestudy.study.run import stages
+from scalestudy.study.record import lineage
 
 TABLE = "wang_table.md"
 
@@ -50,33 +48,6 @@ def _fmt(value: tuple[float, float] | None) -> str:
     return "-" if value is None else f"{100 * value[0]:.1f} ± {100 * value[1]:.1f}"
 
 
-_PUBLISHED_KEYS = {"source", "benchmarks", "cells", "adapted", "equal_tokens"}
-
-
-def read_published(path: str | Path) -> dict[str, Any]:
-    """A file of published numbers (`configs/studies/published/wang2022.yaml`): every score a
-    mapping of benchmark -> number plus `from` (the table it was typed from); ConfigError
-    naming the first entry that is not."""
-    data = read_yaml(path)
-    if not isinstance(data, dict) or not set(data) <= _PUBLISHED_KEYS:
-        extra = sorted(set(data) - _PUBLISHED_KEYS) if isinstance(data, dict) else data
-        raise ConfigError(f"{path}: unknown keys {extra}; accepted: {sorted(_PUBLISHED_KEYS)}")
-    for section in ("cells", "adapted", "equal_tokens"):
-        for row, stages_ in (data.get(section) or {}).items():
-            for stage, score in (stages_ or {}).items():
-                where = f"{path}: {section}.{row}.{stage}"
-                if not isinstance(score, dict) or not isinstance(score.get("from"), str):
-                    raise ConfigError(f"{where} needs `from`: the table it was typed from")
-                bad = [k for k, v in score.items() if k != "from" and not _is_number(v)]
-                if bad or len(score) < 2:
-                    raise ConfigError(f"{where}: give benchmark: number pairs (e.g. eai: 44.2)")
-    return data
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
 def _paper(entry: Any) -> str:
     """A published number: a scalar, or {eai, t0} shown as `EAI / T0`."""
     if isinstance(entry, dict):
@@ -86,7 +57,7 @@ def _paper(entry: Any) -> str:
 
 def _evals(out: Path, name: str) -> tuple[dict | None, dict | None]:
     """(zero-shot scores of a finetuning's parent, of the finetuned run) from its directory."""
-    record = stages.read_lineage(out / "stages" / name) or {}
+    record = lineage.read_lineage(out / "stages" / name) or {}
     path = out / "stages" / name / "summary.json"
     after = json.loads(path.read_text()).get("eval") if path.exists() else None
     return record.get("eval_before"), after

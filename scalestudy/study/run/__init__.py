@@ -1,1 +1,2 @@
-"""A study running: the main job, executors, cluster, registry, lock, stages."""
+"""A study running: the main job (its report included), compile plans, executors, cluster,
+lock, stages."""

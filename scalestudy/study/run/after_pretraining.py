@@ -22,11 +22,13 @@ from typing import Any
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.models import counting
+from scalestudy.study.plan import stages_spec
+from scalestudy.study.plan.published import read_published
 from scalestudy.study.plan.spec import StudySpec
+from scalestudy.study.record.registry import Registry
 from scalestudy.study.report import wang_report
 from scalestudy.study.run import cluster, executors, lr_search, main_job, stages
 from scalestudy.study.run.lock import study_lock
-from scalestudy.study.run.registry import Registry
 from scalestudy.train.loop import Preempted
 from scalestudy.train.rundir import layout as rundir
 
@@ -45,7 +47,7 @@ class StageRun:
     parent: Path | None  # None for a run from scratch
     cfg: ExperimentConfig
     extra_steps: int  # the steps this stage trains (all of them for a run from scratch)
-    settings: stages.AdaptConfig | stages.FinetuneConfig | None
+    settings: stages_spec.AdaptConfig | stages_spec.FinetuneConfig | None
     pretrained: main_job.PlannedRun  # the pretrained run it descends from (the table's row)
     # What the run (for finetune: its parent) is: "pretrained", "adapted" or "scratch".
     role: str = "pretrained"
@@ -87,7 +89,7 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
 
     if study.stages is None:
         return []
-    ft = stages.finetune_settings(study.stages, spec_dir)
+    ft = stages_spec.finetune_settings(study.stages, spec_dir)
     mixture = prompted.load_mixture(ft.mixture) if ft and ft.mixture else None
     out = Path(out)
     planned: list[StageRun] = []
@@ -114,11 +116,11 @@ def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) 
 
 
 def _adapted_and_scratch(
-    run: main_job.PlannedRun, parent: Path, ad: stages.AdaptConfig
+    run: main_job.PlannedRun, parent: Path, ad: stages_spec.AdaptConfig
 ) -> tuple[StageRun, StageRun]:
     """(the adaptation `ad` of the pretrained `run`, the run from scratch matching its FLOPs)."""
     steps = run.cfg.train.steps
-    cfg = stages.adapt_config(run.cfg, parent, steps, ad)
+    cfg = stages_spec.adapt_config(run.cfg, parent, steps, ad)
     via = f"{cfg.model.arch}/{cfg.objective.name}"
     name = f"{run.dirname}-adapt-{cfg.model.arch}-{cfg.objective.name}"
     extra = cfg.train.steps - steps
@@ -136,7 +138,7 @@ def _adapted_and_scratch(
 
 
 def _finetunes(
-    run: main_job.PlannedRun, parents: list[tuple], ft: stages.FinetuneConfig, mixture: Any
+    run: main_job.PlannedRun, parents: list[tuple], ft: stages_spec.FinetuneConfig, mixture: Any
 ) -> list[StageRun]:
     """The finetuning of each of `parents` (the pretrained `run` and what descends from it)."""
     from scalestudy.data import prompted
@@ -234,7 +236,7 @@ def _write_table(
 ) -> None:
     published = None
     if study.stages.published:
-        published = wang_report.read_published(Path(spec_dir) / study.stages.published)
+        published = read_published(Path(spec_dir) / study.stages.published)
     runs_by_id = {row["run_id"]: row for row in reg.runs(stages=True)}
     text = wang_report.render(planned, out, runs_by_id, published)
     (out / TABLE).write_text(text)

@@ -18,9 +18,9 @@ from typing import Any
 
 from scalestudy.config.errors import ConfigError, ScalestudyError
 from scalestudy.study.plan import groups
+from scalestudy.study.record.registry import Registry
 from scalestudy.study.run import interrupts
 from scalestudy.study.run.interrupts import StopRequests, StudyInterrupted, signal_of
-from scalestudy.study.run.registry import Registry
 from scalestudy.study.run.study_progress import StudyProgress
 from scalestudy.train.rundir import layout as rundir
 

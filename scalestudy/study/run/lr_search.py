@@ -32,9 +32,9 @@ from typing import Any
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.study.plan.spec import RepeatSeedsConfig, StudySpec
+from scalestudy.study.record.registry import Registry
 from scalestudy.study.report.lr_report import CHOICE
 from scalestudy.study.run import executors
-from scalestudy.study.run.registry import Registry
 
 DIVERGED = "NonFiniteLoss"  # a search run that stopped on a non-finite loss: data, not a fault
 

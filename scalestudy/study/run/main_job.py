@@ -32,11 +32,11 @@ from scalestudy.models import counting
 from scalestudy.study.plan import groups, ladder, spec_checks
 from scalestudy.study.plan import matching as matched
 from scalestudy.study.plan.spec import BudgetConfig, StudySpec
+from scalestudy.study.record.phases import phase
+from scalestudy.study.record.registry import Registry
 from scalestudy.study.report import page as report
 from scalestudy.study.run import executors, lr_search
 from scalestudy.study.run.lock import study_lock
-from scalestudy.study.run.registry import Registry
-from scalestudy.study.run.study_progress import phase
 
 REGISTRY_NAME = "registry.sqlite"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scalestudy.study.run.registry import Registry, planned_runs
-from scalestudy.study.run.registry_schema import RegistryError
+from scalestudy.study.record.registry import Registry, planned_runs
+from scalestudy.study.record.registry_schema import RegistryError
 
 
 def status_table(out: str | Path) -> str:

@@ -1,4 +1,4 @@
-"""The study registry's schema and its migrations (the queries are in `study/run/registry.py`).
+"""The study registry's schema and its migrations (the queries are in `study/record/registry.py`).
 
 Tables
 - runs:    one row per run (id = ExperimentConfig.hash()), its resolved config, cell, size,

@@ -3,7 +3,7 @@
 Crash safety: the database runs in WAL mode with synchronous=FULL and every change is one
 transaction, so a study killed at any instant (even with SIGKILL) leaves a consistent file;
 a run caught mid-training is simply still `running` and is resumed on the next invocation.
-The tables and their migrations are in `study/run/registry_schema.py`; this module writes and
+The tables and their migrations are in `study/record/registry_schema.py`; this module writes and
 reads them. Rows of stage runs (adaptation, finetuning, runs from scratch matched to them)
 carry their lineage and are left out of pretraining queries unless asked for.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.study.plan.recipe import recipe
-from scalestudy.study.run.registry_schema import RUN_COLUMNS, STATUSES, RegistryError, connect
+from scalestudy.study.record.registry_schema import RUN_COLUMNS, STATUSES, RegistryError, connect
 
 
 def _number(value: Any) -> float | None:

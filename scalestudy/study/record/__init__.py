@@ -1,0 +1,1 @@
+"""What a study records and reads back: the registry, the stage records, the phase lines."""
