@@ -259,7 +259,8 @@ def _read_texts(source: Any) -> list[str]:
         return []
     sampler = grain.samplers.IndexSampler(num_records=len(source), shuffle=False, num_epochs=1)
     # Read in this thread: these sources decode under the GIL (a Parquet row group behind a
-    # lock), so read-ahead threads only add switching (docs/data.md: ~10x slower on 2 cores).
+    # lock), so read-ahead threads only add switching
+    # (docs/data.md#grain-parquet-hugging-face-datasets-arrayrecord).
     loader = grain.DataLoader(
         data_source=source,
         sampler=sampler,

@@ -1,7 +1,7 @@
 """Which pairs share a scoring call, and at what row shape.
 
 A task's fitted lengths (`budget.fit_pairs`) hold its longest pair; most pairs are far shorter
-(BLiMP's sentences average a third of its longest). Each pair is therefore scored in the
+(BLiMP's, for one: docs/evaluation.md). Each pair is therefore scored in the
 shortest row of a short ladder of lengths that holds it whole (`bucket_length`), and shorter
 rows are scored more to a call: a call's rows times its row length stays within the positions
 of `rows` full-length rows, so memory never exceeds that of the one-shape layout, while the
@@ -30,8 +30,9 @@ from scalestudy.evaluate.budget import Fitted
 
 SHORTEST_ROW = 8  # scoring row lengths are multiples of 8 (data.pipeline.SCORING_ROUND)
 # A row length gets a compiled program of its own only for this many whole calls; fewer pairs
-# ride in longer rows. On a CPU one compile costs about as much as a hundred small scoring
-# calls, and a step of the ladder saves a quarter to a half of a call.
+# ride in longer rows: on a CPU one compile costs far more than a small scoring call, and a
+# step of the ladder saves only part of a call
+# (docs/evaluation.md#scoring-cost-rows-bucketed-by-length).
 MIN_CALLS = 32
 
 

@@ -6,13 +6,12 @@ Shape letters as in `layers.py`. One entry point, `attend`, with the backend cho
 - "xla": the reference einsum path (float32 [B, H, L, S] logits, bias added, masked, softmax).
   Accepts every mask and bias, attention dropout and returning the probabilities. Causal
   self-attention (no prefix) of two blocks or more (blocks of 256 query rows; 32 on a CPU,
-  where they keep the logits in cache) runs block by block: query block i
+  `CAUSAL_BLOCK_ROWS`) runs block by block: query block i
   attends to keys [0, (i + 1) * block) only, the same result as the full product (the keys
   skipped are masked there, weight exactly 0) from (n + 1) / 2n of its logits for n blocks.
   `model.attention_logits: compute` (the default) keeps the logits in the compute dtype until
-  the softmax (as T5X's and MaxText's default `float32_logits=False` and nanodo do), halving
-  their memory traffic at bfloat16's 8-bit mantissa; "float32" accumulates and keeps them in
-  float32, as cuDNN does.
+  the softmax (as T5X's and MaxText's default `float32_logits=False` and nanodo do);
+  "float32" accumulates and keeps them in float32, as cuDNN does.
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN flash attention on
   NVIDIA GPUs (bfloat16/float16). Causal structure uses cuDNN's causal mask; segments, the
   prefix and mixed heads go in as a boolean mask (which JAX turns into an additive bias); the
@@ -45,10 +44,9 @@ from scalestudy.models.masks import MaskSpec, segments
 
 NEG_INF = -1e10  # finite, so a fully masked (padding) row gives a uniform softmax, not NaN
 IMPLS = ("auto", "xla", "cudnn", "splash")
-# Query rows per block of the reference's causal path (0: no blocks), by platform. On a CPU a
-# block's [B, H, 32, S] logits stay in cache (the main job's 128-position rows: 4 blocks);
-# per step, 22-29% less CPU for its 10K-40K causal decoders and 11% at 300K than the full
-# product, and 64-row blocks save less (docs/performance.md).
+# Query rows per block of the reference's causal path (0: no blocks), by platform. 32 on a
+# CPU: a block's [B, H, 32, S] logits stay in cache where the full product's do not
+# (docs/performance.md, "On a CPU the blocks are 32 query rows").
 CAUSAL_BLOCK_ROWS = {"cpu": 32}
 DEFAULT_CAUSAL_BLOCK_ROWS = 256
 _CAUSAL_BLOCK: list[int | None] = [None]  # set by `causal_block`; None: by platform
@@ -127,6 +125,8 @@ def reference(
     """The reference path; with `return_probs`, also the float32 probabilities [B, H, L, S]
     after masking and softmax (before dropout). No 1/sqrt(K) scaling (T5). `logits`
     "compute" rounds the logits to the compute dtype before the float32 softmax."""
+    # "compute": logits in the compute dtype halve their memory traffic, at bfloat16's 8-bit
+    # mantissa (docs/performance.md#on-a-gpu); the softmax still runs in float32.
     wide = jnp.float32 if logits == "float32" else None
     logits_BHLS = jnp.einsum("BLHK,BSHK->BHLS", q_BLHK, k_BSHK, preferred_element_type=wide)
     logits_BHLS = logits_BHLS.astype(jnp.float32)
@@ -144,9 +144,7 @@ def reference(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def broadcast_rows(x: jax.Array, rows: int) -> jax.Array:
     """`x` broadcast to [rows, *x.shape]; its gradient sums the rows in up to 4 groups, then
-    adds the groups. XLA:CPU reduces over the second axis of [4, rows / 4, ...] 7-9x as fast
-    as over the first of [rows, ...], which cost a small model a third of its step in the
-    relative-position bias's gradient (docs/performance.md)."""
+    adds the groups (the same sum as over the rows at once)."""
     return jnp.broadcast_to(x, (rows, *x.shape))
 
 
@@ -155,6 +153,9 @@ def _broadcast_rows_fwd(x: jax.Array, rows: int) -> tuple[jax.Array, None]:
 
 
 def _broadcast_rows_bwd(rows: int, _: None, g: jax.Array) -> tuple[jax.Array]:
+    # Sum over the second axis of [groups, rows / groups, ...]: XLA:CPU reduces over a leading
+    # axis far slower, which cost the relative-position bias's gradient a large share of a
+    # small model's step (docs/performance.md#small-models-on-cpu).
     groups = math.gcd(rows, 4)
     sums = jnp.sum(g.reshape(groups, rows // groups, *g.shape[1:]), axis=1)
     total = sums[0]

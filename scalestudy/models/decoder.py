@@ -49,12 +49,12 @@ from scalestudy.models.moe import MoE
 ACT_BLD = ("batch", "length", "embed")
 
 
-# `scan_layers: auto` unrolls on a CPU up to this depth: there the scanned step is measured
-# slower (docs/performance.md), while accelerators and deep stacks keep the scan's
-# depth-independent compile time and memory layout.
+# `scan_layers: auto` unrolls on a CPU up to this depth: there the scanned step is slower,
+# while accelerators and deep stacks keep the scan's depth-independent compile time and
+# memory layout (docs/models.md#layer-scanning).
 AUTO_UNROLL_MAX_LAYERS = 12
-# On a GPU the scanned stack cost 1.33x the unrolled one (125M, H100; docs/performance.md),
-# and unrolled stacks up to the T5.1.1 XXL's 24 layers compiled in 38-85 s there.
+# On a GPU too the scanned stack is slower, and unrolled stacks as deep as the T5.1.1 XXL's
+# 24 layers still compile in reasonable time (docs/performance.md#on-a-gpu).
 AUTO_UNROLL_MAX_LAYERS_GPU = 32
 
 

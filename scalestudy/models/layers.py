@@ -70,8 +70,8 @@ class ParamInit:
     """Independent standard-normal draws for each parameter, from one seed.
 
     A counter-based hash of (seed, parameter number, element index) with a Box-Muller
-    transform, instead of one threefry call per parameter: on CPU each threefry costs about
-    half a second of compile time, which dominated compiling a tiny model. The draw is
+    transform, instead of one threefry call per parameter, whose compile time dominated
+    compiling a tiny model on CPU (docs/models.md). The draw is
     elementwise in the element index, so it is the same under any sharding.
     """
 
@@ -128,11 +128,8 @@ def project(spec: str, x: jax.Array, w: jax.Array, out_dtype: Any = None) -> jax
     (inputs, cotangent) in that order.
 
     Used where the cotangent is elementwise work over a wide output (the feed-forward
-    activation's derivative, the softmax's over the vocabulary). Differentiated as usual,
-    XLA's CPU backend fuses that work into a transposed write of the [B*L, wide] cotangent, a
-    strided pass that took about a quarter of a small decoder's step; with the inputs first
-    it transposes the narrower inputs instead (docs/performance.md, "Profile"). The same
-    products and sums, in another order."""
+    activation's derivative, the softmax's over the vocabulary). The same products and sums
+    as autodiff's gradient, in another order."""
     return _project(spec, out_dtype, x, w)
 
 
@@ -150,6 +147,9 @@ def _project_bwd(spec: str, out_dtype: Any, res: tuple, g: jax.Array) -> tuple:
     ins, out = spec.split("->")
     x_axes, w_axes = ins.split(",")
     dx = jnp.einsum(f"{out},{w_axes}->{x_axes}", g, w, preferred_element_type=out_dtype)
+    # Inputs first: with the cotangent first, XLA:CPU fuses the elementwise work into a
+    # strided, transposed write of the wide [B*L, wide] cotangent; this order transposes the
+    # narrower inputs instead (docs/performance.md#profile).
     dw = jnp.einsum(f"{x_axes},{out}->{w_axes}", x, g, preferred_element_type=out_dtype)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 

@@ -41,14 +41,15 @@ BLOCK_ROWS = 128
 # CPU dropless dispatch: slots per expert (x T * K / E) multiplied as one batched product
 # before the rest of an expert's assignments go to blocks (0: all in blocks). Half the
 # balanced share: a router that is not yet balanced (from initialisation, the busiest expert
-# takes 1.5-4x its share) leaves the slots of idle experts empty and sends the rest to
-# blocks, which a full share paid twice for (docs/performance.md).
+# takes several times its share) leaves the slots of idle experts empty and sends the rest to
+# blocks, which a full share paid twice for (docs/performance.md#mixture-of-experts-on-cpu).
 DROPLESS_CAPACITY = 0.5
 # Dropless grouping: None picks by platform (blocks on a CPU, `ragged_dot` elsewhere); True or
 # False forces `ragged_dot` or blocks (tests compare the two).
 RAGGED_DOT: bool | None = None
 # The routed experts' compute dtype: None picks by platform (float32 on a CPU, where XLA:CPU
-# runs the dispatch's batched products and gathers slower in bfloat16: docs/performance.md;
+# runs the dispatch's batched products and gathers slower in bfloat16:
+# docs/performance.md#mixture-of-experts-on-cpu;
 # the model's compute dtype elsewhere); a dtype name forces it. Outputs return to the latter.
 EXPERT_DTYPE: str | None = None
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 # `members: auto`. On a CPU the members' steps run one after another in the group's program,
-# so a member-step costs a run's at any K (0.90-0.99 of one at K = 4 and 8, 10K-300K
-# parameters: docs/performance.md, Members) and a larger group shares more compiling and
-# start-up; on an accelerator a small model's step is bound by launches, not arithmetic, and
-# the members share each launch. The cap bounds the K copies of the state a group holds.
+# so a member-step costs a run's at any K (docs/performance.md#members) and a larger group
+# shares more compiling and start-up; on an accelerator a small model's step is bound by
+# launches, not arithmetic, and the members share each launch. The cap bounds the K copies
+# of the state a group holds.
 AUTO_MEMBERS = 8
 
 

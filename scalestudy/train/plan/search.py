@@ -10,8 +10,8 @@ the remat policies `REMATS`. Pruning, cheapest test first:
 2. each remat policy of a mesh is compiled for memory, leanest first (`LEANEST_FIRST`): once
    one does not fit (or the compiler refuses it), the policies that keep more activations
    are pruned uncompiled. This assumes remat never adds memory, true where activations
-   dominate (the 1B decoder on v5e-8: 23.96, 7.06, 4.23, 3.11 GiB of temporaries from none to
-   full) but not for toy models, where recomputation's own buffers can outweigh the saving;
+   dominate (the 1B decoder on v5e-8: docs/performance.md#tpu-plans-that-search) but not for
+   toy models, where recomputation's own buffers can outweigh the saving;
 3. a program that fits gets the roofline (`train/plan/roofline.py`: compute, HBM and ICI times
    from the compiled program's costs) from the same compile.
 

@@ -183,9 +183,9 @@ logging.getLogger("absl").addFilter(_NoOrbaxTracebacks())
 # orbax divides each replicated array's writing between the replicas ("replica-parallel"):
 # one device slice per replica and array, each an operation dispatched on its own. That pays
 # for large arrays on many hosts, but a small model's state on a few devices then costs
-# thousands of dispatches a save (0.4 s of a tiny run's 0.7 s save on 8 CPU devices). Below
-# this many bytes per replica's slice, one replica writes the array whole, as orbax does
-# without replicas; the arrays written are the same either way.
+# thousands of dispatches a save, most of a tiny run's save time
+# (docs/testing.md#how-long-it-takes). Below this many bytes per replica's slice, one replica
+# writes the array whole, as orbax does without replicas; the arrays written are the same.
 REPLICA_PARALLEL_MIN_BYTES = 1 << 20
 logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns of the override it is asked
 ocp.type_handlers.register_type_handler(
