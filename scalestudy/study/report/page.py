@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -204,57 +206,75 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
     return render.table(head, rows)
 
 
+@dataclass(frozen=True)
+class ReportInputs:
+    """Everything the sections of the page read, computed once (`ReportInputs.of`).
+
+    `runs`: the planned runs, finished or not. `cmp`: `answer.compare` of them. `fits`: the
+    study's fits (`fit_study`), `figures` their paths relative to `out` and `notes` why there
+    are none. `out`: the report's folder; None (a page from its parts alone) leaves out the
+    sections that read or write files there. `loss_tokens`: cell -> mean loss-bearing tokens
+    per example, or why it was not measured (`loss_tokens.per_cell`). `left_out`: a sentence
+    naming the registry's runs that the spec does not plan. `rate_records`: the learning-rate
+    search's choice records (`lr_report.load`)."""
+
+    study: StudySpec
+    runs: list[dict[str, Any]]
+    cmp: dict[str, Any]
+    fits: dict[str, Any] = field(default_factory=dict)
+    figures: list[str] = ()
+    notes: list[str] = ()
+    out: Path | None = None
+    loss_tokens: dict[str, float | str] | None = None
+    left_out: str = ""
+    rate_records: list[dict[str, Any]] = ()
+
+    @classmethod
+    def of(cls, study: StudySpec, runs: list[dict[str, Any]], **parts: Any) -> ReportInputs:
+        """The inputs of `study`'s page over `runs`, comparing them once; `parts`: the other
+        fields."""
+        return cls(study, runs, answer.compare(runs, tolerance=study.match_tolerance), **parts)
+
+    @property
+    def done(self) -> list[dict[str, Any]]:
+        """The finished runs."""
+        return [r for r in self.runs if r["status"] == "done"]
+
+    @property
+    def n_what(self) -> str:
+        """What the comparisons' N counts, in words."""
+        if self.cmp["n_key"] == "params_total":
+            return "total parameters"
+        return "non-embedding parameters"
+
+
 def render_markdown(
     study: StudySpec,
     runs: list[dict[str, Any]],
     fits: dict[str, Any],
     figures: list[str],
     notes: list[str] = (),
-    loss_tokens: dict[str, float | str] | None = None,
-    learning_rates: list[str] = (),
-    left_out: str = "",
-    rate_records: list[dict[str, Any]] = (),
+    **parts: Any,
 ) -> str:
-    """The report as Markdown: first the answer (a verdict table, the frontier figure, what
-    the study cannot tell), then how the rates were chosen, every verdict in full, the fits
-    and the runs.
-
-    `loss_tokens`: cell -> mean loss-bearing tokens per example, or why it was not measured
-    (`loss_tokens.per_cell`). `learning_rates`: the learning-rate search's section.
-    `left_out`: a sentence naming the registry's runs that the spec does not plan.
-    `rate_records`: the search's choice records, for what it left open (`limits`)."""
-    cmp = answer.compare(runs, tolerance=study.match_tolerance)
-    n_what = "total parameters" if cmp["n_key"] == "params_total" else "non-embedding parameters"
-    lines = [
-        *_answer_lines(study, cmp, runs, figures, n_what, left_out),
-        *limits(study, cmp, runs, fits, rate_records),
-        *learning_rates,
-        *_reading_lines(cmp, runs),
-        *_verdict_lines(study, cmp, runs, n_what),
-    ]
-    if fits or notes:
-        lines += ["## Scaling-law fits", "", *notes, *fits_lines(fits), ""]
-    lines += task_law_report.section(fits)
-    if figures:
-        lines += ["## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures] + [""]
-    if loss_tokens is not None:
-        lines += loss_token_report.lines(runs, loss_tokens)
-    lines += ["## Runs", "", *_runs_table(runs), ""]
-    return "\n".join(lines)
+    """The report as Markdown from its parts (`ReportInputs`' fields; without `out`, the
+    sections that read or write the report's folder are left out): `page` of them."""
+    return page(ReportInputs.of(study, runs, fits=fits, figures=figures, notes=notes, **parts))
 
 
-def _answer_lines(
-    study: StudySpec,
-    cmp: dict[str, Any],
-    runs: list[dict[str, Any]],
-    figures: list[str],
-    n_what: str,
-    left_out: str,
-) -> list[str]:
+def page(inputs: ReportInputs) -> str:
+    """The report as Markdown: every section of `SECTIONS` in order, joined once. First the
+    answer (a verdict table, the frontier figure, what the study cannot tell), then how the
+    rates were chosen, every verdict in full, the fits and the runs, then the per-task,
+    BLiMP and MoE sections."""
+    return "\n".join(line for section in SECTIONS for line in section(inputs))
+
+
+def answer_section(inputs: ReportInputs) -> list[str]:
     """The report's title, what ran, the host, the verdict table and the frontier figure."""
+    study, cmp, runs = inputs.study, inputs.cmp, inputs.runs
     wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
     flops = sum(r.get("flops") or 0.0 for r in runs)
-    frontier = [f for f in figures if Path(f).stem == "answer"]
+    frontier = [f for f in inputs.figures if Path(f).stem == "answer"]
     return [
         f"# Study `{study.name}`",
         "",
@@ -262,11 +282,11 @@ def _answer_lines(
         "",
         f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
         f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of "
-        f"training.{left_out}",
+        f"training.{inputs.left_out}",
         "",
         host_line(),
         "",
-        *verdicts.answer(cmp, n_what),
+        *verdicts.answer(cmp, inputs.n_what),
         *[
             f"![the answer's metric, probe accuracy, against training compute; chance dotted; "
             f"the points the rows are read at ringed]({f})"
@@ -276,8 +296,21 @@ def _answer_lines(
     ]
 
 
-def _reading_lines(cmp: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+def limits_section(inputs: ReportInputs) -> list[str]:
+    """What the study cannot tell (`limits`)."""
+    i = inputs
+    return limits(i.study, i.cmp, i.runs, i.fits, i.rate_records)
+
+
+def learning_rates_section(inputs: ReportInputs) -> list[str]:
+    """The learning-rate search's section (`lr_report.section`; its figure is written to the
+    report's folder, so none without one)."""
+    return lr_report.section(inputs.out, inputs.done) if inputs.out is not None else []
+
+
+def reading_section(inputs: ReportInputs) -> list[str]:
     """How to read the comparisons: what is comparable, the method, chance and cut contexts."""
+    runs = inputs.runs
     return [
         "## How to read the comparisons",
         "",
@@ -287,7 +320,7 @@ def _reading_lines(cmp: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]
         "the same objective. Across all cells the common metric is **zero-shot probe "
         "accuracy** (rank classification of the same held-out examples).",
         "",
-        *answer.method_lines(cmp),
+        *answer.method_lines(inputs.cmp),
         "",
         *(
             [f"Chance (a uniform guess among each example's choices): {chance:.3f}.", ""]
@@ -308,10 +341,10 @@ def _reading_lines(cmp: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]
     ]
 
 
-def _verdict_lines(
-    study: StudySpec, cmp: dict[str, Any], runs: list[dict[str, Any]], n_what: str
-) -> list[str]:
-    """The verdicts section: whether loss falls up the ladder, then every verdict in full."""
+def verdicts_section(inputs: ReportInputs) -> list[str]:
+    """The verdicts section: whether loss falls up the ladder, then every verdict in full,
+    the in-context comparisons and the comparisons at a held quantity."""
+    study, cmp, runs = inputs.study, inputs.cmp, inputs.runs
     lines = ["## Verdicts", ""]
     if cmp["not_scaling"]:
         lines += [
@@ -323,12 +356,95 @@ def _verdict_lines(
         ]
     elif cmp["n_done"]:
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
-    lines += answer.verdict_section(cmp, n_what)
+    lines += answer.verdict_section(cmp, inputs.n_what)
     lines += incontext.lines(cmp["incontext"], runs)
     lines += comparisons.lines(
         runs, study.match_tolerance, found=cmp["matched"], family=cmp["secondary"]
     )
     return lines
+
+
+def fits_section(inputs: ReportInputs) -> list[str]:
+    """The scaling-law fits (`fits_lines`), or why there are none; [] with neither."""
+    if not (inputs.fits or inputs.notes):
+        return []
+    return ["## Scaling-law fits", "", *inputs.notes, *fits_lines(inputs.fits), ""]
+
+
+def task_laws_section(inputs: ReportInputs) -> list[str]:
+    """The per-task laws and their backtests (`task_law_report.section`)."""
+    return task_law_report.section(inputs.fits)
+
+
+def figures_section(inputs: ReportInputs) -> list[str]:
+    """Every figure of the study, by its file name."""
+    if not inputs.figures:
+        return []
+    return ["## Figures", "", *[f"![{Path(f).stem}]({f})" for f in inputs.figures], ""]
+
+
+def loss_tokens_section(inputs: ReportInputs) -> list[str]:
+    """Loss-bearing tokens per example (`loss_tokens.lines`); [] where not measured."""
+    if inputs.loss_tokens is None:
+        return []
+    return loss_token_report.lines(inputs.runs, inputs.loss_tokens)
+
+
+def runs_section(inputs: ReportInputs) -> list[str]:
+    """Every planned run, one row each."""
+    return ["## Runs", "", *_runs_table(inputs.runs), ""]
+
+
+def zero_shot_section(inputs: ReportInputs) -> list[str]:
+    """Zero-shot accuracy per task (`zeroshot_plots.report_section`; its figure is written to
+    the report's folder, so none without one)."""
+    if inputs.out is None:
+        return []
+    from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
+
+    text = report_section(inputs.done, inputs.out)
+    # it opens with a blank line, the one the section before ends with
+    return text.split("\n")[1:] if text else []
+
+
+def blimp_section(inputs: ReportInputs) -> list[str]:
+    """BLiMP (`blimp_report.section`), against the reference data the study's tasks name."""
+    from scalestudy.study.report import blimp_report
+
+    base_eval = inputs.study.base.get("eval", {})
+    data_dir = base_eval.get("data_dir") or os.environ.get("SCALESTUDY_EVAL_DIR")
+    reference = blimp_report.reference_dir(inputs.study.tasks, data_dir)
+    return blimp_report.section(inputs.done, reference)
+
+
+def expert_section(inputs: ReportInputs) -> list[str]:
+    """The MoE runs' routing (`expert_report.section`; it measures the runs and links figures
+    relative to the report's folder, so none without one)."""
+    if inputs.out is None:
+        return []
+    from scalestudy.study.report import expert_report
+
+    return expert_report.section(inputs.done, inputs.out)
+
+
+Section = Callable[[ReportInputs], list[str]]
+
+# The page, in order: the one place it is assembled (`page`).
+SECTIONS: tuple[Section, ...] = (
+    answer_section,
+    limits_section,
+    learning_rates_section,
+    reading_section,
+    verdicts_section,
+    fits_section,
+    task_laws_section,
+    figures_section,
+    loss_tokens_section,
+    runs_section,
+    zero_shot_section,
+    blimp_section,
+    expert_section,
+)
 
 
 def render_html(text: str) -> str:
@@ -401,22 +517,17 @@ def finalize(study: StudySpec, out: Path) -> Path:
     if done and (got := answer_figure(done, out, study.match_tolerance)):
         figures = [got, *figures]
     per_example = loss_token_report.per_cell(out / "registry.sqlite", run_ids=planned)
-    rates = lr_report.section(out, done)
     text = render_markdown(
-        study, runs, fits, figures, notes, per_example, rates, left_out, lr_report.load(out)
+        study,
+        runs,
+        fits,
+        figures,
+        notes,
+        out=out,
+        loss_tokens=per_example,
+        left_out=left_out,
+        rate_records=lr_report.load(out),
     )
-    from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
-
-    text += report_section(done, out)
-    from scalestudy.study.report import blimp_report
-
-    data_dir = study.base.get("eval", {}).get("data_dir") or os.environ.get("SCALESTUDY_EVAL_DIR")
-    if blimp_lines := blimp_report.section(done, blimp_report.reference_dir(study.tasks, data_dir)):
-        text += "\n" + "\n".join(blimp_lines)
-    from scalestudy.study.report import expert_report
-
-    if expert_lines := expert_report.section(done, out):
-        text += "\n" + "\n".join(expert_lines)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(render_html(text))
     print(f"report: {out / 'report.md'}")
