@@ -163,3 +163,27 @@ def test_a_verdict_too_near_the_level_to_hold_across_hosts_is_borderline_not_cal
         assert "not called" in verdicts.why(test("c", p))
     clear = {"leader": "a", "higher": True, "tests": [test("b", 0.001), test("c", 0.01)]}
     assert leader_lines(clear)[0].startswith("**a** is ahead of every other cell")
+
+
+def test_power_columns_say_why_they_are_empty():
+    """Two cells at a ceiling give every run the same value: no spread to size a design by,
+    said in the row, never a blank cell."""
+    from scalestudy.scaling.intervals import Interval
+    from scalestudy.study.report import verdicts
+
+    flat = Interval(0.0, 0.0, 0.0, 1.0, 3, se=0.0)
+    test = {
+        "cell": "a",
+        "reference": "b",
+        "metric": "acc",
+        "interval": flat,
+        "p_holm": 1.0,
+        "shown": flat,
+        "family": ("primary", 4),
+        "not_equal": [],
+    }
+    row = verdicts._row("q", "acc", {"leader": "a", "higher": True, "tests": [test]}, 0.95)
+    assert row.cells()[7:9] == ["-", "no run spread"]
+    test.pop("family")
+    row = verdicts._row("q", "acc", {"leader": "a", "higher": True, "tests": [test]}, 0.95)
+    assert row.cells()[7:9] == ["-", "-"]

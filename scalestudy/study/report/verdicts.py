@@ -126,7 +126,7 @@ class AnswerRow:
             return [self.question, self.metric, self.best, self.verdict, "", "", "", "", "", ""]
         t = self.closest
         margin, p, n = cells(t, digits)
-        dd = "" if self.detectable is None else f"{self.detectable:.{digits}f}"
+        dd = "-" if self.detectable is None else f"{self.detectable:.{digits}f}"
         unequal = ", ".join(t["not_equal"]) or "nothing"
         return [
             self.question,
@@ -145,10 +145,13 @@ class AnswerRow:
 def _power(test: dict[str, Any], level: float) -> tuple[float | None, str]:
     """(the smallest difference the design detects with 80% power, two-sided, at the family's
     Bonferroni level, from the measured run spread; the runs a side that would resolve the
-    observed margin) for one adjusted test; (None, "") without a between-run interval."""
+    observed margin) for one adjusted test; (None, "-") without a between-run interval, and
+    (None, "no run spread") where every run gave the same value."""
     iv: Interval = test["interval"]
-    if "family" not in test or iv.se <= 0:
-        return None, ""
+    if "family" not in test:
+        return None, "-"
+    if iv.se <= 0:  # every run the same (e.g. both cells at a ceiling): no spread to size by
+        return None, "no run spread"
     alpha = (1 - level) / test["family"][1]
     paired = iv.method != "welch"
     # the spread of one run's value (paired: of a per-seed difference) behind the se
