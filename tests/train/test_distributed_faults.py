@@ -20,7 +20,7 @@ from scalestudy.train.rundir import logfile, saved_run
 from .two_process import OVERRIDES, free_port, process_env
 
 # Run by each process in place of `python -m scalestudy.cli.main`, after an optional prelude.
-MAIN = "import sys\nfrom scalestudy import cli\nsys.exit(cli.main())\n"
+MAIN = "import sys\nfrom scalestudy.cli.main import main\nsys.exit(main())\n"
 
 # A train step whose loss is NaN, whatever the state (the terminal set up for the command
 # line first, as `main` does before anything imports TensorFlow).
