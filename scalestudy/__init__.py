@@ -44,7 +44,7 @@ _EXPORTS = {
     "load_config": "scalestudy.config.experiment",
     "build_model": "scalestudy.models.api",
     "get_vocabulary": "scalestudy.data.vocab",
-    "train_group": "scalestudy.train.group",
+    "train_group": "scalestudy.train.loop",
     "Scorer": "scalestudy.evaluate.scorer",
     "load_run": "scalestudy.evaluate.rank",
     "evaluate_run": "scalestudy.evaluate.rank",

@@ -775,10 +775,11 @@ def test_a_step_that_needs_more_memory_than_a_device_has_is_refused_before_it_ru
 
     import jax
 
-    from scalestudy.train import datasheets, step
+    from scalestudy.train import datasheets
+    from scalestudy.train import program as train_program
 
     # compiled here: a program cached by an earlier run of this module is not checked again
-    monkeypatch.setattr(step, "_PROGRAMS", OrderedDict())
+    monkeypatch.setattr(train_program, "_PROGRAMS", OrderedDict())
     # more than the parameters alone (refused before compiling, as in the test below), less
     # than the step
     monkeypatch.setattr(datasheets, "device_memory", lambda device: 2**17)
@@ -822,10 +823,10 @@ def test_a_model_whose_parameters_alone_exceed_the_devices_is_refused_before_com
 ):
     """Parameters that all of the job's devices together cannot hold: one line naming the
     sizes, before anything is compiled or written."""
-    from scalestudy.train import datasheets, step
+    from scalestudy.train import datasheets, loop
 
     monkeypatch.setattr(datasheets, "device_memory", lambda device: 2**20)
-    monkeypatch.setattr(step, "build_program", lambda *a, **k: pytest.fail("compiled"))
+    monkeypatch.setattr(loop, "build_program", lambda *a, **k: pytest.fail("compiled"))
     argv = ["train", "--config", TINY, "--workdir", str(tmp_path / "w"), "train.steps=2"]
     assert main([*argv, "model.d_model=256", "model.d_ff=8192"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -39,7 +39,8 @@ import numpy as np
 from scalestudy.config.experiment import ExperimentConfig, load_config
 from scalestudy.data import pipeline
 from scalestudy.models import attention, counting
-from scalestudy.train import datasheets, step
+from scalestudy.train import datasheets
+from scalestudy.train import program as train_program
 
 SIZE_350M = ("model.d_model=1024", "model.n_heads=16", "model.n_layers=24", "model.d_ff=4096")
 SIZE_125M = ("model.d_model=768", "model.n_heads=12", "model.n_layers=12", "model.d_ff=3072")
@@ -101,9 +102,9 @@ def ours(cfg: ExperimentConfig, *, blocks: int | None = None) -> dict[str, Any]:
     batch = next(pipeline.make_iterator(cfg, "train"))
     context = attention.causal_block(blocks) if blocks is not None else contextlib.nullcontext()
     with context:
-        program = step.build_program(cfg, batch)
+        program = train_program.build_program(cfg, batch)
         state = program.init(cfg.train.seed)
-        _, first_s, ms = _time(program.train_step, state, program.shard_batch(batch))
+        _, first_s, ms = _time(program.step, state, program.shard_batch(batch))
     flops = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
     return _row(cfg, ms, flops, program.compile_s + first_s)
 
@@ -172,7 +173,6 @@ def agreement(arch: str, objective: str, position: str) -> dict[str, Any]:
 def member_steps(k: int) -> dict[str, Any]:
     """Wall time per step of K members of a 10M-parameter causal decoder in one program."""
     from scalestudy.train import members
-    from scalestudy.train import program as group_program
 
     cfg = _config(
         "model.d_model=384",
@@ -187,14 +187,14 @@ def member_steps(k: int) -> dict[str, Any]:
     )
     batch = next(pipeline.make_iterator(cfg, "train"))
     if k == 1:
-        program = step.build_program(cfg, batch)
-        run, state, device_batch = program.train_step, program.init(0), program.shard_batch(batch)
+        program = train_program.build_program(cfg, batch)
+        run, state, device_batch = program.step, program.init(0), program.shard_batch(batch)
     else:
-        group = group_program.build_group_program(members.seeded(cfg, k), batch)
+        group = train_program.build_program(members.seeded(cfg, k), batch)
         state, device_batch = group.init(range(k)), group.shard([batch] * k)
 
         def run(state, batch_):
-            return group.train_step(state, batch_, group.hyper)
+            return group.step(state, batch_)
 
     _, first_s, ms = _time(run, state, device_batch)
     flops = k * cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]

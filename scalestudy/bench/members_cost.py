@@ -29,22 +29,22 @@ import numpy as np
 from scalestudy.config.experiment import ExperimentConfig, to_yaml
 from scalestudy.data import pipeline
 from scalestudy.models import counting
-from scalestudy.train import members, step
-from scalestudy.train import program as group_program
+from scalestudy.train import members
+from scalestudy.train import program as train_program
 
 
-def _timer(run: Any, state: Any, batch: Any, extra: tuple = ()) -> tuple[Any, Any]:
+def _timer(run: Any, state: Any, batch: Any) -> tuple[Any, Any]:
     """(state, seconds of CPU for `calls` calls) as a closure over the running state."""
     box = {"state": state}
 
     def timed(calls: int) -> float:
         out = None
         for _ in range(2):  # the first calls allocate
-            box["state"], out = run(box["state"], batch, *extra)
+            box["state"], out = run(box["state"], batch)
         jax.block_until_ready(out)
         cpu = time.process_time()
         for _ in range(calls):
-            box["state"], out = run(box["state"], batch, *extra)
+            box["state"], out = run(box["state"], batch)
         jax.block_until_ready(out)
         return time.process_time() - cpu
 
@@ -57,12 +57,12 @@ def step_curve(
     """CPU time per step of groups of K = 1, 2, 4, ... `most` members against one run's,
     alternating rounds of `steps` steps (rounded up to whole calls)."""
     batch = next(pipeline.make_iterator(cfg, "train"))
-    single = step.build_program(cfg, batch)
+    single = train_program.build_program(cfg, batch)
     k = single.steps_per_call if single.multi_step is not None else 1
     if k > 1:
-        one = _timer(single.multi_step, single.init(0), single.shard_batches([batch] * k))
+        one = _timer(single.steps, single.init(0), single.shard_batches([batch] * k))
     else:
-        one = _timer(single.train_step, single.init(0), single.shard_batch(batch))
+        one = _timer(single.step, single.init(0), single.shard_batch(batch))
     calls = -(-steps // k)
     sizes = sorted({2**i for i in range(most.bit_length()) if 2**i <= most} | {most})
     flops = cfg.train.batch_size * counting.flops(cfg)["flops_per_example"]
@@ -70,20 +70,17 @@ def step_curve(
     for size in sizes:
         cfgs = members.seeded(cfg, size)
         t = time.process_time()
-        program = group_program.build_group_program(cfgs, batch)
+        program = train_program.build_program(cfgs, batch)
         compile_cpu = time.process_time() - t
         state = program.init(range(size))
         if k > 1:
             group = _timer(
-                program.multi_step,
+                program.steps,
                 state,
                 program.shard_steps([[batch] * k] * size),
-                (program.hyper,),
             )
         else:
-            group = _timer(
-                program.train_step, state, program.shard([batch] * size), (program.hyper,)
-            )
+            group = _timer(program.step, state, program.shard([batch] * size))
         alone, together = [], []
         for _ in range(rounds):
             alone.append(one(calls) / (calls * k))
@@ -92,7 +89,7 @@ def step_curve(
         rows.append(
             {
                 "members": size,
-                "program": group_program.program_kind(cfg, program.mesh, program.member_axis),
+                "program": train_program.program_kind(cfg, program.mesh, program.member_axis),
                 "cpu_ms_per_step": round(1e3 * g, 3),
                 "cpu_ms_per_member_step": round(1e3 * g / size, 3),
                 "run_cpu_ms_per_step": round(1e3 * a, 3),

@@ -34,7 +34,7 @@ from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.data import pipeline
 from scalestudy.models import counting
 from scalestudy.models.decoder import scanned
-from scalestudy.train import step
+from scalestudy.train import program as train_program
 
 PEERS = ("auto", "minimal", "nanodo")
 PEER_FEATURES = ("decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights")
@@ -220,8 +220,8 @@ def bench_peer(
     which = resolve_peer(which)
     peer_step, peer_state, peer_fpe = make_peer(cfg, which)  # a missing peer fails first
     batch = next(pipeline.make_iterator(cfg, "train"))
-    program = step.build_program(cfg, batch)
-    ours = (program.train_step, program.init(cfg.train.seed), program.shard_batch(batch))
+    program = train_program.build_program(cfg, batch)
+    ours = (program.step, program.init(cfg.train.seed), program.shard_batch(batch))
     peer = (peer_step, peer_state, {k: jnp.asarray(batch[k]) for k in PEER_FEATURES})
     ours_fpe = counting.flops(cfg)["flops_per_example"]
     tokens = float(np.sum(batch["decoder_loss_weights"]))

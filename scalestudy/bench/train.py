@@ -23,7 +23,8 @@ from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import ExperimentConfig, load_config
 from scalestudy.data import pipeline
 from scalestudy.models import counting
-from scalestudy.train import datasheets, step
+from scalestudy.train import datasheets
+from scalestudy.train import program as train_program
 
 # Named sizes (config overrides). "small" is quick; "25m" is the ~25M-parameter decoder at
 # 512 positions (384 inputs + 128 targets; the encoder-decoder encodes 384, decodes 128).
@@ -119,13 +120,13 @@ def time_train_steps(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
     batch, `train.steps_per_call` steps to a compiled call as the training loop runs them
     (`steps` rounded up to whole calls)."""
     batch = next(pipeline.make_iterator(cfg, "train"))
-    program = step.build_program(cfg, batch)
+    program = train_program.build_program(cfg, batch)
     state = program.init(cfg.train.seed)
     k = program.steps_per_call if program.multi_step is not None else 1
     if k > 1:
-        run, device_batch = program.multi_step, program.shard_batches([batch] * k)
+        run, device_batch = program.steps, program.shard_batches([batch] * k)
     else:
-        run, device_batch = program.train_step, program.shard_batch(batch)
+        run, device_batch = program.step, program.shard_batch(batch)
     for _ in range(2):  # warm-up: first calls allocate
         state, m = run(state, device_batch)
     jax.block_until_ready(m)

@@ -125,8 +125,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train_members(args: argparse.Namespace, workdir: Path) -> int:
     """`train --members`: one group, each member in its own `workdir/<member>` directory."""
-    from scalestudy.train.group import train_group
-    from scalestudy.train.loop import Preempted
+    from scalestudy.train.loop import Preempted, train_group
 
     base, cfgs, dirs = _member_configs(args, workdir)
     _join_job()

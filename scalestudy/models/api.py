@@ -142,7 +142,7 @@ class Model:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Mean cross-entropy over loss-bearing tokens plus z-loss (and the MoE layers'
         auxiliary losses), and token counts (with MoE layers, "moe_aux_loss" and "moe": each
-        stack's measurements, `moe.layer_metrics` reads them)."""
+        stack's measurements, `train/moe_balance.layer_metrics` reads them)."""
         moe = {}
         if self.cfg.moe.enabled:
             capture = nnx.capture(_forward, nnx.Intermediate)

@@ -2,17 +2,19 @@
 every=N)` runs `fn(run, step)` at every N-th step. A hook that measures something returns a
 dict of metrics; the dicts of one step become one metrics.jsonl row.
 
-The hooks of a run, in the order they run at a step:
+The loop's hooks (train/loop.py, `Group`), in the order they run at a step, each for every
+member:
 
-- `validate`: loss, cross-entropy and accuracy on the held-out batches (`val/...`), and the
-  best validation loss so far (kept in the run's totals, so it survives a resume);
+- validation: loss, cross-entropy and accuracy on the held-out batches (`val/...`,
+  `validation_metrics`), and the best validation loss so far (kept in the run's totals, so
+  it survives a resume);
 - `ZeroShot`: the zero-shot evaluation function of `train(..., eval_fn=...)` (`eval/...`);
 - `CheckpointHook`: brings every queued step's metrics to the host (never checkpointing a
   diverged state), makes metrics.jsonl durable, then saves the train state together with the
   data iterator's state and the run's totals. It never saves one step twice.
 
 A hook's `every` of 0 or None turns it off. The loop skips hooks at the last step: the run's
-end evaluates and saves once (`Run.finish`).
+end evaluates and saves once (`Group.train`, the final hooks).
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
-
 from scalestudy.train.rundir import checkpoint
 
-# A hook's `run` is the loop's `Run` (train/loop.py); loop.py imports this module, so hooks
-# name it `Run` here without importing it back.
+# A hook's `run` is the loop's `Run` or `Group` (train/loop.py); loop.py imports this module,
+# so hooks name it here without importing it back.
 Run = Any
 HookFn = Callable[[Run, int], "dict[str, float] | None"]
 EvalFn = Callable[[Any, Any, int], dict[str, float]]
@@ -63,15 +63,6 @@ class Hooks:
         for hook in self._hooks:
             if force or hook.due(step):
                 yield hook.fn(run, step) or {}
-
-
-def validate(run: Run, step: int) -> dict[str, float]:
-    """Validation loss, cross-entropy and accuracy over the run's held-out batches."""
-    t = time.perf_counter()
-    sums = [run.program.eval_step(run.state["params"], b) for b in run.val_batches]
-    out = validation_metrics(run, jax.device_get(sums))
-    run.timing["eval_s"] += time.perf_counter() - t
-    return out
 
 
 def validation_metrics(run: Run, sums: list[dict[str, Any]]) -> dict[str, float]:

@@ -8,10 +8,10 @@ step over a leading member axis of the train state, the batches and the differin
 (which the step receives as traced scalars), vmapped or looped. A member's slice of the state
 has the structure of a run's state, so its checkpoints are those of a run trained alone and
 either can resume the other; the numbers are the same bit for bit only in the same program
-(a member resumes exactly inside its own group: train/group.py).
+(a member resumes exactly inside its own group: train/loop.py).
 
 The compiled program is train/program.py; the loop that trains a group, with one run
-directory per member, is train/group.py.
+directory per member, is train/loop.py (a run alone is a group of one).
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def test_mixed_heads_look_forward_or_backward_over_the_whole_row():
 
 
 def test_a_tiny_noncausal_decoder_learns_it():
-    from scalestudy.train import step
+    from scalestudy.train import program as train_program
 
     cfg = bmlm_cfg(
         batch_size=16,
@@ -228,11 +228,11 @@ def test_a_tiny_noncausal_decoder_learns_it():
     )
     it = make_iterator(cfg)
     batches = [next(it) for _ in range(20)]
-    program = step.build_program(cfg, batches[0])
+    program = train_program.build_program(cfg, batches[0])
     state = program.init(0)
     losses = []
     for b in batches:
-        state, m = program.train_step(state, program.shard_batch(b))
+        state, m = program.step(state, program.shard_batch(b))
         losses.append(m["train/loss"])
     losses = [float(x) for x in jax.device_get(losses)]
     assert all(np.isfinite(losses))

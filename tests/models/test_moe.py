@@ -15,6 +15,7 @@ from scalestudy.models import counting as counting_
 from scalestudy.models import moe, moe_dispatch
 from scalestudy.models.api import build_model
 from scalestudy.models.layers import ParamInit
+from scalestudy.train import moe_balance
 
 from .conftest import make_batch, tiny
 from .test_decode import _chunked
@@ -244,7 +245,7 @@ def test_model_balance_moves_each_layers_bias_by_its_own_load():
         model = build_model(moe_cfg(scan_layers=scan, bias_rate=0.5, every=1))
         params = jax.jit(model.init)(jax.random.key(0))
         load = {"decoder": jnp.array([[5.0, 1.0, 1.0, 1.0], [2.0, 2.0, 3.0, 1.0]])}
-        moved = moe.balance(model, params, load)
+        moved = moe_balance.balance(model, params, load)
         stack = moved["decoder"]
         bias = (
             stack["layers"]["mlp"]["router_bias"]
@@ -334,7 +335,7 @@ def test_a_short_training_lowers_the_loss(arch):
             )
             updates, opt = tx.update(grads, opt, params)
             load = {name: stats["load_E"] for name, stats in aux["moe"].items()}
-            params = moe.balance(model, optax.apply_updates(params, updates), load)
+            params = moe_balance.balance(model, optax.apply_updates(params, updates), load)
             return (params, opt), (loss, aux["moe_aux_loss"])
 
         return jax.lax.scan(one, (params, opt), None, length=20)[1]

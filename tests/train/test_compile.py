@@ -99,9 +99,9 @@ import jax
 sys.path.insert(0, sys.argv[2])
 from conftest import tiny
 from scalestudy.train.plan import aot
-from scalestudy.train import step
+from scalestudy.train.runtime import host_setup
 
-step.enable_compilation_cache()
+host_setup.enable_compilation_cache()
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.jit(lambda x: x * 3 + 1)(jax.numpy.ones(5)).block_until_ready()  # a CPU program, cached
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)

@@ -29,21 +29,21 @@ from scalestudy.train.rundir import logfile
 logfile.quiet_terminal()
 
 import numpy as np
-from scalestudy.train import step
+from scalestudy.train import loop
 
-_build = step.build_program
+_build = loop.build_program
 
 def _poisoned_build(*args, **kwargs):
     program = _build(*args, **kwargs)
     real_step = program.train_step
 
-    def poisoned(state, batch):
-        state, m = real_step(state, batch)
+    def poisoned(state, batch, *hyper):
+        state, m = real_step(state, batch, *hyper)
         return state, {**m, "train/loss": m["train/loss"] * np.nan}
 
     return type(program)(**{**program.__dict__, "train_step": poisoned})
 
-step.build_program = _poisoned_build
+loop.build_program = _poisoned_build
 """
 
 

@@ -19,7 +19,7 @@ import pytest
 from scalestudy.cli import main as cli
 from scalestudy.config.experiment import to_yaml
 from scalestudy.models.api import build_model
-from scalestudy.train import loop, step
+from scalestudy.train import loop
 from scalestudy.train.rundir import (
     checkpoint,
     checkpoint_writers,
@@ -413,19 +413,19 @@ def test_a_file_in_place_of_a_checkpoint_is_set_aside_not_skipped(tiny_cfg, tmp_
 
 def test_a_nan_right_after_a_restore_names_the_checkpoint(tiny_cfg, tmp_path, monkeypatch):
     loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=4"), tmp_path)
-    real_build = step.build_program
+    real_build = loop.build_program
 
     def build_with_nan(*args, **kwargs):
         program = real_build(*args, **kwargs)
         real_step = program.train_step
 
-        def poisoned(state, batch):
-            state, m = real_step(state, batch)
+        def poisoned(state, batch, *hyper):
+            state, m = real_step(state, batch, *hyper)
             return state, {**m, "train/loss": m["train/loss"] * np.nan}
 
         return type(program)(**{**program.__dict__, "train_step": poisoned})
 
-    monkeypatch.setattr(step, "build_program", build_with_nan)
+    monkeypatch.setattr(loop, "build_program", build_with_nan)
     with pytest.raises(loop.NonFiniteLoss, match=r"resuming from the one of step 4.*suspect"):
         loop.train(tiny_cfg("causal_decoder", None, "train.stop_after_steps=8"), tmp_path)
 

@@ -13,7 +13,7 @@ import pytest
 from scalestudy.config.experiment import to_yaml
 from scalestudy.data import pipeline
 from scalestudy.models import counting
-from scalestudy.train import datasheets, loop, step
+from scalestudy.train import datasheets, loop
 from scalestudy.train.rundir import layout as rundir
 from scalestudy.train.rundir import saved_run
 
@@ -130,21 +130,21 @@ def test_corrupt_latest_checkpoint_falls_back(tiny_cfg, straight, tmp_path):
 
 
 def test_nan_stops_with_message_and_keeps_last_good_checkpoint(tiny_cfg, tmp_path, monkeypatch):
-    real_build = step.build_program
+    real_build = loop.build_program
 
     def build_with_nan_from_step_6(*args, **kwargs):
         program = real_build(*args, **kwargs)
         real_step = program.train_step
 
-        def poisoned(state, batch):
-            state, m = real_step(state, batch)
+        def poisoned(state, batch, *hyper):
+            state, m = real_step(state, batch, *hyper)
             if int(state["step"]) >= 6:
                 m = {**m, "train/loss": m["train/loss"] * np.nan}
             return state, m
 
         return type(program)(**{**program.__dict__, "train_step": poisoned})
 
-    monkeypatch.setattr(step, "build_program", build_with_nan_from_step_6)
+    monkeypatch.setattr(loop, "build_program", build_with_nan_from_step_6)
     cfg = tiny_cfg("causal_decoder", None, "train.stop_after_steps=8")
     with pytest.raises(loop.NonFiniteLoss, match=r"loss is nan at step 6.*checkpoint is step 4"):
         loop.train(cfg, tmp_path)

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from scalestudy.train import group, loop
+from scalestudy.train import loop
 from scalestudy.train.rundir import layout as rundir
 from scalestudy.train.rundir import saved_run
 
@@ -61,15 +61,15 @@ def straight(tiny_cfg, tmp_path_factory):
     """The uninterrupted group: each member's training and validation losses."""
     root = tmp_path_factory.mktemp("straight")
     dirs = [root / f"seed{s}" for s in range(K)]
-    group.train_group(_members(tiny_cfg), dirs)
+    loop.train_group(_members(tiny_cfg), dirs)
     return [(_losses(d), _val(d)) for d in dirs]
 
 
 def test_a_deleted_member_catches_up_inside_its_group(tiny_cfg, straight, tmp_path):
     dirs = [tmp_path / f"seed{s}" for s in range(K)]
-    group.train_group(_members(tiny_cfg, stop=4), dirs)
+    loop.train_group(_members(tiny_cfg, stop=4), dirs)
     shutil.rmtree(dirs[0])  # the others wait at step 4 while it trains steps 1-4 again
-    results = group.train_group(_members(tiny_cfg), dirs)
+    results = loop.train_group(_members(tiny_cfg), dirs)
     assert [r["steps"] for r in results] == [8] * K
     assert [saved_run.latest_step(d) for d in dirs] == [8] * K
     for d, (losses, val) in zip(dirs, straight):
@@ -86,12 +86,12 @@ def test_a_corrupted_newest_checkpoint_resumes_inside_the_finished_group(
     tiny_cfg, straight, tmp_path
 ):
     dirs = [tmp_path / f"seed{s}" for s in range(K)]
-    group.train_group(_members(tiny_cfg), dirs)
+    loop.train_group(_members(tiny_cfg), dirs)
     finished = [rundir.read_summary(d) for d in dirs]
     files = [p for p in (dirs[0] / "checkpoints" / "8" / "train").rglob("*") if p.is_file()]
     _flip_bytes(max(files, key=lambda p: p.stat().st_size))  # inside the optimizer state
     with pytest.warns(UserWarning, match=r"step 8 cannot be restored.*moved it"):
-        results = group.train_group(_members(tiny_cfg), dirs)  # once: no second command
+        results = loop.train_group(_members(tiny_cfg), dirs)  # once: no second command
     assert (dirs[0] / rundir.CORRUPT / "8").is_dir()
     assert [saved_run.latest_step(d) for d in dirs] == [8] * K
     for d, (losses, val) in zip(dirs, straight):
@@ -107,7 +107,7 @@ def test_a_group_stopped_while_a_member_waits_saves_only_where_each_stands(
     tiny_cfg, straight, tmp_path, monkeypatch
 ):
     dirs = [tmp_path / f"seed{s}" for s in range(K)]
-    group.train_group(_members(tiny_cfg, stop=4), dirs)
+    loop.train_group(_members(tiny_cfg, stop=4), dirs)
     shutil.rmtree(dirs[0])
 
     @contextlib.contextmanager
@@ -115,13 +115,13 @@ def test_a_group_stopped_while_a_member_waits_saves_only_where_each_stands(
         yield lambda step: signal.SIGTERM if step == 2 else None
 
     with monkeypatch.context() as m:
-        m.setattr(group.distributed, "stop_requests", sigterm_after_step_2)
+        m.setattr(loop.distributed, "stop_requests", sigterm_after_step_2)
         with pytest.raises(loop.Preempted, match="at step 2"):
-            group.train_group(_members(tiny_cfg), dirs)
+            loop.train_group(_members(tiny_cfg), dirs)
     # The catching-up member saved step 2; the waiting ones kept step 4 and its rows.
     assert [saved_run.latest_step(d) for d in dirs] == [2, 4, 4]
     assert [len(_losses(d)) for d in dirs] == [2, 4, 4]
-    group.train_group(_members(tiny_cfg), dirs)
+    loop.train_group(_members(tiny_cfg), dirs)
     for d, (losses, _) in zip(dirs, straight):
         assert _losses(d) == losses
 
@@ -129,11 +129,11 @@ def test_a_group_stopped_while_a_member_waits_saves_only_where_each_stands(
 def test_the_batched_program_resumes_a_deleted_member_bit_for_bit(tiny_cfg, tmp_path):
     vmap = "mesh.member_program=vmap"
     whole = [tmp_path / f"whole{s}" for s in range(K)]
-    group.train_group(_members(tiny_cfg, 8, vmap), whole)
+    loop.train_group(_members(tiny_cfg, 8, vmap), whole)
     dirs = [tmp_path / f"seed{s}" for s in range(K)]
-    group.train_group(_members(tiny_cfg, 4, vmap), dirs)
+    loop.train_group(_members(tiny_cfg, 4, vmap), dirs)
     shutil.rmtree(dirs[0])
-    group.train_group(_members(tiny_cfg, 8, vmap), dirs)
+    loop.train_group(_members(tiny_cfg, 8, vmap), dirs)
     for d, w in zip(dirs, whole):
         assert len(_losses(w)) == 8
         assert _losses(d) == _losses(w)

@@ -12,7 +12,7 @@ import pytest
 
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import VALID_CELLS, to_yaml
-from scalestudy.train import group, loop, members, sharding
+from scalestudy.train import loop, members, sharding
 from scalestudy.train import program as group_program
 from scalestudy.train.rundir import layout as rundir
 from scalestudy.train.rundir import saved_run
@@ -74,7 +74,7 @@ def test_a_group_trains_each_member_as_it_trains_alone(
 ):
     cfgs = _pair(tiny_cfg, arch, objective, "model.dropout=0.0",
                  f"mesh.member_program={program}")  # fmt: skip
-    results = group.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
+    results = loop.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
     for i, cfg in enumerate(cfgs):
         alone = loop.train(cfg, tmp_path / f"a{i}")
         together, by_itself = losses(tmp_path / f"g{i}"), losses(tmp_path / f"a{i}")
@@ -106,7 +106,7 @@ def test_the_cpu_loops_whole_members_and_vmaps_split_ones(tiny_cfg):
 @pytest.mark.optimized
 def test_one_member_is_an_ordinary_run_bit_for_bit(tiny_cfg, tmp_path):
     cfg = _pair(tiny_cfg)[0]
-    group.train_group([cfg], [tmp_path / "g"])
+    loop.train_group([cfg], [tmp_path / "g"])
     loop.train(cfg, tmp_path / "a")
     assert losses(tmp_path / "g").tolist() == losses(tmp_path / "a").tolist()
 
@@ -128,7 +128,7 @@ def test_the_schedules_numbers_may_differ_between_members(tiny_cfg, tmp_path):
             "name=b",
         ),
     ]
-    group.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
+    loop.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
     for i, cfg in enumerate(cfgs):
         loop.train(cfg, tmp_path / f"a{i}")
         rows = [r for r in rundir.read_metrics(tmp_path / f"g{i}") if "lr" in r]
@@ -142,7 +142,7 @@ def test_the_schedules_numbers_may_differ_between_members(tiny_cfg, tmp_path):
 def test_a_member_whose_loss_diverges_stops_alone(tiny_cfg, tmp_path, capsys):
     healthy = _member(tiny_cfg, "causal_decoder", None, 0, 0.01)
     doomed = _member(tiny_cfg, "causal_decoder", None, 1, 1e30, "optim.grad_clip_norm=1.0")
-    results = group.train_group([healthy, doomed], [tmp_path / "g0", tmp_path / "g1"])
+    results = loop.train_group([healthy, doomed], [tmp_path / "g0", tmp_path / "g1"])
     assert isinstance(results[1], loop.NonFiniteLoss)
     assert doomed.name in str(results[1]) and "the other members go on" in capsys.readouterr().err
     assert rundir.read_summary(tmp_path / "g1") is None  # stopped: no summary
@@ -154,11 +154,11 @@ def test_a_member_whose_loss_diverges_stops_alone(tiny_cfg, tmp_path, capsys):
 def test_a_stopped_group_resumes_bit_for_bit(tiny_cfg, tmp_path):
     cfgs = _pair(tiny_cfg)
     straight = [tmp_path / "s0", tmp_path / "s1"]
-    group.train_group(cfgs, straight)
+    loop.train_group(cfgs, straight)
     halves = [tmp_path / "h0", tmp_path / "h1"]
-    group.train_group([_with(c, "train", stop_after_steps=4) for c in cfgs], halves)
+    loop.train_group([_with(c, "train", stop_after_steps=4) for c in cfgs], halves)
     assert [saved_run.latest_step(h) for h in halves] == [4, 4]  # checkpoint_every is 4
-    group.train_group(cfgs, halves)
+    loop.train_group(cfgs, halves)
     for s, h in zip(straight, halves):
         assert losses(h).tolist() == losses(s).tolist()
 
@@ -170,10 +170,10 @@ def test_members_resume_alone_and_runs_resume_as_a_group(tiny_cfg, tmp_path):
     alone_first = [tmp_path / "a0", tmp_path / "a1"]
     for cfg, workdir in zip(firsts, alone_first):
         loop.train(cfg, workdir)
-    group.train_group(cfgs, alone_first)
+    loop.train_group(cfgs, alone_first)
     # Trained as a group to step 4, finished alone.
     group_first = [tmp_path / "g0", tmp_path / "g1"]
-    group.train_group(firsts, group_first)
+    loop.train_group(firsts, group_first)
     for cfg, workdir in zip(cfgs, group_first):
         loop.train(cfg, workdir)
     for a, g in zip(alone_first, group_first):
@@ -184,7 +184,7 @@ def test_members_resume_alone_and_runs_resume_as_a_group(tiny_cfg, tmp_path):
 def test_members_at_different_steps_resume_in_one_group(tiny_cfg, tmp_path):
     cfgs = _pair(tiny_cfg)
     loop.train(_with(cfgs[0], "train", stop_after_steps=4), tmp_path / "g0")
-    results = group.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
+    results = loop.train_group(cfgs, [tmp_path / "g0", tmp_path / "g1"])
     assert [r["steps"] for r in results] == [8, 8]
 
 
@@ -202,7 +202,7 @@ def test_a_difference_that_changes_the_program_is_refused(tiny_cfg, tmp_path, ch
     a, b = _pair(tiny_cfg)
     b = tiny_cfg("causal_decoder", None, *SHORT, "name=b", "model.dtype=float32", change)
     with pytest.raises(ConfigError, match=needle):
-        group.train_group([a, b], [tmp_path / "g0", tmp_path / "g1"])
+        loop.train_group([a, b], [tmp_path / "g0", tmp_path / "g1"])
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
@@ -214,7 +214,7 @@ def test_duplicate_members_and_empty_groups_are_refused(tiny_cfg, tmp_path):
     with pytest.raises(ConfigError, match="at least one member"):
         members.check([])
     with pytest.raises(ConfigError, match="share one"):
-        group.train_group([a, _with(a, "train", seed=3).replace(name="x")], [tmp_path, tmp_path])
+        loop.train_group([a, _with(a, "train", seed=3).replace(name="x")], [tmp_path, tmp_path])
     assert not any(tmp_path.iterdir())
 
 
@@ -224,7 +224,7 @@ def test_a_member_directory_holding_another_run_is_refused_before_writing(tiny_c
     before = sorted(p.name for p in (tmp_path / "g0").iterdir())
     other = [_with(c, "objective", inputs_length=16) for c in cfgs]
     with pytest.raises(ResumeConfigError, match=r"objective\.inputs_length"):
-        group.train_group(other, [tmp_path / "g0", tmp_path / "g1"])
+        loop.train_group(other, [tmp_path / "g0", tmp_path / "g1"])
     assert sorted(p.name for p in (tmp_path / "g0").iterdir()) == before
     assert not (tmp_path / "g1").exists()
 

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from scalestudy.data import pipeline
-from scalestudy.train import step
+from scalestudy.train import program as train_program
 
 MOE = (
     "model.dtype=float32",
@@ -24,13 +24,13 @@ MOE = (
 def test_balancing_bias_moves_by_the_steps_loads_and_nothing_else(tiny_cfg):
     cfg = tiny_cfg("causal_decoder", "flm", *MOE)
     batch = next(pipeline.make_iterator(cfg, "train"))
-    program = step.build_program(cfg, batch)
+    program = train_program.build_program(cfg, batch)
     model, state = program.model, program.init(cfg.train.seed)
     measure = jax.jit(lambda p, b: model.loss(p, b, None, deterministic=True)[1]["moe"])
     for _ in range(3):
         bias = np.asarray(state["params"]["decoder"]["layer_1"]["mlp"]["router_bias"])
         load = np.asarray(measure(state["params"], batch)["decoder"]["load_E"][0])
-        state, metrics = program.train_step(state, program.shard_batch(batch))
+        state, metrics = program.step(state, program.shard_batch(batch))
         moved = np.asarray(state["params"]["decoder"]["layer_1"]["mlp"]["router_bias"])
         # Exactly the rule: the optimizer (AdamW with weight decay) left the bias alone.
         np.testing.assert_array_equal(moved, bias + np.float32(0.01) * np.sign(load.mean() - load))

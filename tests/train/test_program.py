@@ -8,7 +8,7 @@ import pytest
 
 from scalestudy.config.errors import ConfigError
 from scalestudy.data import pipeline
-from scalestudy.train import group
+from scalestudy.train import loop
 from scalestudy.train import program as group_program
 from scalestudy.train.rundir import layout as rundir
 
@@ -46,7 +46,7 @@ def test_members_split_over_data_train_as_whole_members_do(tiny_cfg, tmp_path):
     trained = {}
     for split in ("none", "data"):
         dirs = [tmp_path / f"{split}{i}" for i in range(4)]
-        results = group.train_group(_group(tiny_cfg, split), dirs)
+        results = loop.train_group(_group(tiny_cfg, split), dirs)
         trained[split] = np.array([_losses(d) for d in dirs])
         trained[split + "/val"] = np.array([r["final_val_loss"] for r in results])
     assert trained["data"].shape == (4, 8)
@@ -64,7 +64,7 @@ def _member_slices(x: jax.Array) -> dict[int, set]:
 def test_split_state_and_batches_lie_member_by_member_on_the_data_slices(tiny_cfg):
     cfgs = _group(tiny_cfg, "data")
     batch = next(pipeline.make_iterator(cfgs[0], "train"))
-    program = group_program.build_group_program(cfgs, batch)
+    program = group_program.build_program(cfgs, batch)
     assert program.member_axis == "data"
     state = program.init(range(4))
     batches = program.shard([batch] * 4)
@@ -85,7 +85,7 @@ def test_split_state_and_batches_lie_member_by_member_on_the_data_slices(tiny_cf
     assert _member_slices(tokens) == want
     # Whole members: every device holds every member.
     whole = _group(tiny_cfg, "none")
-    program = group_program.build_group_program(whole, batch)
+    program = group_program.build_program(whole, batch)
     assert program.member_axis is None
     params = program.init(range(4))["params"]
     assert all(leaf.sharding.spec[0] is None for leaf in jax.tree.leaves(params))
@@ -95,12 +95,12 @@ def test_a_group_the_data_axis_does_not_divide_is_one_error(tiny_cfg, tmp_path):
     cfgs = _group(tiny_cfg, "data", k=3)
     dirs = [tmp_path / f"m{i}" for i in range(3)]
     with pytest.raises(ConfigError, match=r"the 3 members over mesh\.data=4") as err:
-        group.train_group(cfgs, dirs)
+        loop.train_group(cfgs, dirs)
     assert "\n" not in str(err.value) and "mesh.members=none" in str(err.value)
     assert not any(tmp_path.iterdir())  # refused before anything was written
     batch = next(pipeline.make_iterator(cfgs[0], "train"))
     with pytest.raises(ConfigError, match=r"3 members over mesh\.data=4"):
-        group_program.build_group_program(cfgs, batch)
+        group_program.build_program(cfgs, batch)
 
 
 def test_split_members_of_an_expert_parallel_moe_train_as_whole_members_do(tiny_cfg, tmp_path):
@@ -118,7 +118,7 @@ def test_split_members_of_an_expert_parallel_moe_train_as_whole_members_do(tiny_
             for s in range(2)
         ]  # fmt: skip
         dirs = [tmp_path / f"{split}{i}" for i in range(2)]
-        group.train_group(cfgs, dirs)
+        loop.train_group(cfgs, dirs)
         losses[split] = np.array([_losses(d) for d in dirs])
     np.testing.assert_allclose(losses["data"], losses["none"], rtol=RTOL_SPLIT)
     assert not np.allclose(losses["data"][0], losses["data"][1])

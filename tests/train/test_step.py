@@ -6,7 +6,8 @@ import pytest
 
 from scalestudy.config.experiment import VALID_CELLS, MeshConfig
 from scalestudy.data import pipeline
-from scalestudy.train import sharding, step
+from scalestudy.train import program as train_program
+from scalestudy.train import sharding
 
 CELLS = [(arch, obj) for arch, objs in VALID_CELLS.items() for obj in objs]
 
@@ -16,11 +17,11 @@ def first_batch(cfg):
 
 
 def run_steps(cfg, batch, n, mesh=None):
-    program = step.build_program(cfg, batch, mesh)
+    program = train_program.build_program(cfg, batch, mesh)
     state = program.init(cfg.train.seed)
     losses = []
     for _ in range(n):
-        state, m = program.train_step(state, program.shard_batch(batch))
+        state, m = program.step(state, program.shard_batch(batch))
         losses.append(m["train/loss"])
     return [float(x) for x in jax.device_get(losses)], state
 
@@ -31,12 +32,12 @@ def test_microbatches_equal_one_big_batch(tiny_cfg):
     batch = first_batch(cfg)
     results = []
     for k in (1, 2):
-        program = step.build_program(
+        program = train_program.build_program(
             cfg.replace(train={**cfg.train.model_dump(), "microbatches": k}), batch
         )
         state, rows = program.init(cfg.train.seed), []
         for _ in range(2):
-            state, m = program.train_step(state, program.shard_batch(batch))
+            state, m = program.step(state, program.shard_batch(batch))
             rows.append([m["train/loss"], m["train/grad_norm"], m["step_tokens"]])
         results.append(np.asarray(jax.device_get(rows), np.float64))
     # Microbatches hold different numbers of loss-bearing tokens, so a mean of per-microbatch
@@ -69,10 +70,10 @@ def test_every_cell_overfits_a_batch(tiny_cfg, arch, objective):
 def test_state_and_metrics_contents(tiny_cfg):
     cfg = tiny_cfg("encoder_decoder", "plm")
     batch = first_batch(cfg)
-    program = step.build_program(cfg, batch)
+    program = train_program.build_program(cfg, batch)
     state = program.init(cfg.train.seed)
     assert int(state["step"]) == 0
-    state, m = program.train_step(state, program.shard_batch(batch))
+    state, m = program.step(state, program.shard_batch(batch))
     m = jax.device_get(m)
     assert int(state["step"]) == 1
     assert float(m["step_tokens"]) == batch["decoder_loss_weights"].sum()
@@ -85,19 +86,3 @@ def test_state_and_metrics_contents(tiny_cfg):
     sh = program.state_sharding["params"]
     for leaf, want in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(sh)):
         assert leaf.sharding == want
-
-
-def test_cpu_host_allocator_keeps_freed_memory(monkeypatch):
-    import platform
-
-    from scalestudy.train.step import tune_host_allocator
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        pytest.skip("mallopt is glibc's")
-    assert tune_host_allocator() == {
-        "MALLOC_TRIM_THRESHOLD_": 1 << 30,
-        "MALLOC_TOP_PAD_": 1 << 28,
-        "MALLOC_MMAP_THRESHOLD_": 1 << 25,
-    }
-    monkeypatch.setenv("MALLOC_TOP_PAD_", "0")  # a user's own setting wins
-    assert "MALLOC_TOP_PAD_" not in tune_host_allocator()

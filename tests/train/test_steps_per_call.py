@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from scalestudy.train import loop, step
+from scalestudy.train import loop
+from scalestudy.train import program as train_program
 from scalestudy.train.rundir import layout as rundir
 from scalestudy.train.rundir import saved_run
 
@@ -101,12 +102,12 @@ def test_calls_that_would_cross_a_log_step_run_one_step_each(tiny_cfg, one_per_c
 def test_a_run_whose_calls_line_up_never_compiles_the_single_step(tiny_cfg, monkeypatch, tmp_path):
     """Every call of 4 steps ends on a log and checkpoint step: the single step, compiled only
     when first called, stays uncompiled; one that breaks a call (above) compiles it."""
-    monkeypatch.setattr(step, "_PROGRAMS", OrderedDict())
+    monkeypatch.setattr(train_program, "_PROGRAMS", OrderedDict())
     cfg = tiny_cfg(
         "causal_decoder", None, *CADENCE, "train.stop_after_steps=8", "train.steps_per_call=4"
     )
     loop.train(cfg, tmp_path / "lined_up")
-    (program,) = step._PROGRAMS.values()
+    (program,) = train_program._PROGRAMS.values()
     assert program.train_step.compiled is None
     odd = cfg.replace(train=cfg.train.replace(log_every=3, stop_after_steps=3))
     loop.train(odd, tmp_path / "broken")

@@ -88,7 +88,7 @@ def train_group(cfgs: list, workdirs: list[Path], evaluate: bool = True) -> list
     """Train and (with `evaluate`) evaluate one group (the study's trainer for members): each
     member's summary, or the error that stopped it alone."""
     from scalestudy.evaluate import rank
-    from scalestudy.train import group
+    from scalestudy.train import loop
 
     eval_fns = [rank.make_eval_fn(c, w) if evaluate else None for c, w in zip(cfgs, workdirs)]
-    return group.train_group(cfgs, workdirs, eval_fns)
+    return loop.train_group(cfgs, workdirs, eval_fns)

@@ -37,6 +37,7 @@ from scalestudy.models import counting
 from scalestudy.models.api import stack_depths
 from scalestudy.models.decoder import scanned
 from scalestudy.train import datasheets as chips
+from scalestudy.train import program as train_program
 from scalestudy.train import sharding, step
 from scalestudy.train.plan import roofline
 from scalestudy.train.rundir import logfile
@@ -216,7 +217,7 @@ def state_plan(cfg: ExperimentConfig, topology: str) -> tuple[int, float | None]
     of `cfg` on a TPU `topology`, from shapes and shardings alone: nothing is compiled."""
     devices = tpu_devices(topology)
     mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model, batch=cfg.train)
-    program = step.build_program(cfg, abstract_batch(cfg), mesh, compile=False)
+    program = train_program.build_program(cfg, abstract_batch(cfg), mesh, compile=False)
     entry = chips.chip(devices[0].device_kind)
     hbm = entry.hbm_gib * 2**30 if entry is not None else None
     return state_bytes_per_device(program.abstract_state), hbm
@@ -243,25 +244,14 @@ def _compile(cfg: ExperimentConfig, devices: list, members: int = 1) -> tuple[An
     `devices`: one run's step, or with `members` > 1 the step of a group of that many."""
     # The batch (and a group's size) is checked against the mesh before anything is lowered.
     mesh = sharding.make_mesh(cfg.mesh, devices, model=cfg.model, batch=cfg.train)
-    batch = abstract_batch(cfg)
+    cfgs = [cfg]
     if members > 1:
         from scalestudy.train import members as member_keys
-        from scalestudy.train import program as group_program
 
-        split = sharding.member_axis(cfg.mesh)
-        lowered, abstract = group_program.lower_group_step(
-            member_keys.seeded(cfg, members), batch, mesh
-        )
-    else:
-        split = None
-        program = step.build_program(cfg, batch, mesh, compile=False)
-        abstract = program.abstract_state
-        shaped = {
-            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=program.batch_sharding)
-            for k, v in batch.items()
-        }
-        with sharding.axis_rules(mesh):
-            lowered = program.train_step.lower(abstract, shaped)
+        cfgs = member_keys.seeded(cfg, members)
+    program = train_program.build_program(cfgs, abstract_batch(cfg), mesh, compile=False)
+    lowered, abstract = program.lower_train_step(), program.abstract_group_state
+    split = program.member_axis
     with sharding.axis_rules(mesh, split):
         try:
             return lowered.compile(), mesh, abstract

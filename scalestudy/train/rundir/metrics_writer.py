@@ -118,7 +118,7 @@ class DeferredMetrics:
     metrics.jsonl row. A non-finite loss raises NonFiniteMetric when it reaches the host.
     The metrics pushed at a step may be stacked over several steps ending at it (one call of
     `Program.multi_step`); the row then holds the last of them, the totals count them all.
-    A member of a group (train/group.py) reads its own `member` index of metrics that carry
+    A member of a group (train/loop.py) reads its own `member` index of metrics that carry
     a leading member axis. `watch(step, row)`, when given, reads every training row written
     (the MoE load warning, train/expert_load.py).
     """
