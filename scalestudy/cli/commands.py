@@ -153,10 +153,11 @@ def _member_configs(
 ) -> tuple[ExperimentConfig, list[ExperimentConfig], list[Path]]:
     """`train --members`: the base config, each member's config and each member's directory,
     checked before any device is touched."""
+    from scalestudy.cli import member_grid
     from scalestudy.train import members
     from scalestudy.train.rundir import layout as rundir
 
-    grid = members.parse_grid(args.members, args.overrides)
+    grid = member_grid.parse_grid(args.members, args.overrides)
     dirs = [workdir / name for name, _ in grid]
     cfg_path = args.config
     for d in dirs if cfg_path is not None else ():
@@ -173,7 +174,7 @@ def _member_configs(
         load_config(cfg_path, [*args.overrides, *ov, f"name={base.name}.{name}"])
         for name, ov in grid
     ]
-    members.check(cfgs)
+    members.check_group(cfgs)
     return base, cfgs, dirs
 
 

@@ -99,7 +99,7 @@ class CheckpointHook:
         # Saved already (a stop request on a checkpoint step) or restored from there.
         if self.last_saved is not None and step <= self.last_saved:
             return
-        run.sync(step)  # every metric up to `step` on the host, checked finite, on disk
+        run.flush_to_disk(step)  # every metric up to `step` on the host, checked finite, on disk
         t = time.perf_counter()  # after the sync: only the checkpoint's own cost
         data = {
             "iterator": run.train_it.state(),

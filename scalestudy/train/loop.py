@@ -113,7 +113,7 @@ def train_group(
     try:
         with contextlib.ExitStack() as stack:
             for workdir in workdirs:
-                stack.enter_context(claim(workdir))
+                stack.enter_context(claim_workdir(workdir))
             return Group(cfgs, workdirs, eval_fns).train()
     except ScalestudyError as e:  # refused (a config the data, vocabulary or init_from reject)
         if distributed.is_primary() and not isinstance(e, Preempted):
@@ -127,7 +127,7 @@ def train_group(
 def _check_before_writing(cfgs: list[ExperimentConfig], workdirs: list[Path]) -> None:
     """Refuse members that cannot train together, a run directory that is a file or holds
     another run, a batch or parameters the devices cannot hold: before anything is written."""
-    members.check(cfgs)
+    members.check_group(cfgs)
     if len({w.resolve() for w in workdirs}) < len(workdirs):
         raise ConfigError("members need a run directory each; two members share one")
     with logfile.library_logs_dropped():  # no run log yet: nothing may be written
@@ -167,7 +167,7 @@ def _file_error(workdirs: list[Path], e: OSError) -> str:
 
 
 @contextlib.contextmanager
-def claim(workdir: Path) -> Iterator[None]:
+def claim_workdir(workdir: Path) -> Iterator[None]:
     """The run directory, created, locked by the primary process (a second `train` on it is
     refused naming the holder) and receiving the libraries' log output.
 
@@ -324,7 +324,7 @@ class Run:
             self.metrics.write(t, self.row)
             self.row = {}
 
-    def sync(self, t: int) -> None:
+    def flush_to_disk(self, t: int) -> None:
         """Every metric of steps up to `t` on the host and checked finite, and on disk."""
         self.metrics.flush(t)
         self.metrics.check_last(t)
@@ -486,7 +486,7 @@ class Group:
         the hooks due at t. Returns (last step done, the signal that stopped it or None,
         seconds of train steps: the loop less the hooks inside it)."""
         t_loop = time.perf_counter()
-        aside0 = self._aside()
+        aside0 = self._hook_seconds()
         done, signum = self.stop, None
         t = start + 1
         while t <= self.stop and self.active:
@@ -503,11 +503,11 @@ class Group:
             if t - 1 != self.stop and self.hooks.due(t - 1):
                 self.run_hooks(t - 1)
         for m in self.active:
-            with self.guard(m):
+            with self.stop_alone_on_nan(m):
                 m.metrics.flush(done)
-        return done, signum, time.perf_counter() - t_loop - (self._aside() - aside0)
+        return done, signum, time.perf_counter() - t_loop - (self._hook_seconds() - aside0)
 
-    def _aside(self) -> float:
+    def _hook_seconds(self) -> float:
         """Seconds the hooks took so far (evaluation and checkpoints, every member's)."""
         return sum(m.timing["eval_s"] + m.timing["checkpoint_s"] for m in self.members)
 
@@ -543,7 +543,7 @@ class Group:
         t += n - 1
         log = t % self.cfg.train.log_every == 0 or t == self.stop
         for m in live:
-            with self.guard(m):
+            with self.stop_alone_on_nan(m):
                 m.show_progress(n, m.metrics.push(t, step_metrics, log=log))
 
     def run_hooks(self, t: int, *, force: bool = False) -> None:
@@ -553,12 +553,12 @@ class Group:
             return
         for m in self.active:
             m.measured = {}
-            with self.guard(m):
+            with self.stop_alone_on_nan(m):
                 m.metrics.flush(t)
         for _ in self.hooks.each(self, t, force=force):
             pass
         for m in self.active:
-            with self.guard(m):
+            with self.stop_alone_on_nan(m):
                 m.write_row(t)
 
     def validate(self, step: int) -> None:
@@ -583,11 +583,11 @@ class Group:
 
     def checkpoint(self, step: int) -> None:
         for m in self.live:
-            with self.guard(m):
+            with self.stop_alone_on_nan(m):
                 m.checkpointer(m, step)
 
     @contextlib.contextmanager
-    def guard(self, m: Run) -> Iterator[None]:
+    def stop_alone_on_nan(self, m: Run) -> Iterator[None]:
         """A non-finite loss reaching the host stops member `m` alone."""
         try:
             yield
@@ -605,7 +605,7 @@ class Group:
         """Save every member at step `done`, then stop with Preempted."""
         stops: list[Preempted] = []
         for m in self.active:
-            with self.guard(m):
+            with self.stop_alone_on_nan(m):
                 try:
                     raise_preempted(m, done, signum)
                 except Preempted as e:

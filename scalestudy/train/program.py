@@ -39,7 +39,7 @@ from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.models import attention
 from scalestudy.models.api import Model, build_model
 from scalestudy.train import datasheets, optim, sharding, step
-from scalestudy.train.members import check, hyperparameters
+from scalestudy.train.members import check_group, hyperparameters
 from scalestudy.train.runtime import host_setup
 
 State = step.State
@@ -438,7 +438,7 @@ def _remember(key: str, program: Program) -> None:
 def _mesh_of(cfgs: Sequence[ExperimentConfig], mesh: jax.sharding.Mesh | None) -> tuple:
     """(mesh, member axis) of the members `cfgs`, checked against their number (a run has
     no member axis)."""
-    check(cfgs)
+    check_group(cfgs)
     cfg = cfgs[0]
     if mesh is None:
         mesh = sharding.make_mesh(cfg.mesh, model=cfg.model, batch=cfg.train)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from scalestudy.cli import member_grid
 from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import VALID_CELLS, to_yaml
 from scalestudy.train import loop, members, sharding
@@ -209,10 +210,10 @@ def test_a_difference_that_changes_the_program_is_refused(tiny_cfg, tmp_path, ch
 def test_duplicate_members_and_empty_groups_are_refused(tiny_cfg, tmp_path):
     a, _ = _pair(tiny_cfg)
     with pytest.raises(ConfigError, match="same config"):
-        members.check([a, a.replace(name="other")])
-    members.check([a, _with(a, "train", seed=5)])  # one name, two runs: a search's rates
+        members.check_group([a, a.replace(name="other")])
+    members.check_group([a, _with(a, "train", seed=5)])  # one name, two runs: a search's rates
     with pytest.raises(ConfigError, match="at least one member"):
-        members.check([])
+        members.check_group([])
     with pytest.raises(ConfigError, match="share one"):
         loop.train_group([a, _with(a, "train", seed=3).replace(name="x")], [tmp_path, tmp_path])
     assert not any(tmp_path.iterdir())
@@ -245,7 +246,7 @@ def test_a_member_directory_holding_another_run_is_refused_before_writing(tiny_c
 )
 def test_bad_member_grids_are_one_error(grid, needle):
     with pytest.raises(ConfigError, match=needle):
-        members.parse_grid(grid)
+        member_grid.parse_grid(grid)
 
 
 @pytest.mark.parametrize("count", [0, 65, True, "4", 2.0])
@@ -260,7 +261,7 @@ def test_a_spec_and_compile_refuse_a_count_outside_a_group_by_one_rule(count):
 
 
 def test_a_grid_is_every_combination_and_seed_is_the_whole_replicate():
-    grid = members.parse_grid(["seed=0,1", "optim.learning_rate=3e-3,1e-2"])
+    grid = member_grid.parse_grid(["seed=0,1", "optim.learning_rate=3e-3,1e-2"])
     assert [name for name, _ in grid] == [
         "seed0-learning_rate3e-3",
         "seed0-learning_rate1e-2",
