@@ -206,13 +206,13 @@ class Run:
         _prepare_workdir(cfg, workdir, self.primary)
         tc = cfg.train
         self.stop = min(tc.steps, tc.stop_after_steps or tc.steps)
-        index_, count = distributed.process_layout()
+        process, count = distributed.process_layout()
         self.processes = count
         self.train_it = pipeline.make_iterator(
-            cfg, "train", process_index=index_, process_count=count
+            cfg, "train", process_index=process, process_count=count
         )
         val_it = pipeline.make_iterator(
-            cfg, "validation", process_index=index_, process_count=count
+            cfg, "validation", process_index=process, process_count=count
         )
         self.val_host = [next(val_it) for _ in range(tc.eval_batches)]
         self.ckpt = checkpoint.Checkpointer(
