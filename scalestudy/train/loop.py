@@ -207,7 +207,6 @@ class Run:
         tc = cfg.train
         self.stop = min(tc.steps, tc.stop_after_steps or tc.steps)
         process, count = distributed.process_layout()
-        self.processes = count
         self.train_it = pipeline.make_iterator(
             cfg, "train", process_index=process, process_count=count
         )
