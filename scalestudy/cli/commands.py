@@ -285,26 +285,20 @@ def cmd_study(args: argparse.Namespace) -> int:
         )
     if args.stage_run:  # one stage run, as a cluster task after its parent's job
         return _study_stage_run(args)
-    from scalestudy.study.record.phases import phase
+    from scalestudy.decoder_only import experiments
     from scalestudy.study.run.interrupts import StudyInterrupted
-    from scalestudy.study.run.main_job import run_study
+    from scalestudy.study.run.order import run_main_job
 
     try:
-        study, runs = run_study(
+        run_main_job(
             Path(args.spec),
             Path(args.out),
-            overrides=args.overrides,
+            args.overrides,
             dry_run=args.dry_run,
             collect=args.collect,
             workers=args.workers,
+            experiments=experiments.run,
         )
-        if not args.dry_run and study.experiments is not None:  # the decoder-only experiments
-            from scalestudy.decoder_only import experiments as decoder_only
-
-            with phase("experiments"):
-                decoder_only.run(study, runs, Path(args.out))
-        if study.stages is not None:
-            _study_stages(args, study, runs)
     except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
@@ -327,30 +321,6 @@ def _study_stage_run(args: argparse.Namespace) -> int:
         return 128 + e.signum
     print_dict({k: v for k, v in summary.items() if not isinstance(v, dict)}, False)
     return 0
-
-
-def _study_stages(args: argparse.Namespace, study, runs) -> None:
-    """A study's stages after its pretraining runs: collected (`--collect`, never trains) or
-    run (adaptation and finetuning; a plan only with `--dry-run`)."""
-    from scalestudy.study.run import after_pretraining
-
-    if args.collect:  # records stage runs; never trains
-        from scalestudy.study.run import executors
-
-        if missing := after_pretraining.collect(
-            study, Path(args.spec).parent, Path(args.out), runs
-        ):
-            raise executors.StudyRunError(
-                f"{len(missing)} stage run(s) are not complete (listed above); collecting "
-                "never trains: re-submit their jobs, then collect again"
-            )
-        return
-    from scalestudy.study.record.phases import phase
-
-    with phase("stages", plain=False if args.dry_run else None):  # a plan: no phase
-        after_pretraining.run(
-            study, Path(args.spec).parent, Path(args.out), runs, dry_run=args.dry_run
-        )
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
