@@ -16,6 +16,7 @@ from typing import Any
 from scipy import stats
 
 from scalestudy.scaling import intervals
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import page as report
 from scalestudy.study.report import verdicts
 
@@ -25,9 +26,9 @@ def t95(df: int) -> float:
     return float(stats.t.ppf(0.975, df))
 
 
-def loss_stats(rows: list[dict]) -> dict[str, Any]:
+def loss_stats(rows: list[RunRow]) -> dict[str, Any]:
     """Mean validation loss over seeds, its sample variance and the 95% t half-width."""
-    xs = [r["loss"] for r in rows if r.get("loss") is not None]
+    xs = [r.loss for r in rows if r.loss is not None]
     n = len(xs)
     mean = sum(xs) / n if n else math.nan
     var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else None
@@ -35,21 +36,21 @@ def loss_stats(rows: list[dict]) -> dict[str, Any]:
     return {"mean": mean, "var": var, "n": n, "half": half}
 
 
-def _by_seed(rows: list[dict], value) -> dict[int, float]:
+def _by_seed(rows: list[RunRow], value) -> dict[int, float]:
     out = {}
     for r in rows:
         x = value(r)
         if x is not None:
-            out[r.get("seed", 0)] = x
+            out[r.seed or 0] = x
     return out
 
 
-def _accuracy(row: dict) -> float | None:
+def _accuracy(row: RunRow) -> float | None:
     got = report.probe_accuracy(row)
     return got[0] if got else None
 
 
-def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict[str, Any]:
+def paired_difference(a_rows: list[RunRow], b_rows: list[RunRow], kind: str) -> dict[str, Any]:
     """a - b on `kind` ("loss" or "acc"), seed by seed over the seeds both groups have
     (`scaling.intervals.run_difference`: the run is the unit, for accuracy too).
 
@@ -57,26 +58,33 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
     two common seeds: no between-run interval), `seeds` (common seeds) and `examples`; for
     acc when neither group was scored zero-shot, `none` says so instead."""
     if kind == "loss":
-        a = _by_seed(a_rows, lambda r: r.get("loss"))
-        b = _by_seed(b_rows, lambda r: r.get("loss"))
-        examples = 0
-    else:
-        a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
-        counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
-        if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
-            return {
-                "d": math.nan,
-                "half": None,
-                "p": None,
-                "seeds": 0,
-                "examples": 0,
-                "none": "no accuracy",
-            }
-        examples = int(min(counts))
+        return seed_difference(
+            _by_seed(a_rows, lambda r: r.loss), _by_seed(b_rows, lambda r: r.loss)
+        )
+    a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
+    counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
+    if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
+        return {
+            "d": math.nan,
+            "half": None,
+            "p": None,
+            "seeds": 0,
+            "examples": 0,
+            "none": "no accuracy",
+        }
+    return seed_difference(a, b, int(min(counts)))
+
+
+def seed_difference(
+    a: dict[int, float], b: dict[int, float], examples: int | None = None
+) -> dict[str, Any]:
+    """a - b seed by seed over the seeds both have (`paired_difference`'s estimate); with
+    `examples`, `a` and `b` are accuracies over that many shared examples."""
+    examples_ = examples or 0
     seeds = set(a) & set(b)
     if not seeds:
-        return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": examples}
-    if kind == "loss":
+        return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": examples_}
+    if examples is None:
         got, _ = intervals.paired_difference(a, b)
     else:
         got, _ = intervals.accuracy_difference(a, b, examples)
@@ -86,7 +94,7 @@ def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict
         "half": (got.high - got.low) / 2 if between_runs else None,
         "p": got.p_value if between_runs else None,
         "seeds": got.seeds,
-        "examples": examples,
+        "examples": examples_,
     }
 
 

@@ -10,10 +10,11 @@ import pytest
 
 from scalestudy.decoder_only import attention_rank, stats
 from scalestudy.decoder_only.rank_report import rank_deficits, rank_tests
+from scalestudy.study.record.rows import RunRow
 
 
-def _runs(losses: dict[int, float]) -> list[dict]:
-    return [{"seed": s, "loss": x} for s, x in losses.items()]
+def _runs(losses: dict[int, float]) -> list[RunRow]:
+    return [RunRow(seed=s, loss=x) for s, x in losses.items()]
 
 
 def test_paired_seeds_see_a_difference_that_seed_noise_hides():
@@ -51,7 +52,7 @@ def _accuracy_rows(rng, p_examples, seed_sd, seeds, shift):
     for s in range(seeds):
         p = np.clip(p_examples + shift + rng.normal(0, seed_sd), 0, 1)
         acc = float((rng.random(p.size) < p).mean())
-        rows.append({"seed": s, "eval/t/acc": acc, "eval/t/n": float(p.size)})
+        rows.append(RunRow(seed=s, evals={"eval/t/acc": acc, "eval/t/n": float(p.size)}))
     return rows
 
 
@@ -68,7 +69,7 @@ def test_accuracy_interval_covers_the_difference_with_the_run_as_the_unit():
         b = _accuracy_rows(rng, p_examples, 0.02, 3, 0.0)
         est = stats.paired_difference(a, b, "acc")
         hits += abs(est["d"] - 0.05) <= est["half"]
-        ds = [x["eval/t/acc"] - y["eval/t/acc"] for x, y in zip(a, b)]
+        ds = [x.evals["eval/t/acc"] - y.evals["eval/t/acc"] for x, y in zip(a, b)]
         half = stats.t95(2) * np.std(ds, ddof=1) / np.sqrt(3)
         seed_only_hits += abs(np.mean(ds) - 0.05) <= half
     assert 0.92 <= hits / sims <= 0.98
@@ -208,10 +209,8 @@ def test_the_order_corpus_second_half_is_the_first_reversed():
     assert any(len(v) > 1 for v in bags.values())
 
 
-def _group(losses: dict[int, float], name: str = "g", steps: int = 100) -> list[dict]:
-    return [
-        {"seed": s, "loss": x, "run_id": f"{name}{s}", "steps": steps} for s, x in losses.items()
-    ]
+def _group(losses: dict[int, float], name: str = "g", steps: int = 100) -> list[RunRow]:
+    return [RunRow(f"{name}{s}", seed=s, loss=x, steps=steps) for s, x in losses.items()]
 
 
 def test_interaction_is_the_paired_difference_of_differences():
@@ -246,10 +245,10 @@ def test_also_at_separates_optimisation_speed_from_final_loss():
     curves = {}
     for name, early in (("fast", 2.0), ("slow", 2.5)):
         for r in groups[name]:
-            curves[r["run_id"]] = {
-                25: early + r["loss"],
-                50: early - 0.5 + r["loss"],
-                100: r["loss"],
+            curves[r.run_id] = {
+                25: early + r.loss,
+                50: early - 0.5 + r.loss,
+                100: r.loss,
             }
     tests = {t["what"]: t["est"] for t in compare_groups(spec, groups, curves)["tests"]}
     assert tests["validation loss"]["d"] == pytest.approx(0.0)
@@ -267,7 +266,7 @@ def test_comparisons_name_what_they_change_and_what_they_hold_equal():
 
     def rows(name, **counts):
         base = {"params_total": 1000, "flops": 1e9, "document_tokens": 5e3, "steps": 100}
-        return [{**r, **base, **counts} for r in _group({0: 1.0, 1: 1.2, 2: 0.9}, name)]
+        return [r.replace(**(base | counts)) for r in _group({0: 1.0, 1: 1.2, 2: 0.9}, name)]
 
     groups = {rope: rows("r"), nope: rows("n", params_total=1500)}
     got = compare_groups(spec, groups)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import comparisons
 
 
@@ -19,20 +20,22 @@ def _run(arch, objective, seed, acc, loss=2.0, examples=200, **counts):
         "loss_tokens": 4096.0,
         "inference_flops_per_token": 2e4,
     }
-    return {
-        "name": f"t.{arch}.{objective}.xs.s{seed}",
-        "arch": arch,
-        "objective": objective,
-        "size": "xs",
-        "size_index": 0,
-        "budget": "",
-        "seed": seed,
-        "status": "done",
-        "loss": loss,
-        "eval/probe/acc": acc,
-        "eval/probe/n": examples,
-        **{**base, **counts},
-    }
+    return RunRow.from_row(
+        {
+            "name": f"t.{arch}.{objective}.xs.s{seed}",
+            "arch": arch,
+            "objective": objective,
+            "size": "xs",
+            "size_index": 0,
+            "budget": "",
+            "seed": seed,
+            "status": "done",
+            "loss": loss,
+            "eval/probe/acc": acc,
+            "eval/probe/n": examples,
+            **{**base, **counts},
+        }
+    )
 
 
 def test_unequal_data_behind_a_comparison_is_named():
@@ -44,7 +47,7 @@ def test_unequal_data_behind_a_comparison_is_named():
     assert "document tokens (2.00x)" in text and "total parameters (1.40x)" in text
     assert "Held equal: training FLOPs, positions, loss-bearing tokens, inference" in text
     # The same data: document tokens are now named as held equal.
-    runs[1]["document_tokens"] = 4096.0
+    runs[1] = runs[1].replace(document_tokens=4096.0)
     text = "\n".join(comparisons.lines(runs))
     assert "document tokens (" not in text and "document tokens" in text.split("Held equal")[1]
 
@@ -62,7 +65,7 @@ def test_seeds_are_paired_and_unpaired_seeds_are_left_out():
     # The run is the unit: each run's accuracy already holds its examples' noise, so the
     # interval is the t interval on the 3 per-seed differences, on 2 degrees of freedom
     # (never more), whatever the number of examples behind each run.
-    few = [{**r, "eval/probe/n": 200} for r in ref + new]
+    few = [r.replace(evals={**r.evals, "eval/probe/n": 200}) for r in ref + new]
     [acc200] = [c for c in comparisons.compare(few) if c["metric"] == "acc"]
     d = [gain[s] - base[s] for s in (0, 1, 2)]
     half = stats.t.ppf(0.975, 2) * statistics.stdev(d) / math.sqrt(3)
@@ -98,10 +101,10 @@ def test_a_groups_accuracy_interval_is_over_its_runs_not_its_examples():
 
     # Three seeds scoring the same 100 examples: the run is the unit, n - 1 = 2 degrees of
     # freedom, and no examples term (equal runs give a zero-width interval; one run, none).
-    same = [{"eval/t/acc": 0.6, "eval/t/n": 100.0}] * 3
+    same = [RunRow(evals={"eval/t/acc": 0.6, "eval/t/n": 100.0})] * 3
     assert report.acc_stats(same) == {"mean": pytest.approx(0.6), "half": 0.0, "n": 3}
     accs = [0.55, 0.6, 0.68]
-    got = report.acc_stats([{"eval/t/acc": a, "eval/t/n": 100.0} for a in accs])
+    got = report.acc_stats([RunRow(evals={"eval/t/acc": a, "eval/t/n": 100.0}) for a in accs])
     sd = float(np.std(accs, ddof=1))
     assert got["half"] == pytest.approx(student_t.ppf(0.975, 2) * sd / math.sqrt(3))
     assert report.acc_stats(same[:1])["half"] is None
@@ -116,8 +119,8 @@ def test_a_cells_own_recipe_is_named_among_what_is_not_equal():
         "model:\n  d_model: 32\n"
     )
     other = base.replace("0.005", "0.02").replace("16", "32").replace("d_model: 32", "d_model: 48")
-    a = [{"params_total": 1.0, "recipe": recipe(other + "  qk_norm: true\n")}]
-    b = [{"params_total": 1.0, "recipe": recipe(base)}]
+    a = [RunRow(params_total=1.0, recipe=recipe(other + "  qk_norm: true\n"))]
+    b = [RunRow(params_total=1.0, recipe=recipe(base))]
     _, differ = held_equal(a, b, 0.03)
     recipes = [d for d in differ if d.startswith("recipe:")]
     assert recipes == [

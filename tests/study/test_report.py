@@ -9,41 +9,49 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import answer
 from scalestudy.study.report import page as report
 
 Z = 1.959964  # the normal 95% quantile the old unpaired sentences used
 
 
+def _with(run: RunRow, changes: dict) -> RunRow:
+    """`run` with `changes` (columns, or `eval/...` scores added after its own)."""
+    return RunRow.from_row(run.as_dict() | changes)
+
+
 def _run(arch, obj, size_index, n_total, flops, acc, loss, seed=0, n=400):
-    return {
-        "run_id": f"{arch}{obj}{size_index}{seed}",
-        "arch": arch,
-        "objective": obj,
-        "size": f"r{size_index}",
-        "size_index": size_index,
-        "seed": seed,
-        "status": "done",
-        "params_total": n_total,
-        "flops": flops,
-        "loss": loss,
-        "eval/probes/acc": acc,
-        "eval/probes/n": n,
-        "eval/probes/pronoun/acc": 1.0,  # a breakdown: must not count twice
-    }
+    return RunRow.from_row(
+        {
+            "run_id": f"{arch}{obj}{size_index}{seed}",
+            "arch": arch,
+            "objective": obj,
+            "size": f"r{size_index}",
+            "size_index": size_index,
+            "seed": seed,
+            "status": "done",
+            "params_total": n_total,
+            "flops": flops,
+            "loss": loss,
+            "eval/probes/acc": acc,
+            "eval/probes/n": n,
+            "eval/probes/pronoun/acc": 1.0,  # a breakdown: must not count twice
+        }
+    )
 
 
 def test_probe_accuracy_uses_task_totals_only():
     r = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.25, 2.0)
-    r |= {"eval/other/acc": 0.75, "eval/other/n": 100}
+    r = _with(r, {"eval/other/acc": 0.75, "eval/other/n": 100})
     acc, n = report.probe_accuracy(r)
     assert n == 500 and acc == pytest.approx((0.25 * 400 + 0.75 * 100) / 500)
 
 
 def test_chance_is_example_weighted_over_tasks():
     r = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.25, 2.0)
-    r |= {"eval/probes/chance": 0.25, "eval/other/acc": 0.5, "eval/other/n": 100}
-    r |= {"eval/other/chance": 0.5, "eval/probes/pronoun/chance": 0.5}  # breakdown ignored
+    r = _with(r, {"eval/probes/chance": 0.25, "eval/other/acc": 0.5, "eval/other/n": 100})
+    r = _with(r, {"eval/other/chance": 0.5, "eval/probes/pronoun/chance": 0.5})  # breakdown
     assert report.chance_accuracy([r]) == pytest.approx((0.25 * 400 + 0.5 * 100) / 500)
     assert report.chance_accuracy([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
 
@@ -172,13 +180,13 @@ def test_variants_are_ladders_of_their_own_and_isoflop_budgets_are_not_ladders()
                 r = _run("causal_decoder", "flm", i, n * total, 1e10, 0.3,
                          2.0 - 0.1 * i + offset, seed=s)  # fmt: skip
                 name = f"t.causal_decoder.flm.{variant}.r{i}.s{s}"
-                runs.append(r | {"name": name, "run_id": name})
+                runs.append(r.replace(name=name, run_id=name))
     assert answer.not_scaling(runs) == []
-    runs[-1]["loss"] = runs[-2]["loss"] = 9.0  # e16's top rung, both seeds
+    runs[-2:] = [r.replace(loss=9.0) for r in runs[-2:]]  # e16's top rung, both seeds
     assert answer.not_scaling(runs) == ["causal_decoder/flm/e16"]
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "- Runs per point: 2 to 2." in md
-    valley = [r | {"budget": "C1e11"} for r in runs]
+    valley = [r.replace(budget="C1e11") for r in runs]
     assert answer.not_scaling(valley) == []
 
 
@@ -211,8 +219,8 @@ def test_markdown_and_html_render(tmp_path):
     from scalestudy.study.plan.spec import StudySpec
 
     runs = [_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]
-    for r in runs:
-        r |= {"d_model": 32, "n_layers": 2, "steps": 10, "tokens": 1e4, "params_non_embedding": 5e4}
+    shape = {"d_model": 32, "n_layers": 2, "steps": 10, "tokens": 1e4}
+    runs = [r.replace(**shape, params_non_embedding=5e4) for r in runs]
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     md = report.render_markdown(study, runs, {}, ["figures/a.png"])
     assert "| causal_decoder/flm | r0 | 32 | 2 |" in md and "![a](figures/a.png)" in md
@@ -229,8 +237,10 @@ def test_markdown_and_html_render(tmp_path):
 
 
 def test_truncation_is_reported_as_the_worst_runs_share():
-    a = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 40}
-    b = _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 400}
+    a = _with(_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0), {"eval/probes/truncated": 40})
+    b = _with(
+        _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0), {"eval/probes/truncated": 400}
+    )
     assert report.truncated_share([a, b]) == (400, 400)
     assert report.truncated_share([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
 
@@ -312,8 +322,8 @@ def test_moe_runs_add_a_verdict_at_equal_active_parameters():
             for s in range(3):
                 r = _run("causal_decoder", "flm", i, active * total, active * 6e5, 0.5 + gain,
                          2.0 - 0.2 * i - gain + 0.01 * s, seed=s)  # fmt: skip
-                r |= {"name": f"t.causal_decoder.flm.{variant}.r{i}.s{s}", "experts": experts}
-                runs.append(r | {"params_active": active, "run_id": r["name"]})
+                r = r.replace(name=f"t.causal_decoder.flm.{variant}.r{i}.s{s}", experts=experts)
+                runs.append(r.replace(params_active=active, run_id=r.name))
     cmp = answer.compare(runs)
     active = cmp["equal_active"]
     assert active["at"] == pytest.approx(1e6) and active["leader"] == "causal_decoder/flm/e8"
@@ -332,10 +342,8 @@ def test_moe_runs_add_a_verdict_at_equal_active_parameters():
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "| equal active parameters (1e+06 active non-embedding parameters) |" in md
     assert "**Equal active parameters** (probe accuracy near 1e+06 active" in md
-    dense = [r for r in runs if r["experts"] == 1]
-    for r in dense:
-        r["name"] = r["name"].replace(".dense.", ".")
-    other = [r | {"arch": "noncausal_decoder", "run_id": r["run_id"] + "n"} for r in dense]
+    dense = [r.replace(name=r.name.replace(".dense.", ".")) for r in runs if r.experts == 1]
+    other = [r.replace(arch="noncausal_decoder", run_id=r.run_id + "n") for r in dense]
     md = report.render_markdown(
         StudySpec(name="t", ladder={"preset": "smoke"}), dense + other, {}, []
     )
@@ -493,9 +501,8 @@ def test_the_answer_figure_plots_the_tables_metric_and_rings_the_points_read(tmp
     """Under the answer: probe accuracy as the table computes it (not a mean over tasks),
     its chance line, and a ring at each cell's rung an accuracy row is read at."""
     runs = _ladder({"causal_decoder/plm": 0.0, "encoder_decoder/plm": 0.1})
-    for r in runs:
-        r["eval/probes/chance"] = 0.3
-        r |= {"eval/other/acc": 0.9, "eval/other/n": 100, "eval/other/chance": 0.5}
+    more = {"eval/probes/chance": 0.3, "eval/other/acc": 0.9, "eval/other/n": 100}
+    runs = [_with(r, more | {"eval/other/chance": 0.5}) for r in runs]
     assert report.answer_figure(runs, tmp_path, 0.03) == "figures/answer.png"
     svg = (tmp_path / "figures" / "answer.svg").read_text()
     cmp = answer.compare(runs)

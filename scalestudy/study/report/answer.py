@@ -17,18 +17,18 @@ from collections import defaultdict
 from typing import Any
 
 from scalestudy.scaling import render
-from scalestudy.scaling.table_input import cell_label, has_experts
+from scalestudy.study.record.rows import RunRow, has_experts
 from scalestudy.study.report import comparisons, incontext, verdicts
 
 
-def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
+def not_scaling(runs: list[RunRow]) -> list[str]:
     """Cells whose validation loss does not fall at every step up the ladder (seed means).
     Runs of an IsoFLOP budget (tagged, e.g. "C6e10") are left out: at equal compute a larger
     model reads fewer tokens, and loss against size is a valley, not a slope."""
     losses: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        if r.get("loss") is not None and r.get("params_total") and not r.get("budget"):
-            losses[cell_label(r)][float(r["params_total"])].append(r["loss"])
+        if r.loss is not None and r.params_total and not r.budget:
+            losses[r.cell][float(r.params_total)].append(r.loss)
     bad = []
     for cell, by_n in sorted(losses.items()):
         means = [sum(v) / len(v) for _, v in sorted(by_n.items())]
@@ -38,7 +38,7 @@ def not_scaling(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def compare(
-    runs: list[dict[str, Any]], n_key: str = "params_total", tolerance: float = 0.03
+    runs: list[RunRow], n_key: str = "params_total", tolerance: float = 0.03
 ) -> dict[str, Any]:
     """The report's comparisons: probe accuracy across cells and validation loss within each
     objective, at equal parameters and at equal compute (`comparisons.leader`; again along
@@ -46,7 +46,7 @@ def compare(
     matched comparisons at each rung (`comparisons.compare`). The leaders' tests (the
     answer's questions) are the primary Holm family (`family`: how many), the matched ones
     the secondary (`secondary`); each leader's verdict as Markdown lines."""
-    done = [r for r in runs if r["status"] == "done"]
+    done = [r for r in runs if r.status == "done"]
     out: dict[str, Any] = {"n_done": len(done), "n_runs": len(runs), "n_key": n_key}
     out["not_scaling"] = not_scaling(done)
     out["matched"] = comparisons.compare(done, tolerance, family=False)
@@ -56,9 +56,9 @@ def compare(
     questions += [("equal_compute", "flops"), ("equal_inference", "inference_flops_per_token")]
     rungs: dict[str, set] = defaultdict(set)
     for r in done:
-        rungs[cell_label(r)].add(r.get("size_index") or 0)
+        rungs[r.cell].add(r.size_index or 0)
     one_rung = sorted(c for c, sizes in rungs.items() if len(sizes) == 1)
-    ladder = [r for r in done if cell_label(r) not in one_rung]
+    ladder = [r for r in done if r.cell not in one_rung]
     out["one_rung"] = one_rung if len(rungs) - len(one_rung) >= 2 else []
     leaders = []
     for name, x_key in questions:
@@ -81,10 +81,10 @@ def compare(
 def _leaders(
     out: dict[str, Any],
     name: str,
-    rows: list[dict[str, Any]],
+    rows: list[RunRow],
     x_key: str,
     tolerance: float,
-    everyone: list[dict[str, Any]] | None = None,
+    everyone: list[RunRow] | None = None,
 ) -> list[dict[str, Any]]:
     """Probe accuracy across the cells of `rows` (`out[name]`) and loss within each objective
     (`out[name + "_loss"]`); returns the leaders found. `of` on each: the cells of `everyone`
@@ -92,13 +92,13 @@ def _leaders(
     found = []
     everyone = rows if everyone is None else everyone
     if got := comparisons.leader(rows, x_key, "acc", tolerance):
-        out[name] = got | {"of": {cell_label(r) for r in everyone}}
+        out[name] = got | {"of": {r.cell for r in everyone}}
         found.append(out[name])
     within = {}
-    for obj in sorted({r["objective"] for r in rows}):
-        of = {cell_label(r) for r in everyone if r["objective"] == obj}
-        mine = [r for r in rows if r["objective"] == obj]
-        dropped = len(of) > len({cell_label(r) for r in mine})
+    for obj in sorted({r.objective for r in rows}):
+        of = {r.cell for r in everyone if r.objective == obj}
+        mine = [r for r in rows if r.objective == obj]
+        dropped = len(of) > len({r.cell for r in mine})
         if (dropped or everyone is rows) and (
             got := comparisons.leader(mine, x_key, "loss", tolerance)
         ):

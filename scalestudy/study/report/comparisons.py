@@ -36,9 +36,8 @@ from scalestudy.scaling.intervals import (
     run_difference,
     simultaneous,
 )
-from scalestudy.scaling.table_input import cell_label as label  # the cell, with its variant
-from scalestudy.scaling.table_input import has_experts
 from scalestudy.study.plan.recipe import recipe_differences
+from scalestudy.study.record.rows import RunRow, has_experts
 from scalestudy.study.report import verdicts
 
 # (what, the run keys to read, first present wins)
@@ -55,16 +54,14 @@ QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 MOE_ONLY = frozenset({"active parameters"})
 
 
-def _value(run: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+def _value(run: RunRow, keys: tuple[str, ...]) -> float | None:
     for key in keys:
-        if run.get(key) is not None:
-            return float(run[key])
+        if (got := run.value(key)) is not None:
+            return float(got)
     return None
 
 
-def held_equal(
-    a: list[dict[str, Any]], b: list[dict[str, Any]], tolerance: float
-) -> tuple[list[str], list[str]]:
+def held_equal(a: list[RunRow], b: list[RunRow], tolerance: float) -> tuple[list[str], list[str]]:
     """(quantities held equal, quantities that differ as 'what (a/b = r)' or 'what (unknown)')
     between the runs `a` and `b` (each averaged over its runs)."""
     same, differ = [], []
@@ -83,48 +80,49 @@ def held_equal(
         else:
             ratio = f"{ma / mb:.2f}x" if mb else "vs 0"
             differ.append(f"{what} ({ratio})")
-    return same, differ + recipe_differences(a, b)
+    recipes = ([{"recipe": r.recipe} for r in side] for side in (a, b))
+    return same, differ + recipe_differences(*recipes)
 
 
-def _accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
+def _accuracy(run: RunRow) -> tuple[float, float] | None:
     """(accuracy, examples) over the run's evaluated tasks, zero-shot, example-weighted."""
     hits = total = 0.0
-    in_context = in_context_tasks(run)  # the in-context section reads those
-    for key, x in run.items():
+    in_context = in_context_tasks(run.evals)  # the in-context section reads those
+    for key, x in run.evals.items():
         parts = key.split("/")
-        if len(parts) == 3 and parts[0] == "eval" and parts[2] == "acc" and x is not None:
+        if len(parts) == 3 and parts[2] == "acc" and x is not None:
             if parts[1] in in_context:
                 continue
-            n = run.get(f"eval/{parts[1]}/n") or 1.0
+            n = run.evals.get(f"eval/{parts[1]}/n") or 1.0
             hits += x * n
             total += n
     return (hits / total, total) if total else None
 
 
-def _per_seed(runs: list[dict[str, Any]], metric: str) -> dict[int, float]:
+def _per_seed(runs: list[RunRow], metric: str) -> dict[int, float]:
     values = ((r, _metric(r, metric)) for r in runs)
-    return {int(r.get("seed") or 0): float(v) for r, v in values if v is not None}
+    return {int(r.seed or 0): float(v) for r, v in values if v is not None}
 
 
-def _metric(run: dict[str, Any], metric: str) -> float | None:
+def _metric(run: RunRow, metric: str) -> float | None:
     if metric == "acc":
         got = _accuracy(run)
         return got[0] if got else None
-    return run.get(metric)
+    return run.value(metric)
 
 
 def compare(
-    runs: list[dict[str, Any]], tolerance: float = 0.03, family: bool = True
+    runs: list[RunRow], tolerance: float = 0.03, family: bool = True
 ) -> list[dict[str, Any]]:
     """Every (cell vs reference) comparison at each (size, budget) among finished runs: the
     metric, its paired interval, the seeds left unpaired, what is and is not held equal, and
     (with `family`, Holm over these alone; else call `adjust` over the report's family) the
     adjusted p-value."""
-    done = [r for r in runs if r.get("status") == "done"]
-    order = list(dict.fromkeys(label(r) for r in done))
+    done = [r for r in runs if r.status == "done"]
+    order = list(dict.fromkeys(r.cell for r in done))
     groups: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in done:
-        groups[(r.get("size_index") or 0, r.get("size"), r.get("budget") or "")][label(r)].append(r)
+        groups[(r.size_index or 0, r.size, r.budget or "")][r.cell].append(r)
     out = []
     for (_, size, budget), cells in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
         ref, *others = [c for c in order if c in cells]
@@ -132,7 +130,7 @@ def compare(
             a, b = cells[other], cells[ref]
             same, differ = held_equal(a, b, tolerance)
             metrics = ["acc"]
-            if a[0]["objective"] == b[0]["objective"]:
+            if a[0].objective == b[0].objective:
                 metrics.append("loss")
             for metric in metrics:
                 pa, pb = _per_seed(a, metric), _per_seed(b, metric)
@@ -208,7 +206,7 @@ def _verdict(c: dict[str, Any], level: float) -> str:
 
 
 def lines(
-    runs: list[dict[str, Any]],
+    runs: list[RunRow],
     tolerance: float = 0.03,
     level: float = 0.95,
     found: list[dict[str, Any]] | None = None,
@@ -255,7 +253,7 @@ def lines(
 
 
 def leader(
-    runs: list[dict[str, Any]],
+    runs: list[RunRow],
     x_key: str,
     metric: str,
     tolerance: float = 0.03,
@@ -268,10 +266,10 @@ def leader(
     (leader minus other, runs as the unit, with what the rungs read hold equal and what not:
     an x that differs is named with its ratio). `read`: cell -> the x its rung is at. None
     when fewer than two cells have values. Verdicts come after `adjust` (`leader_lines`)."""
-    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[str, list[RunRow]] = defaultdict(list)
     for r in runs:
-        if r.get("status") == "done" and r.get(x_key) and _metric(r, metric) is not None:
-            by_cell[label(r)].append(r)
+        if r.status == "done" and r.value(x_key) and _metric(r, metric) is not None:
+            by_cell[r.cell].append(r)
     x, left_out = _common_x(by_cell, x_key)
     if x is None:
         return None
@@ -300,21 +298,21 @@ def leader(
 
 
 def _read_rungs(
-    by_cell: dict[str, list[dict[str, Any]]], x_key: str, x: float, tolerance: float, metric: str
-) -> tuple[dict[str, dict[int, float]], dict[str, dict[str, float]], dict[str, float]]:
+    by_cell: dict[str, list[RunRow]], x_key: str, x: float, tolerance: float, metric: str
+) -> tuple[dict[str, dict[int, float]], dict[str, RunRow], dict[str, float]]:
     """Each cell read at its rung nearest `x`: (cell -> seed -> `metric`, cell -> its rung's
     quantities, cell -> the rung's mean `x_key`)."""
     per_seed: dict[str, dict[int, float]] = {}
-    at: dict[str, dict[str, float]] = {}
+    at: dict[str, RunRow] = {}
     read: dict[str, float] = {}
     for cell, rows in by_cell.items():
         rung = _nearest_rung(rows, x_key, x, tolerance)
         seeds: dict[int, list[float]] = defaultdict(list)
         for r in rung:  # several runs of one seed on one rung (e.g. budgets): their mean
-            seeds[int(r.get("seed") or 0)].append(_metric(r, metric))
+            seeds[int(r.seed or 0)].append(_metric(r, metric))
         per_seed[cell] = {s: sum(v) / len(v) for s, v in seeds.items()}
         at[cell] = _quantities(rung)
-        read[cell] = sum(float(r[x_key]) for r in rung) / len(rung)
+        read[cell] = sum(float(r.value(x_key)) for r in rung) / len(rung)
     return per_seed, at, read
 
 
@@ -322,7 +320,7 @@ def _leader_test(
     best: str,
     other: str,
     per_seed: dict[str, dict[int, float]],
-    at: dict[str, dict[str, float]],
+    at: dict[str, RunRow],
     metric: str,
     examples: int,
     tolerance: float,
@@ -345,47 +343,45 @@ def _leader_test(
     }
 
 
-def _common_x(by_cell: dict[str, list[dict[str, Any]]], x_key: str) -> tuple[float | None, list]:
+def _common_x(by_cell: dict[str, list[RunRow]], x_key: str) -> tuple[float | None, list]:
     """The largest x every cell spans; where none is, the cells whose runs end lowest are left
     out (returned) until one is. None with fewer than two cells left."""
     left_out = []
     while len(by_cell) >= 2:
-        lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
-        x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
+        lo = max(min(float(r.value(x_key)) for r in rows) for rows in by_cell.values())
+        x = min(max(float(r.value(x_key)) for r in rows) for rows in by_cell.values())
         if lo <= x:
             return x, left_out
-        low = min(by_cell, key=lambda c: max(float(r[x_key]) for r in by_cell[c]))
+        low = min(by_cell, key=lambda c: max(float(r.value(x_key)) for r in by_cell[c]))
         left_out.append(low)
         del by_cell[low]
     return None, left_out
 
 
-def _nearest_rung(
-    rows: list[dict[str, Any]], x_key: str, x: float, tolerance: float
-) -> list[dict[str, Any]]:
+def _nearest_rung(rows: list[RunRow], x_key: str, x: float, tolerance: float) -> list[RunRow]:
     """The runs of one cell at its x value nearest `x` in log (runs within `tolerance` of each
     other in x are one rung: seeds and budgets of one size)."""
-    rungs: list[list[dict[str, Any]]] = []
-    for r in sorted(rows, key=lambda r: float(r[x_key])):
-        if rungs and float(r[x_key]) <= float(rungs[-1][0][x_key]) * (1 + tolerance):
+    rungs: list[list[RunRow]] = []
+    for r in sorted(rows, key=lambda r: float(r.value(x_key))):
+        if rungs and float(r.value(x_key)) <= float(rungs[-1][0].value(x_key)) * (1 + tolerance):
             rungs[-1].append(r)
         else:
             rungs.append([r])
 
-    def distance(rung: list[dict[str, Any]]) -> float:
-        return abs(math.log(sum(float(r[x_key]) for r in rung) / len(rung) / x))
+    def distance(rung: list[RunRow]) -> float:
+        return abs(math.log(sum(float(r.value(x_key)) for r in rung) / len(rung) / x))
 
     return min(rungs, key=distance)
 
 
-def _quantities(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Each of QUANTITIES as the mean over `rows` (one rung), as a run dict (with the most
+def _quantities(rows: list[RunRow]) -> RunRow:
+    """Each of QUANTITIES as the mean over `rows` (one rung), as a record (with the most
     routed experts of `rows`) for `held_equal`."""
-    out: dict[str, float] = {"experts": max((r.get("experts") or 1) for r in rows)}
+    means: dict[str, float] = {}
     for _, keys in QUANTITIES:
         if values := [v for r in rows if (v := _value(r, keys)) is not None]:
-            out[keys[0]] = sum(values) / len(values)
-    return out
+            means[keys[0]] = sum(values) / len(values)
+    return RunRow("", experts=max((r.experts or 1) for r in rows), **means)
 
 
 def _score(values: dict[int, float], examples: int) -> Interval:

@@ -21,6 +21,7 @@ from typing import Any
 from scalestudy.scaling import render as md
 from scalestudy.scaling.intervals import accuracy_difference, paired_difference
 from scalestudy.study.record import lineage
+from scalestudy.study.record.rows import RunRow
 
 TABLE = "wang_table.md"
 
@@ -116,7 +117,7 @@ def table(planned: list, out: Path, published: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def equal_compute(planned: list, out: Path, runs: dict[str, dict]) -> list[dict[str, Any]]:
+def equal_compute(planned: list, out: Path, runs: dict[str, RunRow]) -> list[dict[str, Any]]:
     """One record per (adaptation, seed): the adapted run's total FLOPs (its parent's and its
     own, as measured; planned where not yet measured), the run from scratch's, their ratio,
     both validation losses and both zero-shot averages after finetuning."""
@@ -127,11 +128,12 @@ def equal_compute(planned: list, out: Path, runs: dict[str, dict]) -> list[dict[
         if s.stage != "scratch" or s.matches not in by_name:
             continue
         a = by_name[s.matches]
-        row_a, row_s = runs.get(a.run_id, {}), runs.get(s.run_id, {})
-        row_p = runs.get(a.parent_run_id, {})
-        parent_flops = row_p.get("flops") or a.pretrained.planned_flops
-        adapted = parent_flops + (row_a.get("flops") or a.planned_flops)
-        scratch = row_s.get("flops") or s.planned_flops
+        none = RunRow("")  # a run not in the registry: nothing measured
+        row_a, row_s = runs.get(a.run_id, none), runs.get(s.run_id, none)
+        row_p = runs.get(a.parent_run_id, none)
+        parent_flops = row_p.flops or a.pretrained.planned_flops
+        adapted = parent_flops + (row_a.flops or a.planned_flops)
+        scratch = row_s.flops or s.planned_flops
         rec = {
             "key": (a.cell, a.via, a.pretrained.size),
             "seed": a.pretrained.seed,
@@ -140,8 +142,8 @@ def equal_compute(planned: list, out: Path, runs: dict[str, dict]) -> list[dict[
             "adapted_flops": adapted,
             "scratch_flops": scratch,
             "ratio": scratch / adapted,
-            "loss_adapted": row_a.get("loss"),
-            "loss_scratch": row_s.get("loss"),
+            "loss_adapted": row_a.loss,
+            "loss_scratch": row_s.loss,
         }
         if a.name in finetuned and s.name in finetuned:
             tasks = tuple(finetuned[a.name].cfg.eval.tasks)
@@ -223,35 +225,35 @@ def _interval(got: Any, scale: float) -> str:
     return got.text(1 if scale == 100 else 3, scale)
 
 
-def lineage_lines(runs: dict[str, dict]) -> list[str]:
+def lineage_lines(runs: dict[str, RunRow]) -> list[str]:
     """The stage runs as the registry lists them, with their lineage."""
-    rows = [r for r in runs.values() if r.get("stage")]
+    rows = [r for r in runs.values() if r.stage]
     if not rows:
         return []
-    names = {r["run_id"]: r["name"] for r in runs.values()}
+    names = {r.run_id: r.name for r in runs.values()}
     lines = [
         "## Stage runs",
         "",
     ]
     body = []
     for r in rows:
-        parent = r.get("parent_run_id")
+        parent = r.parent_run_id
         body.append(
             [
-                r["name"],
-                r["run_id"],
-                r["stage"],
-                r["status"],
+                r.name,
+                r.run_id,
+                r.stage,
+                r.status,
                 names.get(parent, parent) or "-",
-                r.get("parent_step") or "-",
-                r.get("matches_run_id") or "-",
+                r.parent_step or "-",
+                r.matches_run_id or "-",
             ]
         )
     head = ["run", "id", "stage", "status", "parent run", "parent step", "matches"]
     return [*lines, *md.table(head, body), ""]
 
 
-def render(planned: list, out: Path, runs: dict[str, dict], published: dict | None) -> str:
+def render(planned: list, out: Path, runs: dict[str, RunRow], published: dict | None) -> str:
     """The whole `wang_table.md`: the table, the equal-compute comparison, the stage runs."""
     parts = [
         table(planned, out, published),
