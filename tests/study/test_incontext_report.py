@@ -79,12 +79,12 @@ def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
             r.evals["eval/incontext_probe.8shot/acc"] - 0.5
         )
     cmp = answer.compare(runs)
-    found = cmp["incontext"]["incontext_probe"]
+    found = cmp.incontext["incontext_probe"]
     for name in ("equal_params", "equal_compute"):
         got = found[name]
-        assert got["leader"] == "causal_decoder/flm" and got["k"] == 8
-        assert all("p_holm" in t for t in got["tests"])  # in the report's family
-        assert got["verdict"][0].startswith("**causal_decoder/flm** is ahead of every other")
+        assert got.leader == "causal_decoder/flm" and got.k == 8
+        assert all(t.p_holm is not None for t in got.tests)  # in the report's family
+        assert got.verdict[0].startswith("**causal_decoder/flm** is ahead of every other")
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     md = report.render_markdown(study, runs, {}, [])
     head = md[: md.index("## How to read")]
@@ -97,19 +97,19 @@ def test_the_gain_is_per_run_and_its_verdict_follows_the_runs():
 
     # Gains within run noise of each other: no winner, whatever the means' order.
     close = {"causal_decoder/flm": 0.2, "noncausal_decoder/plm": 0.195}
-    got = answer.compare(_runs(close, noise=0.05))["incontext"]["incontext_probe"]
-    assert "**" not in got["equal_params"]["verdict"][0]
-    assert got["equal_params"]["verdict"][0].startswith("no winner")
+    got = answer.compare(_runs(close, noise=0.05)).incontext["incontext_probe"]
+    assert "**" not in got["equal_params"].verdict[0]
+    assert got["equal_params"].verdict[0].startswith("no winner")
     # One seed: no between-run interval, no winner.
-    one = answer.compare(_runs(clear, seeds=1))["incontext"]["incontext_probe"]
-    assert one["equal_params"]["verdict"][0].startswith("one seed")
+    one = answer.compare(_runs(clear, seeds=1)).incontext["incontext_probe"]
+    assert one["equal_params"].verdict[0].startswith("one seed")
 
 
 def test_curves_without_a_comparison_are_shown_and_say_why():
     """One cell (nothing to compare it with): the curve table is still the section, with the
     reason there is no verdict."""
     runs = _runs({"causal_decoder/flm": 0.3})
-    assert answer.compare(runs)["incontext"] == {}
+    assert answer.compare(runs).incontext == {}
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     section = report.render_markdown(study, runs, {}, [])
     section = section[section.index("## In-context learning") :]
@@ -122,7 +122,7 @@ def test_no_few_shot_rows_no_section():
         _scores(r, {k: None for k in r.evals if "shot" in k})
         for r in _runs({"causal_decoder/flm": 0.3})
     ]
-    assert answer.compare(runs)["incontext"] == {}
+    assert answer.compare(runs).incontext == {}
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     assert "## In-context learning" not in report.render_markdown(study, runs, {}, [])
 
@@ -166,13 +166,13 @@ def test_the_gain_is_read_along_the_ladder_where_a_cell_has_one_rung():
         return r
 
     runs = [learns(r) for r in runs]
-    found = answer.compare(runs)["incontext"]["incontext_probe"]
+    found = answer.compare(runs).incontext["incontext_probe"]
     bottom, ladder = found["equal_params"], found["equal_params_ladder"]
-    assert bottom["at"] == pytest.approx(1e5) and not bottom["verdict"][0].startswith("**")
-    assert ladder["at"] == pytest.approx(1e6) and ladder["leader"] == "causal_decoder/flm"
-    assert ladder["left_out"] == ["encoder_decoder/mlm"]
-    assert all("p_holm" in t for t in ladder["tests"])  # in the primary family
-    assert ladder["verdict"][0].startswith("**causal_decoder/flm** is ahead of every other")
+    assert bottom.at == pytest.approx(1e5) and not bottom.verdict[0].startswith("**")
+    assert ladder.at == pytest.approx(1e6) and ladder.leader == "causal_decoder/flm"
+    assert ladder.left_out == ["encoder_decoder/mlm"]
+    assert all(t.p_holm is not None for t in ladder.tests)  # in the primary family
+    assert ladder.verdict[0].startswith("**causal_decoder/flm** is ahead of every other")
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     md = report.render_markdown(study, runs, {}, [])
     head = md[: md.index("## How to read")]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from dataclasses import replace
 
 from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling.intervals import (
@@ -39,6 +39,7 @@ from scalestudy.scaling.intervals import (
 from scalestudy.study.plan.recipe import recipe_differences
 from scalestudy.study.record.rows import RunRow, has_experts
 from scalestudy.study.report import verdicts
+from scalestudy.study.report.verdicts import Leader, Test
 
 # (what, the run keys to read, first present wins)
 QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -111,9 +112,7 @@ def _metric(run: RunRow, metric: str) -> float | None:
     return run.value(metric)
 
 
-def compare(
-    runs: list[RunRow], tolerance: float = 0.03, family: bool = True
-) -> list[dict[str, Any]]:
+def compare(runs: list[RunRow], tolerance: float = 0.03, family: bool = True) -> list[Test]:
     """Every (cell vs reference) comparison at each (size, budget) among finished runs: the
     metric, its paired interval, the seeds left unpaired, what is and is not held equal, and
     (with `family`, Holm over these alone; else call `adjust` over the report's family) the
@@ -141,75 +140,80 @@ def compare(
                     interval, unpaired = accuracy_difference(pa, pb, examples)
                 else:
                     interval, unpaired = run_difference(pa, pb)
-                out.append(
-                    {
-                        "size": size,
-                        "budget": budget,
-                        "cell": other,
-                        "reference": ref,
-                        "metric": metric,
-                        "interval": interval,
-                        "unpaired": unpaired,
-                        "held_equal": same,
-                        "not_equal": differ,
-                    }
-                )
+                test = Test(other, ref, metric, interval, unpaired, same, differ, size, budget)
+                out.append(test)
     if family:
-        adjust(out, "secondary")
+        out, _ = adjust(out, "secondary")
     return out
 
 
-def adjust(tests: list[dict[str, Any]], name: str = "primary", level: float = 0.95) -> int:
+def adjust(tests: list[Test], name: str = "primary", level: float = 0.95) -> tuple[list[Test], int]:
     """Holm-adjust, as one family (`name`), the tests that have a between-run interval (two or
     more runs a side): each gets `p_holm`, `family` (name, size) and `shown`, its interval
     widened to the family's Bonferroni level (`intervals.simultaneous`), so that a shown
     interval excluding 0 always goes with a rejection. A hypothesis stated twice (the same two
     cells on the same metric and the same per-run values, e.g. at equal parameters and at
-    equal compute on a one-rung ladder) counts once. Returns the family's size."""
-    tested = [c for c in tests if c["interval"].between_runs and c["interval"].seeds > 1]
-    distinct: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for c in tested:
-        iv = c["interval"]
-        pair = frozenset((c["cell"], c["reference"]))
-        key = (pair, c["metric"], round(abs(iv.mean), 12), round(iv.p_value, 12), iv.seeds)
-        distinct[key].append(c)
+    equal compute on a one-rung ladder) counts once. Returns the tests, adjusted, in their
+    order, and the family's size."""
+    distinct: dict[tuple, list[int]] = defaultdict(list)
+    for i, c in enumerate(tests):
+        iv = c.interval
+        if iv.between_runs and iv.seeds > 1:
+            pair = frozenset((c.cell, c.reference))
+            key = (pair, c.metric, round(abs(iv.mean), 12), round(iv.p_value, 12), iv.seeds)
+            distinct[key].append(i)
     groups = list(distinct.values())
-    for group, p in zip(groups, holm([g[0]["interval"].p_value for g in groups]), strict=True):
-        for c in group:
-            c["p_holm"] = p
-            c["family"] = (name, len(groups))
-            c["shown"] = simultaneous(c["interval"], len(groups), level)
-    return len(groups)
+    out = list(tests)
+    for group, p in zip(groups, holm([tests[g[0]].interval.p_value for g in groups]), strict=True):
+        for i in group:
+            wide = simultaneous(tests[i].interval, len(groups), level)
+            out[i] = replace(tests[i], p_holm=p, family=(name, len(groups)), shown=wide)
+    return out, len(groups)
 
 
-def shown(c: dict[str, Any]) -> str:
+def adjust_leaders(
+    leaders: list[Leader], name: str = "primary", level: float = 0.95
+) -> tuple[list[Leader], int]:
+    """`adjust` over every test of `leaders` as one family; returns the leaders, in their
+    order, with their tests adjusted and their verdict lines (`leader_lines`), and the
+    family's size."""
+    tests, size = adjust([t for got in leaders for t in got.tests], name, level)
+    out = []
+    for got in leaders:
+        mine, tests = tests[: len(got.tests)], tests[len(got.tests) :]
+        got = replace(got, tests=mine)
+        out.append(replace(got, verdict=leader_lines(got, level)))
+    return out, size
+
+
+def shown(c: Test) -> str:
     """A test's interval as printed beside its verdict: simultaneous at its family's level once
     adjusted (and said so), else the unadjusted 95% one, labelled."""
-    iv: Interval = c.get("shown") or c["interval"]
-    if "family" not in c:
+    iv = c.shown or c.interval
+    if c.family is None:
         return iv.describe() + (", unadjusted 95%" if iv.between_runs and iv.seeds > 1 else "")
-    name, m = c["family"]
+    name, m = c.family
     return f"{iv.describe()}, {iv.level:.4g} simultaneous over the {name} family of {m}"
 
 
-def _verdict(c: dict[str, Any], level: float) -> str:
-    iv: Interval = c["interval"]
-    if "p_holm" not in c:
+def _verdict(c: Test, level: float) -> str:
+    iv = c.interval
+    if c.p_holm is None:
         if iv.between_runs:  # one seed, loss: no interval at all
             return "one seed per side: no between-run interval, so no verdict"
         return (
             "one seed per side: this interval is over examples only, not a between-run "
             "interval (it says nothing about retraining), so no verdict"
         )
-    said = verdicts.word(c, c["metric"] == "acc", level)
-    return f"Holm-adjusted p = {c['p_holm']:.3g}: {said}{verdicts.why(c, level)}"
+    said = verdicts.word(c, c.metric == "acc", level)
+    return f"Holm-adjusted p = {c.p_holm:.3g}: {said}{verdicts.why(c, level)}"
 
 
 def lines(
     runs: list[RunRow],
     tolerance: float = 0.03,
     level: float = 0.95,
-    found: list[dict[str, Any]] | None = None,
+    found: list[Test] | None = None,
     family: int | None = None,
 ) -> list[str]:
     """The report section (Markdown lines); empty when no two cells share a size. `found`:
@@ -217,7 +221,7 @@ def lines(
     found = compare(runs, tolerance) if found is None else found
     if not found:
         return []
-    n_tested = sum("p_holm" in c for c in found) if family is None else family
+    n_tested = sum(c.p_holm is not None for c in found) if family is None else family
     out = [
         "## Matched comparisons",
         "",
@@ -231,21 +235,16 @@ def lines(
         "",
     ]
     for c in found:
-        what = "probe accuracy" if c["metric"] == "acc" else "validation loss"
-        at = f"{c['size']}" + (f" {c['budget']}" if c["budget"] else "")
+        what = "probe accuracy" if c.metric == "acc" else "validation loss"
+        at = f"{c.size}" + (f" {c.budget}" if c.budget else "")
         out.append(
-            f"- **{c['cell']}** vs {c['reference']} at {at}, {what}: {shown(c)}; "
-            f"{_verdict(c, level)}."
+            f"- **{c.cell}** vs {c.reference} at {at}, {what}: {shown(c)}; {_verdict(c, level)}."
         )
-        out.append(f"  Held equal: {', '.join(c['held_equal']) or 'nothing'}.")
-        if c["not_equal"]:
-            out.append(
-                f"  Not equal ({c['cell']} / {c['reference']}): {', '.join(c['not_equal'])}."
-            )
-        if c["unpaired"]:
-            out.append(
-                f"  Seeds {c['unpaired']} have no partner on the other side and are left out."
-            )
+        out.append(f"  Held equal: {', '.join(c.held_equal) or 'nothing'}.")
+        if c.not_equal:
+            out.append(f"  Not equal ({c.cell} / {c.reference}): {', '.join(c.not_equal)}.")
+        if c.unpaired:
+            out.append(f"  Seeds {c.unpaired} have no partner on the other side and are left out.")
     return [*out, ""]
 
 
@@ -258,7 +257,7 @@ def leader(
     metric: str,
     tolerance: float = 0.03,
     higher: bool | None = None,
-) -> dict[str, Any] | None:
+) -> Leader | None:
     """The cells' `metric` ("acc", "loss", or any run key: a per-run number, `higher` saying
     which way is better) where the runs are: each cell is read at its rung (runs within
     `tolerance` in `x_key`) nearest in log to the largest x every cell spans, never between
@@ -284,17 +283,17 @@ def leader(
     tests = [
         _leader_test(best, other, per_seed, at, metric, examples, tolerance) for other in ranked[1:]
     ]
-    return {
-        "at": x,
-        "leader": best,
-        "scores": {c: _score(per_seed[c], examples) for c in ranked},
-        "means": mean,
-        "read": read,
-        "quantities": at,  # cell -> its rung's mean of each of QUANTITIES
-        "tests": tests,
-        "higher": higher,
-        "left_out": sorted(left_out),
-    }
+    return Leader(
+        leader=best,
+        higher=higher,
+        tests=tests,
+        at=x,
+        scores={c: _score(per_seed[c], examples) for c in ranked},
+        means=mean,
+        read=read,
+        quantities=at,  # cell -> its rung's mean of each of QUANTITIES
+        left_out=sorted(left_out),
+    )
 
 
 def _read_rungs(
@@ -324,7 +323,7 @@ def _leader_test(
     metric: str,
     examples: int,
     tolerance: float,
-) -> dict[str, Any]:
+) -> Test:
     """The leader `best` against `other`: the difference's interval, and what the two rungs
     read hold equal and what not."""
     if metric == "acc":
@@ -332,15 +331,7 @@ def _leader_test(
     else:
         interval, unpaired = run_difference(per_seed[best], per_seed[other])
     same, differ = held_equal([at[best]], [at[other]], tolerance)
-    return {
-        "cell": best,
-        "reference": other,
-        "metric": metric,
-        "interval": interval,
-        "unpaired": unpaired,
-        "held_equal": same,
-        "not_equal": differ,
-    }
+    return Test(best, other, metric, interval, unpaired, same, differ)
 
 
 def _common_x(by_cell: dict[str, list[RunRow]], x_key: str) -> tuple[float | None, list]:
@@ -391,20 +382,17 @@ def _score(values: dict[int, float], examples: int) -> Interval:
     return got
 
 
-def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
+def leader_lines(found: Leader, level: float = 0.95) -> list[str]:
     """The verdict on a `leader` result (after `adjust`): a headline sentence, then one line
     per paired test with its interval, n, Holm-adjusted p and what is held equal."""
-    best, tests = found["leader"], found["tests"]
-    more = found.get("more") or ("higher accuracy" if found["higher"] else "lower loss")
+    best, tests = found.leader, found.tests
+    more = found.more or ("higher accuracy" if found.higher else "lower loss")
     if not tests:
         return [f"no cell shares a seed with {best}, so nothing is compared."]
-    tested = [t for t in tests if "p_holm" in t]
-    said = {
-        id(t): verdicts.outcome(t["interval"].mean, t["p_holm"], found["higher"], level)
-        for t in tested
-    }
+    tested = [t for t in tests if t.p_holm is not None]
+    said = {id(t): verdicts.outcome(t.interval.mean, t.p_holm, found.higher, level) for t in tested}
     ahead = [t for t in tested if said[id(t)] == "better"]
-    near = [t["reference"] for t in tested if said[id(t)] == "borderline"]
+    near = [t.reference for t in tested if said[id(t)] == "borderline"]
     if not tested:
         head = (
             f"one seed: {best} had the {more} in this run; with no between-run interval no "
@@ -413,31 +401,31 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
     elif len(ahead) == len(tests):
         head = f"**{best}** is ahead of every other cell (Holm-adjusted p < {1 - level:.2g})."
     else:
-        behind = [t["reference"] for t in tests if t not in ahead and t["reference"] not in near]
+        behind = [t.reference for t in tests if t not in ahead and t.reference not in near]
         against = [f"is not distinguishable from {', '.join(behind)}"] if behind else []
         if near:  # verdicts.borderline: too near the level to hold across hosts
             against.append(f"is borderline against {', '.join(near)} (not called)")
         head = (
-            f"no winner: {best} has the {'highest' if found['higher'] else 'lowest'} mean but "
+            f"no winner: {best} has the {'highest' if found.higher else 'lowest'} mean but "
             f"{' and '.join(against)}."
         )
     out = [head]
-    if found.get("left_out"):
-        why = found.get("why_left_out") or "their runs end below this x"
-        out.append(f"  - Left out ({why}): {', '.join(found['left_out'])}.")
+    if found.left_out:
+        why = found.why_left_out or "their runs end below this x"
+        out.append(f"  - Left out ({why}): {', '.join(found.left_out)}.")
     for t in tests:
-        iv: Interval = t["interval"]
-        if "p_holm" in t:
-            p = f"Holm-adjusted p = {t['p_holm']:.3g}"
+        iv = t.interval
+        if t.p_holm is not None:
+            p = f"Holm-adjusted p = {t.p_holm:.3g}"
         elif iv.between_runs:
             p = "one seed per side: no between-run interval"
         else:
             p = "one seed per side: an interval over examples only, not between runs"
-        line = f"  - {best} minus {t['reference']}: {shown(t)}; {p}{verdicts.why(t, level)}."
-        line += f" Held equal: {', '.join(t['held_equal']) or 'nothing'}."
-        if t["not_equal"]:
-            line += f" Not equal ({best} / {t['reference']}): {', '.join(t['not_equal'])}."
-        if t["unpaired"]:
-            line += f" Seeds {t['unpaired']} have no partner and are left out."
+        line = f"  - {best} minus {t.reference}: {shown(t)}; {p}{verdicts.why(t, level)}."
+        line += f" Held equal: {', '.join(t.held_equal) or 'nothing'}."
+        if t.not_equal:
+            line += f" Not equal ({best} / {t.reference}): {', '.join(t.not_equal)}."
+        if t.unpaired:
+            line += f" Seeds {t.unpaired} have no partner and are left out."
         out.append(line)
     return out

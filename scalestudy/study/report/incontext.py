@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any
+from dataclasses import replace
 
 from scalestudy.scaling import render
 from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import comparisons
+from scalestudy.study.report.verdicts import Leader
 
 _SHOTS = re.compile(r"^eval/(?P<task>.+)\.(?P<k>\d+)shot/acc$")
 
@@ -60,9 +61,7 @@ def with_gains(runs: list[RunRow]) -> tuple[list[RunRow], dict[str, int]]:
     return out, largest
 
 
-def compare(
-    runs: list[RunRow], n_key: str, tolerance: float
-) -> dict[str, dict[str, dict[str, Any]]]:
+def compare(runs: list[RunRow], n_key: str, tolerance: float) -> dict[str, dict[str, Leader]]:
     """task -> {"equal_params" | "equal_compute": leader on the in-context gain} (before
     Holm's adjustment, which the report makes over the answer's primary family), and again
     as "<question>_ladder" over the cells that span the ladder where some cells have runs at
@@ -76,17 +75,18 @@ def compare(
     readings = [("", done)]
     if one_rung and len(rungs) - len(one_rung) >= 2:
         readings.append(("_ladder", ladder))
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, Leader]] = {}
     for task, k in sorted(largest.items()):
         for suffix, rows in readings:
             for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
                 got = comparisons.leader(rows, x_key, gain_key(task), tolerance, higher=True)
                 if got:
-                    got["more"] = f"larger {k}-shot gain"
-                    got["k"] = k
+                    got = replace(got, more=f"larger {k}-shot gain", k=k)
                     if suffix:
-                        got["left_out"] = sorted({*got.get("left_out", ()), *one_rung})
-                        got["why_left_out"] = "their runs are at one rung only"
+                        left = sorted({*got.left_out, *one_rung})
+                        got = replace(
+                            got, left_out=left, why_left_out="their runs are at one rung only"
+                        )
                     out.setdefault(task, {})[name + suffix] = got
     return out
 
@@ -136,7 +136,7 @@ def shots_lines(runs: list[RunRow], task: str) -> list[str]:
     return [head, "", *render.table(["cell", "size", *(f"K={k}" for k in short)], body), ""]
 
 
-def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[RunRow]) -> list[str]:
+def lines(found: dict[str, dict[str, Leader]], runs: list[RunRow]) -> list[str]:
     """The report's in-context section: per task scored with demonstrations, the curve table
     and the verdicts (after `comparisons.adjust` and `comparisons.leader_lines`), or why
     there are none."""
@@ -168,9 +168,9 @@ def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[RunRow]) -> li
             ("equal_compute_ladder", "Equal compute, the cells spanning the ladder"),
         ):
             if got := by_question.get(name):
-                verdict = got.get("verdict") or comparisons.leader_lines(got)
+                verdict = got.verdict or comparisons.leader_lines(got)
                 out += [
-                    f"- {title} ({got['k']}-shot gain at {got['at']:.3g}): " + verdict[0],
+                    f"- {title} ({got.k}-shot gain at {got.at:.3g}): " + verdict[0],
                     *verdict[1:],
                 ]
         out.append("")

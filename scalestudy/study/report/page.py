@@ -37,6 +37,7 @@ from scalestudy.study.report import (
 from scalestudy.study.report import loss_tokens as loss_token_report
 from scalestudy.study.report.fits import fit_study, fits_lines
 from scalestudy.study.report.host import host_line
+from scalestudy.study.report.verdicts import Comparison
 
 Z95 = 1.959964
 
@@ -97,7 +98,7 @@ def acc_stats(rows: list[RunRow]) -> dict[str, Any]:
 
 def limits(
     study: StudySpec,
-    cmp: dict[str, Any],
+    cmp: Comparison,
     runs: list[RunRow],
     fits: dict[str, Any],
     rate_records: list[dict[str, Any]] = (),
@@ -119,10 +120,10 @@ def limits(
         '"Not distinguishable" is not "equal": a difference smaller than the run-to-run '
         "spread needs more runs to resolve.",
     ]
-    if cmp["not_scaling"]:
+    if cmp.not_scaling:
         out.append(
             f"- Validation loss does not fall at every step up the ladder in "
-            f"{', '.join(cmp['not_scaling'])}."
+            f"{', '.join(cmp.not_scaling)}."
         )
     out += _flagged_laws_line(fits)
     if not study.lr_search:
@@ -216,7 +217,7 @@ class ReportInputs:
 
     study: StudySpec
     runs: list[RunRow]
-    cmp: dict[str, Any]
+    cmp: Comparison
     fits: dict[str, Any] = field(default_factory=dict)
     figures: list[str] = ()
     notes: list[str] = ()
@@ -239,7 +240,7 @@ class ReportInputs:
     @property
     def n_what(self) -> str:
         """What the comparisons' N counts, in words."""
-        if self.cmp["n_key"] == "params_total":
+        if self.cmp.n_key == "params_total":
             return "total parameters"
         return "non-embedding parameters"
 
@@ -276,7 +277,7 @@ def answer_section(inputs: ReportInputs) -> list[str]:
         "",
         study.description.strip() or "",
         "",
-        f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
+        f"{cmp.n_done} of {cmp.n_runs} runs finished; matching mode "
         f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of "
         f"training.{inputs.left_out}",
         "",
@@ -342,21 +343,19 @@ def verdicts_section(inputs: ReportInputs) -> list[str]:
     the in-context comparisons and the comparisons at a held quantity."""
     study, cmp, runs = inputs.study, inputs.cmp, inputs.runs
     lines = ["## Verdicts", ""]
-    if cmp["not_scaling"]:
+    if cmp.not_scaling:
         lines += [
             f"Validation loss falls at every step up the ladder except in "
-            f"{', '.join(cmp['not_scaling'])}: at this budget those cells' larger rungs are "
+            f"{', '.join(cmp.not_scaling)}: at this budget those cells' larger rungs are "
             "not yet ahead (train longer, or scale the learning rate down with width), so "
             "read their fits with care.",
             "",
         ]
-    elif cmp["n_done"]:
+    elif cmp.n_done:
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
     lines += answer.verdict_section(cmp, inputs.n_what)
-    lines += incontext.lines(cmp["incontext"], runs)
-    lines += comparisons.lines(
-        runs, study.match_tolerance, found=cmp["matched"], family=cmp["secondary"]
-    )
+    lines += incontext.lines(cmp.incontext, runs)
+    lines += comparisons.lines(runs, study.match_tolerance, found=cmp.matched, family=cmp.secondary)
     return lines
 
 
@@ -484,11 +483,11 @@ def answer_figure(runs: list[RunRow], out: Path, tolerance: float) -> str | None
     cmp = answer.compare(runs, tolerance=tolerance)
     for name, held, _ in verdicts.QUESTIONS:
         for key, where in ((name, ""), (name + "_ladder", ", ladder")):
-            if got := cmp.get(key):
-                for cell, q in got["quantities"].items():
+            if got := cmp.accuracy.get(key):
+                for cell, q in got.quantities.items():
                     if q.flops:
                         read = f"equal {held}{where}"
-                        point = zeroshot_plots.AnswerPoint(cell, q.flops, got["means"][cell], read)
+                        point = zeroshot_plots.AnswerPoint(cell, q.flops, got.means[cell], read)
                         points.append(point)
     fig = zeroshot_plots.fig_answer(points, "probe accuracy (zero-shot)", chance_accuracy(runs))
     if fig is None:
