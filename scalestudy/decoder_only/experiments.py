@@ -77,23 +77,27 @@ def _loss_at(
     return out
 
 
-def _pairwise_tests(spec: ComparisonConfig, groups: dict, present: list[str], curves: dict):
+def _pairwise_tests(
+    spec: ComparisonConfig, groups: dict, present: list[str], curves: dict
+) -> list[stats.PairedTest]:
     tests = []
     for g in present[1:]:
         pairs = [("loss", "validation loss", True), ("acc", "probe accuracy", False)]
         for kind, what, lower in (p for p in pairs if p[0] in spec.metrics):
             est = stats.paired_difference(groups[g], groups[present[0]], kind)
-            tests.append({"name": g, "ref": present[0], "what": what, "lower": lower, "est": est})
+            tests.append(stats.PairedTest(g, present[0], what, lower, est))
         if spec.also_at is not None:
             a = _loss_at(groups[g], curves, spec.also_at)
             b = _loss_at(groups[present[0]], curves, spec.also_at)
             what = f"validation loss at {spec.also_at:.0%} of training"
             est = stats.paired_difference(a, b, "loss")
-            tests.append({"name": g, "ref": present[0], "what": what, "lower": True, "est": est})
+            tests.append(stats.PairedTest(g, present[0], what, True, est))
     return tests
 
 
-def _interaction_tests(spec: ComparisonConfig, groups: dict, curves: dict) -> list[dict]:
+def _interaction_tests(
+    spec: ComparisonConfig, groups: dict, curves: dict
+) -> list[stats.PairedTest]:
     """(B' - B) - (A' - A) on validation loss, seed by seed: positive when the change hurts
     B more than A."""
     a0, a1, b0, b1 = spec.groups
@@ -116,7 +120,7 @@ def _interaction_tests(spec: ComparisonConfig, groups: dict, curves: dict) -> li
             ]
         est = stats.paired_difference(change[b0], change[a0], "loss")
         name, ref = f"({b1} - {b0})", f"({a1} - {a0})"
-        tests.append({"name": name, "ref": ref, "what": what, "lower": True, "est": est})
+        tests.append(stats.PairedTest(name, ref, what, True, est))
     return tests
 
 
@@ -254,6 +258,12 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
 # ----------------------------------------------------------------------------- entry point
 
 
+def as_json(value: Any) -> Any:
+    """What decoder_only.json holds for a value JSON has no type for: a record's `as_dict`,
+    else the number (numpy scalars)."""
+    return value.as_dict() if hasattr(value, "as_dict") else float(value)
+
+
 def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     """Run the study's decoder-only experiments over its trained runs in `out` (`planned` is
     the study's expansion) and write decoder_only.md; None when the spec has no
@@ -299,7 +309,8 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     results["seconds"]["training"] = sum(
         r.wall_time_s or 0.0 for rows in groups.values() for r in rows
     )
-    (out / "decoder_only.json").write_text(json.dumps(results, indent=1, default=float))
+    text = json.dumps(results, indent=1, default=as_json)
+    (out / "decoder_only.json").write_text(text)
     figures = claims_figures.plot_experiments(out, results)
     (out / REPORT_NAME).write_text(render(study, results, figures))
     print(f"decoder-only report: {out / REPORT_NAME}")

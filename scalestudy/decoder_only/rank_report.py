@@ -99,7 +99,7 @@ def rank_deficits(rank: dict[str, list[dict]]) -> list[dict]:
     return out
 
 
-def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
+def rank_tests(rank: dict[str, list[dict]]) -> list[stats.PairedTest]:
     """The low-rank argument's own prediction, tested: an interaction of the mask with the
     head width relative to the length. Below d_kv = n a bidirectional softmax matrix can lose
     rank, at or above it the argument gives no reason to, so the deficit beyond random QK at
@@ -120,13 +120,7 @@ def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
 
     est = stats.seed_difference(per_seed(small), per_seed(large))
     return [
-        {
-            "name": "blocks with d_kv < n",
-            "ref": "blocks with d_kv >= n",
-            "what": INTERACTION,
-            "lower": None,
-            "est": est,
-        }
+        stats.PairedTest("blocks with d_kv < n", "blocks with d_kv >= n", INTERACTION, None, est)
     ]
 
 
