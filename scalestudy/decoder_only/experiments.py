@@ -258,12 +258,6 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
 # ----------------------------------------------------------------------------- entry point
 
 
-def as_json(value: Any) -> Any:
-    """What decoder_only.json holds for a value JSON has no type for: a record's `as_dict`,
-    else the number (numpy scalars)."""
-    return value.as_dict() if hasattr(value, "as_dict") else float(value)
-
-
 def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     """Run the study's decoder-only experiments over its trained runs in `out` (`planned` is
     the study's expansion) and write decoder_only.md; None when the spec has no
@@ -309,7 +303,7 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
     results["seconds"]["training"] = sum(
         r.wall_time_s or 0.0 for rows in groups.values() for r in rows
     )
-    text = json.dumps(results, indent=1, default=as_json)
+    text = json.dumps(results, indent=1, default=stats.as_json)
     (out / "decoder_only.json").write_text(text)
     figures = claims_figures.plot_experiments(out, results)
     (out / REPORT_NAME).write_text(render(study, results, figures))

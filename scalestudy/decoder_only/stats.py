@@ -65,6 +65,12 @@ class PairedTest:
         }
 
 
+def as_json(value: Any) -> Any:
+    """What a JSON results file holds for a value JSON has no type for: a record's `as_dict`,
+    else the number (numpy scalars)."""
+    return value.as_dict() if hasattr(value, "as_dict") else float(value)
+
+
 def t95(df: int) -> float:
     """The two-sided 95% quantile of Student's t with `df` degrees of freedom."""
     return float(stats.t.ppf(0.975, df))
