@@ -38,8 +38,7 @@ from scalestudy.decoder_only import (
 from scalestudy.decoder_only.claims_report import render
 from scalestudy.models.api import build_model
 from scalestudy.study.plan.spec import ComparisonConfig, StudySpec
-from scalestudy.study.record.registry import load_curves
-from scalestudy.study.record.rows import RunRow, read_rows
+from scalestudy.study.record.rows import RunRow, read_curves, read_rows
 from scalestudy.study.report import comparisons
 from scalestudy.study.report import page as report
 from scalestudy.study.run.main_job import REGISTRY_NAME
@@ -276,8 +275,8 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
         results["inference"] = inference_cost.measure(model, exp.inference)
         results["seconds"]["inference"] = time.perf_counter() - t0
     curves: dict[str, dict[int, float]] = defaultdict(dict)
-    for point in load_curves(out / REGISTRY_NAME):
-        curves[point["run_id"]][point["step"]] = point["val_loss"]
+    for point in read_curves(out / REGISTRY_NAME):
+        curves[point.run_id][point.step] = point.val_loss
     floors = {
         run.seed: run.cfg
         for run in planned

@@ -4,9 +4,15 @@ import dataclasses
 
 import pytest
 
-from scalestudy.study.record.registry import Registry, load_runs
+from scalestudy.study.record.registry import Registry, load_curves, load_runs
 from scalestudy.study.record.registry_schema import RUN_COLUMNS
-from scalestudy.study.record.rows import COLUMN_NAMES, RunRow, read_planned, read_rows
+from scalestudy.study.record.rows import (
+    COLUMN_NAMES,
+    RunRow,
+    read_curves,
+    read_planned,
+    read_rows,
+)
 
 ROW = {
     "run_id": "abc",
@@ -28,7 +34,9 @@ def _registry(tmp_path):
     path = tmp_path / "registry.sqlite"
     with Registry(path) as reg:
         reg.add_runs([ROW, {**ROW, "run_id": "gone", "name": "t.x.flm.s.s1"}])
-        reg.finish("abc", {"final_val_loss": 2.5, "flops": 1e6, "eval": {"p/acc": 0.75}})
+        summary = {"final_val_loss": 2.5, "flops": 1e6, "eval": {"p/acc": 0.75}}
+        curves = [{"step": 2, "train/loss": 3.0, "flops": 5e5}, {"step": 4, "val/loss": 2.5}]
+        reg.finish("abc", summary, curves)
         reg.set_plan(["abc"])
     return path
 
@@ -63,3 +71,14 @@ def test_a_record_is_frozen_and_refuses_what_is_not_a_column():
     with pytest.raises(KeyError, match="not a run column: colour"):
         RunRow.from_row({"run_id": "a", "colour": "red"})
     assert run.replace(derived={"gain/t": 0.1}).value("gain/t") == 0.1
+
+
+def test_curve_points_are_the_registrys_curves_as_records(tmp_path):
+    path = _registry(tmp_path)
+    points = read_curves(path)
+    assert [dataclasses.asdict(p) for p in points] == load_curves(path)
+    assert [(p.step, p.loss, p.val_loss, p.flops) for p in points] == [
+        (2, 3.0, None, 5e5),
+        (4, None, 2.5, None),
+    ]
+    assert read_curves(path, {"gone"}) == [] and len(read_curves(path, {"abc"})) == 2

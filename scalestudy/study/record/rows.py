@@ -1,6 +1,6 @@
 """What leaves the study registry: one typed record per run (`RunRow`), built from the
-registry's row in one place (`RunRow.from_row`), and the readers that give them
-(`read_rows`, `read_planned`).
+registry's row in one place (`RunRow.from_row`), one per logged step of a run's curve
+(`CurvePoint`), and the readers that give them (`read_rows`, `read_planned`, `read_curves`).
 
 A `RunRow` holds the run's columns (study/record/registry_schema.py `RUN_COLUMNS`, but its
 config text), `recipe` (the config keys of how it was trained, study/plan/recipe.py) and
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.study.plan.recipe import recipe
-from scalestudy.study.record.registry import load_runs, planned_runs
+from scalestudy.study.record.registry import load_curves, load_runs, planned_runs
 
 
 @dataclass(frozen=True)
@@ -160,3 +160,30 @@ def read_planned(path: str | Path, *, every: bool = False) -> tuple[list[RunRow]
     the rest (`registry.planned_runs`; with `every`, all of them)."""
     rows, gone = planned_runs(load_runs(path), every=every)
     return [RunRow.from_row(row) for row in rows], gone
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One logged step of a run's training curve (`registry.load_curves`): the run and its
+    cell, size, seed and parameters; the step, tokens, positions and FLOPs so far; training
+    loss at the step and validation loss (None where not evaluated)."""
+
+    run_id: str
+    arch: str
+    objective: str
+    size: str | None
+    seed: int | None
+    params_total: int | None
+    params_non_embedding: int | None
+    step: int
+    tokens: float | None
+    positions: float | None
+    flops: float | None
+    loss: float | None
+    val_loss: float | None
+
+
+def read_curves(path: str | Path, run_ids: set[str] | None = None) -> list[CurvePoint]:
+    """Every logged step of a study's pretraining runs (of `run_ids` only, when given)."""
+    points = [CurvePoint(**point) for point in load_curves(path)]
+    return points if run_ids is None else [p for p in points if p.run_id in run_ids]

@@ -21,8 +21,7 @@ from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
 from scalestudy.scaling.table_input import build_table
 from scalestudy.scaling.table_input import load_table as load_table_file
-from scalestudy.study.record.registry import load_curves
-from scalestudy.study.record.rows import RunRow, read_planned
+from scalestudy.study.record.rows import CurvePoint, RunRow, read_curves, read_planned
 from scalestudy.study.report.task_law_report import study_task_laws
 
 REGISTRY_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -47,11 +46,11 @@ def find_registry(path: Path) -> Path | None:
 
 def registry_table(
     runs: list[RunRow],
-    curves: list[dict] | None = None,
+    curves: list[CurvePoint] | None = None,
     settings: DataSettings | None = None,
     by_variant: bool = False,
 ) -> RunTable:
-    """A RunTable from a study's runs (`rows.read_rows`) and curves (`registry.load_curves`),
+    """A RunTable from a study's runs (`rows.read_rows`) and curves (`rows.read_curves`),
     each run a row of the table as the registry holds it (`RunRow.as_dict`; with
     `by_variant`, a `cell` column naming its cell with the variant, `RunRow.cell`).
 
@@ -94,16 +93,16 @@ def registry_table(
     return table
 
 
-def _curves(rows: list[dict], table: RunTable) -> dict[str, dict]:
+def _curves(rows: list[CurvePoint], table: RunTable) -> dict[str, dict]:
     """Each run's logged curve as C, D and training loss."""
     # A point at fraction s of a run's training (by counted FLOPs) has s*C and s*D of the
     # run's final C and D, whatever C and D convention was chosen.
     final = {r: i for i, r in enumerate(table.run_id)}
     pts: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        r = str(row.get("run_id"))
+        r = str(row.run_id)
         if r in final:
-            pts.setdefault(r, []).append((to_float(row.get("flops")), to_float(row.get("loss"))))
+            pts.setdefault(r, []).append((to_float(row.flops), to_float(row.loss)))
     out = {}
     for r, p in pts.items():
         f, loss = np.array(sorted(p)).T
@@ -138,7 +137,7 @@ def load_table(source: str | Path, settings: DataSettings | None = None) -> RunT
             "ran with; fit them with --all-runs, or run the study with their spec again"
         )
     kept = {r.run_id for r in runs}
-    curves = [c for c in load_curves(registry) if c["run_id"] in kept]
+    curves = read_curves(registry, kept)
     table = registry_table(runs, curves, settings)
     table.choices["source"] = str(source)
     if gone:  # as the study's report does: what its spec no longer plans is not its data
@@ -153,7 +152,9 @@ def pools_variants(laws: Any) -> bool:
     return any(law in FORM_LAWS and {"E", "G"} & set(get_form(law).inputs) for law in laws)
 
 
-def fit_study(study: Any, out: Path, runs: list[RunRow], curves: list) -> tuple[dict, list[Path]]:
+def fit_study(
+    study: Any, out: Path, runs: list[RunRow], curves: list[CurvePoint]
+) -> tuple[dict, list[Path]]:
     """The fits and figures of a finished study's runs (registry rows); writes `out/fits.json`
     and `out/figures/`.
 

@@ -24,8 +24,7 @@ from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling import render
 from scalestudy.study.plan.spec import StudySpec
 from scalestudy.study.record.phases import phase
-from scalestudy.study.record.registry import load_curves
-from scalestudy.study.record.rows import RunRow, read_planned
+from scalestudy.study.record.rows import RunRow, read_curves, read_planned
 from scalestudy.study.report import (
     answer,
     comparisons,
@@ -512,7 +511,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
     done = [r for r in runs if r.status == "done"]
     if done:
         try:
-            curves = [c for c in load_curves(out / "registry.sqlite") if c["run_id"] in planned]
+            curves = read_curves(out / "registry.sqlite", planned)
             with phase("fits"):
                 fits, paths = fit_study(study, out, done, curves)
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
