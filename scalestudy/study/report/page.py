@@ -24,6 +24,7 @@ from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling import render
 from scalestudy.study.plan.spec import StudySpec
 from scalestudy.study.record.phases import phase
+from scalestudy.study.record.registry import FILE_NAME as REGISTRY_FILE
 from scalestudy.study.record.rows import RunRow, read_curves, read_planned
 from scalestudy.study.report import (
     answer,
@@ -501,7 +502,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
     plans (its `planned` column, `registry.planned_runs`), with the study's fits and figures
     (`out/fits.json`, `out/figures/`); returns the Markdown path."""
     out = Path(out)
-    runs, gone = read_planned(out / "registry.sqlite")
+    runs, gone = read_planned(out / REGISTRY_FILE)
     planned = {r.run_id for r in runs}
     left_out = f" Left out: {len(gone)} run(s) of the registry that this spec does not plan"
     left_out = f"{left_out} ({', '.join(gone)})." if gone else ""
@@ -511,7 +512,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
     done = [r for r in runs if r.status == "done"]
     if done:
         try:
-            curves = read_curves(out / "registry.sqlite", planned)
+            curves = read_curves(out / REGISTRY_FILE, planned)
             with phase("fits"):
                 fits, paths = fit_study(study, out, done, curves)
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
@@ -519,7 +520,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
             notes.append(f"Scaling fits were not possible: {e}")
     if done and (got := answer_figure(done, out, study.match_tolerance)):
         figures = [got, *figures]
-    per_example = loss_token_report.per_cell(out / "registry.sqlite", run_ids=planned)
+    per_example = loss_token_report.per_cell(out / REGISTRY_FILE, run_ids=planned)
     text = render_markdown(
         study,
         runs,
