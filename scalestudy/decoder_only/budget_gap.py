@@ -35,7 +35,9 @@ The call, after Holm's correction over every test of the report:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,32 @@ from scipy import stats as sps
 from scalestudy.decoder_only import stats
 from scalestudy.scaling import intervals
 from scalestudy.scaling import render as md
+
+
+@dataclass(frozen=True)
+class BudgetRun:
+    """One run of a budget sweep at one budget (`nope_budgets.train_all`): its group (`arch`,
+    `variant`), `seed` and `budget` (steps), final validation loss, the task's loss floor and
+    bag floor on the same batches (None where not known), its position scheme, parameters,
+    wall and CPU seconds, and its run directory."""
+
+    arch: str
+    variant: str
+    seed: int
+    budget: int
+    val_loss: float
+    floor: float | None = None
+    bag_floor: float | None = None
+    position: str | None = None
+    params: int | None = None
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    workdir: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The run as the sweep's results file holds it."""
+        return dataclasses.asdict(self)
+
 
 # exponents profiled for the asymptote; below 0.5 a fit over budgets 8x apart extrapolates a
 # noisy curve far beyond the data
@@ -248,9 +276,9 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _loss_table(rows: list[dict]) -> list[str]:
-    budgets = sorted({r["budget"] for r in rows})
-    groups = list(dict.fromkeys((r["arch"], r["variant"]) for r in rows))
+def _loss_table(rows: list[BudgetRun]) -> list[str]:
+    budgets = sorted({r.budget for r in rows})
+    groups = list(dict.fromkeys((r.arch, r.variant) for r in rows))
     lines = [
         "## Validation loss by budget (mean over seeds ± 95%)",
         "",
@@ -259,11 +287,7 @@ def _loss_table(rows: list[dict]) -> list[str]:
     for arch, variant in groups:
         cells = []
         for b in budgets:
-            xs = [
-                r["val_loss"]
-                for r in rows
-                if (r["arch"], r["variant"], r["budget"]) == (arch, variant, b)
-            ]
+            xs = [r.val_loss for r in rows if (r.arch, r.variant, r.budget) == (arch, variant, b)]
             s = t_summary(xs)
             half = f" ± {(s['high'] - s['mean']):.3f}" if s["low"] is not None else ""
             cells.append(f"{s['mean']:.3f}{half}")
@@ -273,7 +297,7 @@ def _loss_table(rows: list[dict]) -> list[str]:
         ("floor", "Task loss floor (`order_floor.py`) on the scored batches"),
         ("bag_floor", "Bag floor (the least loss of a model reading its prefix as a multiset)"),
     ):
-        values = {r["seed"]: r[key] for r in rows if r.get(key) is not None}
+        values = {r.seed: v for r in rows if (v := getattr(r, key)) is not None}
         if values:
             lines += ["", f"{what}, mean over seeds: {np.mean(list(values.values())):.3f}."]
     return [*lines, ""]

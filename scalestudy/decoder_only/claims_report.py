@@ -148,12 +148,9 @@ def render(study: StudySpec, results: dict[str, Any], figures: dict[str, list[st
         ]
     sections = [c["tests"] for c in results["comparisons"]]
     sections.append(rank_tests(results["rank"]) if "rank" in results else [])
-    adjusted = iter(stats.holm([test["est"]["p"] for tests in sections for test in tests]))
+    adjusted = iter(stats.holm([test.est.p for tests in sections for test in tests]))
     verdicts = [
-        [
-            stats.verdict(t["name"], t["ref"], t["est"], t["what"], t["lower"], next(adjusted))
-            for t in tests
-        ]
+        [stats.verdict(t.name, t.ref, t.est, t.what, t.lower, next(adjusted)) for t in tests]
         for tests in sections
     ]
     number = 1

@@ -38,7 +38,7 @@ from scalestudy.decoder_only import (
 from scalestudy.decoder_only.claims_report import render
 from scalestudy.models.api import build_model
 from scalestudy.study.plan.spec import ComparisonConfig, StudySpec
-from scalestudy.study.record.registry import load_curves, load_runs
+from scalestudy.study.record.rows import RunRow, read_curves, read_rows
 from scalestudy.study.report import comparisons
 from scalestudy.study.report import page as report
 from scalestudy.study.run.main_job import REGISTRY_NAME
@@ -51,47 +51,52 @@ def label(arch: str, objective: str, variant: str = "") -> str:
     return "/".join(p for p in (arch, objective, variant) if p)
 
 
-def group_runs(planned: list, registry_rows: list[dict]) -> dict[str, list[dict]]:
+def group_runs(planned: list, registry_rows: list[RunRow]) -> dict[str, list[RunRow]]:
     """Finished registry rows by group label, seeds in order."""
-    by_id = {r["run_id"]: r for r in registry_rows if r["status"] == "done"}
-    groups: dict[str, list[dict]] = defaultdict(list)
+    by_id = {r.run_id: r for r in registry_rows if r.status == "done"}
+    groups: dict[str, list[RunRow]] = defaultdict(list)
     for run in sorted(planned, key=lambda r: r.seed):
         if run.run_id in by_id:
-            row = dict(by_id[run.run_id], variant=run.variant)
-            groups[label(run.arch, run.objective, run.variant)].append(row)
+            groups[label(run.arch, run.objective, run.variant)].append(by_id[run.run_id])
     return dict(groups)
 
 
 # ----------------------------------------------------------------------------- comparisons
 
 
-def _loss_at(rows: list[dict], curves: dict[str, dict[int, float]], fraction: float) -> list[dict]:
+def _loss_at(
+    rows: list[RunRow], curves: dict[str, dict[int, float]], fraction: float
+) -> list[RunRow]:
     """Each run's validation loss at its last evaluation at or before `fraction` of training."""
     out = []
     for r in rows:
-        steps = {s: v for s, v in curves.get(r["run_id"], {}).items() if v is not None}
-        early = [s for s in steps if s <= fraction * (r.get("steps") or 0)]
-        out.append({**r, "loss": steps[max(early)] if early else None})
+        steps = {s: v for s, v in curves.get(r.run_id, {}).items() if v is not None}
+        early = [s for s in steps if s <= fraction * (r.steps or 0)]
+        out.append(r.replace(loss=steps[max(early)] if early else None))
     return out
 
 
-def _pairwise_tests(spec: ComparisonConfig, groups: dict, present: list[str], curves: dict):
+def _pairwise_tests(
+    spec: ComparisonConfig, groups: dict, present: list[str], curves: dict
+) -> list[stats.PairedTest]:
     tests = []
     for g in present[1:]:
         pairs = [("loss", "validation loss", True), ("acc", "probe accuracy", False)]
         for kind, what, lower in (p for p in pairs if p[0] in spec.metrics):
             est = stats.paired_difference(groups[g], groups[present[0]], kind)
-            tests.append({"name": g, "ref": present[0], "what": what, "lower": lower, "est": est})
+            tests.append(stats.PairedTest(g, present[0], what, lower, est))
         if spec.also_at is not None:
             a = _loss_at(groups[g], curves, spec.also_at)
             b = _loss_at(groups[present[0]], curves, spec.also_at)
             what = f"validation loss at {spec.also_at:.0%} of training"
             est = stats.paired_difference(a, b, "loss")
-            tests.append({"name": g, "ref": present[0], "what": what, "lower": True, "est": est})
+            tests.append(stats.PairedTest(g, present[0], what, True, est))
     return tests
 
 
-def _interaction_tests(spec: ComparisonConfig, groups: dict, curves: dict) -> list[dict]:
+def _interaction_tests(
+    spec: ComparisonConfig, groups: dict, curves: dict
+) -> list[stats.PairedTest]:
     """(B' - B) - (A' - A) on validation loss, seed by seed: positive when the change hurts
     B more than A."""
     a0, a1, b0, b1 = spec.groups
@@ -106,15 +111,15 @@ def _interaction_tests(spec: ComparisonConfig, groups: dict, curves: dict) -> li
         }
         change = {}
         for g0, g1 in ((a0, a1), (b0, b1)):
-            before = {r["seed"]: r["loss"] for r in rows[g0] if r.get("loss") is not None}
+            before = {r.seed: r.loss for r in rows[g0] if r.loss is not None}
             change[g0] = [
-                {"seed": r["seed"], "loss": r["loss"] - before[r["seed"]]}
+                r.replace(loss=r.loss - before[r.seed])
                 for r in rows[g1]
-                if r.get("loss") is not None and r["seed"] in before
+                if r.loss is not None and r.seed in before
             ]
         est = stats.paired_difference(change[b0], change[a0], "loss")
         name, ref = f"({b1} - {b0})", f"({a1} - {a0})"
-        tests.append({"name": name, "ref": ref, "what": what, "lower": True, "est": est})
+        tests.append(stats.PairedTest(name, ref, what, True, est))
     return tests
 
 
@@ -134,7 +139,7 @@ def held_equal(group: str, ref: str, groups: dict, tolerance: float = 0.03) -> d
 
 def compare_groups(
     spec: ComparisonConfig,
-    groups: dict[str, list[dict]],
+    groups: dict[str, list[RunRow]],
     curves: dict | None = None,
     tolerance: float = 0.03,
 ) -> dict[str, Any]:
@@ -152,9 +157,9 @@ def compare_groups(
             {
                 "label": g,
                 "seeds": len(rows),
-                "params_total": rows[0].get("params_total"),
-                "flops": sum(r.get("flops") or 0.0 for r in rows) / len(rows),
-                "steps": rows[0].get("steps"),
+                "params_total": rows[0].params_total,
+                "flops": sum(r.flops or 0.0 for r in rows) / len(rows),
+                "steps": rows[0].steps,
                 "loss": stats.loss_stats(rows),
                 "acc": report.acc_stats(rows),
             }
@@ -260,7 +265,7 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
         return None
     out = Path(out)
     exp = study.experiments
-    groups = group_runs(planned, load_runs(out / REGISTRY_NAME))
+    groups = group_runs(planned, read_rows(out / REGISTRY_NAME))
     results: dict[str, Any] = {"seconds": {}}
     if exp.inference is not None:
         t0 = time.perf_counter()
@@ -270,8 +275,8 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
         results["inference"] = inference_cost.measure(model, exp.inference)
         results["seconds"]["inference"] = time.perf_counter() - t0
     curves: dict[str, dict[int, float]] = defaultdict(dict)
-    for point in load_curves(out / REGISTRY_NAME):
-        curves[point["run_id"]][point["step"]] = point["val_loss"]
+    for point in read_curves(out / REGISTRY_NAME):
+        curves[point.run_id][point.step] = point.val_loss
     floors = {
         run.seed: run.cfg
         for run in planned
@@ -286,18 +291,19 @@ def run(study: StudySpec, planned: list, out: Path) -> Path | None:
         t0 = time.perf_counter()
         results["rank"] = {  # every seed: the seed is the unit of replication
             g: [
-                {**r, "seed": run["seed"]}
+                {**r, "seed": run.seed}
                 for run in groups[g]
-                for r in rank_over_training(Path(run["workdir"]), exp.rank.examples)
+                for r in rank_over_training(Path(run.workdir), exp.rank.examples)
             ]
             for g in exp.rank.groups
             if g in groups
         }
         results["seconds"]["rank"] = time.perf_counter() - t0
     results["seconds"]["training"] = sum(
-        r.get("wall_time_s") or 0.0 for rows in groups.values() for r in rows
+        r.wall_time_s or 0.0 for rows in groups.values() for r in rows
     )
-    (out / "decoder_only.json").write_text(json.dumps(results, indent=1, default=float))
+    text = json.dumps(results, indent=1, default=stats.as_json)
+    (out / "decoder_only.json").write_text(text)
     figures = claims_figures.plot_experiments(out, results)
     (out / REPORT_NAME).write_text(render(study, results, figures))
     print(f"decoder-only report: {out / REPORT_NAME}")

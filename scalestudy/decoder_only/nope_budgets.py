@@ -21,11 +21,11 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from scalestudy.config.errors import ConfigError, ScalestudyError
 from scalestudy.config.experiment import ExperimentConfig
-from scalestudy.decoder_only import budget_gap, order_floor
+from scalestudy.decoder_only import budget_gap, order_floor, stats
+from scalestudy.decoder_only.budget_gap import BudgetRun
 from scalestudy.study.plan.spec import BudgetSweepConfig, StudySpec
 from scalestudy.study.run.main_job import PlannedRun, expand, load_study
 from scalestudy.train.rundir import layout as rundir
@@ -120,15 +120,16 @@ def _previous_cpu(out: Path) -> dict[str, float]:
     path = out / RESULTS_NAME
     if not path.is_file():
         return {}
-    return {r["workdir"]: r["cpu_s"] for r in json.loads(path.read_text()).get("rows", [])}
+    rows = [BudgetRun(**r) for r in json.loads(path.read_text()).get("rows", [])]
+    return {r.workdir: r.cpu_s for r in rows}
 
 
-def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[dict[str, Any]]:
+def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[BudgetRun]:
     """Train (or resume) every stable run and branch; one result row per (run, budget) with
     its validation loss, the task's loss floor on the same batches and the CPU it took."""
     from scalestudy.train import loop
 
-    rows: list[dict[str, Any]] = []
+    rows: list[BudgetRun] = []
     floors: dict[int, float] = {}
     bags: dict[tuple[int, str], float] = {}  # the bag floor: non-causal decoders only
     before = _previous_cpu(out)
@@ -145,32 +146,33 @@ def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[dict[str, Any
             if bag and bag not in bags and cfg.data.source == "order":
                 bags[bag] = order_floor.validation_bag_floor(cfg)
             rows.append(
-                {
-                    "arch": run.arch,
-                    "variant": run.variant,
-                    "seed": run.seed,
-                    "budget": budget,
-                    "val_loss": summary["final_val_loss"],
-                    "floor": floors.get(run.seed),
-                    "bag_floor": bags.get((run.seed, run.arch)),
-                    "position": cfg.model.position,
-                    "params": run.params["total"],
-                    "wall_s": summary.get("wall_time_s"),
-                    "cpu_s": cpu if cpu is not None else time.process_time() - cpu0,
-                    "workdir": str(where),
-                }
+                BudgetRun(
+                    arch=run.arch,
+                    variant=run.variant,
+                    seed=run.seed,
+                    budget=budget,
+                    val_loss=summary["final_val_loss"],
+                    floor=floors.get(run.seed),
+                    bag_floor=bags.get((run.seed, run.arch)),
+                    position=cfg.model.position,
+                    params=run.params["total"],
+                    wall_s=summary.get("wall_time_s"),
+                    cpu_s=cpu if cpu is not None else time.process_time() - cpu0,
+                    workdir=str(where),
+                )
             )
-            print(f"{run.cfg.name} steps {budget}: val loss {rows[-1]['val_loss']:.4f}")
-            rundir.write_atomic(out / RESULTS_NAME, json.dumps({"rows": rows}, indent=1))
+            print(f"{run.cfg.name} steps {budget}: val loss {rows[-1].val_loss:.4f}")
+            text = json.dumps({"rows": [r.as_dict() for r in rows]}, indent=1)
+            rundir.write_atomic(out / RESULTS_NAME, text)
     return rows
 
 
 def gaps_by_budget(
-    sweep: BudgetSweepConfig, rows: list[dict]
+    sweep: BudgetSweepConfig, rows: list[BudgetRun]
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Treatment minus reference validation loss per architecture, keyed (seed, budget); with
     `interaction` [A, B] also B's gap minus A's."""
-    losses = {(r["arch"], r["variant"], r["seed"], r["budget"]): r["val_loss"] for r in rows}
+    losses = {(r.arch, r.variant, r.seed, r.budget): r.val_loss for r in rows}
     gaps: dict[str, dict[tuple[int, int], float]] = {}
     for arch, variant, seed, budget in losses:
         treated = losses.get((arch, sweep.treatment, seed, budget))
@@ -185,25 +187,23 @@ def gaps_by_budget(
     return gaps
 
 
-def proved_floors(sweep: BudgetSweepConfig, rows: list[dict]) -> dict[str, float]:
+def proved_floors(sweep: BudgetSweepConfig, rows: list[BudgetRun]) -> dict[str, float]:
     """Per architecture, a proved lower bound on the final gap where the treatment reads no
     positions and the architecture has a bag floor (`order_floor.py`): the treatment's loss
     never goes below the bag floor, and the reference's, we assume, does not rise with more
     training, so the final gap is at least bag floor - the reference's loss at the largest
     budget; the least over seeds."""
-    top = max(r["budget"] for r in rows) if rows else None
+    top = max(r.budget for r in rows) if rows else None
     bounds: dict[str, list[float]] = {}
     for r in rows:
-        if r["variant"] != sweep.reference or r["budget"] != top:
+        if r.variant != sweep.reference or r.budget != top:
             continue
         treated = [
-            t
-            for t in rows
-            if (t["arch"], t["seed"], t["variant"]) == (r["arch"], r["seed"], sweep.treatment)
+            t for t in rows if (t.arch, t.seed, t.variant) == (r.arch, r.seed, sweep.treatment)
         ]
-        bag = r.get("bag_floor")
-        if bag is not None and treated and all(t.get("position") == "none" for t in treated):
-            bounds.setdefault(r["arch"], []).append(bag - r["val_loss"])
+        bag = r.bag_floor
+        if bag is not None and treated and all(t.position == "none" for t in treated):
+            bounds.setdefault(r.arch, []).append(bag - r.val_loss)
     return {arch: min(b) for arch, b in bounds.items() if min(b) > 0}
 
 
@@ -226,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         results["rows"] = rows
         results["seconds"] = {
             "wall": time.perf_counter() - t0,
-            "cpu": sum(r["cpu_s"] for r in rows),
+            "cpu": sum(r.cpu_s for r in rows),
         }
-        rundir.write_atomic(out / RESULTS_NAME, json.dumps(results, indent=1, default=float))
+        text = json.dumps(results, indent=1, default=stats.as_json)
+        rundir.write_atomic(out / RESULTS_NAME, text)
         rundir.write_atomic(out / REPORT_NAME, budget_gap.render(results))
         print(f"report: {out / REPORT_NAME}")
     except ScalestudyError as e:

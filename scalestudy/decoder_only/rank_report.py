@@ -99,7 +99,7 @@ def rank_deficits(rank: dict[str, list[dict]]) -> list[dict]:
     return out
 
 
-def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
+def rank_tests(rank: dict[str, list[dict]]) -> list[stats.PairedTest]:
     """The low-rank argument's own prediction, tested: an interaction of the mask with the
     head width relative to the length. Below d_kv = n a bidirectional softmax matrix can lose
     rank, at or above it the argument gives no reason to, so the deficit beyond random QK at
@@ -107,26 +107,20 @@ def rank_tests(rank: dict[str, list[dict]]) -> list[dict]:
     seeds (each seed's mean excess over its d_kv < n blocks minus over its d_kv >= n blocks);
     none, and so no verdict, unless both kinds of block were measured."""
     rows = [r for r in rank_deficits(rank) if r["excess"] is not None]
-    small = [{"seed": r["seed"], "loss": r["excess"]} for r in rows if r["d_kv"] < r["n"]]
-    large = [{"seed": r["seed"], "loss": r["excess"]} for r in rows if r["d_kv"] >= r["n"]]
+    small = [(r["seed"], r["excess"]) for r in rows if r["d_kv"] < r["n"]]
+    large = [(r["seed"], r["excess"]) for r in rows if r["d_kv"] >= r["n"]]
     if not small or not large:
         return []
 
-    def per_seed(xs: list[dict]) -> list[dict]:
+    def per_seed(xs: list[tuple[int, float]]) -> dict[int, float]:
         by: dict[int, list[float]] = defaultdict(list)
-        for x in xs:
-            by[x["seed"]].append(x["loss"])
-        return [{"seed": s, "loss": sum(v) / len(v)} for s, v in by.items()]
+        for seed, excess in xs:
+            by[seed].append(excess)
+        return {s: sum(v) / len(v) for s, v in by.items()}
 
-    est = stats.paired_difference(per_seed(small), per_seed(large), "loss")
+    est = stats.seed_difference(per_seed(small), per_seed(large))
     return [
-        {
-            "name": "blocks with d_kv < n",
-            "ref": "blocks with d_kv >= n",
-            "what": INTERACTION,
-            "lower": None,
-            "est": est,
-        }
+        stats.PairedTest("blocks with d_kv < n", "blocks with d_kv >= n", INTERACTION, None, est)
     ]
 
 

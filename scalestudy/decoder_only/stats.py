@@ -11,13 +11,64 @@ their noise is already in the runs' spread and no examples term is added.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from scipy import stats
 
 from scalestudy.scaling import intervals
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import page as report
 from scalestudy.study.report import verdicts
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """a - b over the seeds both sides have: the mean difference `d`, its 95% `half` width and
+    `p` value (None without a between-run interval: fewer than two common seeds), `seeds`
+    (common seeds) and `examples` (accuracy: the examples every run scores); `none` says why
+    there is no difference at all (e.g. neither side was scored zero-shot)."""
+
+    d: float
+    half: float | None
+    p: float | None
+    seeds: int
+    examples: int
+    none: str = ""
+
+    def as_dict(self) -> dict[str, float | int | str | None]:
+        """The estimate as decoder_only.json holds it (`none` only where set)."""
+        out = {"d": self.d, "half": self.half, "p": self.p, "seeds": self.seeds}
+        out["examples"] = self.examples
+        return out | ({"none": self.none} if self.none else {})
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One test of the decoder-only report: `name` minus `ref` on `what` (`lower`: whether
+    lower is better; None: a measure with no better), and its estimate."""
+
+    name: str
+    ref: str
+    what: str
+    lower: bool | None
+    est: Estimate
+
+    def as_dict(self) -> dict[str, Any]:
+        """The test as decoder_only.json holds it."""
+        return {
+            "name": self.name,
+            "ref": self.ref,
+            "what": self.what,
+            "lower": self.lower,
+            "est": self.est.as_dict(),
+        }
+
+
+def as_json(value: Any) -> Any:
+    """What a JSON results file holds for a value JSON has no type for: a record's `as_dict`,
+    else the number (numpy scalars)."""
+    return value.as_dict() if hasattr(value, "as_dict") else float(value)
 
 
 def t95(df: int) -> float:
@@ -25,9 +76,9 @@ def t95(df: int) -> float:
     return float(stats.t.ppf(0.975, df))
 
 
-def loss_stats(rows: list[dict]) -> dict[str, Any]:
+def loss_stats(rows: list[RunRow]) -> dict[str, Any]:
     """Mean validation loss over seeds, its sample variance and the 95% t half-width."""
-    xs = [r["loss"] for r in rows if r.get("loss") is not None]
+    xs = [r.loss for r in rows if r.loss is not None]
     n = len(xs)
     mean = sum(xs) / n if n else math.nan
     var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else None
@@ -35,59 +86,57 @@ def loss_stats(rows: list[dict]) -> dict[str, Any]:
     return {"mean": mean, "var": var, "n": n, "half": half}
 
 
-def _by_seed(rows: list[dict], value) -> dict[int, float]:
+def _by_seed(rows: list[RunRow], value) -> dict[int, float]:
     out = {}
     for r in rows:
         x = value(r)
         if x is not None:
-            out[r.get("seed", 0)] = x
+            out[r.seed or 0] = x
     return out
 
 
-def _accuracy(row: dict) -> float | None:
+def _accuracy(row: RunRow) -> float | None:
     got = report.probe_accuracy(row)
     return got[0] if got else None
 
 
-def paired_difference(a_rows: list[dict], b_rows: list[dict], kind: str) -> dict[str, Any]:
+def paired_difference(a_rows: list[RunRow], b_rows: list[RunRow], kind: str) -> Estimate:
     """a - b on `kind` ("loss" or "acc"), seed by seed over the seeds both groups have
     (`scaling.intervals.run_difference`: the run is the unit, for accuracy too).
 
-    Returns the mean difference `d`, its 95% `half` width and `p` value (None with fewer than
-    two common seeds: no between-run interval), `seeds` (common seeds) and `examples`; for
-    acc when neither group was scored zero-shot, `none` says so instead."""
+    For acc when neither group was scored zero-shot, the estimate's `none` says so."""
     if kind == "loss":
-        a = _by_seed(a_rows, lambda r: r.get("loss"))
-        b = _by_seed(b_rows, lambda r: r.get("loss"))
-        examples = 0
-    else:
-        a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
-        counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
-        if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
-            return {
-                "d": math.nan,
-                "half": None,
-                "p": None,
-                "seeds": 0,
-                "examples": 0,
-                "none": "no accuracy",
-            }
-        examples = int(min(counts))
+        return seed_difference(
+            _by_seed(a_rows, lambda r: r.loss), _by_seed(b_rows, lambda r: r.loss)
+        )
+    a, b = _by_seed(a_rows, _accuracy), _by_seed(b_rows, _accuracy)
+    counts = [got[1] for r in (*a_rows, *b_rows) if (got := report.probe_accuracy(r))]
+    if not counts:  # neither group scored zero-shot (e.g. bmlm: validation loss only)
+        return Estimate(math.nan, None, None, 0, 0, none="no accuracy")
+    return seed_difference(a, b, int(min(counts)))
+
+
+def seed_difference(
+    a: dict[int, float], b: dict[int, float], examples: int | None = None
+) -> Estimate:
+    """a - b seed by seed over the seeds both have (`paired_difference`'s estimate); with
+    `examples`, `a` and `b` are accuracies over that many shared examples."""
+    examples_ = examples or 0
     seeds = set(a) & set(b)
     if not seeds:
-        return {"d": math.nan, "half": None, "p": None, "seeds": 0, "examples": examples}
-    if kind == "loss":
+        return Estimate(math.nan, None, None, 0, examples_)
+    if examples is None:
         got, _ = intervals.paired_difference(a, b)
     else:
         got, _ = intervals.accuracy_difference(a, b, examples)
     between_runs = got.seeds > 1 and got.between_runs
-    return {
-        "d": got.mean,
-        "half": (got.high - got.low) / 2 if between_runs else None,
-        "p": got.p_value if between_runs else None,
-        "seeds": got.seeds,
-        "examples": examples,
-    }
+    return Estimate(
+        d=got.mean,
+        half=(got.high - got.low) / 2 if between_runs else None,
+        p=got.p_value if between_runs else None,
+        seeds=got.seeds,
+        examples=examples_,
+    )
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
@@ -101,17 +150,15 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
 
 
 def verdict(
-    name: str, ref: str, est: dict, what: str, lower: bool | None, p_holm: float | None
+    name: str, ref: str, est: Estimate, what: str, lower: bool | None, p_holm: float | None
 ) -> str:
     """One sentence: which is better on `what` (`lower`: whether lower is better; None: a
     measure with no better, said as higher or lower), with the interval, n and the
     Holm-adjusted p, or not distinguishable (Holm-adjusted p >= 0.05)."""
-    if est.get("none"):
-        return f"{name} vs {ref}, {what}: {est['none']} (compared on validation loss only)."
-    d, half = est["d"], est["half"]
-    n = f"n = {est['seeds']} seed(s)" + (
-        f" x {est['examples']} examples" if est.get("examples") else ""
-    )
+    if est.none:
+        return f"{name} vs {ref}, {what}: {est.none} (compared on validation loss only)."
+    d, half = est.d, est.half
+    n = f"n = {est.seeds} seed(s)" + (f" x {est.examples} examples" if est.examples else "")
     if half is None or p_holm is None:
         return (
             f"{name} vs {ref}, {what}: difference {d:+.4f} ({n}), no between-run interval "

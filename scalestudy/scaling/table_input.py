@@ -40,21 +40,6 @@ _MOE = {
 # ----------------------------------------------------------------------------- columns
 
 
-def cell_label(run: dict) -> str:
-    """A registry run's cell, with its variant when it has one ("arch/objective[/variant]":
-    a study's variants, e.g. dense and MoE, are cells of their own in its report)."""
-    parts = str(run.get("name") or "").split(".")[1:]  # study.arch.objective[.variant]...
-    variant = parts[2] if len(parts) > 2 and parts[2] != run.get("size") else ""
-    cell = f"{run['arch']}/{run['objective']}"
-    return f"{cell}/{variant}" if variant else cell
-
-
-def has_experts(runs: list[dict]) -> bool:
-    """Whether any of `runs` (registry rows) is a mixture-of-experts model (more than one
-    routed expert)."""
-    return any((r.get("experts") or 1) > 1 for r in runs)
-
-
 def _norm(name: str) -> str:
     return re.sub(r"[\s_\-()\[\]]", "", name.lower())
 

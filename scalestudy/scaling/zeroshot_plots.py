@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,6 @@ from scalestudy.evaluate.fewshot import shots_of
 from scalestudy.scaling import figstyle as fs
 from scalestudy.scaling import render
 from scalestudy.scaling.intervals import span
-from scalestudy.scaling.table_input import cell_label
 
 Z95 = 1.959964
 MAX_PARTS = 12  # parts of one task drawn as panels of their own
@@ -58,19 +58,34 @@ class TaskScore:
         return round(self.acc * self.n)
 
 
-def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
+@dataclass(frozen=True)
+class ScoredRun:
+    """One run as the per-task section reads it: its cell, size, training FLOPs, parameters,
+    id (several seeds share a size and its compute) and final scores by name
+    (`eval/<task>[/<part>]/<metric>`, metric `acc`, `n` or `chance`)."""
+
+    cell: str
+    size: str
+    flops: float | None
+    params: float
+    run: str
+    evals: Mapping[str, float | None]
+
+
+def task_scores(runs: list[ScoredRun]) -> list[TaskScore]:
     """Per run and task, its accuracy and example count (parts of a task count as tasks;
     a task with parts is not counted again as a whole)."""
     out = []
     for run in runs:
-        if not run.get("flops"):
+        if not run.flops:
             continue
-        keys = [k for k in run if k.startswith("eval/") and k.endswith("/acc")]
+        evals = run.evals
+        keys = [k for k in evals if k.startswith("eval/") and k.endswith("/acc")]
         # zero-shot rows only: few-shot ones ("<task>.<K>shot") have the in-context section
         keys = [k for k in keys if not shots_of(k.split("/")[1])]
         n_parts: dict[str, int] = defaultdict(int)
         for k in keys:
-            if k.count("/") == 3 and run.get(k.removesuffix("acc") + "n"):
+            if k.count("/") == 3 and evals.get(k.removesuffix("acc") + "n"):
                 n_parts[k.split("/")[1]] += 1
         parted = {task for task, count in n_parts.items() if count <= MAX_PARTS}
         # A task with more parts than panels (BLiMP's 67 paradigms) is one task here; its
@@ -79,23 +94,23 @@ def task_scores(runs: list[dict[str, Any]]) -> list[TaskScore]:
         keys = [k for k in keys if k.count("/") == 2 or k.split("/")[1] in parted]
         for key in keys:
             parts = key.split("/")
-            if run[key] is None or (len(parts) == 3 and parts[1] in parted):
+            if evals[key] is None or (len(parts) == 3 and parts[1] in parted):
                 continue
-            n = run.get(key.removesuffix("acc") + "n")
+            n = evals.get(key.removesuffix("acc") + "n")
             if not n:
                 continue
-            chance = run.get(key.removesuffix("acc") + "chance")
+            chance = evals.get(key.removesuffix("acc") + "chance")
             out.append(
                 TaskScore(
                     task=parts[-2],
-                    cell=cell_label(run),
-                    size=str(run.get("size", "")),
-                    flops=float(run["flops"]),
-                    params=float(run.get("params_non_embedding") or run.get("params_total") or 0),
-                    acc=float(run[key]),
+                    cell=run.cell,
+                    size=run.size,
+                    flops=float(run.flops),
+                    params=run.params,
+                    acc=float(evals[key]),
                     n=int(n),
                     chance=None if chance is None else float(chance),
-                    run=str(run.get("run_id") or f"{run.get('size')}/{run.get('seed', 0)}"),
+                    run=run.run,
                 )
             )
     return out
@@ -317,7 +332,7 @@ def _x(x_key: str):
     return lambda s: getattr(s, x_key)
 
 
-def report_section(runs: list[dict[str, Any]], out: Path) -> str:
+def report_section(runs: list[ScoredRun], out: Path) -> str:
     """The report's per-task zero-shot section for `runs` (finished runs): a table of accuracy
     by cell and size, the trend test per cell, and the figure (written to `out/figures/`).
     Empty when no run has per-task accuracies."""

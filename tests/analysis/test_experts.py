@@ -201,14 +201,15 @@ def test_a_study_report_shows_each_moe_cells_routing(moe_run, tmp_path):
     """The report's experts section measures each MoE cell's largest rung (first seed) as
     `scalestudy experts` does, shows the numbers of its experts.json, links its pictures
     relative to the report, and leaves dense runs out."""
+    from scalestudy.study.record.rows import RunRow
     from scalestudy.study.report import expert_report
 
     def row(name, experts, active, seed, workdir):
-        return {
+        return RunRow.from_row({
             "name": name, "arch": "causal_decoder", "objective": "flm", "size": name[-5:-3],
             "seed": seed, "status": "done", "experts": experts, "params_active": active,
             "workdir": str(workdir),
-        }  # fmt: skip
+        })  # fmt: skip
 
     missing = tmp_path / "nothing"
     runs = [
@@ -234,7 +235,7 @@ def test_a_study_report_shows_each_moe_cells_routing(moe_run, tmp_path):
         for n in sorted(got["layers"])
     ]
     # A run that cannot be measured is named with the reason; the section is still written.
-    runs[2]["workdir"] = str(missing)
+    runs[2] = runs[2].replace(workdir=str(missing))
     lines = expert_report.section(runs, tmp_path)
     assert any("not measured:" in line and "e4" in line for line in lines)
     assert expert_report.section([runs[3]], tmp_path) == []

@@ -253,6 +253,7 @@ def test_only_the_noncausal_decoder_trains_it(arch):
 def test_rank_classification_refuses_it_and_studies_skip_it(capsys):
     from scalestudy.decoder_only import stats
     from scalestudy.evaluate import rank
+    from scalestudy.study.record.rows import RunRow
     from scalestudy.study.run.executors import _needs_eval
 
     cfg = bmlm_cfg()
@@ -265,7 +266,7 @@ def test_rank_classification_refuses_it_and_studies_skip_it(capsys):
     assert not _needs_eval(cfg, {})
     assert _needs_eval(cfg.replace(objective={**cfg.objective.model_dump(), "name": "mlm"}), {})
     # The decoder-only comparison says "no accuracy" rather than a difference of nan.
-    rows = [{"seed": s, "loss": 1.0 + s} for s in range(3)]
+    rows = [RunRow(seed=s, loss=1.0 + s) for s in range(3)]
     est = stats.paired_difference(rows, rows, "acc")
     line = stats.verdict("a", "b", est, "probe accuracy", False, None)
     assert "no accuracy" in line and "nan" not in line

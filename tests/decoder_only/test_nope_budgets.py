@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from scalestudy.config.errors import ConfigError
 from scalestudy.decoder_only import nope_budgets, order_floor
+from scalestudy.decoder_only.budget_gap import BudgetRun
 from scalestudy.train.optim import make_schedule
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "studies" / "nope_order_budgets.yaml"
@@ -56,7 +58,7 @@ def test_gaps_are_treatment_minus_reference_per_seed_and_budget_with_the_interac
     study = nope_budgets.load_sweep(SPEC)
     sweep = study.experiments.budgets
     rows = [
-        {"arch": a, "variant": v, "seed": s, "budget": b, "val_loss": loss}
+        BudgetRun(arch=a, variant=v, seed=s, budget=b, val_loss=loss)
         for a, base in (("causal_decoder", 1.0), ("noncausal_decoder", 2.0))
         for v, extra in (("rope", 0.0), ("nope", 0.1 if a == "causal_decoder" else 0.5))
         for s in (0, 1)
@@ -132,8 +134,8 @@ def test_the_proved_floor_is_the_bag_floor_above_the_references_last_loss():
     sweep = BudgetSweepConfig(steps=[10, 20], reference="rope", treatment="nope")
 
     def row(arch, variant, seed, budget, loss, bag=None, position="none"):
-        return {"arch": arch, "variant": variant, "seed": seed, "budget": budget,
-                "val_loss": loss, "bag_floor": bag, "position": position}  # fmt: skip
+        return BudgetRun(arch=arch, variant=variant, seed=seed, budget=budget,
+                         val_loss=loss, bag_floor=bag, position=position)  # fmt: skip
 
     rows = [
         row("noncausal_decoder", "rope", 0, 20, 0.30, bag=0.9, position="rope"),
@@ -147,5 +149,5 @@ def test_the_proved_floor_is_the_bag_floor_above_the_references_last_loss():
     # the least over seeds of bag floor - the reference's loss at the largest budget
     assert nope_budgets.proved_floors(sweep, rows) == {"noncausal_decoder": pytest.approx(0.4)}
     # a treatment that reads positions has no bag floor to bound it
-    moved = [r | {"position": "rope"} if r["variant"] == "nope" else r for r in rows]
+    moved = [replace(r, position="rope") if r.variant == "nope" else r for r in rows]
     assert nope_budgets.proved_floors(sweep, moved) == {}

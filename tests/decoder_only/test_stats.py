@@ -4,16 +4,18 @@ seeds (coverage on simulated data), Holm, and rank tests that never pool archite
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from scalestudy.decoder_only import attention_rank, stats
 from scalestudy.decoder_only.rank_report import rank_deficits, rank_tests
+from scalestudy.study.record.rows import RunRow
 
 
-def _runs(losses: dict[int, float]) -> list[dict]:
-    return [{"seed": s, "loss": x} for s, x in losses.items()]
+def _runs(losses: dict[int, float]) -> list[RunRow]:
+    return [RunRow(seed=s, loss=x) for s, x in losses.items()]
 
 
 def test_paired_seeds_see_a_difference_that_seed_noise_hides():
@@ -23,16 +25,16 @@ def test_paired_seeds_see_a_difference_that_seed_noise_hides():
     a = _runs({s: 2.0 + x - 0.01 + 0.001 * s for s, x in shift.items()})
     b = _runs({s: 2.0 + x for s, x in shift.items()})
     est = stats.paired_difference(a, b, "loss")
-    assert est["seeds"] == 4 and est["d"] == pytest.approx(-0.0085)
-    assert est["d"] + est["half"] < 0  # the interval excludes zero
+    assert est.seeds == 4 and est.d == pytest.approx(-0.0085)
+    assert est.d + est.half < 0  # the interval excludes zero
     unpaired = stats.loss_stats(a)["half"] + stats.loss_stats(b)["half"]
-    assert unpaired > abs(est["d"])  # what an unpaired comparison would have said
-    assert "better" in stats.verdict("a", "b", est, "loss", True, stats.holm([est["p"]])[0])
+    assert unpaired > abs(est.d)  # what an unpaired comparison would have said
+    assert "better" in stats.verdict("a", "b", est, "loss", True, stats.holm([est.p])[0])
 
 
 def test_only_common_seeds_are_paired_and_one_seed_gives_no_interval():
     est = stats.paired_difference(_runs({0: 1.0, 5: 2.0}), _runs({0: 1.5, 7: 9.0}), "loss")
-    assert est["seeds"] == 1 and est["d"] == pytest.approx(-0.5) and est["half"] is None
+    assert est.seeds == 1 and est.d == pytest.approx(-0.5) and est.half is None
     text = stats.verdict("a", "b", est, "loss", True, None)
     assert "no between-run interval" in text and "n = 1 seed" in text
 
@@ -51,7 +53,7 @@ def _accuracy_rows(rng, p_examples, seed_sd, seeds, shift):
     for s in range(seeds):
         p = np.clip(p_examples + shift + rng.normal(0, seed_sd), 0, 1)
         acc = float((rng.random(p.size) < p).mean())
-        rows.append({"seed": s, "eval/t/acc": acc, "eval/t/n": float(p.size)})
+        rows.append(RunRow(seed=s, evals={"eval/t/acc": acc, "eval/t/n": float(p.size)}))
     return rows
 
 
@@ -67,8 +69,8 @@ def test_accuracy_interval_covers_the_difference_with_the_run_as_the_unit():
         a = _accuracy_rows(rng, p_examples, 0.02, 3, 0.05)
         b = _accuracy_rows(rng, p_examples, 0.02, 3, 0.0)
         est = stats.paired_difference(a, b, "acc")
-        hits += abs(est["d"] - 0.05) <= est["half"]
-        ds = [x["eval/t/acc"] - y["eval/t/acc"] for x, y in zip(a, b)]
+        hits += abs(est.d - 0.05) <= est.half
+        ds = [x.evals["eval/t/acc"] - y.evals["eval/t/acc"] for x, y in zip(a, b)]
         half = stats.t95(2) * np.std(ds, ddof=1) / np.sqrt(3)
         seed_only_hits += abs(np.mean(ds) - 0.05) <= half
     assert 0.92 <= hits / sims <= 0.98
@@ -147,10 +149,10 @@ def test_the_rank_verdict_is_the_interaction_beyond_random_qk_at_matched_entropy
         return rank
 
     (test,) = rank_tests(study(-0.1, 0.0))
-    est = test["est"]
-    assert est["seeds"] == 4 and est["d"] == pytest.approx(-0.1, abs=0.02) and est["p"] < 0.01
+    est = test.est
+    assert est.seeds == 4 and est.d == pytest.approx(-0.1, abs=0.02) and est.p < 0.01
     (same,) = rank_tests(study(-0.1, -0.1))
-    assert abs(same["est"]["d"]) < 0.02 and same["est"]["p"] > 0.05
+    assert abs(same.est.d) < 0.02 and same.est.p > 0.05
 
 
 def _sink(n: int, self_mass: float) -> np.ndarray:
@@ -208,10 +210,8 @@ def test_the_order_corpus_second_half_is_the_first_reversed():
     assert any(len(v) > 1 for v in bags.values())
 
 
-def _group(losses: dict[int, float], name: str = "g", steps: int = 100) -> list[dict]:
-    return [
-        {"seed": s, "loss": x, "run_id": f"{name}{s}", "steps": steps} for s, x in losses.items()
-    ]
+def _group(losses: dict[int, float], name: str = "g", steps: int = 100) -> list[RunRow]:
+    return [RunRow(f"{name}{s}", seed=s, loss=x, steps=steps) for s, x in losses.items()]
 
 
 def test_interaction_is_the_paired_difference_of_differences():
@@ -229,9 +229,9 @@ def test_interaction_is_the_paired_difference_of_differences():
         "n/nope": _group({s: 1.40 + x + 0.01 * s for s, x in seed_shift.items()}),
     }
     (test,) = compare_groups(spec, groups)["tests"]
-    est = test["est"]
-    assert est["seeds"] == 3 and est["d"] == pytest.approx(0.36)
-    assert est["d"] - est["half"] > 0  # NoPE hurts the non-causal decoder more
+    est = test.est
+    assert est.seeds == 3 and est.d == pytest.approx(0.36)
+    assert est.d - est.half > 0  # NoPE hurts the non-causal decoder more
     with pytest.raises(Exception, match="four groups"):
         ComparisonConfig(title="x", kind="interaction", groups=["a", "b"])
 
@@ -246,15 +246,15 @@ def test_also_at_separates_optimisation_speed_from_final_loss():
     curves = {}
     for name, early in (("fast", 2.0), ("slow", 2.5)):
         for r in groups[name]:
-            curves[r["run_id"]] = {
-                25: early + r["loss"],
-                50: early - 0.5 + r["loss"],
-                100: r["loss"],
+            curves[r.run_id] = {
+                25: early + r.loss,
+                50: early - 0.5 + r.loss,
+                100: r.loss,
             }
-    tests = {t["what"]: t["est"] for t in compare_groups(spec, groups, curves)["tests"]}
-    assert tests["validation loss"]["d"] == pytest.approx(0.0)
+    tests = {t.what: t.est for t in compare_groups(spec, groups, curves)["tests"]}
+    assert tests["validation loss"].d == pytest.approx(0.0)
     early = tests["validation loss at 50% of training"]
-    assert early["d"] == pytest.approx(0.5) and early["seeds"] == 3
+    assert early.d == pytest.approx(0.5) and early.seeds == 3
 
 
 def test_comparisons_name_what_they_change_and_what_they_hold_equal():
@@ -267,11 +267,11 @@ def test_comparisons_name_what_they_change_and_what_they_hold_equal():
 
     def rows(name, **counts):
         base = {"params_total": 1000, "flops": 1e9, "document_tokens": 5e3, "steps": 100}
-        return [{**r, **base, **counts} for r in _group({0: 1.0, 1: 1.2, 2: 0.9}, name)]
+        return [r.replace(**(base | counts)) for r in _group({0: 1.0, 1: 1.2, 2: 0.9}, name)]
 
     groups = {rope: rows("r"), nope: rows("n", params_total=1500)}
     got = compare_groups(spec, groups)
-    assert [t["what"] for t in got["tests"]] == ["validation loss"]  # metrics: [loss]
+    assert [t.what for t in got["tests"]] == ["validation loss"]  # metrics: [loss]
     [held] = got["held"]
     assert held["changed"] == ["variant (rope -> nope)"]
     assert held["same"] == ["training FLOPs", "document tokens"]
@@ -318,9 +318,9 @@ def test_order_floor_is_a_distribution_and_matches_its_expectation():
 
 
 def test_not_distinguishable_beside_an_interval_excluding_zero_says_why():
-    est = {"d": 0.03, "half": 0.01, "seeds": 3, "examples": 800}
+    est = stats.Estimate(d=0.03, half=0.01, p=None, seeds=3, examples=800)
     line = stats.verdict("a", "b", est, "probe accuracy", False, 0.2)
     assert "not distinguishable" in line and "(95%, unadjusted)" in line
     assert "the unadjusted interval excludes 0, the Holm-adjusted p does not reject" in line
-    wide = stats.verdict("a", "b", {**est, "half": 0.05}, "probe accuracy", False, 0.2)
+    wide = stats.verdict("a", "b", replace(est, half=0.05), "probe accuracy", False, 0.2)
     assert "excludes 0" not in wide

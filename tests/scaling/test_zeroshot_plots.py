@@ -9,23 +9,22 @@ from scipy import optimize, stats
 from scalestudy.scaling import zeroshot_plots as zp
 
 
-def _runs(slope: float, seed: int = 0, n: int = 400) -> list[dict]:
+def _runs(slope: float, seed: int = 0, n: int = 400) -> list[zp.ScoredRun]:
     """Runs of two cells at four computes; task `a` (2 choices) and `b` (4 choices) whose
     log-odds of a right answer rise by `slope` per decade of compute in cell x/flm only."""
     rng = np.random.default_rng(seed)
     runs = []
     for cell_slope, arch in ((slope, "x"), (0.0, "y")):
         for i, c in enumerate([1e9, 1e10, 1e11, 1e12]):
-            run = {"arch": arch, "objective": "flm", "size": f"{i}K", "flops": c}
-            run["params_non_embedding"] = 1000 * (i + 1)
+            evals = {}
             for task, base, chance in (("a", 0.0, 0.5), ("b", -1.0, 0.25)):
                 p = 1 / (1 + np.exp(-(base + cell_slope * (np.log10(c) - 10.5))))
-                run[f"eval/probes/{task}/acc"] = rng.binomial(n, p) / n
-                run[f"eval/probes/{task}/n"] = n
-                run[f"eval/probes/{task}/chance"] = chance
-            run["eval/probes/acc"] = 0.5  # the whole task: not a task of its own here
-            run["eval/probes/n"] = 2 * n
-            runs.append(run)
+                evals[f"eval/probes/{task}/acc"] = rng.binomial(n, p) / n
+                evals[f"eval/probes/{task}/n"] = n
+                evals[f"eval/probes/{task}/chance"] = chance
+            evals["eval/probes/acc"] = 0.5  # the whole task: not a task of its own here
+            evals["eval/probes/n"] = 2 * n
+            runs.append(zp.ScoredRun(f"{arch}/flm", f"{i}K", c, 1000 * (i + 1), f"{i}K/0", evals))
     return runs
 
 
@@ -102,7 +101,7 @@ def test_report_section_writes_a_panel_per_task_and_the_tables(tmp_path):
     assert (tmp_path / "figures" / "zero_shot_tasks.png").is_file()
     table = [line for line in text.splitlines() if line.startswith("| x/flm | ")]
     assert len(table) == 4 + 1  # a row per run, and the cell's trend row
-    assert zp.report_section([{"arch": "x", "objective": "flm", "flops": 1.0}], tmp_path) == ""
+    assert zp.report_section([zp.ScoredRun("x/flm", "", 1.0, 0.0, "", {})], tmp_path) == ""
 
 
 def test_run_slope_is_ordinary_least_squares_with_a_t_interval():

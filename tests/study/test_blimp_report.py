@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scalestudy.scaling.zeroshot_plots import task_scores, wilson
+from scalestudy.scaling.zeroshot_plots import ScoredRun, task_scores, wilson
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import blimp_report
 
 PARADIGMS = {"agree_a": "agreement", "agree_b": "agreement", "island_a": "island"}
@@ -32,7 +33,7 @@ def _reference(root: Path) -> Path:
     return root
 
 
-def _run(cell: str, size: str, params: float, flops: float, accs: dict[str, float]) -> dict:
+def _run(cell: str, size: str, params: float, flops: float, accs: dict[str, float]) -> RunRow:
     arch, objective = cell.split("/")
     run = {
         "arch": arch,
@@ -50,10 +51,10 @@ def _run(cell: str, size: str, params: float, flops: float, accs: dict[str, floa
     run["eval/blimp/n"] = 1000 * len(accs)
     run["eval/blimp/chance"] = 0.5
     run["eval/blimp/field/syntax/acc"] = run["eval/blimp/acc"]
-    return run
+    return RunRow.from_row(run)
 
 
-def _runs() -> list[dict]:
+def _runs() -> list[RunRow]:
     out = []
     for i, (size, params) in enumerate((("25K", 2.5e4), ("100K", 1e5), ("400K", 4e5))):
         acc = 0.55 + 0.05 * i
@@ -78,7 +79,8 @@ def test_section_tables_intervals_trend_and_reference(tmp_path: Path) -> None:
 
 
 def test_no_blimp_no_section_and_reference_dir_from_tasks(tmp_path: Path) -> None:
-    assert blimp_report.section([{"arch": "a", "objective": "b", "eval/x/acc": 0.5}], None) == []
+    other = RunRow(arch="a", objective="b", evals={"eval/x/acc": 0.5})
+    assert blimp_report.section([other], None) == []
     assert blimp_report.reference_dir(("blimp",), "data/eval") == Path("data/eval/blimp")
     assert blimp_report.reference_dir(("copa",), "data/eval") is None
     (tmp_path / "p.jsonl").write_text("")
@@ -88,12 +90,14 @@ def test_no_blimp_no_section_and_reference_dir_from_tasks(tmp_path: Path) -> Non
 def test_many_parts_are_one_task_in_the_per_task_figure() -> None:
     """BLiMP's paradigms (more than MAX_PARTS) are scored as one task in the zero-shot section;
     the synthetic probes' few parts stay tasks of their own."""
-    run = _runs()[0]
+    row = _runs()[0]
+    scores = dict(row.evals)
     for i in range(20):
-        run[f"eval/blimp/p{i}/acc"], run[f"eval/blimp/p{i}/n"] = 0.5, 10
-    run["eval/probes/acc"], run["eval/probes/n"] = 0.4, 20
+        scores[f"eval/blimp/p{i}/acc"], scores[f"eval/blimp/p{i}/n"] = 0.5, 10
+    scores["eval/probes/acc"], scores["eval/probes/n"] = 0.4, 20
     for part in ("count", "pronoun"):
-        run[f"eval/probes/{part}/acc"], run[f"eval/probes/{part}/n"] = 0.4, 10
+        scores[f"eval/probes/{part}/acc"], scores[f"eval/probes/{part}/n"] = 0.4, 10
+    run = ScoredRun(row.cell, str(row.size), row.flops, row.params_non_embedding, "", scores)
     tasks = sorted(s.task for s in task_scores([run]))
     assert tasks == ["blimp", "count", "pronoun"]
     assert next(s for s in task_scores([run]) if s.task == "blimp").n == 3000
@@ -101,7 +105,5 @@ def test_many_parts_are_one_task_in_the_per_task_figure() -> None:
 
 @pytest.mark.parametrize("missing", ["eval/blimp/n", "eval/blimp/acc"])
 def test_runs_without_counts_are_left_out(missing: str) -> None:
-    runs = _runs()
-    for r in runs:
-        r.pop(missing)
+    runs = [r.replace(evals={k: v for k, v in r.evals.items() if k != missing}) for r in _runs()]
     assert blimp_report.section(runs, None) == []

@@ -15,6 +15,7 @@ from scalestudy.config.errors import ConfigError
 from scalestudy.decoder_only import experiments as decoder_only_run
 from scalestudy.study.plan.spec import ComparisonConfig
 from scalestudy.study.record.registry import load_runs
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.run.main_job import expand, load_study
 
 from .conftest import write_spec
@@ -80,7 +81,7 @@ def test_variant_errors_name_the_key(tmp_path):
 
 def test_missing_group_is_reported_not_fatal():
     spec = ComparisonConfig(title="t", groups=["causal_decoder/plm/base", "absent/x"])
-    got = decoder_only_run.compare_groups(spec, {"causal_decoder/plm/base": [{"loss": 1.0}]})
+    got = decoder_only_run.compare_groups(spec, {"causal_decoder/plm/base": [RunRow(loss=1.0)]})
     assert got["missing"] == ["absent/x"] and got["tests"] == []
 
 

@@ -8,6 +8,7 @@ import pytest
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, ScalingDataError
 from scalestudy.study.plan.spec import FitConfig
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report.fits import load_table, registry_table
 
 
@@ -147,10 +148,10 @@ def test_registry_directories_that_cannot_be_read_are_refused(tmp_path):
         load_table(tmp_path / "a.sqlite", DataSettings())
     # A registry's curves are training losses logged mid-schedule: never ends of schedules.
     with pytest.raises(ScalingDataError, match="mid-schedule"):
-        registry_table([{"run_id": "r", "loss": 1.0}], [], DataSettings(curve_points="finished"))
+        registry_table([RunRow("r", loss=1.0)], [], DataSettings(curve_points="finished"))
 
 
-def _task_rows(cell: str, sizes: int, groups: tuple[str, ...] = ()) -> list[dict]:
+def _task_rows(cell: str, sizes: int, groups: tuple[str, ...] = ()) -> list[RunRow]:
     """Runs of one cell at `sizes` sizes whose task loss and accuracy follow known laws: task
     `mc` and its groups `mc/<g>` (each group a little harder)."""
     arch, objective = cell.split("/")
@@ -173,7 +174,7 @@ def _task_rows(cell: str, sizes: int, groups: tuple[str, ...] = ()) -> list[dict
             row[f"eval/{name}/acc"] = 0.25 + 0.7 / (1.0 + np.exp(6.0 * (task_loss - 1.2)))
             row[f"eval/{name}/chance"] = 0.25
             row[f"eval/{name}/n"] = 500
-        rows.append(row)
+        rows.append(RunRow.from_row(row))
     return rows
 
 
@@ -243,8 +244,10 @@ def test_a_study_without_task_losses_says_why_it_has_no_task_laws():
     from scalestudy.study.report.task_law_report import section, study_task_laws
 
     rows = _task_rows("causal_decoder/flm", 5)
-    for r in rows:
-        del r["eval/mc/task_loss"]
+    rows = [
+        r.replace(evals={k: v for k, v in r.evals.items() if k != "eval/mc/task_loss"})
+        for r in rows
+    ]
     s = _settings(0)
     fits = {"cells": {"any": {}}, "task_laws": study_task_laws(registry_table(rows, [], s.data), s)}
     text = "\n".join(section(fits))
@@ -302,11 +305,11 @@ def test_a_studys_variants_are_fitted_alone_unless_the_law_takes_their_experts(t
     runs = []
     for variant, alpha in (("rope", 0.3), ("nope", 0.15)):
         for i, n in enumerate((1e5, 3e5, 1e6, 3e6, 1e7)):
-            runs.append(
+            runs.append(RunRow(**
                 {"run_id": f"{variant}{i}", "name": f"t.causal_decoder.flm.{variant}.s{i}.s0",
                  "size": f"s{i}", "arch": "causal_decoder", "objective": "flm",
                  "params_total": n, "params_non_embedding": n, "positions": 20 * n,
-                 "tokens": 20 * n, "flops": 120 * n * n, "loss": (8e4 / n) ** alpha}
+                 "tokens": 20 * n, "flops": 120 * n * n, "loss": (8e4 / n) ** alpha})
             )  # fmt: skip
     fit = FitConfig(laws=["kaplan_n_noE"], n_kind="non_embedding", c_kind="counted", bootstrap=0)
     got, _ = fits.fit_study(SimpleNamespace(fit=fit), tmp_path, runs, [])

@@ -20,13 +20,14 @@ def test_host_line_names_the_builds_and_devices_and_reaches_the_report_header():
     assert f"{n} {jax.devices()[0].platform} device(s)" in line and cpu_model() in line
 
     from scalestudy.study.plan.spec import StudySpec
+    from scalestudy.study.record.rows import RunRow
     from scalestudy.study.report import page as report
 
-    run = {
+    run = RunRow.from_row({
         "run_id": "r", "name": "r", "arch": "causal_decoder", "objective": "flm", "size": "s0",
         "size_index": 0, "params_total": 1e5, "tokens": 1e6, "flops": 1e12, "loss": 2.0,
         "status": "done", "seed": 0,
-    }  # fmt: skip
+    })  # fmt: skip
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), [run], {}, [])
     head = md.split("\n## ")[0]
     assert line in head

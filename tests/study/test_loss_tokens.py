@@ -2,6 +2,7 @@
 
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.study.plan import loss_token_count
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import loss_tokens
 
 
@@ -28,9 +29,9 @@ def test_plm_cells_train_on_the_same_loss_tokens_per_example():
 
 def test_section_states_totals_and_imbalance():
     runs = [
-        {"arch": "causal_decoder", "objective": "plm", "tokens": 3000.0, "positions": 6000.0},
-        {"arch": "causal_decoder", "objective": "plm", "tokens": 1000.0, "positions": 2000.0},
-        {"arch": "encoder_decoder", "objective": "plm", "tokens": 1000.0, "positions": 6000.0},
+        RunRow(arch="causal_decoder", objective="plm", tokens=3000.0, positions=6000.0),
+        RunRow(arch="causal_decoder", objective="plm", tokens=1000.0, positions=2000.0),
+        RunRow(arch="encoder_decoder", objective="plm", tokens=1000.0, positions=6000.0),
     ]
     per_example = {
         "causal_decoder/plm": 313.0,

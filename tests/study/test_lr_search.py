@@ -12,6 +12,7 @@ import pytest
 from scalestudy.cli import main as cli
 from scalestudy.config.errors import ConfigError
 from scalestudy.study.record.registry import Registry, load_runs
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import lr_report
 from scalestudy.study.report.lr_report import CHOICE
 from scalestudy.study.run import after_pretraining, lr_search, main_job
@@ -282,18 +283,18 @@ def _record(arch, objective, size, rates, losses, peak=None, edge=False):
 
 def _scored(arch, objective, size, index, losses, layers, peak):
     return [
-        {
-            "name": f"t.{arch}.{objective}.{size}.s{s}",
-            "arch": arch,
-            "objective": objective,
-            "size": size,
-            "size_index": index,
-            "status": "done",
-            "loss": v,
-            "n_layers": layers,
-            "n_encoder_layers": layers if arch == "encoder_decoder" else None,
-            "recipe": {"optim.learning_rate": peak},
-        }
+        RunRow(
+            name=f"t.{arch}.{objective}.{size}.s{s}",
+            arch=arch,
+            objective=objective,
+            size=size,
+            size_index=index,
+            status="done",
+            loss=v,
+            n_layers=layers,
+            n_encoder_layers=layers if arch == "encoder_decoder" else None,
+            recipe={"optim.learning_rate": peak},
+        )
         for s, v in enumerate(losses)
     ]
 
@@ -340,23 +341,21 @@ def test_the_main_jobs_deeper_rungs_and_rates_past_the_search_are_named():
         return grid[-1] if p[:2] == top else grid[1]
 
     runs = [
-        {
-            "name": r.cfg.name,
-            "arch": r.arch,
-            "objective": r.objective,
-            "size": r.size,
-            "size_index": r.size_index,
-            "status": "done",
-            "loss": 1.0 + 0.01 * r.seed,
-            "n_layers": r.cfg.model.n_layers,
-            "n_encoder_layers": r.cfg.model.encoder_layers
-            if r.cfg.model.is_encoder_decoder
-            else None,
-            "recipe": {"optim.learning_rate": r.cfg.optim.learning_rate},
-        }
+        RunRow(
+            name=r.cfg.name,
+            arch=r.arch,
+            objective=r.objective,
+            size=r.size,
+            size_index=r.size_index,
+            status="done",
+            loss=1.0 + 0.01 * r.seed,
+            n_layers=r.cfg.model.n_layers,
+            n_encoder_layers=r.cfg.model.encoder_layers if r.cfg.model.is_encoder_decoder else None,
+            recipe={"optim.learning_rate": r.cfg.optim.learning_rate},
+        )
         for r in main_job.expand(study, spec.parent, rates=chosen)
     ]
-    cells = sorted({(r["arch"], r["objective"]) for r in runs})
+    cells = sorted({(r.arch, r.objective) for r in runs})
     records = [
         _record(a, o, "20K", grid, [2.0, 1.0, 1.5, 1.7] if (a, o) != top else [2, 1.8, 1.5, 1.0])
         for a, o in cells

@@ -9,41 +9,49 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import answer
 from scalestudy.study.report import page as report
 
 Z = 1.959964  # the normal 95% quantile the old unpaired sentences used
 
 
+def _with(run: RunRow, changes: dict) -> RunRow:
+    """`run` with `changes` (columns, or `eval/...` scores added after its own)."""
+    return RunRow.from_row(run.as_dict() | changes)
+
+
 def _run(arch, obj, size_index, n_total, flops, acc, loss, seed=0, n=400):
-    return {
-        "run_id": f"{arch}{obj}{size_index}{seed}",
-        "arch": arch,
-        "objective": obj,
-        "size": f"r{size_index}",
-        "size_index": size_index,
-        "seed": seed,
-        "status": "done",
-        "params_total": n_total,
-        "flops": flops,
-        "loss": loss,
-        "eval/probes/acc": acc,
-        "eval/probes/n": n,
-        "eval/probes/pronoun/acc": 1.0,  # a breakdown: must not count twice
-    }
+    return RunRow.from_row(
+        {
+            "run_id": f"{arch}{obj}{size_index}{seed}",
+            "arch": arch,
+            "objective": obj,
+            "size": f"r{size_index}",
+            "size_index": size_index,
+            "seed": seed,
+            "status": "done",
+            "params_total": n_total,
+            "flops": flops,
+            "loss": loss,
+            "eval/probes/acc": acc,
+            "eval/probes/n": n,
+            "eval/probes/pronoun/acc": 1.0,  # a breakdown: must not count twice
+        }
+    )
 
 
 def test_probe_accuracy_uses_task_totals_only():
     r = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.25, 2.0)
-    r |= {"eval/other/acc": 0.75, "eval/other/n": 100}
+    r = _with(r, {"eval/other/acc": 0.75, "eval/other/n": 100})
     acc, n = report.probe_accuracy(r)
     assert n == 500 and acc == pytest.approx((0.25 * 400 + 0.75 * 100) / 500)
 
 
 def test_chance_is_example_weighted_over_tasks():
     r = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.25, 2.0)
-    r |= {"eval/probes/chance": 0.25, "eval/other/acc": 0.5, "eval/other/n": 100}
-    r |= {"eval/other/chance": 0.5, "eval/probes/pronoun/chance": 0.5}  # breakdown ignored
+    r = _with(r, {"eval/probes/chance": 0.25, "eval/other/acc": 0.5, "eval/other/n": 100})
+    r = _with(r, {"eval/other/chance": 0.5, "eval/probes/pronoun/chance": 0.5})  # breakdown
     assert report.chance_accuracy([r]) == pytest.approx((0.25 * 400 + 0.5 * 100) / 500)
     assert report.chance_accuracy([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
 
@@ -57,12 +65,12 @@ def test_cells_are_read_at_their_runs_never_between_rungs():
         for i, n in enumerate((1e5, 1e6)):
             runs.append(_run("causal_decoder", "plm", i, n, 1e10 * 10**i, 0.5, 2.0 - i, s))
             runs.append(_run("noncausal_decoder", "plm", i, 3 * n, 1e10 * 10**i, 0.5, 2.1 - i, s))
-    got = answer.compare(runs)["equal_params_loss"]["plm"]
-    assert got["at"] == pytest.approx(1e6)
-    assert got["read"] == {"causal_decoder/plm": 1e6, "noncausal_decoder/plm": 3e6}
-    assert got["scores"]["noncausal_decoder/plm"].mean == pytest.approx(1.1)  # its runs' value
-    [test] = got["tests"]
-    assert "total parameters (0.33x)" in test["not_equal"]
+    got = answer.compare(runs).loss["equal_params"]["plm"]
+    assert got.at == pytest.approx(1e6)
+    assert got.read == {"causal_decoder/plm": 1e6, "noncausal_decoder/plm": 3e6}
+    assert got.scores["noncausal_decoder/plm"].mean == pytest.approx(1.1)  # its runs' value
+    [test] = got.tests
+    assert "total parameters (0.33x)" in test.not_equal
 
 
 def _two_cells(loss_a, loss_b, acc=0.5):
@@ -81,7 +89,7 @@ def test_an_unpaired_lead_the_seeds_do_not_support_names_no_winner():
     gap = statistics.mean(loss_b) - statistics.mean(loss_a)
     assert gap > math.hypot(*halves)  # the unpaired means would call a clear lead
     cmp = answer.compare(_two_cells(loss_a, loss_b))
-    text = "\n".join(cmp["equal_params_loss"]["plm"]["verdict"])
+    text = "\n".join(cmp.loss["equal_params"]["plm"].verdict)
     assert text.startswith("no winner: causal_decoder/plm has the lowest mean")
     assert "not distinguishable from noncausal_decoder/plm" in text and "**" not in text
     assert "-0.060 [" in text and "(n = 3 seeds)" in text and "Holm-adjusted p = " in text
@@ -94,37 +102,41 @@ def test_a_lead_every_seed_shows_is_a_winner_despite_seed_spread():
     gain = [0.05, 0.052, 0.048, 0.051]
     runs = _two_cells([b - g for b, g in zip(base, gain, strict=True)], base)
     cmp = answer.compare(runs)
-    [line, detail] = cmp["equal_params_loss"]["plm"]["verdict"]
+    [line, detail] = cmp.loss["equal_params"]["plm"].verdict
     assert line.startswith("**causal_decoder/plm** is ahead of every other cell")
     assert "causal_decoder/plm minus noncausal_decoder/plm: -0.050 [" in detail
     # One Holm family over the report: the matched comparisons (accuracy, loss) and the
     # leaders' tests (accuracy and loss, at equal N and at equal C). On one rung they state
     # the same two hypotheses three times each, which count once.
-    leaders = [cmp[k] for k in ("equal_params", "equal_compute")]
-    leaders += [cmp[k + "_loss"]["plm"] for k in ("equal_params", "equal_compute")]
-    tests = cmp["matched"] + [t for g in leaders for t in g["tests"]]
-    assert len(tests) == 6 and cmp["family"] == 2 and all("p_holm" in t for t in tests)
-    assert all(t["p_holm"] >= t["interval"].p_value for t in tests)
-    loss = [t for t in tests if t["metric"] == "loss"]
-    assert len(loss) == 3 and len({t["p_holm"] for t in loss}) == 1
-    p = sorted({round(t["interval"].p_value, 12) for t in tests})
-    assert len(p) == 2 and loss[0]["p_holm"] == pytest.approx(min(1.0, 2 * p[0]))
+    leaders = [cmp.accuracy[k] for k in ("equal_params", "equal_compute")]
+    leaders += [cmp.loss[k]["plm"] for k in ("equal_params", "equal_compute")]
+    tests = cmp.matched + [t for g in leaders for t in g.tests]
+    assert len(tests) == 6 and cmp.family == 2 and all(t.p_holm is not None for t in tests)
+    assert all(t.p_holm >= t.interval.p_value for t in tests)
+    loss = [t for t in tests if t.metric == "loss"]
+    assert len(loss) == 3 and len({t.p_holm for t in loss}) == 1
+    p = sorted({round(t.interval.p_value, 12) for t in tests})
+    assert len(p) == 2 and loss[0].p_holm == pytest.approx(min(1.0, 2 * p[0]))
 
 
 def test_one_seed_names_no_winner_only_the_better_run():
     cmp = answer.compare(_two_cells([1.0], [1.3]))
-    [line, detail] = cmp["equal_compute_loss"]["plm"]["verdict"]
+    [line, detail] = cmp.loss["equal_compute"]["plm"].verdict
     assert line == (
         "one seed: causal_decoder/plm had the lower loss in this run; with no between-run "
         "interval no winner is named."
     )
     assert "no between-run interval" in detail and "Holm" not in detail
-    acc = answer.compare(
-        [
-            _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.7, 2.0),
-            _run("noncausal_decoder", "flm", 0, 1e5, 1e10, 0.5, 2.0),
-        ]
-    )["equal_params"]["verdict"]
+    acc = (
+        answer.compare(
+            [
+                _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.7, 2.0),
+                _run("noncausal_decoder", "flm", 0, 1e5, 1e10, 0.5, 2.0),
+            ]
+        )
+        .accuracy["equal_params"]
+        .verdict
+    )
     assert acc[0].startswith("one seed: causal_decoder/flm had the higher accuracy in this run")
     assert "an interval over examples only, not between runs" in acc[1]
 
@@ -136,16 +148,16 @@ def test_what_is_not_held_equal_at_equal_compute_is_named():
             runs.append(_run("causal_decoder", "plm", i, n, c, 0.5, 2.0 - i + 0.01 * seed, seed))
             runs.append(_run("encoder_decoder", "plm", i, 2 * n, c, 0.5, 2.1 - i, seed))
     cmp = answer.compare(runs)
-    assert cmp["equal_compute_loss"]["plm"]["at"] == pytest.approx(1e12)
-    text = "\n".join(cmp["equal_compute_loss"]["plm"]["verdict"])
+    assert cmp.loss["equal_compute"]["plm"].at == pytest.approx(1e12)
+    text = "\n".join(cmp.loss["equal_compute"]["plm"].verdict)
     assert "Not equal (causal_decoder/plm / encoder_decoder/plm): total parameters (0.50x)" in text
     assert "Held equal: training FLOPs." in text
     # At equal parameters (1e6, the largest N both span) each cell is read at its rung
     # nearest in log (1e6 and 2e6, no interpolation between rungs): the parameters' ratio
     # is named, the FLOPs are held equal.
-    cmp_n = "\n".join(cmp["equal_params_loss"]["plm"]["verdict"])
-    assert cmp["equal_params_loss"]["plm"]["at"] == pytest.approx(1e6)
-    assert cmp["equal_params_loss"]["plm"]["read"]["encoder_decoder/plm"] == pytest.approx(2e6)
+    cmp_n = "\n".join(cmp.loss["equal_params"]["plm"].verdict)
+    assert cmp.loss["equal_params"]["plm"].at == pytest.approx(1e6)
+    assert cmp.loss["equal_params"]["plm"].read["encoder_decoder/plm"] == pytest.approx(2e6)
     assert "Held equal: training FLOPs." in cmp_n and "total parameters (0.50x)" in cmp_n
 
 
@@ -154,9 +166,9 @@ def test_not_scaling_names_cells_whose_loss_rises_up_the_ladder():
         _run("causal_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0),
         _run("causal_decoder", "plm", 1, 1e6, 1e11, 0.3, 1.5),
     ]
-    assert answer.compare(runs)["not_scaling"] == []
+    assert answer.compare(runs).not_scaling == []
     runs.append(_run("causal_decoder", "plm", 2, 1e7, 1e13, 0.3, 5.0))  # worse when larger
-    assert answer.compare(runs)["not_scaling"] == ["causal_decoder/plm"]
+    assert answer.compare(runs).not_scaling == ["causal_decoder/plm"]
 
 
 def test_variants_are_ladders_of_their_own_and_isoflop_budgets_are_not_ladders():
@@ -172,13 +184,13 @@ def test_variants_are_ladders_of_their_own_and_isoflop_budgets_are_not_ladders()
                 r = _run("causal_decoder", "flm", i, n * total, 1e10, 0.3,
                          2.0 - 0.1 * i + offset, seed=s)  # fmt: skip
                 name = f"t.causal_decoder.flm.{variant}.r{i}.s{s}"
-                runs.append(r | {"name": name, "run_id": name})
+                runs.append(r.replace(name=name, run_id=name))
     assert answer.not_scaling(runs) == []
-    runs[-1]["loss"] = runs[-2]["loss"] = 9.0  # e16's top rung, both seeds
+    runs[-2:] = [r.replace(loss=9.0) for r in runs[-2:]]  # e16's top rung, both seeds
     assert answer.not_scaling(runs) == ["causal_decoder/flm/e16"]
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "- Runs per point: 2 to 2." in md
-    valley = [r | {"budget": "C1e11"} for r in runs]
+    valley = [r.replace(budget="C1e11") for r in runs]
     assert answer.not_scaling(valley) == []
 
 
@@ -211,8 +223,8 @@ def test_markdown_and_html_render(tmp_path):
     from scalestudy.study.plan.spec import StudySpec
 
     runs = [_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]
-    for r in runs:
-        r |= {"d_model": 32, "n_layers": 2, "steps": 10, "tokens": 1e4, "params_non_embedding": 5e4}
+    shape = {"d_model": 32, "n_layers": 2, "steps": 10, "tokens": 1e4}
+    runs = [r.replace(**shape, params_non_embedding=5e4) for r in runs]
     study = StudySpec(name="t", ladder={"preset": "smoke"})
     md = report.render_markdown(study, runs, {}, ["figures/a.png"])
     assert "| causal_decoder/flm | r0 | 32 | 2 |" in md and "![a](figures/a.png)" in md
@@ -229,8 +241,10 @@ def test_markdown_and_html_render(tmp_path):
 
 
 def test_truncation_is_reported_as_the_worst_runs_share():
-    a = _run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 40}
-    b = _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0) | {"eval/probes/truncated": 400}
+    a = _with(_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0), {"eval/probes/truncated": 40})
+    b = _with(
+        _run("encoder_decoder", "plm", 0, 1e5, 1e10, 0.3, 2.0), {"eval/probes/truncated": 400}
+    )
     assert report.truncated_share([a, b]) == (400, 400)
     assert report.truncated_share([_run("causal_decoder", "flm", 0, 1e5, 1e10, 0.3, 2.0)]) is None
 
@@ -238,7 +252,7 @@ def test_truncation_is_reported_as_the_worst_runs_share():
 def test_runs_of_one_seed_at_one_size_are_averaged_not_picked():
     # Two budgets of one seed at the same N: the seed's value at that N is their mean.
     runs = _two_cells([1.0], [1.5]) + _two_cells([1.2], [1.5])
-    scores = answer.compare(runs)["equal_params_loss"]["plm"]["scores"]
+    scores = answer.compare(runs).loss["equal_params"]["plm"].scores
     assert scores["causal_decoder/plm"].mean == pytest.approx(1.1)
 
 
@@ -294,7 +308,7 @@ def test_a_cell_whose_runs_end_below_the_others_is_left_out_and_named():
 
     runs = _ladder({"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.2})
     runs += _ladder({"causal_decoder/mlm": 0.1}, sizes=(1e3, 1e4))  # ends below 1e5
-    assert answer.compare(runs)["equal_params"]["left_out"] == ["causal_decoder/mlm"]
+    assert answer.compare(runs).accuracy["equal_params"].left_out == ["causal_decoder/mlm"]
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "(left out: causal_decoder/mlm)" in md
     assert "Left out (their runs end below this x): causal_decoder/mlm." in md
@@ -312,30 +326,28 @@ def test_moe_runs_add_a_verdict_at_equal_active_parameters():
             for s in range(3):
                 r = _run("causal_decoder", "flm", i, active * total, active * 6e5, 0.5 + gain,
                          2.0 - 0.2 * i - gain + 0.01 * s, seed=s)  # fmt: skip
-                r |= {"name": f"t.causal_decoder.flm.{variant}.r{i}.s{s}", "experts": experts}
-                runs.append(r | {"params_active": active, "run_id": r["name"]})
+                r = r.replace(name=f"t.causal_decoder.flm.{variant}.r{i}.s{s}", experts=experts)
+                runs.append(r.replace(params_active=active, run_id=r.name))
     cmp = answer.compare(runs)
-    active = cmp["equal_active"]
-    assert active["at"] == pytest.approx(1e6) and active["leader"] == "causal_decoder/flm/e8"
-    [test] = active["tests"]
-    assert "active parameters" in test["held_equal"] and "training FLOPs" in test["held_equal"]
-    assert "total parameters (4.00x)" in test["not_equal"]
-    [test] = cmp["equal_params"]["tests"]  # near 1e6 total: the dense model's top rung
-    assert cmp["equal_params"]["at"] == pytest.approx(1e6)
+    active = cmp.accuracy["equal_active"]
+    assert active.at == pytest.approx(1e6) and active.leader == "causal_decoder/flm/e8"
+    [test] = active.tests
+    assert "active parameters" in test.held_equal and "training FLOPs" in test.held_equal
+    assert "total parameters (4.00x)" in test.not_equal
+    [test] = cmp.accuracy["equal_params"].tests  # near 1e6 total: the dense model's top rung
+    assert cmp.accuracy["equal_params"].at == pytest.approx(1e6)
     # read at the runs (dense 1e6, e8's 4e5 rung, nearest in log): neither count is equal,
     # and both ratios are named
-    assert cmp["equal_params"]["read"]["causal_decoder/flm/e8"] == pytest.approx(4e5)
-    assert {d.split(" (")[0] for d in test["not_equal"]} >= {
+    assert cmp.accuracy["equal_params"].read["causal_decoder/flm/e8"] == pytest.approx(4e5)
+    assert {d.split(" (")[0] for d in test.not_equal} >= {
         "total parameters",
         "active parameters",
     }
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "| equal active parameters (1e+06 active non-embedding parameters) |" in md
     assert "**Equal active parameters** (probe accuracy near 1e+06 active" in md
-    dense = [r for r in runs if r["experts"] == 1]
-    for r in dense:
-        r["name"] = r["name"].replace(".dense.", ".")
-    other = [r | {"arch": "noncausal_decoder", "run_id": r["run_id"] + "n"} for r in dense]
+    dense = [r.replace(name=r.name.replace(".dense.", ".")) for r in runs if r.experts == 1]
+    other = [r.replace(arch="noncausal_decoder", run_id=r.run_id + "n") for r in dense]
     md = report.render_markdown(
         StudySpec(name="t", ladder={"preset": "smoke"}), dense + other, {}, []
     )
@@ -398,9 +410,9 @@ def test_the_answer_rows_cover_at_this_studys_design(seeds):
         for _ in range(sims):
             cmp = answer.compare(_design_runs(rng, seeds, difficulty, scale))
             row = verdicts.answer_rows(cmp, "total parameters")[0]
-            iv = row.closest["shown"]
-            assert cmp["family"] == 1 and iv.df == seeds - 1  # one hypothesis, runs' df
-            margin = truth[row.best] - truth[row.closest["reference"]]
+            iv = row.closest.shown
+            assert cmp.family == 1 and iv.df == seeds - 1  # one hypothesis, runs' df
+            margin = truth[row.best] - truth[row.closest.reference]
             hits += iv.low <= margin <= iv.high
         assert 0.92 <= hits / sims <= 0.98, (sd, hits / sims)
 
@@ -414,22 +426,22 @@ def test_the_primary_family_holds_the_answers_tests_only():
     cells = {"causal_decoder/plm": 0.0, "noncausal_decoder/plm": 0.01, "encoder_decoder/plm": 0.3}
     runs = _ladder(cells, own=(0.02, -0.01, 0.015))
     cmp = answer.compare(runs)
-    leaders = [cmp[k] for k in ("equal_params", "equal_compute")]
-    leaders += [cmp[k + "_loss"]["plm"] for k in ("equal_params", "equal_compute")]
-    primary = [t for g in leaders for t in g["tests"]]
-    distinct = {(frozenset((t["cell"], t["reference"])), t["metric"], t["interval"].p_value)
+    leaders = [cmp.accuracy[k] for k in ("equal_params", "equal_compute")]
+    leaders += [cmp.loss[k]["plm"] for k in ("equal_params", "equal_compute")]
+    primary = [t for g in leaders for t in g.tests]
+    distinct = {(frozenset((t.cell, t.reference)), t.metric, t.interval.p_value)
                 for t in primary}  # fmt: skip
-    assert cmp["family"] == len(distinct) < len(primary) + len(cmp["matched"])
+    assert cmp.family == len(distinct) < len(primary) + len(cmp.matched)
     want = dict(zip(distinct, holm([d[2] for d in distinct]), strict=True))
     for t in primary:
-        key = (frozenset((t["cell"], t["reference"])), t["metric"], t["interval"].p_value)
-        assert t["p_holm"] == pytest.approx(want[key]) and t["family"][0] == "primary"
-    matched = cmp["matched"]
-    assert cmp["secondary"] == len(matched) == 8  # 2 rungs x 2 cells x (accuracy, loss)
-    for t, p in zip(matched, holm([t["interval"].p_value for t in matched]), strict=True):
-        assert t["p_holm"] == pytest.approx(p) and t["family"] == ("secondary", 8)
+        key = (frozenset((t.cell, t.reference)), t.metric, t.interval.p_value)
+        assert t.p_holm == pytest.approx(want[key]) and t.family[0] == "primary"
+    matched = cmp.matched
+    assert cmp.secondary == len(matched) == 8  # 2 rungs x 2 cells x (accuracy, loss)
+    for t, p in zip(matched, holm([t.interval.p_value for t in matched]), strict=True):
+        assert t.p_holm == pytest.approx(p) and t.family == ("secondary", 8)
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
-    assert f"primary family of {cmp['family']} tests" in md
+    assert f"primary family of {cmp.family} tests" in md
     assert "secondary family of 8" in md
 
 
@@ -439,10 +451,10 @@ def test_a_cell_at_one_rung_leaves_an_answer_along_the_ladder_for_the_others():
     runs = _ladder({"causal_decoder/flm": 0.0, "noncausal_decoder/plm": 0.1})
     runs += _ladder({"encoder_decoder/mlm": 0.2}, sizes=(1e5,))  # the bottom rung only
     cmp = answer.compare(runs)
-    assert cmp["equal_params"]["at"] == pytest.approx(1e5)  # every cell: the bottom rung
-    ladder = cmp["equal_params_ladder"]
-    assert ladder["at"] == pytest.approx(1e6) and ladder["left_out"] == ["encoder_decoder/mlm"]
-    assert set(ladder["read"]) == {"causal_decoder/flm", "noncausal_decoder/plm"}
+    assert cmp.accuracy["equal_params"].at == pytest.approx(1e5)  # every cell: the bottom rung
+    ladder = cmp.accuracy["equal_params_ladder"]
+    assert ladder.at == pytest.approx(1e6) and ladder.left_out == ["encoder_decoder/mlm"]
+    assert set(ladder.read) == {"causal_decoder/flm", "noncausal_decoder/plm"}
     md = report.render_markdown(StudySpec(name="t", ladder={"preset": "smoke"}), runs, {}, [])
     assert "| equal parameters (1e+06 total parameters; cells spanning the ladder) |" in md
     bottom = "every cell, at the rung of the one-rung encoder_decoder/mlm"
@@ -478,8 +490,8 @@ def test_each_answer_row_gives_the_designs_power():
     rows = verdicts.answer_rows(cmp, "total parameters")
     assert rows and all(r.detectable is not None for r in rows)
     for row in rows:
-        iv = row.closest["interval"]
-        alpha = 0.05 / cmp["family"]
+        iv = row.closest.interval
+        alpha = 0.05 / cmp.family
         sd = iv.se * math.sqrt(iv.seeds)  # the per-seed differences' spread
         assert row.detectable == pytest.approx(intervals.detectable(sd, 3, alpha))
         assert row.detectable > abs(iv.mean)  # a margin this small: not detectable with 3
@@ -493,14 +505,13 @@ def test_the_answer_figure_plots_the_tables_metric_and_rings_the_points_read(tmp
     """Under the answer: probe accuracy as the table computes it (not a mean over tasks),
     its chance line, and a ring at each cell's rung an accuracy row is read at."""
     runs = _ladder({"causal_decoder/plm": 0.0, "encoder_decoder/plm": 0.1})
-    for r in runs:
-        r["eval/probes/chance"] = 0.3
-        r |= {"eval/other/acc": 0.9, "eval/other/n": 100, "eval/other/chance": 0.5}
+    more = {"eval/probes/chance": 0.3, "eval/other/acc": 0.9, "eval/other/n": 100}
+    runs = [_with(r, more | {"eval/other/chance": 0.5}) for r in runs]
     assert report.answer_figure(runs, tmp_path, 0.03) == "figures/answer.png"
     svg = (tmp_path / "figures" / "answer.svg").read_text()
     cmp = answer.compare(runs)
     for name, held in (("equal_params", "parameters"), ("equal_compute", "compute")):
-        for cell in cmp[name]["read"]:
+        for cell in cmp.accuracy[name].read:
             assert f'id="read:equal {held}:{cell}"' in svg
     from scalestudy.scaling import zeroshot_plots
 

@@ -11,6 +11,7 @@ from scalestudy.config.errors import ConfigError
 from scalestudy.config.experiment import load_config
 from scalestudy.study.plan import stages_spec
 from scalestudy.study.record import lineage
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.run import stages
 from scalestudy.train.loop import Preempted
 from scalestudy.train.rundir import layout as rundir
@@ -399,12 +400,13 @@ def test_adapted_vs_scratch_is_paired_by_seed_with_an_interval(tmp_path: Path):
     losses = {("adapt", 0): 2.0, ("adapt", 1): 2.2, ("scratch", 0): 2.5, ("scratch", 1): 2.9}
     runs = {}
     for r in planned:
-        runs[r.run_id] = {"flops": r.planned_flops, "loss": losses[r.stage, r.pretrained.seed]}
-        runs[r.pretrained.run_id] = {"flops": r.pretrained.planned_flops}
+        loss = losses[r.stage, r.pretrained.seed]
+        runs[r.run_id] = RunRow(r.run_id, flops=r.planned_flops, loss=loss)
+        runs[r.pretrained.run_id] = RunRow(r.pretrained.run_id, flops=r.pretrained.planned_flops)
     records = wang_report.equal_compute(planned, tmp_path, runs)
-    assert sorted(r["seed"] for r in records) == [0, 1]
+    assert sorted(r.seed for r in records) == [0, 1]
     for rec in records:
-        assert rec["ratio"] == pytest.approx(rec["scratch_flops"] / rec["adapted_flops"])
+        assert rec.ratio == pytest.approx(rec.scratch_flops / rec.adapted_flops)
     [row] = [line for line in wang_report.equal_compute_lines(records) if "| 2 |" in line]
     d = np.array([2.0 - 2.5, 2.2 - 2.9])
     half = 12.706 * d.std(ddof=1) / np.sqrt(2)  # t(0.975, 1 df)

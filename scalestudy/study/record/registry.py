@@ -21,6 +21,9 @@ from typing import Any
 from scalestudy.study.plan.recipe import recipe
 from scalestudy.study.record.registry_schema import RUN_COLUMNS, STATUSES, RegistryError, connect
 
+# The registry's file in a study's folder.
+FILE_NAME = "registry.sqlite"
+
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
@@ -198,7 +201,7 @@ class Registry:
 
 def _registry_path(path: str | Path) -> Path:
     path = Path(path)
-    return path / "registry.sqlite" if path.is_dir() else path
+    return path / FILE_NAME if path.is_dir() else path
 
 
 def planned_runs(

@@ -12,12 +12,10 @@ of training compute), applied to the BLiMP pairs alone.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from scalestudy.config.errors import ScalestudyError
 from scalestudy.evaluate import blimp
 from scalestudy.scaling import render
-from scalestudy.scaling.table_input import cell_label
 from scalestudy.scaling.zeroshot_plots import (
     TREND_TEXT,
     TaskScore,
@@ -26,6 +24,7 @@ from scalestudy.scaling.zeroshot_plots import (
     trend_head,
     wilson,
 )
+from scalestudy.study.record.rows import RunRow
 
 TASK = "blimp"
 
@@ -44,22 +43,28 @@ def reference_dir(tasks: tuple, data_dir: str | None) -> Path | None:
     return None
 
 
-def _scored(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in runs if r.get(f"eval/{TASK}/acc") is not None and r.get(f"eval/{TASK}/n")]
+def _scored(runs: list[RunRow]) -> list[RunRow]:
+    return [
+        r
+        for r in runs
+        if r.evals.get(f"eval/{TASK}/acc") is not None and r.evals.get(f"eval/{TASK}/n")
+    ]
 
 
-def _params(run: dict[str, Any]) -> float:
-    return float(run.get("params_non_embedding") or run.get("params_total") or 0.0)
+def _params(run: RunRow) -> float:
+    return float(run.params_non_embedding or run.params_total or 0.0)
 
 
-def _fields(runs: list[dict[str, Any]]) -> list[str]:
+def _fields(runs: list[RunRow]) -> list[str]:
     prefix = f"eval/{TASK}/field/"
-    return sorted({k[len(prefix) : -len("/acc")] for r in runs for k in r if k.startswith(prefix)})
+    return sorted(
+        {k[len(prefix) : -len("/acc")] for r in runs for k in r.evals if k.startswith(prefix)}
+    )
 
 
-def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
+def section(runs: list[RunRow], reference: Path | None) -> list[str]:
     """Markdown lines of the BLiMP section for finished `runs` (none without BLiMP results)."""
-    scored = sorted(_scored(runs), key=lambda r: (cell_label(r), _params(r), r.get("seed") or 0))
+    scored = sorted(_scored(runs), key=lambda r: (r.cell, _params(r), r.seed or 0))
     if not scored:
         return []
     fields = _fields(scored)
@@ -74,11 +79,11 @@ def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
     ]
     rows = []
     for r in scored:
-        acc, n = float(r[f"eval/{TASK}/acc"]), int(r[f"eval/{TASK}/n"])
+        acc, n = float(r.evals[f"eval/{TASK}/acc"]), int(r.evals[f"eval/{TASK}/n"])
         lo, hi = wilson(acc * n, n)
-        per_field = [r.get(f"eval/{TASK}/field/{f}/acc") for f in fields]
+        per_field = [r.evals.get(f"eval/{TASK}/field/{f}/acc") for f in fields]
         rows.append(
-            [cell_label(r), r.get("size", ""), r.get("seed", ""), f"{_params(r):.3g}", n]
+            [r.cell, r.size, r.seed, f"{_params(r):.3g}", n]
             + [f"{acc:.3f} [{lo:.3f}, {hi:.3f}]"]
             + ["-" if a is None else f"{a:.3f}" for a in per_field]
         )
@@ -92,21 +97,21 @@ def section(runs: list[dict[str, Any]], reference: Path | None) -> list[str]:
     return lines
 
 
-def _trend_lines(scored: list[dict[str, Any]]) -> list[str]:
+def _trend_lines(scored: list[RunRow]) -> list[str]:
     scores = [
         TaskScore(
             task=TASK,
-            cell=cell_label(r),
-            size=str(r.get("size", "")),
-            flops=float(r["flops"]),
+            cell=r.cell,
+            size=str(r.size),
+            flops=float(r.flops),
             params=_params(r),
-            acc=float(r[f"eval/{TASK}/acc"]),
-            n=int(r[f"eval/{TASK}/n"]),
+            acc=float(r.evals[f"eval/{TASK}/acc"]),
+            n=int(r.evals[f"eval/{TASK}/n"]),
             chance=0.5,
-            run=str(r.get("run_id") or f"{r.get('size')}/{r.get('seed', 0)}"),
+            run=str(r.run_id or f"{r.size}/{r.seed}"),
         )
         for r in scored
-        if r.get("flops")
+        if r.flops
     ]
     trend = accuracy_trend(scores)
     if not trend:
@@ -119,18 +124,18 @@ def _trend_lines(scored: list[dict[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
-def _reference_lines(scored: list[dict[str, Any]], reference: Path | None) -> list[str]:
+def _reference_lines(scored: list[RunRow], reference: Path | None) -> list[str]:
     """Per linguistics term and overall, the largest run of each cell beside the BLiMP
     paper's 5-gram, LSTM, Transformer-XL and GPT-2 (means over the paradigms we scored)."""
     if reference is None:
         return []
-    largest: dict[str, dict[str, Any]] = {}
+    largest: dict[str, RunRow] = {}
     for r in scored:
-        largest[cell_label(r)] = r  # sorted by size within a cell: the last is the largest
+        largest[r.cell] = r  # sorted by size within a cell: the last is the largest
     tables = []
     for cell, run in largest.items():
         try:
-            rows = blimp.compare_with_reference(run, reference, TASK)
+            rows = blimp.compare_with_reference(run.evals, reference, TASK)
         except (ScalestudyError, OSError) as e:
             return [f"The BLiMP paper's models could not be read from {reference}: {e}", ""]
         rows = [row for row in rows if row["level"] != "paradigm"]
@@ -142,7 +147,7 @@ def _reference_lines(scored: list[dict[str, Any]], reference: Path | None) -> li
         "cell, per linguistics term and overall (each a mean over its paradigms).",
         "",
     ]
-    head = ["term", *(f"{c} {r.get('size', '')}" for c, r, _ in tables), *models]
+    head = ["term", *(f"{c} {r.size}" for c, r, _ in tables), *models]
     rows = []
     ours_by = [{(row["level"], row["name"]): row["ours"] for row in t[2]} for t in tables]
     for row in tables[0][2]:

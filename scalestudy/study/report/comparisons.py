@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from dataclasses import replace
 
 from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling.intervals import (
@@ -36,10 +36,10 @@ from scalestudy.scaling.intervals import (
     run_difference,
     simultaneous,
 )
-from scalestudy.scaling.table_input import cell_label as label  # the cell, with its variant
-from scalestudy.scaling.table_input import has_experts
 from scalestudy.study.plan.recipe import recipe_differences
+from scalestudy.study.record.rows import RunRow, has_experts
 from scalestudy.study.report import verdicts
+from scalestudy.study.report.verdicts import Leader, Test
 
 # (what, the run keys to read, first present wins)
 QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -55,16 +55,14 @@ QUANTITIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 MOE_ONLY = frozenset({"active parameters"})
 
 
-def _value(run: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+def _value(run: RunRow, keys: tuple[str, ...]) -> float | None:
     for key in keys:
-        if run.get(key) is not None:
-            return float(run[key])
+        if (got := run.value(key)) is not None:
+            return float(got)
     return None
 
 
-def held_equal(
-    a: list[dict[str, Any]], b: list[dict[str, Any]], tolerance: float
-) -> tuple[list[str], list[str]]:
+def held_equal(a: list[RunRow], b: list[RunRow], tolerance: float) -> tuple[list[str], list[str]]:
     """(quantities held equal, quantities that differ as 'what (a/b = r)' or 'what (unknown)')
     between the runs `a` and `b` (each averaged over its runs)."""
     same, differ = [], []
@@ -83,48 +81,47 @@ def held_equal(
         else:
             ratio = f"{ma / mb:.2f}x" if mb else "vs 0"
             differ.append(f"{what} ({ratio})")
-    return same, differ + recipe_differences(a, b)
+    recipes = ([{"recipe": r.recipe} for r in side] for side in (a, b))
+    return same, differ + recipe_differences(*recipes)
 
 
-def _accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
+def _accuracy(run: RunRow) -> tuple[float, float] | None:
     """(accuracy, examples) over the run's evaluated tasks, zero-shot, example-weighted."""
     hits = total = 0.0
-    in_context = in_context_tasks(run)  # the in-context section reads those
-    for key, x in run.items():
+    in_context = in_context_tasks(run.evals)  # the in-context section reads those
+    for key, x in run.evals.items():
         parts = key.split("/")
-        if len(parts) == 3 and parts[0] == "eval" and parts[2] == "acc" and x is not None:
+        if len(parts) == 3 and parts[2] == "acc" and x is not None:
             if parts[1] in in_context:
                 continue
-            n = run.get(f"eval/{parts[1]}/n") or 1.0
+            n = run.evals.get(f"eval/{parts[1]}/n") or 1.0
             hits += x * n
             total += n
     return (hits / total, total) if total else None
 
 
-def _per_seed(runs: list[dict[str, Any]], metric: str) -> dict[int, float]:
+def _per_seed(runs: list[RunRow], metric: str) -> dict[int, float]:
     values = ((r, _metric(r, metric)) for r in runs)
-    return {int(r.get("seed") or 0): float(v) for r, v in values if v is not None}
+    return {int(r.seed or 0): float(v) for r, v in values if v is not None}
 
 
-def _metric(run: dict[str, Any], metric: str) -> float | None:
+def _metric(run: RunRow, metric: str) -> float | None:
     if metric == "acc":
         got = _accuracy(run)
         return got[0] if got else None
-    return run.get(metric)
+    return run.value(metric)
 
 
-def compare(
-    runs: list[dict[str, Any]], tolerance: float = 0.03, family: bool = True
-) -> list[dict[str, Any]]:
+def compare(runs: list[RunRow], tolerance: float = 0.03, family: bool = True) -> list[Test]:
     """Every (cell vs reference) comparison at each (size, budget) among finished runs: the
     metric, its paired interval, the seeds left unpaired, what is and is not held equal, and
     (with `family`, Holm over these alone; else call `adjust` over the report's family) the
     adjusted p-value."""
-    done = [r for r in runs if r.get("status") == "done"]
-    order = list(dict.fromkeys(label(r) for r in done))
+    done = [r for r in runs if r.status == "done"]
+    order = list(dict.fromkeys(r.cell for r in done))
     groups: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in done:
-        groups[(r.get("size_index") or 0, r.get("size"), r.get("budget") or "")][label(r)].append(r)
+        groups[(r.size_index or 0, r.size, r.budget or "")][r.cell].append(r)
     out = []
     for (_, size, budget), cells in sorted(groups.items(), key=lambda kv: kv[0][:1] + kv[0][2:]):
         ref, *others = [c for c in order if c in cells]
@@ -132,7 +129,7 @@ def compare(
             a, b = cells[other], cells[ref]
             same, differ = held_equal(a, b, tolerance)
             metrics = ["acc"]
-            if a[0]["objective"] == b[0]["objective"]:
+            if a[0].objective == b[0].objective:
                 metrics.append("loss")
             for metric in metrics:
                 pa, pb = _per_seed(a, metric), _per_seed(b, metric)
@@ -143,75 +140,80 @@ def compare(
                     interval, unpaired = accuracy_difference(pa, pb, examples)
                 else:
                     interval, unpaired = run_difference(pa, pb)
-                out.append(
-                    {
-                        "size": size,
-                        "budget": budget,
-                        "cell": other,
-                        "reference": ref,
-                        "metric": metric,
-                        "interval": interval,
-                        "unpaired": unpaired,
-                        "held_equal": same,
-                        "not_equal": differ,
-                    }
-                )
+                test = Test(other, ref, metric, interval, unpaired, same, differ, size, budget)
+                out.append(test)
     if family:
-        adjust(out, "secondary")
+        out, _ = adjust(out, "secondary")
     return out
 
 
-def adjust(tests: list[dict[str, Any]], name: str = "primary", level: float = 0.95) -> int:
+def adjust(tests: list[Test], name: str = "primary", level: float = 0.95) -> tuple[list[Test], int]:
     """Holm-adjust, as one family (`name`), the tests that have a between-run interval (two or
     more runs a side): each gets `p_holm`, `family` (name, size) and `shown`, its interval
     widened to the family's Bonferroni level (`intervals.simultaneous`), so that a shown
     interval excluding 0 always goes with a rejection. A hypothesis stated twice (the same two
     cells on the same metric and the same per-run values, e.g. at equal parameters and at
-    equal compute on a one-rung ladder) counts once. Returns the family's size."""
-    tested = [c for c in tests if c["interval"].between_runs and c["interval"].seeds > 1]
-    distinct: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for c in tested:
-        iv = c["interval"]
-        pair = frozenset((c["cell"], c["reference"]))
-        key = (pair, c["metric"], round(abs(iv.mean), 12), round(iv.p_value, 12), iv.seeds)
-        distinct[key].append(c)
+    equal compute on a one-rung ladder) counts once. Returns the tests, adjusted, in their
+    order, and the family's size."""
+    distinct: dict[tuple, list[int]] = defaultdict(list)
+    for i, c in enumerate(tests):
+        iv = c.interval
+        if iv.between_runs and iv.seeds > 1:
+            pair = frozenset((c.cell, c.reference))
+            key = (pair, c.metric, round(abs(iv.mean), 12), round(iv.p_value, 12), iv.seeds)
+            distinct[key].append(i)
     groups = list(distinct.values())
-    for group, p in zip(groups, holm([g[0]["interval"].p_value for g in groups]), strict=True):
-        for c in group:
-            c["p_holm"] = p
-            c["family"] = (name, len(groups))
-            c["shown"] = simultaneous(c["interval"], len(groups), level)
-    return len(groups)
+    out = list(tests)
+    for group, p in zip(groups, holm([tests[g[0]].interval.p_value for g in groups]), strict=True):
+        for i in group:
+            wide = simultaneous(tests[i].interval, len(groups), level)
+            out[i] = replace(tests[i], p_holm=p, family=(name, len(groups)), shown=wide)
+    return out, len(groups)
 
 
-def shown(c: dict[str, Any]) -> str:
+def adjust_leaders(
+    leaders: list[Leader], name: str = "primary", level: float = 0.95
+) -> tuple[list[Leader], int]:
+    """`adjust` over every test of `leaders` as one family; returns the leaders, in their
+    order, with their tests adjusted and their verdict lines (`leader_lines`), and the
+    family's size."""
+    tests, size = adjust([t for got in leaders for t in got.tests], name, level)
+    out = []
+    for got in leaders:
+        mine, tests = tests[: len(got.tests)], tests[len(got.tests) :]
+        got = replace(got, tests=mine)
+        out.append(replace(got, verdict=leader_lines(got, level)))
+    return out, size
+
+
+def shown(c: Test) -> str:
     """A test's interval as printed beside its verdict: simultaneous at its family's level once
     adjusted (and said so), else the unadjusted 95% one, labelled."""
-    iv: Interval = c.get("shown") or c["interval"]
-    if "family" not in c:
+    iv = c.shown or c.interval
+    if c.family is None:
         return iv.describe() + (", unadjusted 95%" if iv.between_runs and iv.seeds > 1 else "")
-    name, m = c["family"]
+    name, m = c.family
     return f"{iv.describe()}, {iv.level:.4g} simultaneous over the {name} family of {m}"
 
 
-def _verdict(c: dict[str, Any], level: float) -> str:
-    iv: Interval = c["interval"]
-    if "p_holm" not in c:
+def _verdict(c: Test, level: float) -> str:
+    iv = c.interval
+    if c.p_holm is None:
         if iv.between_runs:  # one seed, loss: no interval at all
             return "one seed per side: no between-run interval, so no verdict"
         return (
             "one seed per side: this interval is over examples only, not a between-run "
             "interval (it says nothing about retraining), so no verdict"
         )
-    said = verdicts.word(c, c["metric"] == "acc", level)
-    return f"Holm-adjusted p = {c['p_holm']:.3g}: {said}{verdicts.why(c, level)}"
+    said = verdicts.word(c, c.metric == "acc", level)
+    return f"Holm-adjusted p = {c.p_holm:.3g}: {said}{verdicts.why(c, level)}"
 
 
 def lines(
-    runs: list[dict[str, Any]],
+    runs: list[RunRow],
     tolerance: float = 0.03,
     level: float = 0.95,
-    found: list[dict[str, Any]] | None = None,
+    found: list[Test] | None = None,
     family: int | None = None,
 ) -> list[str]:
     """The report section (Markdown lines); empty when no two cells share a size. `found`:
@@ -219,7 +221,7 @@ def lines(
     found = compare(runs, tolerance) if found is None else found
     if not found:
         return []
-    n_tested = sum("p_holm" in c for c in found) if family is None else family
+    n_tested = sum(c.p_holm is not None for c in found) if family is None else family
     out = [
         "## Matched comparisons",
         "",
@@ -233,21 +235,16 @@ def lines(
         "",
     ]
     for c in found:
-        what = "probe accuracy" if c["metric"] == "acc" else "validation loss"
-        at = f"{c['size']}" + (f" {c['budget']}" if c["budget"] else "")
+        what = "probe accuracy" if c.metric == "acc" else "validation loss"
+        at = f"{c.size}" + (f" {c.budget}" if c.budget else "")
         out.append(
-            f"- **{c['cell']}** vs {c['reference']} at {at}, {what}: {shown(c)}; "
-            f"{_verdict(c, level)}."
+            f"- **{c.cell}** vs {c.reference} at {at}, {what}: {shown(c)}; {_verdict(c, level)}."
         )
-        out.append(f"  Held equal: {', '.join(c['held_equal']) or 'nothing'}.")
-        if c["not_equal"]:
-            out.append(
-                f"  Not equal ({c['cell']} / {c['reference']}): {', '.join(c['not_equal'])}."
-            )
-        if c["unpaired"]:
-            out.append(
-                f"  Seeds {c['unpaired']} have no partner on the other side and are left out."
-            )
+        out.append(f"  Held equal: {', '.join(c.held_equal) or 'nothing'}.")
+        if c.not_equal:
+            out.append(f"  Not equal ({c.cell} / {c.reference}): {', '.join(c.not_equal)}.")
+        if c.unpaired:
+            out.append(f"  Seeds {c.unpaired} have no partner on the other side and are left out.")
     return [*out, ""]
 
 
@@ -255,12 +252,12 @@ def lines(
 
 
 def leader(
-    runs: list[dict[str, Any]],
+    runs: list[RunRow],
     x_key: str,
     metric: str,
     tolerance: float = 0.03,
     higher: bool | None = None,
-) -> dict[str, Any] | None:
+) -> Leader | None:
     """The cells' `metric` ("acc", "loss", or any run key: a per-run number, `higher` saying
     which way is better) where the runs are: each cell is read at its rung (runs within
     `tolerance` in `x_key`) nearest in log to the largest x every cell spans, never between
@@ -268,10 +265,10 @@ def leader(
     (leader minus other, runs as the unit, with what the rungs read hold equal and what not:
     an x that differs is named with its ratio). `read`: cell -> the x its rung is at. None
     when fewer than two cells have values. Verdicts come after `adjust` (`leader_lines`)."""
-    by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_cell: dict[str, list[RunRow]] = defaultdict(list)
     for r in runs:
-        if r.get("status") == "done" and r.get(x_key) and _metric(r, metric) is not None:
-            by_cell[label(r)].append(r)
+        if r.status == "done" and r.value(x_key) and _metric(r, metric) is not None:
+            by_cell[r.cell].append(r)
     x, left_out = _common_x(by_cell, x_key)
     if x is None:
         return None
@@ -286,35 +283,35 @@ def leader(
     tests = [
         _leader_test(best, other, per_seed, at, metric, examples, tolerance) for other in ranked[1:]
     ]
-    return {
-        "at": x,
-        "leader": best,
-        "scores": {c: _score(per_seed[c], examples) for c in ranked},
-        "means": mean,
-        "read": read,
-        "quantities": at,  # cell -> its rung's mean of each of QUANTITIES
-        "tests": tests,
-        "higher": higher,
-        "left_out": sorted(left_out),
-    }
+    return Leader(
+        leader=best,
+        higher=higher,
+        tests=tests,
+        at=x,
+        scores={c: _score(per_seed[c], examples) for c in ranked},
+        means=mean,
+        read=read,
+        quantities=at,  # cell -> its rung's mean of each of QUANTITIES
+        left_out=sorted(left_out),
+    )
 
 
 def _read_rungs(
-    by_cell: dict[str, list[dict[str, Any]]], x_key: str, x: float, tolerance: float, metric: str
-) -> tuple[dict[str, dict[int, float]], dict[str, dict[str, float]], dict[str, float]]:
+    by_cell: dict[str, list[RunRow]], x_key: str, x: float, tolerance: float, metric: str
+) -> tuple[dict[str, dict[int, float]], dict[str, RunRow], dict[str, float]]:
     """Each cell read at its rung nearest `x`: (cell -> seed -> `metric`, cell -> its rung's
     quantities, cell -> the rung's mean `x_key`)."""
     per_seed: dict[str, dict[int, float]] = {}
-    at: dict[str, dict[str, float]] = {}
+    at: dict[str, RunRow] = {}
     read: dict[str, float] = {}
     for cell, rows in by_cell.items():
         rung = _nearest_rung(rows, x_key, x, tolerance)
         seeds: dict[int, list[float]] = defaultdict(list)
         for r in rung:  # several runs of one seed on one rung (e.g. budgets): their mean
-            seeds[int(r.get("seed") or 0)].append(_metric(r, metric))
+            seeds[int(r.seed or 0)].append(_metric(r, metric))
         per_seed[cell] = {s: sum(v) / len(v) for s, v in seeds.items()}
         at[cell] = _quantities(rung)
-        read[cell] = sum(float(r[x_key]) for r in rung) / len(rung)
+        read[cell] = sum(float(r.value(x_key)) for r in rung) / len(rung)
     return per_seed, at, read
 
 
@@ -322,11 +319,11 @@ def _leader_test(
     best: str,
     other: str,
     per_seed: dict[str, dict[int, float]],
-    at: dict[str, dict[str, float]],
+    at: dict[str, RunRow],
     metric: str,
     examples: int,
     tolerance: float,
-) -> dict[str, Any]:
+) -> Test:
     """The leader `best` against `other`: the difference's interval, and what the two rungs
     read hold equal and what not."""
     if metric == "acc":
@@ -334,58 +331,48 @@ def _leader_test(
     else:
         interval, unpaired = run_difference(per_seed[best], per_seed[other])
     same, differ = held_equal([at[best]], [at[other]], tolerance)
-    return {
-        "cell": best,
-        "reference": other,
-        "metric": metric,
-        "interval": interval,
-        "unpaired": unpaired,
-        "held_equal": same,
-        "not_equal": differ,
-    }
+    return Test(best, other, metric, interval, unpaired, same, differ)
 
 
-def _common_x(by_cell: dict[str, list[dict[str, Any]]], x_key: str) -> tuple[float | None, list]:
+def _common_x(by_cell: dict[str, list[RunRow]], x_key: str) -> tuple[float | None, list]:
     """The largest x every cell spans; where none is, the cells whose runs end lowest are left
     out (returned) until one is. None with fewer than two cells left."""
     left_out = []
     while len(by_cell) >= 2:
-        lo = max(min(float(r[x_key]) for r in rows) for rows in by_cell.values())
-        x = min(max(float(r[x_key]) for r in rows) for rows in by_cell.values())
+        lo = max(min(float(r.value(x_key)) for r in rows) for rows in by_cell.values())
+        x = min(max(float(r.value(x_key)) for r in rows) for rows in by_cell.values())
         if lo <= x:
             return x, left_out
-        low = min(by_cell, key=lambda c: max(float(r[x_key]) for r in by_cell[c]))
+        low = min(by_cell, key=lambda c: max(float(r.value(x_key)) for r in by_cell[c]))
         left_out.append(low)
         del by_cell[low]
     return None, left_out
 
 
-def _nearest_rung(
-    rows: list[dict[str, Any]], x_key: str, x: float, tolerance: float
-) -> list[dict[str, Any]]:
+def _nearest_rung(rows: list[RunRow], x_key: str, x: float, tolerance: float) -> list[RunRow]:
     """The runs of one cell at its x value nearest `x` in log (runs within `tolerance` of each
     other in x are one rung: seeds and budgets of one size)."""
-    rungs: list[list[dict[str, Any]]] = []
-    for r in sorted(rows, key=lambda r: float(r[x_key])):
-        if rungs and float(r[x_key]) <= float(rungs[-1][0][x_key]) * (1 + tolerance):
+    rungs: list[list[RunRow]] = []
+    for r in sorted(rows, key=lambda r: float(r.value(x_key))):
+        if rungs and float(r.value(x_key)) <= float(rungs[-1][0].value(x_key)) * (1 + tolerance):
             rungs[-1].append(r)
         else:
             rungs.append([r])
 
-    def distance(rung: list[dict[str, Any]]) -> float:
-        return abs(math.log(sum(float(r[x_key]) for r in rung) / len(rung) / x))
+    def distance(rung: list[RunRow]) -> float:
+        return abs(math.log(sum(float(r.value(x_key)) for r in rung) / len(rung) / x))
 
     return min(rungs, key=distance)
 
 
-def _quantities(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Each of QUANTITIES as the mean over `rows` (one rung), as a run dict (with the most
+def _quantities(rows: list[RunRow]) -> RunRow:
+    """Each of QUANTITIES as the mean over `rows` (one rung), as a record (with the most
     routed experts of `rows`) for `held_equal`."""
-    out: dict[str, float] = {"experts": max((r.get("experts") or 1) for r in rows)}
+    means: dict[str, float] = {}
     for _, keys in QUANTITIES:
         if values := [v for r in rows if (v := _value(r, keys)) is not None]:
-            out[keys[0]] = sum(values) / len(values)
-    return out
+            means[keys[0]] = sum(values) / len(values)
+    return RunRow("", experts=max((r.experts or 1) for r in rows), **means)
 
 
 def _score(values: dict[int, float], examples: int) -> Interval:
@@ -395,20 +382,17 @@ def _score(values: dict[int, float], examples: int) -> Interval:
     return got
 
 
-def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
+def leader_lines(found: Leader, level: float = 0.95) -> list[str]:
     """The verdict on a `leader` result (after `adjust`): a headline sentence, then one line
     per paired test with its interval, n, Holm-adjusted p and what is held equal."""
-    best, tests = found["leader"], found["tests"]
-    more = found.get("more") or ("higher accuracy" if found["higher"] else "lower loss")
+    best, tests = found.leader, found.tests
+    more = found.more or ("higher accuracy" if found.higher else "lower loss")
     if not tests:
         return [f"no cell shares a seed with {best}, so nothing is compared."]
-    tested = [t for t in tests if "p_holm" in t]
-    said = {
-        id(t): verdicts.outcome(t["interval"].mean, t["p_holm"], found["higher"], level)
-        for t in tested
-    }
+    tested = [t for t in tests if t.p_holm is not None]
+    said = {id(t): verdicts.outcome(t.interval.mean, t.p_holm, found.higher, level) for t in tested}
     ahead = [t for t in tested if said[id(t)] == "better"]
-    near = [t["reference"] for t in tested if said[id(t)] == "borderline"]
+    near = [t.reference for t in tested if said[id(t)] == "borderline"]
     if not tested:
         head = (
             f"one seed: {best} had the {more} in this run; with no between-run interval no "
@@ -417,31 +401,31 @@ def leader_lines(found: dict[str, Any], level: float = 0.95) -> list[str]:
     elif len(ahead) == len(tests):
         head = f"**{best}** is ahead of every other cell (Holm-adjusted p < {1 - level:.2g})."
     else:
-        behind = [t["reference"] for t in tests if t not in ahead and t["reference"] not in near]
+        behind = [t.reference for t in tests if t not in ahead and t.reference not in near]
         against = [f"is not distinguishable from {', '.join(behind)}"] if behind else []
         if near:  # verdicts.borderline: too near the level to hold across hosts
             against.append(f"is borderline against {', '.join(near)} (not called)")
         head = (
-            f"no winner: {best} has the {'highest' if found['higher'] else 'lowest'} mean but "
+            f"no winner: {best} has the {'highest' if found.higher else 'lowest'} mean but "
             f"{' and '.join(against)}."
         )
     out = [head]
-    if found.get("left_out"):
-        why = found.get("why_left_out") or "their runs end below this x"
-        out.append(f"  - Left out ({why}): {', '.join(found['left_out'])}.")
+    if found.left_out:
+        why = found.why_left_out or "their runs end below this x"
+        out.append(f"  - Left out ({why}): {', '.join(found.left_out)}.")
     for t in tests:
-        iv: Interval = t["interval"]
-        if "p_holm" in t:
-            p = f"Holm-adjusted p = {t['p_holm']:.3g}"
+        iv = t.interval
+        if t.p_holm is not None:
+            p = f"Holm-adjusted p = {t.p_holm:.3g}"
         elif iv.between_runs:
             p = "one seed per side: no between-run interval"
         else:
             p = "one seed per side: an interval over examples only, not between runs"
-        line = f"  - {best} minus {t['reference']}: {shown(t)}; {p}{verdicts.why(t, level)}."
-        line += f" Held equal: {', '.join(t['held_equal']) or 'nothing'}."
-        if t["not_equal"]:
-            line += f" Not equal ({best} / {t['reference']}): {', '.join(t['not_equal'])}."
-        if t["unpaired"]:
-            line += f" Seeds {t['unpaired']} have no partner and are left out."
+        line = f"  - {best} minus {t.reference}: {shown(t)}; {p}{verdicts.why(t, level)}."
+        line += f" Held equal: {', '.join(t.held_equal) or 'nothing'}."
+        if t.not_equal:
+            line += f" Not equal ({best} / {t.reference}): {', '.join(t.not_equal)}."
+        if t.unpaired:
+            line += f" Seeds {t.unpaired} have no partner and are left out."
         out.append(line)
     return out

@@ -18,18 +18,18 @@ from typing import Any
 
 from scalestudy.config.errors import ScalestudyError
 from scalestudy.scaling import render
-from scalestudy.scaling.table_input import cell_label, has_experts
+from scalestudy.study.record.rows import RunRow, has_experts
 
 
-def measured(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def measured(runs: list[RunRow]) -> list[RunRow]:
     """The run measured for each MoE cell: its largest rung (by active parameters), first
     seed; in cell order."""
-    by_cell: dict[str, list[dict[str, Any]]] = {}
+    by_cell: dict[str, list[RunRow]] = {}
     for r in runs:
-        if r.get("status") == "done" and has_experts([r]) and r.get("workdir"):
-            by_cell.setdefault(cell_label(r), []).append(r)
+        if r.status == "done" and has_experts([r]) and r.workdir:
+            by_cell.setdefault(r.cell, []).append(r)
     return [
-        max(rows, key=lambda r: (r.get("params_active") or 0, -(r.get("seed") or 0)))
+        max(rows, key=lambda r: (r.params_active or 0, -(r.seed or 0)))
         for _, rows in sorted(by_cell.items())
     ]
 
@@ -50,7 +50,7 @@ def _last_dropped(layer: dict[str, Any]) -> str:
     return f"{values[-1]:.3f}" if values else "not logged"
 
 
-def section(runs: list[dict[str, Any]], out: Path) -> list[str]:
+def section(runs: list[RunRow], out: Path) -> list[str]:
     """The Markdown lines of the section ([] without MoE runs); figure links are relative to
     the report's folder `out`. A run that cannot be measured is named with the reason."""
     chosen = measured(runs)
@@ -58,17 +58,17 @@ def section(runs: list[dict[str, Any]], out: Path) -> list[str]:
         return []
     rows, figures, failed = [], [], []
     for r in chosen:
-        cell = cell_label(r)
+        cell = r.cell
         try:
-            results, folder = _measure(Path(r["workdir"]))
+            results, folder = _measure(Path(r.workdir))
         except ScalestudyError as e:
-            failed.append(f"- {cell} ({r.get('name')}): not measured: {e}")
+            failed.append(f"- {cell} ({r.name}): not measured: {e}")
             continue
         for name, layer in sorted(results["layers"].items()):
             rows.append(
                 [
                     cell,
-                    str(r.get("size")),
+                    str(r.size),
                     name,
                     f"{layer['load_max'] or 0.0:.2f}",
                     _last_dropped(layer),

@@ -19,9 +19,9 @@ from scalestudy.scaling.fit_text import write_json
 from scalestudy.scaling.forms import FORM_LAWS, get_form
 from scalestudy.scaling.laws import FitSettings, fit_cells
 from scalestudy.scaling.table import DataSettings, RunTable, ScalingDataError, to_float
-from scalestudy.scaling.table_input import build_table, cell_label
+from scalestudy.scaling.table_input import build_table
 from scalestudy.scaling.table_input import load_table as load_table_file
-from scalestudy.study.record.registry import load_curves, load_runs, planned_runs
+from scalestudy.study.record.rows import CurvePoint, RunRow, read_curves, read_planned
 from scalestudy.study.report.task_law_report import study_task_laws
 
 REGISTRY_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -45,9 +45,14 @@ def find_registry(path: Path) -> Path | None:
 
 
 def registry_table(
-    runs: list[dict], curves: list[dict] | None = None, settings: DataSettings | None = None
+    runs: list[RunRow],
+    curves: list[CurvePoint] | None = None,
+    settings: DataSettings | None = None,
+    by_variant: bool = False,
 ) -> RunTable:
-    """A RunTable from registry rows (`registry.load_runs`, `registry.load_curves`).
+    """A RunTable from a study's runs (`rows.read_rows`) and curves (`rows.read_curves`),
+    each run a row of the table as the registry holds it (`RunRow.as_dict`; with
+    `by_variant`, a `cell` column naming its cell with the variant, `RunRow.cell`).
 
     N is `params_total`, `params_non_embedding` or `params_active` (`settings.n_kind`;
     E and G, for the MoE laws, come from `experts` and `granularity`), D the processed
@@ -67,7 +72,7 @@ def registry_table(
     if s.d_kind not in ("positions", "tokens"):
         raise ScalingDataError(f"d_kind {s.d_kind!r}; accepted: positions, tokens")
     loss_col = s.loss_col or "loss"
-    finished = [r for r in runs if math.isfinite(to_float(r.get(loss_col)))]
+    finished = [r for r in runs if math.isfinite(to_float(r.value(loss_col)))]
     if not finished:
         raise ScalingDataError("the registry has no finished runs (with a final loss) yet")
     columns = replace(
@@ -78,7 +83,8 @@ def registry_table(
         loss_col=loss_col,
         run_col="run_id",
     )
-    table = build_table(finished, columns, "registry")
+    rows = [r.as_dict() | ({"cell": r.cell} if by_variant else {}) for r in finished]
+    table = build_table(rows, columns, "registry")
     table.choices["N"] += f" ({s.n_kind} parameters)"
     table.choices["D"] += f" ({s.d_kind})"
     table.choices["unfinished_runs_left_out"] = len(runs) - len(finished)
@@ -87,16 +93,16 @@ def registry_table(
     return table
 
 
-def _curves(rows: list[dict], table: RunTable) -> dict[str, dict]:
+def _curves(rows: list[CurvePoint], table: RunTable) -> dict[str, dict]:
     """Each run's logged curve as C, D and training loss."""
     # A point at fraction s of a run's training (by counted FLOPs) has s*C and s*D of the
     # run's final C and D, whatever C and D convention was chosen.
     final = {r: i for i, r in enumerate(table.run_id)}
     pts: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        r = str(row.get("run_id"))
+        r = str(row.run_id)
         if r in final:
-            pts.setdefault(r, []).append((to_float(row.get("flops")), to_float(row.get("loss"))))
+            pts.setdefault(r, []).append((to_float(row.flops), to_float(row.loss)))
     out = {}
     for r, p in pts.items():
         f, loss = np.array(sorted(p)).T
@@ -124,14 +130,14 @@ def load_table(source: str | Path, settings: DataSettings | None = None) -> RunT
                 "rows are all read"
             )
         return load_table_file(path, settings)
-    runs, gone = planned_runs(load_runs(registry), every=settings is not None and settings.all_runs)
+    runs, gone = read_planned(registry, every=settings is not None and settings.all_runs)
     if gone and not runs:
         raise ScalingDataError(
             f"{registry}: none of its {len(gone)} runs is planned by the spec the study last "
             "ran with; fit them with --all-runs, or run the study with their spec again"
         )
-    kept = {r["run_id"] for r in runs}
-    curves = [c for c in load_curves(registry) if c["run_id"] in kept]
+    kept = {r.run_id for r in runs}
+    curves = read_curves(registry, kept)
     table = registry_table(runs, curves, settings)
     table.choices["source"] = str(source)
     if gone:  # as the study's report does: what its spec no longer plans is not its data
@@ -146,7 +152,9 @@ def pools_variants(laws: Any) -> bool:
     return any(law in FORM_LAWS and {"E", "G"} & set(get_form(law).inputs) for law in laws)
 
 
-def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, list[Path]]:
+def fit_study(
+    study: Any, out: Path, runs: list[RunRow], curves: list[CurvePoint]
+) -> tuple[dict, list[Path]]:
     """The fits and figures of a finished study's runs (registry rows); writes `out/fits.json`
     and `out/figures/`.
 
@@ -167,9 +175,8 @@ def fit_study(study: Any, out: Path, runs: list, curves: list) -> tuple[dict, li
         bootstrap=f.bootstrap,
         seed=f.seed,
     )
-    if not pooled:  # each variant a cell of its own, as in the report's comparisons
-        runs = [r | {"cell": cell_label(r)} for r in runs]
-    table = registry_table(runs, curves, settings.data)
+    # each variant a cell of its own, as in the report's comparisons, unless pooled
+    table = registry_table(runs, curves, settings.data, by_variant=not pooled)
     fits = fit_cells(table, settings, fallback=replace(settings, laws=("auto",)))
     tasks = settings if f.task_bootstrap is None else replace(settings, bootstrap=f.task_bootstrap)
     fits["task_laws"] = study_task_laws(table, tasks)

@@ -16,23 +16,25 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any
+from dataclasses import replace
 
 from scalestudy.scaling import render
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import comparisons
+from scalestudy.study.report.verdicts import Leader
 
 _SHOTS = re.compile(r"^eval/(?P<task>.+)\.(?P<k>\d+)shot/acc$")
 
 
-def curves(run: dict[str, Any]) -> dict[str, dict[int, float]]:
+def curves(run: RunRow) -> dict[str, dict[int, float]]:
     """task -> {K: accuracy} of one run, for tasks scored with demonstrations (K = 0 is the
     zero-shot row)."""
     out: dict[str, dict[int, float]] = defaultdict(dict)
-    for key, value in run.items():
+    for key, value in run.evals.items():
         if value is not None and (m := _SHOTS.match(key)):
             out[m["task"]][int(m["k"])] = float(value)
     for task, by_k in out.items():
-        if (zero := run.get(f"eval/{task}/acc")) is not None:
+        if (zero := run.evals.get(f"eval/{task}/acc")) is not None:
             by_k[0] = float(zero)
     return dict(out)
 
@@ -41,7 +43,7 @@ def gain_key(task: str) -> str:
     return f"incontext_gain/{task}"
 
 
-def with_gains(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def with_gains(runs: list[RunRow]) -> tuple[list[RunRow], dict[str, int]]:
     """The runs with `incontext_gain/<task>` (accuracy at the task's largest K minus K = 0)
     set where both were scored, and task -> that K."""
     largest: dict[str, int] = {}
@@ -51,41 +53,40 @@ def with_gains(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[s
                 largest[task] = max(largest.get(task, 0), max(by_k))
     out = []
     for run in runs:
-        got = dict(run)
+        gains = dict(run.derived)
         for task, by_k in curves(run).items():
             if task in largest and 0 in by_k and largest[task] in by_k:
-                got[gain_key(task)] = by_k[largest[task]] - by_k[0]
-        out.append(got)
+                gains[gain_key(task)] = by_k[largest[task]] - by_k[0]
+        out.append(run.replace(derived=gains))
     return out, largest
 
 
-def compare(
-    runs: list[dict[str, Any]], n_key: str, tolerance: float
-) -> dict[str, dict[str, dict[str, Any]]]:
+def compare(runs: list[RunRow], n_key: str, tolerance: float) -> dict[str, dict[str, Leader]]:
     """task -> {"equal_params" | "equal_compute": leader on the in-context gain} (before
     Holm's adjustment, which the report makes over the answer's primary family), and again
     as "<question>_ladder" over the cells that span the ladder where some cells have runs at
     one rung only (as the answer's other metrics: the bottom rung is not the only reading)."""
-    done, largest = with_gains([r for r in runs if r.get("status") == "done"])
+    done, largest = with_gains([r for r in runs if r.status == "done"])
     rungs: dict[str, set] = defaultdict(set)
     for r in done:
-        rungs[comparisons.label(r)].add(r.get("size_index") or 0)
+        rungs[r.cell].add(r.size_index or 0)
     one_rung = {c for c, sizes in rungs.items() if len(sizes) == 1}
-    ladder = [r for r in done if comparisons.label(r) not in one_rung]
+    ladder = [r for r in done if r.cell not in one_rung]
     readings = [("", done)]
     if one_rung and len(rungs) - len(one_rung) >= 2:
         readings.append(("_ladder", ladder))
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, Leader]] = {}
     for task, k in sorted(largest.items()):
         for suffix, rows in readings:
             for name, x_key in (("equal_params", n_key), ("equal_compute", "flops")):
                 got = comparisons.leader(rows, x_key, gain_key(task), tolerance, higher=True)
                 if got:
-                    got["more"] = f"larger {k}-shot gain"
-                    got["k"] = k
+                    got = replace(got, more=f"larger {k}-shot gain", k=k)
                     if suffix:
-                        got["left_out"] = sorted({*got.get("left_out", ()), *one_rung})
-                        got["why_left_out"] = "their runs are at one rung only"
+                        left = sorted({*got.left_out, *one_rung})
+                        got = replace(
+                            got, left_out=left, why_left_out="their runs are at one rung only"
+                        )
                     out.setdefault(task, {})[name + suffix] = got
     return out
 
@@ -94,14 +95,14 @@ def _mean(values: list[float]) -> str:
     return f"{sum(values) / len(values):.3f}" if values else ""
 
 
-def curve_table(runs: list[dict[str, Any]], task: str) -> list[str]:
+def curve_table(runs: list[RunRow], task: str) -> list[str]:
     """Mean accuracy over runs per cell and size (rows) and K (columns), with runs per row."""
     rows: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        if run.get("status") != "done" or task not in (got := curves(run)):
+        if run.status != "done" or task not in (got := curves(run)):
             continue
         for k, acc in got[task].items():
-            rows[(comparisons.label(run), str(run.get("size") or ""))][k].append(acc)
+            rows[(run.cell, str(run.size or ""))][k].append(acc)
     shots = sorted({k for by_k in rows.values() for k in by_k})
     body = [
         [cell, size, *(_mean(by_k.get(k, [])) for k in shots), str(len(by_k.get(0, [])))]
@@ -110,20 +111,18 @@ def curve_table(runs: list[dict[str, Any]], task: str) -> list[str]:
     return render.table(["cell", "size", *(f"K={k}" for k in shots), "runs"], body)
 
 
-def shots_lines(runs: list[dict[str, Any]], task: str) -> list[str]:
+def shots_lines(runs: list[RunRow], task: str) -> list[str]:
     """The demonstrations each cell's prompts really held (`<task>.<K>shot/shots`, the mean
     over examples, averaged over runs): one line when every prompt held all K, else a table
     of the K where some did not (a budget or training's rows dropped some from the front)."""
     pattern = re.compile(rf"^eval/{re.escape(task)}\.(\d+)shot/shots$")
     rows: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        if run.get("status") != "done":
+        if run.status != "done":
             continue
-        for key, value in run.items():
+        for key, value in run.evals.items():
             if value is not None and (m := pattern.match(key)):
-                rows[(comparisons.label(run), str(run.get("size") or ""))][int(m[1])].append(
-                    float(value)
-                )
+                rows[(run.cell, str(run.size or ""))][int(m[1])].append(float(value))
     if not rows:
         return []
     short = sorted({k for by_k in rows.values() for k, v in by_k.items() if min(v) < k})
@@ -137,11 +136,11 @@ def shots_lines(runs: list[dict[str, Any]], task: str) -> list[str]:
     return [head, "", *render.table(["cell", "size", *(f"K={k}" for k in short)], body), ""]
 
 
-def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]]) -> list[str]:
+def lines(found: dict[str, dict[str, Leader]], runs: list[RunRow]) -> list[str]:
     """The report's in-context section: per task scored with demonstrations, the curve table
     and the verdicts (after `comparisons.adjust` and `comparisons.leader_lines`), or why
     there are none."""
-    done = [r for r in runs if r.get("status") == "done"]
+    done = [r for r in runs if r.status == "done"]
     tasks = sorted({t for r in done for t, by_k in curves(r).items() if len(by_k) > 1})
     if not tasks:
         return []
@@ -169,9 +168,9 @@ def lines(found: dict[str, dict[str, dict[str, Any]]], runs: list[dict[str, Any]
             ("equal_compute_ladder", "Equal compute, the cells spanning the ladder"),
         ):
             if got := by_question.get(name):
-                verdict = got.get("verdict") or comparisons.leader_lines(got)
+                verdict = got.verdict or comparisons.leader_lines(got)
                 out += [
-                    f"- {title} ({got['k']}-shot gain at {got['at']:.3g}): " + verdict[0],
+                    f"- {title} ({got.k}-shot gain at {got.at:.3g}): " + verdict[0],
                     *verdict[1:],
                 ]
         out.append("")

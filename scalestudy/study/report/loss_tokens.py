@@ -16,20 +16,20 @@ from scalestudy.config.errors import ScalestudyError
 from scalestudy.config.experiment import ExperimentConfig
 from scalestudy.config.yamlio import parse_yaml, validate
 from scalestudy.scaling import render
-from scalestudy.scaling.table_input import cell_label
 from scalestudy.study.plan.loss_token_count import measure_loss_tokens
 from scalestudy.study.record.registry import Registry
+from scalestudy.study.record.rows import RunRow
 
 
 def _fmt(x: Any, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> list[str]:
+def lines(runs: list[RunRow], per_example: dict[str, float | str]) -> list[str]:
     """The report section: per cell, loss-bearing tokens per example (a float, or why it was
     not measured) and in total (the runs' `tokens`), and a line per objective whose cells
     differ by more than 10% per example."""
-    cells = sorted({cell_label(r) for r in runs} | set(per_example))
+    cells = sorted({r.cell for r in runs} | set(per_example))
     if not cells:
         return []
     out = [
@@ -43,9 +43,9 @@ def lines(runs: list[dict[str, Any]], per_example: dict[str, float | str]) -> li
     rows = []
     measured = {c: v for c, v in per_example.items() if not isinstance(v, str)}
     for cell in cells:
-        mine = [r for r in runs if cell_label(r) == cell]
-        total = sum(r.get("tokens") or 0.0 for r in mine)
-        positions = sum(r.get("positions") or 0.0 for r in mine)
+        mine = [r for r in runs if r.cell == cell]
+        total = sum(r.tokens or 0.0 for r in mine)
+        positions = sum(r.positions or 0.0 for r in mine)
         share = total / positions if positions else None
         rows.append(
             [cell, _fmt(measured.get(cell), ".1f"), _fmt(total or None, ".4g"), _fmt(share, ".3f")]
@@ -75,9 +75,9 @@ def per_cell(
     here gets the reason instead."""
     configs: dict[str, str] = {}
     with Registry(registry, create=False) as reg:
-        for row in reg.runs():
-            if run_ids is None or row["run_id"] in run_ids:
-                configs.setdefault(cell_label(row), row.get("config") or "")
+        for row in map(RunRow.from_row, reg.runs()):
+            if run_ids is None or row.run_id in run_ids:
+                configs.setdefault(row.cell, row.config or "")
     out: dict[str, float | str] = {}
     for cell, text in sorted(configs.items()):
         try:

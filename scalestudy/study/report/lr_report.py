@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalestudy.scaling import render
-from scalestudy.scaling.table_input import cell_label
+from scalestudy.study.record.rows import RunRow
 
 CHOICE = "choice.json"  # in OUT/lr_search/, written by lr_search.run
 
@@ -29,12 +29,12 @@ def load(out: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def _spread(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+def _spread(runs: list[RunRow]) -> dict[tuple[str, str], float]:
     """(cell, size) -> the standard deviation of final validation loss between seeds."""
     by: dict[tuple[str, str], list[float]] = {}
     for r in runs:
-        if r.get("status") == "done" and r.get("loss") is not None:
-            by.setdefault((cell_label(r), r["size"]), []).append(r["loss"])
+        if r.status == "done" and r.loss is not None:
+            by.setdefault((r.cell, r.size), []).append(r.loss)
     out = {}
     for key, v in by.items():
         if len(v) > 1:
@@ -86,7 +86,7 @@ def flips(records: list[dict[str, Any]]) -> list[str]:
 
 
 def _cell(rec: dict[str, Any]) -> str:
-    """A record's cell as `cell_label` names a registry run's: arch/objective[/variant]."""
+    """A record's cell as `RunRow.cell` names a registry run's: arch/objective[/variant]."""
     return "/".join(p for p in rec["point"][:3] if p)
 
 
@@ -139,7 +139,7 @@ def _intro(records: list[dict[str, Any]]) -> str:
     )
 
 
-def section(out: Path, runs: list[dict[str, Any]]) -> list[str]:
+def section(out: Path, runs: list[RunRow]) -> list[str]:
     """The report's learning-rate section (Markdown lines, figure written to OUT/figures);
     empty for a study that searched no rates. `runs`: the study's scored runs (their seed
     spread puts each choice's margin in standard deviations)."""
@@ -182,14 +182,14 @@ def section(out: Path, runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def cannot_tell(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
+def cannot_tell(records: list[dict[str, Any]], runs: list[RunRow]) -> list[str]:
     """The learning-rate lines of the report's "What this study cannot tell" (Markdown list
     items): the chosen rates still at an end of the rates tried, the choices within one seed
     standard deviation of their runner-up (the scored seeds' spread of validation loss at the
     searched size), and the rungs whose depth or peak rate no search run had."""
     if not records:
         return []
-    runs = [r for r in runs if r.get("status") == "done"]
+    runs = [r for r in runs if r.status == "done"]
     lines = []
     if edges := [f"{_cell(rec)} at {_where(rec)}" for rec in records if rec["edge"]]:
         lines.append(
@@ -216,16 +216,16 @@ def cannot_tell(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> li
     return lines + unseen(records, runs)
 
 
-def unseen(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[str]:
+def unseen(records: list[dict[str, Any]], runs: list[RunRow]) -> list[str]:
     """Lines naming the scored rungs that train at a depth (layers per stack) or a peak rate
     no search run of their cell had: the ladder's rate rule scales by width only, and the
     search's losses say nothing about depth or about rates outside those tried."""
-    place = {r["size"]: r.get("size_index", 0) for r in runs}
-    depth_at = {(cell_label(r), r["size"]): _depth(r) for r in runs}
+    place = {r.size: r.size_index for r in runs}
+    depth_at = {(r.cell, r.size): _depth(r) for r in runs}
     depth: dict[str, set[str]] = {}
     outside: dict[str, set[str]] = {}
     for r in runs:
-        cell, size = cell_label(r), r["size"]
+        cell, size = r.cell, r.size
         # The searched size the run's rate came from: the nearest (lower on a tie), as
         # lr_search.rate_for chooses it.
         recs = [rec for rec in records if _cell(rec) == cell and rec["point"][3] in place]
@@ -238,7 +238,7 @@ def unseen(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[st
         if (cell, there) in depth_at and _depth(r) != depth_at[cell, there]:
             said = f"{size} ({_layers(_depth(r))}) from {there} ({_layers(depth_at[cell, there])})"
             depth.setdefault(said, set()).add(cell)
-        peak = (r.get("recipe") or {}).get("optim.learning_rate")
+        peak = (r.recipe or {}).get("optim.learning_rate")
         tried = [p for p, v in zip(rec["peak"], rec["loss"]) if v is not None]
         if peak is not None and tried and not min(tried) <= peak <= max(tried):
             outside.setdefault(cell, set()).add(f"{size} at {peak:.3g}")
@@ -258,8 +258,8 @@ def unseen(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[st
     return lines
 
 
-def _depth(run: dict[str, Any]) -> tuple[int | None, int | None]:
-    return (run.get("n_encoder_layers"), run.get("n_layers"))
+def _depth(run: RunRow) -> tuple[int | None, int | None]:
+    return (run.n_encoder_layers, run.n_layers)
 
 
 def _layers(depth: tuple[int | None, int | None]) -> str:

@@ -22,10 +22,10 @@ from scipy.stats import t as student_t
 from scalestudy.config.errors import ScalestudyError
 from scalestudy.evaluate.fewshot import in_context_tasks
 from scalestudy.scaling import render
-from scalestudy.scaling.table_input import cell_label
 from scalestudy.study.plan.spec import StudySpec
 from scalestudy.study.record.phases import phase
-from scalestudy.study.record.registry import load_curves, load_runs, planned_runs
+from scalestudy.study.record.registry import FILE_NAME as REGISTRY_FILE
+from scalestudy.study.record.rows import RunRow, read_curves, read_planned
 from scalestudy.study.report import (
     answer,
     comparisons,
@@ -37,34 +37,35 @@ from scalestudy.study.report import (
 from scalestudy.study.report import loss_tokens as loss_token_report
 from scalestudy.study.report.fits import fit_study, fits_lines
 from scalestudy.study.report.host import host_line
+from scalestudy.study.report.verdicts import Comparison
 
 Z95 = 1.959964
 
 
-def probe_accuracy(run: dict[str, Any]) -> tuple[float, float] | None:
+def probe_accuracy(run: RunRow) -> tuple[float, float] | None:
     """(accuracy, number of examples) over every evaluated task's `acc`, example-weighted."""
     hits, total = _task_total(run, "acc", weighted=True)
     return (hits / total, total) if total else None
 
 
-def _task_total(run: dict[str, Any], metric: str, weighted: bool) -> tuple[float, float]:
+def _task_total(run: RunRow, metric: str, weighted: bool) -> tuple[float, float]:
     """(sum over zero-shot tasks of metric, or of metric x examples when `weighted`;
     examples). A task scored with demonstrations (`<task>.<K>shot` rows and its `<task>` row)
     is the in-context section's."""
     value = total = 0.0
-    in_context = in_context_tasks(run)
-    for key, x in run.items():
+    in_context = in_context_tasks(run.evals)
+    for key, x in run.evals.items():
         parts = key.split("/")  # eval/<task>/<metric>; deeper keys are breakdowns
-        if len(parts) == 3 and parts[0] == "eval" and parts[2] == metric and x is not None:
+        if len(parts) == 3 and parts[2] == metric and x is not None:
             if parts[1] in in_context:
                 continue
-            n = run.get(key[: -len(metric)] + "n") or 1.0
+            n = run.evals.get(key[: -len(metric)] + "n") or 1.0
             value += x * n if weighted else x
             total += n
     return value, total
 
 
-def chance_accuracy(runs: list[dict[str, Any]]) -> float | None:
+def chance_accuracy(runs: list[RunRow]) -> float | None:
     """Probe accuracy of a uniform random guess (example-weighted like `probe_accuracy`)."""
     for run in runs:
         hits, total = _task_total(run, "chance", weighted=True)
@@ -73,14 +74,14 @@ def chance_accuracy(runs: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def truncated_share(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
+def truncated_share(runs: list[RunRow]) -> tuple[float, float] | None:
     """(most examples any run had to cut from the left to fit its input length, examples)."""
     shares = [_task_total(r, "truncated", weighted=False) for r in runs]
     shares = [(cut, n) for cut, n in shares if n]
     return max(shares) if shares else None
 
 
-def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def acc_stats(rows: list[RunRow]) -> dict[str, Any]:
     """Mean probe accuracy over seeds and its 95% t half-width over them (n - 1 degrees of
     freedom; None for one seed). The run is the unit: a run's accuracy is its mean over the
     examples every seed scores, so their noise is in the seeds' spread and not added again."""
@@ -97,20 +98,20 @@ def acc_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def limits(
     study: StudySpec,
-    cmp: dict[str, Any],
-    runs: list[dict[str, Any]],
+    cmp: Comparison,
+    runs: list[RunRow],
     fits: dict[str, Any],
     rate_records: list[dict[str, Any]] = (),
 ) -> list[str]:
     """What the study cannot tell: the scale and budget its verdicts hold at, how many runs
     stand behind each point, which of its laws are flagged, and what its learning-rate search
     left open (`rate_records`: `lr_report.load`'s)."""
-    done = [r for r in runs if r["status"] == "done" and r.get("params_total")]
+    done = [r for r in runs if r.status == "done" and r.params_total]
     if not done:
         return []
     per_point = defaultdict(int)
     for r in done:
-        per_point[(cell_label(r), r["size"], r.get("budget"))] += 1
+        per_point[(r.cell, r.size, r.budget)] += 1
     out = [
         "## What this study cannot tell",
         "",
@@ -119,10 +120,10 @@ def limits(
         '"Not distinguishable" is not "equal": a difference smaller than the run-to-run '
         "spread needs more runs to resolve.",
     ]
-    if cmp["not_scaling"]:
+    if cmp.not_scaling:
         out.append(
             f"- Validation loss does not fall at every step up the ladder in "
-            f"{', '.join(cmp['not_scaling'])}."
+            f"{', '.join(cmp.not_scaling)}."
         )
     out += _flagged_laws_line(fits)
     if not study.lr_search:
@@ -134,19 +135,17 @@ def limits(
     return [*out, ""]
 
 
-def _scale_line(done: list[dict[str, Any]]) -> str:
+def _scale_line(done: list[RunRow]) -> str:
     """The limits' scale item: the finished runs' sizes, steps and tokens per parameter."""
-    n = [float(r["params_total"]) for r in done]
-    ratio = [r["tokens"] / r["params_total"] for r in done if r.get("tokens")]
+    n = [float(r.params_total) for r in done]
+    ratio = [r.tokens / r.params_total for r in done if r.tokens]
     # Chinchilla's 20 counts every parameter; many ladders count non-embedding ones.
     ratio_ne = [
-        r["tokens"] / r["params_non_embedding"]
-        for r in done
-        if r.get("tokens") and r.get("params_non_embedding")
+        r.tokens / r.params_non_embedding for r in done if r.tokens and r.params_non_embedding
     ]
     return (
         f"- Scale: {min(n):.3g} to {max(n):.3g} total parameters, "
-        f"{min(r.get('steps') or 0 for r in done)} to {max(r.get('steps') or 0 for r in done)} "
+        f"{min(r.steps or 0 for r in done)} to {max(r.steps or 0 for r in done)} "
         "steps"
         + (f", {min(ratio):.3g} to {max(ratio):.3g} tokens per total parameter" if ratio else "")
         + (
@@ -176,31 +175,29 @@ def _flagged_laws_line(fits: dict[str, Any]) -> list[str]:
     return []
 
 
-def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
+def _runs_table(runs: list[RunRow]) -> list[str]:
     head = ["cell", "size", "d_model", "layers", "N total", "N non-emb", "steps", "tokens"]
     head += ["FLOPs", "val loss", "probe acc", "status"]
     rows = []
-    for r in sorted(
-        runs, key=lambda r: (r["size_index"], r["arch"], r["objective"], r.get("seed") or 0)
-    ):
-        depth = r.get("n_layers")
-        if r.get("n_encoder_layers"):
-            depth = f"{r.get('n_encoder_layers')}+{r.get('n_layers')}"
+    for r in sorted(runs, key=lambda r: (r.size_index, r.arch, r.objective, r.seed or 0)):
+        depth = r.n_layers
+        if r.n_encoder_layers:
+            depth = f"{r.n_encoder_layers}+{r.n_layers}"
         acc = probe_accuracy(r)
         rows.append(
             [
-                cell_label(r),
-                r.get("size"),
-                r.get("d_model"),
+                r.cell,
+                r.size,
+                r.d_model,
                 depth,
-                render.num(r.get("params_total"), ".3g"),
-                render.num(r.get("params_non_embedding"), ".3g"),
-                r.get("steps"),
-                render.num(r.get("tokens"), ".3g"),
-                render.num(r.get("flops"), ".2e"),
-                render.num(r.get("loss"), ".4f"),
+                render.num(r.params_total, ".3g"),
+                render.num(r.params_non_embedding, ".3g"),
+                r.steps,
+                render.num(r.tokens, ".3g"),
+                render.num(r.flops, ".2e"),
+                render.num(r.loss, ".4f"),
                 render.num(acc[0] if acc else None, ".3f"),
-                r.get("status"),
+                r.status,
             ]
         )
     return render.table(head, rows)
@@ -219,8 +216,8 @@ class ReportInputs:
     search's choice records (`lr_report.load`)."""
 
     study: StudySpec
-    runs: list[dict[str, Any]]
-    cmp: dict[str, Any]
+    runs: list[RunRow]
+    cmp: Comparison
     fits: dict[str, Any] = field(default_factory=dict)
     figures: list[str] = ()
     notes: list[str] = ()
@@ -230,27 +227,27 @@ class ReportInputs:
     rate_records: list[dict[str, Any]] = ()
 
     @classmethod
-    def of(cls, study: StudySpec, runs: list[dict[str, Any]], **parts: Any) -> ReportInputs:
+    def of(cls, study: StudySpec, runs: list[RunRow], **parts: Any) -> ReportInputs:
         """The inputs of `study`'s page over `runs`, comparing them once; `parts`: the other
         fields."""
         return cls(study, runs, answer.compare(runs, tolerance=study.match_tolerance), **parts)
 
     @property
-    def done(self) -> list[dict[str, Any]]:
+    def done(self) -> list[RunRow]:
         """The finished runs."""
-        return [r for r in self.runs if r["status"] == "done"]
+        return [r for r in self.runs if r.status == "done"]
 
     @property
     def n_what(self) -> str:
         """What the comparisons' N counts, in words."""
-        if self.cmp["n_key"] == "params_total":
+        if self.cmp.n_key == "params_total":
             return "total parameters"
         return "non-embedding parameters"
 
 
 def render_markdown(
     study: StudySpec,
-    runs: list[dict[str, Any]],
+    runs: list[RunRow],
     fits: dict[str, Any],
     figures: list[str],
     notes: list[str] = (),
@@ -272,15 +269,15 @@ def page(inputs: ReportInputs) -> str:
 def answer_section(inputs: ReportInputs) -> list[str]:
     """The report's title, what ran, the host, the verdict table and the frontier figure."""
     study, cmp, runs = inputs.study, inputs.cmp, inputs.runs
-    wall = sum(r.get("wall_time_s") or 0.0 for r in runs)
-    flops = sum(r.get("flops") or 0.0 for r in runs)
+    wall = sum(r.wall_time_s or 0.0 for r in runs)
+    flops = sum(r.flops or 0.0 for r in runs)
     frontier = [f for f in inputs.figures if Path(f).stem == "answer"]
     return [
         f"# Study `{study.name}`",
         "",
         study.description.strip() or "",
         "",
-        f"{cmp['n_done']} of {cmp['n_runs']} runs finished; matching mode "
+        f"{cmp.n_done} of {cmp.n_runs} runs finished; matching mode "
         f"`{study.matching}`; {flops:.3e} training FLOPs; {wall / 60:.1f} min of "
         f"training.{inputs.left_out}",
         "",
@@ -346,21 +343,19 @@ def verdicts_section(inputs: ReportInputs) -> list[str]:
     the in-context comparisons and the comparisons at a held quantity."""
     study, cmp, runs = inputs.study, inputs.cmp, inputs.runs
     lines = ["## Verdicts", ""]
-    if cmp["not_scaling"]:
+    if cmp.not_scaling:
         lines += [
             f"Validation loss falls at every step up the ladder except in "
-            f"{', '.join(cmp['not_scaling'])}: at this budget those cells' larger rungs are "
+            f"{', '.join(cmp.not_scaling)}: at this budget those cells' larger rungs are "
             "not yet ahead (train longer, or scale the learning rate down with width), so "
             "read their fits with care.",
             "",
         ]
-    elif cmp["n_done"]:
+    elif cmp.n_done:
         lines += ["Validation loss falls at every step up the ladder in every cell.", ""]
     lines += answer.verdict_section(cmp, inputs.n_what)
-    lines += incontext.lines(cmp["incontext"], runs)
-    lines += comparisons.lines(
-        runs, study.match_tolerance, found=cmp["matched"], family=cmp["secondary"]
-    )
+    lines += incontext.lines(cmp.incontext, runs)
+    lines += comparisons.lines(runs, study.match_tolerance, found=cmp.matched, family=cmp.secondary)
     return lines
 
 
@@ -400,9 +395,20 @@ def zero_shot_section(inputs: ReportInputs) -> list[str]:
     the report's folder, so none without one)."""
     if inputs.out is None:
         return []
-    from scalestudy.scaling.zeroshot_plots import report_section  # matplotlib: load late
+    from scalestudy.scaling.zeroshot_plots import ScoredRun, report_section  # matplotlib: late
 
-    text = report_section(inputs.done, inputs.out)
+    scored = [
+        ScoredRun(
+            cell=r.cell,
+            size=str(r.size),
+            flops=r.flops,
+            params=float(r.params_non_embedding or r.params_total or 0),
+            run=str(r.run_id or f"{r.size}/{r.seed}"),
+            evals=r.evals,
+        )
+        for r in inputs.done
+    ]
+    text = report_section(scored, inputs.out)
     # it opens with a blank line, the one the section before ends with
     return text.split("\n")[1:] if text else []
 
@@ -463,27 +469,25 @@ def render_html(text: str) -> str:
     )
 
 
-def answer_figure(runs: list[dict[str, Any]], out: Path, tolerance: float) -> str | None:
+def answer_figure(runs: list[RunRow], out: Path, tolerance: float) -> str | None:
     """Draw the answer's metric (probe accuracy, as its table) against training compute, the
     points its accuracy rows are read at ringed, to `out/figures/answer.png` (and .svg);
     returns its path relative to `out`, or None without probe accuracies."""
     from scalestudy.scaling import figstyle, zeroshot_plots  # matplotlib: load late
 
     points = [
-        zeroshot_plots.AnswerPoint(cell_label(r), float(r["flops"]), acc[0])
+        zeroshot_plots.AnswerPoint(r.cell, float(r.flops), acc[0])
         for r in runs
-        if r.get("flops") and (acc := probe_accuracy(r))
+        if r.flops and (acc := probe_accuracy(r))
     ]
     cmp = answer.compare(runs, tolerance=tolerance)
     for name, held, _ in verdicts.QUESTIONS:
         for key, where in ((name, ""), (name + "_ladder", ", ladder")):
-            if got := cmp.get(key):
-                for cell, q in got["quantities"].items():
-                    if q.get("flops"):
+            if got := cmp.accuracy.get(key):
+                for cell, q in got.quantities.items():
+                    if q.flops:
                         read = f"equal {held}{where}"
-                        point = zeroshot_plots.AnswerPoint(
-                            cell, q["flops"], got["means"][cell], read
-                        )
+                        point = zeroshot_plots.AnswerPoint(cell, q.flops, got.means[cell], read)
                         points.append(point)
     fig = zeroshot_plots.fig_answer(points, "probe accuracy (zero-shot)", chance_accuracy(runs))
     if fig is None:
@@ -498,17 +502,17 @@ def finalize(study: StudySpec, out: Path) -> Path:
     plans (its `planned` column, `registry.planned_runs`), with the study's fits and figures
     (`out/fits.json`, `out/figures/`); returns the Markdown path."""
     out = Path(out)
-    runs, gone = planned_runs(load_runs(out / "registry.sqlite"))
-    planned = {r["run_id"] for r in runs}
+    runs, gone = read_planned(out / REGISTRY_FILE)
+    planned = {r.run_id for r in runs}
     left_out = f" Left out: {len(gone)} run(s) of the registry that this spec does not plan"
     left_out = f"{left_out} ({', '.join(gone)})." if gone else ""
     fits: dict[str, Any] = {}
     figures: list[str] = []
     notes: list[str] = []
-    done = [r for r in runs if r["status"] == "done"]
+    done = [r for r in runs if r.status == "done"]
     if done:
         try:
-            curves = [c for c in load_curves(out / "registry.sqlite") if c["run_id"] in planned]
+            curves = read_curves(out / REGISTRY_FILE, planned)
             with phase("fits"):
                 fits, paths = fit_study(study, out, done, curves)
             figures = [str(Path(p).relative_to(out)) for p in paths if str(p).endswith(".png")]
@@ -516,7 +520,7 @@ def finalize(study: StudySpec, out: Path) -> Path:
             notes.append(f"Scaling fits were not possible: {e}")
     if done and (got := answer_figure(done, out, study.match_tolerance)):
         figures = [got, *figures]
-    per_example = loss_token_report.per_cell(out / "registry.sqlite", run_ids=planned)
+    per_example = loss_token_report.per_cell(out / REGISTRY_FILE, run_ids=planned)
     text = render_markdown(
         study,
         runs,

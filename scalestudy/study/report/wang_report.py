@@ -15,14 +15,38 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from scalestudy.scaling import render as md
 from scalestudy.scaling.intervals import accuracy_difference, paired_difference
 from scalestudy.study.record import lineage
+from scalestudy.study.record.rows import RunRow
 
 TABLE = "wang_table.md"
+
+
+@dataclass(frozen=True)
+class EqualCompute:
+    """One adapted run against its run from scratch at equal total compute (`equal_compute`):
+    the (pretrained cell, adaptation, size) they compare at (`key`), the pretraining seed, both
+    runs' names, total FLOPs and their ratio, both validation losses (None: not yet measured)
+    and, where both were finetuned and scored, both zero-shot averages and the examples
+    behind them."""
+
+    key: tuple[str, str, str]
+    seed: int
+    adapted: str
+    scratch: str
+    adapted_flops: float
+    scratch_flops: float
+    ratio: float
+    loss_adapted: float | None = None
+    loss_scratch: float | None = None
+    acc_adapted: float | None = None
+    acc_scratch: float | None = None
+    examples: int | None = None
 
 
 def average(evals: dict | None, tasks: tuple[str, ...]) -> tuple[float, float] | None:
@@ -116,7 +140,7 @@ def table(planned: list, out: Path, published: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def equal_compute(planned: list, out: Path, runs: dict[str, dict]) -> list[dict[str, Any]]:
+def equal_compute(planned: list, out: Path, runs: dict[str, RunRow]) -> list[EqualCompute]:
     """One record per (adaptation, seed): the adapted run's total FLOPs (its parent's and its
     own, as measured; planned where not yet measured), the run from scratch's, their ratio,
     both validation losses and both zero-shot averages after finetuning."""
@@ -127,35 +151,40 @@ def equal_compute(planned: list, out: Path, runs: dict[str, dict]) -> list[dict[
         if s.stage != "scratch" or s.matches not in by_name:
             continue
         a = by_name[s.matches]
-        row_a, row_s = runs.get(a.run_id, {}), runs.get(s.run_id, {})
-        row_p = runs.get(a.parent_run_id, {})
-        parent_flops = row_p.get("flops") or a.pretrained.planned_flops
-        adapted = parent_flops + (row_a.get("flops") or a.planned_flops)
-        scratch = row_s.get("flops") or s.planned_flops
-        rec = {
-            "key": (a.cell, a.via, a.pretrained.size),
-            "seed": a.pretrained.seed,
-            "adapted": a.name,
-            "scratch": s.name,
-            "adapted_flops": adapted,
-            "scratch_flops": scratch,
-            "ratio": scratch / adapted,
-            "loss_adapted": row_a.get("loss"),
-            "loss_scratch": row_s.get("loss"),
-        }
+        none = RunRow("")  # a run not in the registry: nothing measured
+        row_a, row_s = runs.get(a.run_id, none), runs.get(s.run_id, none)
+        row_p = runs.get(a.parent_run_id, none)
+        parent_flops = row_p.flops or a.pretrained.planned_flops
+        adapted = parent_flops + (row_a.flops or a.planned_flops)
+        scratch = row_s.flops or s.planned_flops
+        acc_adapted = acc_scratch = examples = None
         if a.name in finetuned and s.name in finetuned:
             tasks = tuple(finetuned[a.name].cfg.eval.tasks)
             _, ev_a = _evals(out, finetuned[a.name].name)
             _, ev_s = _evals(out, finetuned[s.name].name)
             acc_a, acc_s = average(ev_a, tasks), average(ev_s, tasks)
             if acc_a and acc_s:
-                rec |= {"acc_adapted": acc_a[0], "acc_scratch": acc_s[0]}
-                rec["examples"] = min(_examples(ev_a, tasks), _examples(ev_s, tasks))
+                acc_adapted, acc_scratch = acc_a[0], acc_s[0]
+                examples = min(_examples(ev_a, tasks), _examples(ev_s, tasks))
+        rec = EqualCompute(
+            key=(a.cell, a.via, a.pretrained.size),
+            seed=a.pretrained.seed,
+            adapted=a.name,
+            scratch=s.name,
+            adapted_flops=adapted,
+            scratch_flops=scratch,
+            ratio=scratch / adapted,
+            loss_adapted=row_a.loss,
+            loss_scratch=row_s.loss,
+            acc_adapted=acc_adapted,
+            acc_scratch=acc_scratch,
+            examples=examples,
+        )
         records.append(rec)
     return records
 
 
-def equal_compute_lines(records: list[dict[str, Any]]) -> list[str]:
+def equal_compute_lines(records: list[EqualCompute]) -> list[str]:
     """The comparison's markdown: one row per adaptation and size, paired over seeds."""
     if not records:
         return []
@@ -172,18 +201,18 @@ def equal_compute_lines(records: list[dict[str, Any]]) -> list[str]:
     head += ["val loss adapted", "val loss scratch", "Δ loss", "zero-shot + ft adapted"]
     head += ["scratch", "Δ acc"]
     body = []
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[EqualCompute]] = {}
     for rec in records:
-        groups.setdefault(rec["key"], []).append(rec)
+        groups.setdefault(rec.key, []).append(rec)
     for (cell, via, size), recs in groups.items():
-        ratios = ", ".join(f"{r['ratio']:.4f}" for r in recs)
+        ratios = ", ".join(f"{r.ratio:.4f}" for r in recs)
         loss = _paired(recs, "loss_adapted", "loss_scratch")
         acc = "-"
-        with_acc = [r for r in recs if "acc_adapted" in r]
+        with_acc = [r for r in recs if r.acc_adapted is not None]
         if with_acc:
-            a = {r["seed"]: r["acc_adapted"] for r in with_acc}
-            b = {r["seed"]: r["acc_scratch"] for r in with_acc}
-            got, _ = accuracy_difference(a, b, min(r["examples"] for r in with_acc))
+            a = {r.seed: r.acc_adapted for r in with_acc}
+            b = {r.seed: r.acc_scratch for r in with_acc}
+            got, _ = accuracy_difference(a, b, min(r.examples for r in with_acc))
             acc = _interval(got, 100)
         body.append(
             [
@@ -203,14 +232,14 @@ def equal_compute_lines(records: list[dict[str, Any]]) -> list[str]:
     return [*lines, *md.table(head, body), ""]
 
 
-def _mean(recs: list[dict], key: str, spec: str) -> str:
-    values = [r[key] for r in recs if r.get(key) is not None]
+def _mean(recs: list[EqualCompute], key: str, spec: str) -> str:
+    values = [v for r in recs if (v := getattr(r, key)) is not None]
     return format(sum(values) / len(values), spec) if values else "-"
 
 
-def _paired(recs: list[dict], a_key: str, b_key: str) -> str:
-    a = {r["seed"]: r[a_key] for r in recs if r.get(a_key) is not None}
-    b = {r["seed"]: r[b_key] for r in recs if r.get(b_key) is not None}
+def _paired(recs: list[EqualCompute], a_key: str, b_key: str) -> str:
+    a = {r.seed: v for r in recs if (v := getattr(r, a_key)) is not None}
+    b = {r.seed: v for r in recs if (v := getattr(r, b_key)) is not None}
     if not set(a) & set(b):
         return "-"
     got, _ = paired_difference(a, b)
@@ -223,35 +252,35 @@ def _interval(got: Any, scale: float) -> str:
     return got.text(1 if scale == 100 else 3, scale)
 
 
-def lineage_lines(runs: dict[str, dict]) -> list[str]:
+def lineage_lines(runs: dict[str, RunRow]) -> list[str]:
     """The stage runs as the registry lists them, with their lineage."""
-    rows = [r for r in runs.values() if r.get("stage")]
+    rows = [r for r in runs.values() if r.stage]
     if not rows:
         return []
-    names = {r["run_id"]: r["name"] for r in runs.values()}
+    names = {r.run_id: r.name for r in runs.values()}
     lines = [
         "## Stage runs",
         "",
     ]
     body = []
     for r in rows:
-        parent = r.get("parent_run_id")
+        parent = r.parent_run_id
         body.append(
             [
-                r["name"],
-                r["run_id"],
-                r["stage"],
-                r["status"],
+                r.name,
+                r.run_id,
+                r.stage,
+                r.status,
                 names.get(parent, parent) or "-",
-                r.get("parent_step") or "-",
-                r.get("matches_run_id") or "-",
+                r.parent_step or "-",
+                r.matches_run_id or "-",
             ]
         )
     head = ["run", "id", "stage", "status", "parent run", "parent step", "matches"]
     return [*lines, *md.table(head, body), ""]
 
 
-def render(planned: list, out: Path, runs: dict[str, dict], published: dict | None) -> str:
+def render(planned: list, out: Path, runs: dict[str, RunRow], published: dict | None) -> str:
     """The whole `wang_table.md`: the table, the equal-compute comparison, the stage runs."""
     parts = [
         table(planned, out, published),

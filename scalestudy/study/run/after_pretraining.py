@@ -26,6 +26,7 @@ from scalestudy.study.plan import stages_spec
 from scalestudy.study.plan.published import read_published
 from scalestudy.study.plan.spec import StudySpec
 from scalestudy.study.record.registry import Registry
+from scalestudy.study.record.rows import RunRow
 from scalestudy.study.report import wang_report
 from scalestudy.study.run import cluster, executors, lr_search, main_job, stages
 from scalestudy.study.run.lock import study_lock
@@ -237,7 +238,7 @@ def _write_table(
     published = None
     if study.stages.published:
         published = read_published(Path(spec_dir) / study.stages.published)
-    runs_by_id = {row["run_id"]: row for row in reg.runs(stages=True)}
+    runs_by_id = {row.run_id: row for row in map(RunRow.from_row, reg.runs(stages=True))}
     text = wang_report.render(planned, out, runs_by_id, published)
     (out / TABLE).write_text(text)
     print(text)
