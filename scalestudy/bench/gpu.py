@@ -201,7 +201,7 @@ def member_steps(k: int) -> dict[str, Any]:
     return {"members": k, **_row(cfg, ms, flops, first_s)}
 
 
-def plan() -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
+def plan_rows() -> Iterator[tuple[str, Callable[[], dict[str, Any]]]]:
     """(row name, measurement) in the order they run."""
     for arch, obj in CELLS:
         for position in ("relative_bias", "rope"):
@@ -274,7 +274,7 @@ def _peer350m_rows(default: tuple[str, ...]) -> Iterator[tuple[str, Callable[[],
 
 
 def bench(out: Path | None, budget_s: float = 420.0, only: str | None = None) -> dict[str, Any]:
-    """Run `plan()` (rows whose name contains `only`) until `budget_s` has passed; each row
+    """Run `plan_rows()` (rows whose name contains `only`) until `budget_s` has passed; each row
     is printed and appended to `out` (JSON lines) as soon as it is measured. A row that fails
     records its error and the rest go on."""
     t0 = time.perf_counter()
@@ -287,7 +287,7 @@ def bench(out: Path | None, budget_s: float = 420.0, only: str | None = None) ->
     }
     rows = {"device": head}
     _emit(head, out)
-    for name, measure in plan():
+    for name, measure in plan_rows():
         if only and only not in name:
             continue
         if time.perf_counter() - t0 > budget_s:

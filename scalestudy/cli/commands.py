@@ -297,7 +297,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             collect=args.collect,
             workers=args.workers,
-            experiments=experiments.run,
+            experiments=experiments.run_experiments,
         )
     except StudyInterrupted as e:  # running runs checkpointed: resumable, no traceback
         print(f"stopped: {e}", file=sys.stderr)

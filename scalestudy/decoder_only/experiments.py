@@ -257,7 +257,7 @@ def rank_over_training(workdir: Path, examples: int) -> list[dict]:
 # ----------------------------------------------------------------------------- entry point
 
 
-def run(study: StudySpec, planned: list, out: Path) -> Path | None:
+def run_experiments(study: StudySpec, planned: list, out: Path) -> Path | None:
     """Run the study's decoder-only experiments over its trained runs in `out` (`planned` is
     the study's expansion) and write decoder_only.md; None when the spec has no
     `experiments:` block."""

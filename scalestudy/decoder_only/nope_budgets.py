@@ -69,7 +69,7 @@ def _branch_points(sweep: BudgetSweepConfig) -> list[int]:
     return [b - cooldown(sweep, b) for b in sweep.steps[:-1]]
 
 
-def plan(
+def plan_budget_runs(
     study: StudySpec, spec_dir: Path, out: Path
 ) -> list[tuple[PlannedRun, dict[int, ExperimentConfig]]]:
     """Each run of the study's reference and treatment variants (seed-major, so finished
@@ -133,7 +133,7 @@ def train_all(study: StudySpec, spec_dir: Path, out: Path) -> list[BudgetRun]:
     floors: dict[int, float] = {}
     bags: dict[tuple[int, str], float] = {}  # the bag floor: non-causal decoders only
     before = _previous_cpu(out)
-    for run, configs in plan(study, spec_dir, out):
+    for run, configs in plan_budget_runs(study, spec_dir, out):
         for budget in sorted(configs, reverse=True):  # the stable run first: branches need it
             cfg, where = configs[budget], workdir(out, run, budget)
             cpu0 = time.process_time()

@@ -20,7 +20,7 @@ def test_every_row_of_the_plan_is_named_once_and_its_configs_validate(monkeypatc
     monkeypatch.setattr(gpu, "agreement", lambda *a: {})
     monkeypatch.setattr(gpu, "member_steps", lambda k: {})
     names = []
-    for name, measure in gpu.plan():
+    for name, measure in gpu.plan_rows():
         names.append(name)
         measure()
     assert len(names) == len(set(names))
@@ -37,7 +37,7 @@ def test_a_failing_row_is_recorded_and_the_rest_go_on(monkeypatch, tmp_path):
         yield "broken", lambda: 1 / 0
         yield "fine", lambda: {"step_ms": 1.0}
 
-    monkeypatch.setattr(gpu, "plan", plan)
+    monkeypatch.setattr(gpu, "plan_rows", plan)
     rows = gpu.bench(tmp_path / "rows.jsonl", budget_s=60)
     assert rows["broken"]["error"].startswith("ZeroDivisionError") and rows["fine"]["step_ms"] == 1
     lines = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]

@@ -20,7 +20,7 @@ SPEC = Path(__file__).resolve().parents[2] / "configs" / "studies" / "nope_order
 def test_each_budget_branches_from_the_stable_run_where_its_cooldown_starts(tmp_path):
     study = nope_budgets.load_sweep(SPEC)
     sweep = study.experiments.budgets
-    planned = nope_budgets.plan(study, SPEC.parent, tmp_path)
+    planned = nope_budgets.plan_budget_runs(study, SPEC.parent, tmp_path)
     assert {r.variant for r, _ in planned} == {sweep.reference, sweep.treatment}
     assert [r.seed for r, _ in planned] == sorted(r.seed for r, _ in planned)  # seed-major
     top = sweep.steps[-1]
@@ -88,7 +88,7 @@ def test_a_bad_sweep_is_refused_in_one_line(override, message):
 def test_budgets_off_the_steps_per_call_grid_are_refused(tmp_path):
     study = nope_budgets.load_sweep(SPEC, ["experiments.budgets.steps=[123,1000]"])
     with pytest.raises(ConfigError, match=r"multiples of train\.steps_per_call"):
-        nope_budgets.plan(study, SPEC.parent, tmp_path)
+        nope_budgets.plan_budget_runs(study, SPEC.parent, tmp_path)
 
 
 def test_the_command_trains_each_budget_once_and_reports_the_calls(tmp_path, monkeypatch, capsys):

@@ -51,7 +51,7 @@ def _log(tmp_path: Path) -> list[str]:
 
 def _planned(spec: Path, out: Path) -> list[after_pretraining.StageRun]:
     study = main_job.load_study(spec)
-    return after_pretraining.plan(study, spec.parent, out)
+    return after_pretraining.plan_stages(study, spec.parent, out)
 
 
 def test_stage_tiers_put_every_run_after_its_parent(tmp_path):

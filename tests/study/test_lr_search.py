@@ -50,7 +50,7 @@ def test_the_search_reads_no_scored_example_and_the_study_trains_at_its_choice(
         raise AssertionError("the learning-rate search scored a task")
 
     monkeypatch.setattr(rank, "make_eval_fn", refuse)
-    rate, search_runs = lr_search.run(study, spec.parent, out, main_job.expand, members=2)
+    rate, search_runs = lr_search.train_search(study, spec.parent, out, main_job.expand, members=2)
     assert not (out / "runs").exists()  # the search writes only under OUT/lr_search
     assert len(search_runs) == len(RATES) and {r.size for r in search_runs} == {"xs"}
     # The choice is the lowest final validation loss, read from each run's own metrics.
@@ -162,7 +162,7 @@ def test_bad_searches_are_one_error_each(tmp_path):
             main_job.load_study(_spec(tmp_path, lr_search=bad))
     study = main_job.load_study(_spec(tmp_path, lr_search={"rates": RATES, "sizes": ["xl"]}))
     with pytest.raises(ConfigError, match=r"lr_search.sizes: \['xl'\] are not sizes"):
-        lr_search.plan(study, tmp_path, main_job.expand)
+        lr_search.plan_search(study, tmp_path, main_job.expand)
     spec = _spec(tmp_path)
     with pytest.raises(ConfigError, match="chooses its learning rates first"):
         after_pretraining.launch(spec, "slurm", tmp_path / "out", submit=False)

@@ -68,12 +68,12 @@ def test_the_dry_run_shows_the_groups_and_members_one_turns_them_off(tmp_path, c
 def test_groups_keep_the_study_order_and_respect_the_cap(tmp_path):
     study = load_study(_spec(tmp_path))
     runs = expand(study, tmp_path)
-    jobs = groups.plan(runs, 2)
+    jobs = groups.plan_groups(runs, 2)
     # Runs are planned seed by seed over the cells; a group starts where its first run is.
     assert [len(j) for j in jobs] == [2, 2, 1, 1]
     assert jobs[0][0] is runs[0]
     assert all(len({r.arch for r in j}) == 1 for j in jobs)
-    assert groups.plan(runs, 1) == [[r] for r in runs]
+    assert groups.plan_groups(runs, 1) == [[r] for r in runs]
 
 
 def test_groups_split_over_the_data_axis_hold_whole_multiples_of_it(tmp_path):
@@ -86,13 +86,13 @@ def test_groups_split_over_the_data_axis_hold_whole_multiples_of_it(tmp_path):
     mesh = ["base.mesh.data=2", f"base.mesh.fsdp={jax.device_count() // 2}"]
     mesh += ["seeds=[0,1,2,3,4,5,6]"]
     runs = expand(load_study(spec, [*mesh, "base.mesh.members=data"]), tmp_path)
-    jobs = groups.plan(runs, 5)
+    jobs = groups.plan_groups(runs, 5)
     assert [len(j) for j in jobs] == [4, 4, 2, 2, 1, 1]  # per cell: 4, 2 and 1 alone
     assert sorted(id(r) for j in jobs for r in j) == sorted(map(id, runs))
     assert groups.member_multiple(runs[0].cfg) == 2
     unsplit = expand(load_study(spec, mesh), tmp_path)
-    assert [len(j) for j in groups.plan(unsplit, 5)] == [5, 5, 2, 2]
-    assert [len(j) for j in groups.plan(runs, 1)] == [1] * 14
+    assert [len(j) for j in groups.plan_groups(unsplit, 5)] == [5, 5, 2, 2]
+    assert [len(j) for j in groups.plan_groups(runs, 1)] == [1] * 14
 
 
 @pytest.mark.parametrize("bad", [0, -1, "most", 1000, True])

@@ -236,7 +236,7 @@ def test_the_smoke_spec_plans_every_stage_and_dry_run_writes_nothing(tmp_path: P
     from scalestudy.study.run.main_job import load_study
 
     study = load_study(SMOKE, SMOKE_TINY)
-    planned = after_pretraining.plan(study, SMOKE.parent, tmp_path / "out")
+    planned = after_pretraining.plan_stages(study, SMOKE.parent, tmp_path / "out")
     assert [r.stage for r in planned] == ["adapt", "scratch", *["finetune"] * 3] * 2
     adapt = [r for r in planned if r.stage == "adapt"]
     assert {(r.cfg.model.arch, r.cfg.objective.name) for r in adapt} == {
@@ -343,7 +343,7 @@ def test_the_table_puts_each_stage_in_its_column_beside_the_paper(tmp_path: Path
     from scalestudy.study.run import after_pretraining
     from scalestudy.study.run.main_job import load_study
 
-    planned = after_pretraining.plan(load_study(SMOKE, SMOKE_TINY), SMOKE.parent, tmp_path)
+    planned = after_pretraining.plan_stages(load_study(SMOKE, SMOKE_TINY), SMOKE.parent, tmp_path)
     scores = iter([0.30, 0.40, 0.50, 0.60, 0.11, 0.12, 0.70, 0.80, 0.90, 0.20, 0.13, 0.14])
     for r in planned:
         if r.stage != "finetune":
@@ -395,7 +395,9 @@ def test_adapted_vs_scratch_is_paired_by_seed_with_an_interval(tmp_path: Path):
     cells = ["cells=[[causal_decoder,flm]]", f"stages.adapt={only}"]  # one cell, its adaptation
     study = load_study(SMOKE, [*SMOKE_TINY, "seeds=[0,1]", *cells])
     planned = [
-        r for r in after_pretraining.plan(study, SMOKE.parent, tmp_path) if r.stage != "finetune"
+        r
+        for r in after_pretraining.plan_stages(study, SMOKE.parent, tmp_path)
+        if r.stage != "finetune"
     ]
     losses = {("adapt", 0): 2.0, ("adapt", 1): 2.2, ("scratch", 0): 2.5, ("scratch", 1): 2.9}
     runs = {}
@@ -459,7 +461,7 @@ def test_a_stage_run_stopped_is_interrupted_and_one_that_raised_is_failed(
 
     monkeypatch.setattr(after_pretraining, "_run_one", stop)
     with pytest.raises(type(error)):
-        after_pretraining.run(study, SMOKE.parent, tmp_path, runs)
+        after_pretraining.run_stages(study, SMOKE.parent, tmp_path, runs)
     rows = load_runs(tmp_path, stages=True)
     assert [r["status"] for r in rows] == [status] + ["pending"] * 9
     assert rows[0]["stage"] == "adapt" and rows[0]["error"]
@@ -475,7 +477,7 @@ def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypa
     study = main_job.load_study(SMOKE, SMOKE_TINY)
     runs = main_job.expand(study, SMOKE.parent)
     monkeypatch.setattr(main_job, "run_study", lambda *a, **k: (study, runs))
-    monkeypatch.setattr(after_pretraining, "run", lambda *a, **k: pytest.fail("stages trained"))
+    monkeypatch.setattr(after_pretraining, "run_stages", lambda *a, **k: pytest.fail("stages trained"))
     monkeypatch.setattr(
         after_pretraining, "_run_one", lambda *a, **k: pytest.fail("a stage trained")
     )

@@ -43,7 +43,7 @@ def member_multiple(cfg: Any) -> int:
     return sharding.mesh_shape(cfg.mesh, jax.device_count())[axis]
 
 
-def plan(runs: list, most: int) -> list[list]:
+def plan_groups(runs: list, most: int) -> list[list]:
     """`runs` as groups of at most `most` that can share one program, in the order of each
     group's first run (so a study's size-major order is kept). Where the members are split
     over the data axis, a group's size is a multiple of that axis's (the runs left over train

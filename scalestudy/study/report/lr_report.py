@@ -20,7 +20,7 @@ from typing import Any
 from scalestudy.scaling import render
 from scalestudy.study.record.rows import RunRow
 
-CHOICE = "choice.json"  # in OUT/lr_search/, written by lr_search.run
+CHOICE = "choice.json"  # in OUT/lr_search/, written by lr_search.train_search
 
 
 def load(out: Path) -> list[dict[str, Any]]:

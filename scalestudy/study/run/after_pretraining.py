@@ -82,7 +82,9 @@ def scratch_config(adapted: ExperimentConfig, total_flops: float, name: str) -> 
     return adapted.replace(name=name, train=train)
 
 
-def plan(study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None) -> list[StageRun]:
+def plan_stages(
+    study: StudySpec, spec_dir: Path, out: Path, runs: list | None = None
+) -> list[StageRun]:
     """Every stage run of the spec, in the order they can run (adaptations and their runs from
     scratch before the finetuning of what they produce); `runs`: the study's expansion when
     already made."""
@@ -244,12 +246,14 @@ def _write_table(
     print(text)
 
 
-def run(study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: bool = False) -> None:
+def run_stages(
+    study: StudySpec, spec_dir: Path, out: Path, runs: list, *, dry_run: bool = False
+) -> None:
     """Plan (and unless `dry_run`, run) the stages after the study's pretraining `runs`; paths
     in the spec are relative to `spec_dir`. Holds the study lock; records every stage run in
     the registry with its lineage."""
     out = Path(out)
-    planned = plan(study, Path(spec_dir), out, runs)
+    planned = plan_stages(study, Path(spec_dir), out, runs)
     if not planned:
         return
     print(f"study {study.name}: {len(planned)} stage runs after pretraining")
@@ -297,7 +301,7 @@ def run_named(spec: Path, out: Path, name: str, overrides: list[str] | tuple = (
     study lock (tasks run side by side); `study --collect` records it afterwards."""
     spec = Path(spec)
     study = main_job.load_study(spec, overrides)
-    planned = {r.name: r for r in plan(study, spec.parent, Path(out))}
+    planned = {r.name: r for r in plan_stages(study, spec.parent, Path(out))}
     if name not in planned:
         accepted = ", ".join(planned) if planned else "none: the spec has no stages"
         raise ConfigError(
@@ -314,7 +318,7 @@ def launch(spec: Path, executor: str, out: Path, submit: bool) -> str:
     study = main_job.load_study(spec)
     lr_search.not_on_clusters(study, f"launch {executor}")
     runs = main_job.expand(study, spec.parent)
-    groups = tiers(plan(study, spec.parent, Path(out), runs))
+    groups = tiers(plan_stages(study, spec.parent, Path(out), runs))
     return cluster.launch(study, spec, runs, executor, Path(out), submit=submit, stage_tiers=groups)
 
 
@@ -323,7 +327,7 @@ def collect(study: StudySpec, spec_dir: Path, out: Path, runs: list) -> list[str
     and write the table over the complete ones; trains and evaluates nothing. Returns one line
     per stage run that is not complete."""
     out = Path(out)
-    planned = plan(study, Path(spec_dir), out, runs)
+    planned = plan_stages(study, Path(spec_dir), out, runs)
     if not planned:
         return []
     problems = []

@@ -38,7 +38,7 @@ def study_shapes(
     runs = main_job.expand(study, spec.parent)
     staged = [(r.cfg, "pretrain") for r in runs]
     staged += [
-        (s.cfg, s.stage) for s in after_pretraining.plan(study, spec.parent, Path("."), runs)
+        (s.cfg, s.stage) for s in after_pretraining.plan_stages(study, spec.parent, Path("."), runs)
     ]
     shapes: dict[str, dict[str, Any]] = {}
     for cfg, stage in staged:

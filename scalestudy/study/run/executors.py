@@ -126,7 +126,7 @@ class LocalExecutor:
         total = sum(r.planned_flops for r in todo) or 1.0
         # Half the bar by run count, half by FLOPs: cheap runs still move it.
         weight = {r.run_id: 0.5 / len(todo) + 0.5 * r.planned_flops / total for r in todo}
-        jobs = groups.plan(todo, self.members)
+        jobs = groups.plan_groups(todo, self.members)
         if self.members > 1:
             print(groups.describe(jobs))
         weights = [sum(weight[r.run_id] for r in job) for job in jobs]

@@ -74,7 +74,7 @@ def _runs_at(
     ]
 
 
-def plan(
+def plan_search(
     study: StudySpec, spec_dir: Path | None, expand: Expand, order: dict[str, int] | None = None
 ) -> Tried:
     """The search's grid: its seed at each searched size, once per rate of the spec, as
@@ -189,13 +189,15 @@ def _train(reg: Registry, where: Path, runs: list, executor: dict[str, Any]) -> 
     return {k: r["loss"] if r["status"] == "done" else None for k, r in rows.items()}
 
 
-def run(study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **executor: Any):
+def train_search(
+    study: StudySpec, spec_dir: Path | None, out: Path, expand: Expand, **executor: Any
+):
     """Train the search (what is missing), extending each point's rates past an end its
     choice lies at, write choice.json and return (the rate function the study's runs are
     expanded with, the search's runs). `executor`: LocalExecutor's train_fn, workers, members."""
     search = study.lr_search
     order = sizes_of(study, spec_dir, expand)
-    sizes, tried = searched_sizes(study, order), plan(study, spec_dir, expand, order)
+    sizes, tried = searched_sizes(study, order), plan_search(study, spec_dir, expand, order)
     grid = tuple(search.rates)
     where = Path(out) / "lr_search"
     new = [r for _, r in tried]
@@ -227,7 +229,7 @@ def resolve(
     missing); `runs` for a study without `lr_search`."""
     if study.lr_search is None:
         return runs
-    rate, _ = run(study, spec_dir, out, expand, **executor)
+    rate, _ = train_search(study, spec_dir, out, expand, **executor)
     return expand(study, spec_dir, rates=rate)
 
 

@@ -474,10 +474,10 @@ def _print_plan(study: StudySpec, spec_dir: Path, runs: list, cap: int) -> None:
     if study.lr_search:
         search = study.lr_search
         print(
-            f"lr_search first: {len(lr_search.plan(study, spec_dir, expand))} runs (seed "
+            f"lr_search first: {len(lr_search.plan_search(study, spec_dir, expand))} runs (seed "
             f"{search.seed}; up to {search.extensions} more per point past an end of the rates)"
         )
-    jobs = groups.plan(runs, cap)
+    jobs = groups.plan_groups(runs, cap)
     print(f"members: {groups.describe(jobs)}")
     for job in (j for j in jobs if len(j) > 1):
         names = ", ".join(r.cfg.name.split(".", 1)[-1] for r in job)

@@ -54,4 +54,4 @@ def _stages(study: Any, spec_dir: Path, out: Path, runs: list, *, dry_run: bool,
             )
         return
     with phase("stages", plain=False if dry_run else None):  # a plan: no phase
-        after_pretraining.run(study, spec_dir, out, runs, dry_run=dry_run)
+        after_pretraining.run_stages(study, spec_dir, out, runs, dry_run=dry_run)
