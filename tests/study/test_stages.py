@@ -477,7 +477,9 @@ def test_collecting_a_study_with_stages_trains_no_stage(tmp_path: Path, monkeypa
     study = main_job.load_study(SMOKE, SMOKE_TINY)
     runs = main_job.expand(study, SMOKE.parent)
     monkeypatch.setattr(main_job, "run_study", lambda *a, **k: (study, runs))
-    monkeypatch.setattr(after_pretraining, "run_stages", lambda *a, **k: pytest.fail("stages trained"))
+    monkeypatch.setattr(
+        after_pretraining, "run_stages", lambda *a, **k: pytest.fail("stages trained")
+    )
     monkeypatch.setattr(
         after_pretraining, "_run_one", lambda *a, **k: pytest.fail("a stage trained")
     )
