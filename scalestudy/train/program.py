@@ -329,23 +329,22 @@ class _Jitted:
     multi_step: Any  # None unless steps_per_call > 1
 
 
-def _optimizer(cfg: ExperimentConfig, model: Model) -> tuple[Any, optim.Schedule, dict]:
-    """(the optimizer, its schedule, the parameter masks and axes it was made with)."""
+def _optimizer_maker(cfg: ExperimentConfig, model: Model) -> Any:
+    """`make(optim_cfg) -> (optimizer, schedule)` with the model's parameter masks and the
+    run's schedule length (a member's numbers may be traced)."""
     axes = model.param_axes()
     masks = {"decay_mask": step.decay_mask(axes), "stacked": step.stacked_mask(axes), "axes": axes}
     total = optim.schedule_steps(cfg.optim, cfg.train.steps)
-    tx, schedule = optim.make_optimizer(cfg.optim, total, **masks)
-    return tx, schedule, masks
+    return lambda optim_cfg: optim.make_optimizer(optim_cfg, total, **masks)
 
 
-def _jit(cfg: ExperimentConfig, model: Model, tx: Any, masks: dict, lay: _Layout) -> _Jitted:
+def _jit(cfg: ExperimentConfig, model: Model, tx: Any, make_tx: Any, lay: _Layout) -> _Jitted:
     """The program's functions jitted with their shardings; the train steps donate the
     state. A member's optimizer is rebuilt inside the step from its traced numbers."""
-    total = optim.schedule_steps(cfg.optim, cfg.train.steps)
 
     def member_step(state: State, batch: step.Batch, hyper: dict) -> tuple:
         own = cfg.optim.model_copy(update=hyper)  # traced numbers: no validation here
-        member_tx, schedule = optim.make_optimizer(own, total, **masks)
+        member_tx, schedule = make_tx(own)
         return step.make_train_step(cfg, model, member_tx, schedule, lay.mesh, lay.axis)(
             state, batch
         )
@@ -472,9 +471,10 @@ def build_program(
         return dataclasses.replace(_PROGRAMS[key], compile_s=0.0)
     cfg = cfgs[0]
     model = build_model(cfg.model)
-    tx, schedule, masks = _optimizer(cfg, model)
+    make_tx = _optimizer_maker(cfg, model)
+    tx, schedule = make_tx(cfg.optim)
     lay = _layout(cfgs, model, tx, example_batch, mesh, axis)
-    j = _jit(cfg, model, tx, masks, lay)
+    j = _jit(cfg, model, tx, make_tx, lay)
     t0 = time.perf_counter()
     if compile:
         j = _compile(cfg, j, lay)

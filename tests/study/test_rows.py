@@ -13,19 +13,11 @@ from scalestudy.study.record.rows import (
     read_planned,
     read_rows,
 )
+from tests.study.test_registry import ROW as REGISTRY_ROW
 
 ROW = {
-    "run_id": "abc",
-    "study": "t",
+    **REGISTRY_ROW,
     "name": "t.causal_decoder.flm.rope.xs.s0",
-    "arch": "causal_decoder",
-    "objective": "flm",
-    "size": "xs",
-    "size_index": 0,
-    "seed": 0,
-    "params_total": 10,
-    "params_non_embedding": 6,
-    "steps": 4,
     "config": "optim:\n  learning_rate: 0.01\n",
 }
 
